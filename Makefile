@@ -1,0 +1,28 @@
+# Two commands for a new user: `make demo` and `make test`. Each creates (or reuses) .venv first.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-stamp
+
+.PHONY: install test demo findings findings-quick bench clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	@$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "aogpt needs Python 3.11+"'
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# torch first and pinned: here that takes the 2.13.0 CPU wheel, never a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -r requirements.txt -r requirements-dev.txt
+	# the GPT-2 BPE file ships in openai-whisper; --no-deps keeps numba/triton out
+	$(BIN)/pip install -q --no-deps openai-whisper==20250625
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+demo: $(STAMP)
+	PYTHON=$(BIN)/python bash demo.sh
+
+clean:
+	rm -rf out-demo __pycache__ tests/__pycache__
