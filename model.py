@@ -46,6 +46,7 @@ from dataclasses import dataclass, asdict, fields
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 from torch.nn import functional as F
 
 
@@ -81,9 +82,12 @@ class Norm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(ndim)) if (kind == 'layer' and bias) else None
 
     def forward(self, x):
+        # weights cast to the activations' dtype: under bf16 autocast a float32 weight would send
+        # rms_norm down its slow unfused path
+        w = self.weight.to(x.dtype)
         if self.kind == 'rms':
-            return F.rms_norm(x, self.weight.shape, self.weight, 1e-5)
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+            return F.rms_norm(x, w.shape, w, 1e-5)
+        return F.layer_norm(x, w.shape, w, None if self.bias is None else self.bias.to(x.dtype), 1e-5)
 
 
 class CausalSelfAttention(nn.Module):
@@ -151,10 +155,41 @@ class Block(nn.Module):
         if mod is None:  # plain pre-norm block (GPT, sigma-GPT, MDM)
             x = x + self.attn(self.ln_1(x), attn, kv)
             return x + self.mlp(self.ln_2(x))
+        if isinstance(mod, tuple):  # adaln_table: (idx (B, r), table (block_size + 1, 6C))
+            idx, tab = mod
+            C = x.size(-1)
+            x = _gated_residual(x, self.attn(_modulated_norm(self.ln_1, x, idx, tab[:, :2 * C]), attn, kv),
+                                idx, tab[:, 2 * C:3 * C])
+            return _gated_residual(x, self.mlp(_modulated_norm(self.ln_2, x, idx, tab[:, 3 * C:5 * C])),
+                                   idx, tab[:, 5 * C:])
         # mod: (B, r, 6C), per token, because every slot has its own target position
         shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = mod.chunk(6, dim=-1)
         x = x + gate_a * self.attn(self.ln_1(x) * (1 + scale_a) + shift_a, attn, kv)
         return x + gate_m * self.mlp(self.ln_2(x) * (1 + scale_m) + shift_m)
+
+
+def _mod_norm(norm, x, idx, tab):
+    shift, scale = F.embedding(idx, tab).chunk(2, dim=-1)   # (B, r, C) each, gathered by target
+    return norm(x) * (1 + scale) + shift
+
+
+def _gate_res(x, y, idx, tab):
+    return x + F.embedding(idx, tab) * y
+
+
+# With adaln_table the modulation is a gather from a small table, so in training we recompute it in the
+# backward pass instead of storing shift/scale/gate and norm(x) per token: the per-token AdaLN then costs
+# about two (B, r, C) tensors per block over a plain GPT block (the branch outputs the gates multiply).
+def _modulated_norm(norm, x, idx, tab):
+    if torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(_mod_norm, norm, x, idx, tab, use_reentrant=False)
+    return _mod_norm(norm, x, idx, tab)
+
+
+def _gated_residual(x, y, idx, tab):
+    if torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(_gate_res, x, y, idx, tab, use_reentrant=False)
+    return _gate_res(x, y, idx, tab)
 
 
 class KVCache:
@@ -274,11 +309,11 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ forward passes
     def _modulation(self, tgt):
-        """Per-block AdaLN inputs: (B, r, td) embeddings, or table rows if adaln_table."""
+        """AdaLN inputs: ('token', None, (B, r, td) embeddings), or ('table', idx, (block_size + 1, td))."""
         tr = self.transformer
         if self.config.adaln_table:
-            # The modulation depends only on the target position: compute all block_size (+1 for "no
-            # target") rows once per pass, then gather. Gather's backward is an index_add into the table.
+            # The modulation depends only on the target position: each block computes all block_size
+            # rows (+1 for "no target") once per pass and gathers them; the backward is an index_add.
             idx = torch.where(tgt >= 0, tgt, self.config.block_size)
             c = torch.cat([tr.wtpe.weight, tr.wtpe.weight.new_zeros(1, self.config.target_dim)])
             return ('table', idx, c)
@@ -287,10 +322,11 @@ class GPT(nn.Module):
 
     @staticmethod
     def _apply_mod(layer, mod):
+        """What a block takes: (B, r, 6C) per token, or (idx, table) in table mode."""
         kind, idx, c = mod
         if kind == 'token':
             return layer(c)
-        return F.embedding(idx, layer(c))
+        return (idx, layer(c))
 
     def forward_slots(self, tok, pos, tgt, cache=None, n_parallel=0, n_logits=None):
         """The slot-level decoder pass. Returns logits (B, n_logits or r, V) for the last rows."""
@@ -334,8 +370,12 @@ class GPT(nn.Module):
             if n_logits is not None:
                 idx = idx[:, -n_logits:] if idx is not None else None
                 cc = cc[:, -n_logits:] if kind == 'token' else cc
-            shift, scale = self._apply_mod(tr.adaLN_f, (kind, idx, cc)).chunk(2, dim=-1)
-            x = x * (1 + scale) + shift
+            m2 = self._apply_mod(tr.adaLN_f, (kind, idx, cc))
+            if kind == 'table':
+                x = _modulated_norm(lambda h: h, x, *m2)
+            else:
+                shift, scale = m2.chunk(2, dim=-1)
+                x = x * (1 + scale) + shift
         return self.lm_head(x)
 
     def forward(self, idx, order=None, targets=None, t=None, reduction='mean'):

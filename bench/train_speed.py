@@ -1,0 +1,157 @@
+"""
+Training throughput, MFU and memory of AO-GPT against a GPT and an encoder MDM of the same size, measured
+side by side in one run (absolute CPU times are noise; the ratios are the result).
+
+    python bench/train_speed.py                                   # CPU, small defaults
+    python bench/train_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 \
+        --block_size=1024 --batch_size=16 --compile=True         # AO-GPT-small on a GPU
+    ... --write=True                                              # append the table to BENCHMARKS.md
+
+Models (same backbone: RMSNorm, QK-norm, untied head):
+  ao        AO-GPT, per-token AdaLN: each block runs Linear(128 -> 6d) on every token
+  ao_table  AO-GPT, AdaLN as a table: the modulation depends only on the target position, so each block
+            computes block_size rows once per step and gathers them (same parameters, same function)
+  gpt       the same backbone with no target conditioning, L2R
+  mdm       the encoder MDM (full attention) on masked input
+Activation memory = peak memory during forward+backward minus the memory held before the forward
+(weights, grads, optimizer state), on CUDA only.
+"""
+import os
+import sys
+import time
+from datetime import date
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch  # noqa: E402
+
+from configurator import configure, print_config  # noqa: E402
+from model import GPT, GPTConfig, mdm_corrupt, random_orders  # noqa: E402
+
+device = 'cpu'
+dtype = 'bfloat16'           # autocast dtype on CUDA; CPU runs fp32
+n_layer = 4
+n_head = 4
+n_embd = 128
+block_size = 128
+vocab_size = 50304
+batch_size = 8
+iters = 10                   # timed steps per model
+warmup = 3                   # untimed steps (compile happens here)
+compile = False
+models = 'ao,ao_table,gpt,mdm'
+peak_flops = None            # FLOP/s for MFU; None: measure a bf16 matmul on CUDA, skip MFU on CPU
+write = False                # append the table to BENCHMARKS.md
+seed = 0
+config = configure(globals())
+print_config(config)
+
+torch.manual_seed(seed)
+if device == 'cpu':
+    torch.set_flush_denormal(True)
+cuda = device.startswith('cuda')
+if cuda:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+ptdtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16, 'float32': torch.float32}[dtype]
+ctx = torch.autocast('cuda', dtype=ptdtype) if cuda else torch.autocast('cpu', enabled=False)
+
+
+def sync():
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def measure_matmul_peak():
+    """bf16 dense matmul rate on this GPU: the MFU denominator we can actually reach."""
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        a @ b
+    sync()
+    return 20 * 2 * 8192 ** 3 / (time.perf_counter() - t0)
+
+
+if peak_flops is None and cuda:
+    peak_flops = measure_matmul_peak()
+    print(f"measured bf16 matmul peak: {peak_flops / 1e12:.0f} TFLOP/s")
+
+VARIANTS = {
+    'ao': dict(cond='adaln'),
+    'ao_table': dict(cond='adaln', adaln_table=True),
+    'gpt': dict(cond='none'),
+    'mdm': dict(cond='none', causal=False),
+}
+
+
+def bench(name):
+    cfg = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
+                    vocab_size=vocab_size, **VARIANTS[name])
+    model = GPT(cfg).to(device)
+    opt = model.configure_optimizers(0.05, 3e-4, (0.9, 0.95), 'cuda' if cuda else 'cpu')
+    fwd = torch.compile(model) if compile else model
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randint(0, 50257, (batch_size, block_size), device=device, generator=g)
+
+    def step():
+        with ctx:
+            if cfg.causal:
+                order = random_orders(batch_size, block_size, device, g) if cfg.cond != 'none' else None
+                _, loss = fwd(x, order=order, targets=x)
+            else:
+                xt, t = mdm_corrupt(x, cfg.mask_token_id, g)
+                _, loss = fwd(xt, targets=x, t=t)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=False)  # keep grads allocated so "held" memory is stable
+
+    for _ in range(warmup):
+        step()
+    sync()
+    act_mem = None
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        held = torch.cuda.memory_allocated()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+    sync()
+    dt = (time.perf_counter() - t0) / iters
+    if cuda:
+        act_mem = torch.cuda.max_memory_allocated() - held
+    tok_s = batch_size * block_size / dt
+    mfu = model.estimate_mfu(tok_s, peak_flops, block_size) if peak_flops else None
+    row = dict(model=name, params=model.get_num_params(), ms=dt * 1e3, tok_s=tok_s, mfu=mfu, act_mem=act_mem,
+               flops_tok=model.estimate_flops_per_token(block_size))
+    del model, opt, fwd
+    if cuda:
+        torch.cuda.empty_cache()
+    return row
+
+
+rows = [bench(m) for m in models.split(',')]
+base = next((r for r in rows if r['model'] == 'gpt'), None)
+lines = ['| model | params | ms/step | tokens/s | MFU | act. mem (GiB) | tok/s vs gpt | act. mem vs gpt |',
+         '|---|---|---|---|---|---|---|---|']
+for r in rows:
+    mfu = f"{100 * r['mfu']:.1f}%" if r['mfu'] is not None else 'n/a'
+    mem = f"{r['act_mem'] / 2**30:.2f}" if r['act_mem'] is not None else 'n/a'
+    rt = f"{r['tok_s'] / base['tok_s']:.3f}" if base else 'n/a'
+    rm = f"{r['act_mem'] / base['act_mem']:.3f}" if base and r['act_mem'] is not None else 'n/a'
+    lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['ms']:.1f} | {r['tok_s']:,.0f} | {mfu} | {mem} "
+                 f"| {rt} | {rm} |")
+table = '\n'.join(lines)
+print(table)
+
+if write:
+    dev = torch.cuda.get_device_name() if cuda else f'CPU ({os.cpu_count()} cores)'
+    cmd = 'python ' + ' '.join(sys.argv)
+    peak = f", MFU against a measured bf16 matmul peak of {peak_flops / 1e12:.0f} TFLOP/s" if peak_flops else ''
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'BENCHMARKS.md'), 'a') as f:
+        f.write(f"\n### Training speed: {dev}, {date.today()}, torch {torch.__version__}\n\n"
+                f"`{cmd}`  \n{n_layer}L/{n_embd}d/{n_head}H, block {block_size}, batch {batch_size}, "
+                f"{dtype if cuda else 'fp32'}, compile={compile}{peak}.\n\n{table}\n")
