@@ -40,6 +40,7 @@ warmup = 3                   # untimed steps (compile happens here)
 compile = False
 models = 'ao,ao_table,gpt,mdm'
 peak_flops = None            # FLOP/s for MFU; None: measure a bf16 matmul on CUDA, skip MFU on CPU
+sdpa = 'default'             # attention kernel on CUDA: default | flash | cudnn | efficient
 write = False                # append the table to BENCHMARKS.md
 seed = 0
 config = configure(globals())
@@ -54,6 +55,11 @@ if cuda:
     torch.backends.cudnn.allow_tf32 = True
 ptdtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16, 'float32': torch.float32}[dtype]
 ctx = torch.autocast('cuda', dtype=ptdtype) if cuda else torch.autocast('cpu', enabled=False)
+if sdpa != 'default':
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = {'flash': SDPBackend.FLASH_ATTENTION, 'cudnn': SDPBackend.CUDNN_ATTENTION,
+               'efficient': SDPBackend.EFFICIENT_ATTENTION}[sdpa]
+    sdpa_kernel(backend).__enter__()  # for the whole run
 
 
 def sync():
@@ -154,4 +160,4 @@ if write:
     with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'BENCHMARKS.md'), 'a') as f:
         f.write(f"\n### Training speed: {dev}, {date.today()}, torch {torch.__version__}\n\n"
                 f"`{cmd}`  \n{n_layer}L/{n_embd}d/{n_head}H, block {block_size}, batch {batch_size}, "
-                f"{dtype if cuda else 'fp32'}, compile={compile}{peak}.\n\n{table}\n")
+                f"{dtype if cuda else 'fp32'}, compile={compile}, sdpa={sdpa}{peak}.\n\n{table}\n")
