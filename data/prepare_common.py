@@ -15,6 +15,7 @@ Tokenization runs on num_proc worker processes (each reads its own slice of the 
 written in document order, so the bins do not depend on num_proc.
 """
 
+import errno
 import json
 import os
 import shutil
@@ -90,7 +91,7 @@ def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_doc
     else:
         st.update(docs=0, tokens=0)
     # ~2 bytes per 4 bytes of text (GPT-2 averages ~4 chars/token); char level writes 2 bytes per char
-    per_byte = 2.0 if chars else 0.6
+    per_byte = 2.0 if chars else 0.5
     _check_disk(os.path.dirname(path), int(_text_bytes(ds) * (n - st["docs"]) / max(n, 1) * per_byte),
                 os.path.basename(path))
     tasks = [(a, min(a + batch_docs, n)) for a in range(st["docs"], n, batch_docs)]
@@ -122,9 +123,10 @@ def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_doc
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        save_state()
-        raise DataError(f"writing {partial} failed ({e.strerror or e}); free disk space and re-run: it "
-                        f"resumes at document {st['docs']:,}")
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DataError(f"disk full while writing {partial}; free some space and re-run: it resumes "
+                        f"from its last record")
     finally:
         bar.close()
         if pool is not None:
@@ -138,7 +140,8 @@ def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_doc
 def prepare(out_dir, splits, source, chars=None, detok=None, num_proc=1, batch_docs=1024, force=False,
             column="text", extra=None):
     """Write out_dir/{split}.bin for each (split name -> HF Dataset) in splits, then meta.json.
-    source: a description (str or dict) recorded in meta.json and part of the fingerprint.
+    source: where the documents came from (str); extra: more facts for meta.json (dict). Both are part of
+    the fingerprint that decides whether existing bins can be reused.
     chars: None for GPT-2 BPE, else the ordered char-level vocabulary (also written to meta.pkl).
     detok: optional str -> str applied to each document before tokenizing. Returns the meta dict."""
     os.makedirs(out_dir, exist_ok=True)
@@ -189,6 +192,7 @@ def prepare(out_dir, splits, source, chars=None, detok=None, num_proc=1, batch_d
         meta[f"{k}_docs"] = counts[k]["docs"]
     meta["source"] = source
     meta["detokenizer"] = fingerprint["detokenizer"]
+    meta.update(extra or {})
     if chars:
         meta["chars"] = list(chars)
         import pickle

@@ -1,0 +1,66 @@
+"""
+Any local text file -> data/<name>/{train,val}.bin + meta.json, in one command, the same format as
+OpenWebText and PTB (so train.py --dataset=<name> just works).
+
+    python data/text/prepare.py --input=book.txt                 # GPT-2 BPE -> data/book
+    python data/text/prepare.py --input=book.txt --char=True     # char level -> data/book_char
+
+The last val_fraction of the file's lines is held out as val.bin (a contiguous tail, as nanoGPT does for
+Shakespeare: a random split of sentences would leak context into validation). Documents, each followed
+by EOT (a newline for char level), are: 'file' - each part is one document; 'paragraph' - blank-line
+separated blocks; 'line' - non-empty lines. Re-running skips finished work; --force=True rebuilds.
+"""
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # data/, for prepare_common
+import prepare_common as pc  # noqa: E402  (puts the repo root on sys.path too)
+from configurator import configure, die, print_config  # noqa: E402
+
+input = ''            # the text file (UTF-8)
+out_dir = ''          # '' = data/<input file name without extension> (+ '_char' with char=True)
+val_fraction = 0.1    # the last fraction of lines held out as val.bin
+doc_unit = 'file'     # what one document is: 'file', 'paragraph' or 'line'
+char = False          # character-level codec (vocabulary = the file's characters + '\n') instead of GPT-2
+num_proc = 1          # tokenizer processes (only helps with many documents)
+force = False         # rebuild even if out_dir is already prepared
+print_config(configure(globals()))
+
+if not input:
+    die("give the text file: python data/text/prepare.py --input=path/to/file.txt")
+if not os.path.isfile(input):
+    die(f"no such file: {input}")
+if doc_unit not in ("file", "paragraph", "line"):
+    die(f"doc_unit must be 'file', 'paragraph' or 'line', got {doc_unit!r}")
+if not 0 < val_fraction < 1:
+    die(f"val_fraction must be in (0, 1), got {val_fraction}")
+try:
+    with open(input, encoding="utf-8") as f:
+        text = f.read()
+except UnicodeDecodeError as e:
+    die(f"{input} is not UTF-8 text ({e.reason} at byte {e.start})")
+
+lines = text.splitlines(keepends=True)
+cut = round(len(lines) * (1 - val_fraction))
+if cut < 1 or cut >= len(lines):
+    die(f"{input} has {len(lines)} lines: too few to hold out {val_fraction:.0%} of them for val.bin")
+parts = {"train": "".join(lines[:cut]), "val": "".join(lines[cut:])}
+
+
+def documents(part):
+    if doc_unit == "file":
+        return [part]
+    if doc_unit == "paragraph":
+        return [p.strip("\n") for p in re.split(r"\n[ \t]*\n", part) if p.strip()]
+    return [ln.rstrip("\n") for ln in part.splitlines() if ln.strip()]
+
+
+name = os.path.splitext(os.path.basename(input))[0] + ("_char" if char else "")
+out_dir = out_dir or os.path.join(pc.ROOT, "data", name)
+chars = sorted(set(text) | {"\n"}) if char else None
+st = os.stat(input)
+extra = {"source_bytes": st.st_size, "source_mtime": int(st.st_mtime), "val_fraction": val_fraction,
+         "doc_unit": doc_unit}
+pc.prepare(out_dir, {k: pc.as_dataset(documents(p)) for k, p in parts.items()}, os.path.abspath(input),
+           chars=chars, num_proc=num_proc, force=force, extra=extra)
