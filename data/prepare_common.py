@@ -94,6 +94,8 @@ def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_doc
     per_byte = 2.0 if chars else 0.5
     _check_disk(os.path.dirname(path), int(_text_bytes(ds) * (n - st["docs"]) / max(n, 1) * per_byte),
                 os.path.basename(path))
+    if num_proc > 1:  # small inputs: enough tasks to keep every process busy
+        batch_docs = max(1, min(batch_docs, (n - st["docs"]) // (8 * num_proc)))
     tasks = [(a, min(a + batch_docs, n)) for a in range(st["docs"], n, batch_docs)]
     args = (ds, column, detok, chars)
     pool = None
@@ -182,7 +184,8 @@ def prepare(out_dir, splits, source, chars=None, detok=None, num_proc=1, batch_d
         if st.get("done") and os.path.exists(bins[k]) and os.path.getsize(bins[k]) == 2 * st["tokens"]:
             print(f"{k}.bin already complete ({st['tokens']:,} tokens)")
         else:
-            _write_split(ds, column, bins[k], state["splits"], k, detok, chars, num_proc, batch_docs, save_state)
+            _write_split(ds, column, bins[k], state["splits"], k, detok, chars, num_proc, batch_docs,
+                         save_state)
         counts[k] = state["splits"][k]
 
     meta = {"tokenizer": codec.name, "vocab_size": codec.vocab_size, "eot": codec.eot, "dtype": "uint16"}

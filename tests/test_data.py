@@ -4,11 +4,23 @@ import hashlib
 import json
 import os
 import pickle
+import shutil
+import subprocess
+import sys
 
+import numpy as np
 import pytest
+import torch
 
+import evalsets
 import tokenizer
+from evalsets import (chunk_ids, lambada_detokenize, lm1b_detokenize, load_eval_chunks, ptb_detokenize,
+                      scientific_detokenize, wikitext_detokenize)
 from tokenizer import DataError, get_codec, gpt2_encoding
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "data"))
+import prepare_common as pc  # noqa: E402  (data/prepare_common.py, shared by the prepare scripts)
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer
@@ -60,24 +72,14 @@ def test_get_codec_from_metadata(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- detokenizers
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import evalsets  # noqa: E402
-from evalsets import (chunk_ids, lambada_detokenize, lm1b_detokenize, load_eval_chunks,  # noqa: E402
-                      ptb_detokenize, scientific_detokenize, wikitext_detokenize)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("raw, clean", [
     (" = = Early life = = \n", " == Early life ==\n"),
-    (' The 1 @,@ 000 @-@ year @-@ old ship ( built in 1890 ) was " very fast " , and it \'s 3 @.@ 5 m long . \n',
-     ' The 1,000-year-old ship (built in 1890) was "very fast", and it\'s 3.5 m long.\n'),
-    (" the players ' union met at 25 \u00b0 C ; then left ! \n", " the players' union met at 25\u00b0C; then left!\n"),
+    (' The 1 @,@ 000 @-@ year @-@ old ship ( built in 1890 ) was " very fast " , and it \'s 3 @.@ 5 m long . '
+     '\n', ' The 1,000-year-old ship (built in 1890) was "very fast", and it\'s 3.5 m long.\n'),
+    (" the players ' union met at 25 \u00b0 C ; then left ! \n",
+     " the players' union met at 25\u00b0C; then left!\n"),
     ("", ""),
 ])
 def test_wikitext_detokenizer(raw, clean):
@@ -94,7 +96,8 @@ def test_ptb_detokenizer():
 def test_lm1b_detokenizer():
     raw = 'He said " it \'s fine " , and visited http : / / example.com / page ( twice ) for $ 5 .'
     assert lm1b_detokenize(raw) == 'He said "it\'s fine", and visited http://example.com/page (twice) for $5.'
-    assert lm1b_detokenize("Really ?") == "Really?" and lm1b_detokenize("cost \u00a3 3 ; ok !") == "cost \u00a33; ok!"
+    assert lm1b_detokenize("Really ?") == "Really?"
+    assert lm1b_detokenize("cost \u00a3 3 ; ok !") == "cost \u00a33; ok!"
 
 
 def test_lambada_and_scientific_detokenizers():
@@ -109,7 +112,8 @@ def test_lambada_and_scientific_detokenizers():
 def test_chunk_counts_and_keep_partial():
     ids = list(range(10))
     x = chunk_ids(ids, 4)
-    assert x.dtype == torch.long and x.shape == (2, 4) and x.flatten().tolist() == list(range(8))  # 8, 9 dropped
+    assert x.dtype == torch.long and x.shape == (2, 4)
+    assert x.flatten().tolist() == list(range(8))  # 8 and 9 are the dropped remainder
     y = chunk_ids(ids, 4, keep_partial=True)
     assert y.shape == (3, 4) and y[2].tolist() == [8, 9, -1, -1] and torch.equal(y[:2], x)
     assert chunk_ids(list(range(8)), 4, keep_partial=True).shape == (2, 4)  # no remainder, no extra row
@@ -164,7 +168,8 @@ def test_ptb_prepare_bins_and_meta(ptb_dir):
 
 def _docs(n=30):
     # unicode, emoji, tabs, blank lines and a literal "<|endoftext|>" that must stay text
-    return [f"Document {i}: caf\u00e9 \U0001F642 x{'y' * (i % 7)}\n\n\tsecond line <|endoftext|> end." for i in range(n)]
+    return [f"Document {i}: caf\u00e9 \U0001F642 x{'y' * (i % 7)}\n\n\tsecond line <|endoftext|> end."
+            for i in range(n)]
 
 
 def _split_docs(ids, codec):
@@ -213,7 +218,8 @@ def test_local_formats_load_the_same_documents(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
     docs = _docs(5)
     datasets.Dataset.from_dict({"text": docs}).to_parquet(str(tmp_path / "d.parquet"))
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs})}).save_to_disk(str(tmp_path / "disk"))
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": docs})})
+    dd.save_to_disk(str(tmp_path / "disk"))
     (tmp_path / "lines.txt").write_text("one\ntwo\n\nthree\n")
     for path in ["d.parquet", "disk"]:
         ds, col = evalsets.open_documents(str(tmp_path / path))
@@ -225,8 +231,6 @@ def test_local_formats_load_the_same_documents(tmp_path, monkeypatch):
 
 
 def test_prepare_resumes_after_a_crash(tmp_path, capsys):
-    sys.path.insert(0, os.path.join(ROOT, "data"))
-    import prepare_common as pc
     docs = _docs(40)
     crash = {"at": docs[25]}
 
@@ -241,7 +245,8 @@ def test_prepare_resumes_after_a_crash(tmp_path, capsys):
         splits = {"train": pc.as_dataset(docs[:36]), "val": pc.as_dataset(docs[36:])}
         with pytest.raises(KeyboardInterrupt):
             pc.prepare(str(tmp_path / "a"), splits, "test", detok=flaky_detok, batch_docs=4)
-        assert os.path.exists(tmp_path / "a" / "train.bin.partial") and not os.path.exists(tmp_path / "a" / "meta.json")
+        assert os.path.exists(tmp_path / "a" / "train.bin.partial")
+        assert not os.path.exists(tmp_path / "a" / "meta.json")
         crash["at"] = None
         capsys.readouterr()
         meta = pc.prepare(str(tmp_path / "a"), splits, "test", detok=flaky_detok, batch_docs=4)
@@ -250,7 +255,8 @@ def test_prepare_resumes_after_a_crash(tmp_path, capsys):
     finally:
         pc.FLUSH_EVERY_S = old
     for split in ("train", "val"):
-        assert (tmp_path / "a" / f"{split}.bin").read_bytes() == (tmp_path / "b" / f"{split}.bin").read_bytes()
+        resumed, fresh_bin = (tmp_path / d / f"{split}.bin" for d in ("a", "b"))
+        assert resumed.read_bytes() == fresh_bin.read_bytes()
     assert meta["train_tokens"] == fresh["train_tokens"] and not os.path.exists(tmp_path / "a" / pc.STATE)
 
 
@@ -261,16 +267,18 @@ def test_text_prepare_roundtrip_gpt2_and_char(tmp_path):
     src.write_text(text)
     for extra, eot in [([], "<|endoftext|>"), (["--char=True", "--doc_unit=line"], None)]:
         out = tmp_path / ("out" + str(len(extra)))
-        r = subprocess.run([sys.executable, "data/text/prepare.py", f"--input={src}", f"--out_dir={out}", *extra],
-                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+        cmd = [sys.executable, "data/text/prepare.py", f"--input={src}", f"--out_dir={out}", *extra]
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         codec = get_codec(out)
-        parts = [codec.decode(np.fromfile(out / f"{s}.bin", dtype=np.uint16).tolist()) for s in ("train", "val")]
+        parts = [codec.decode(np.fromfile(out / f"{s}.bin", dtype=np.uint16).tolist())
+                 for s in ("train", "val")]
         if eot:  # one document per part: the text itself, EOT at the end
             assert all(p.endswith(eot) for p in parts) and "".join(p[: -len(eot)] for p in parts) == text
             assert parts[1].startswith("Line 45:")  # the held-out tail: last 10% of the lines
         else:    # char level, one document per non-empty line, each ended by '\n'
-            assert codec.name == "char" and "".join(parts) == "".join(ln + "\n" for ln in text.split("\n") if ln)
+            assert codec.name == "char"
+            assert "".join(parts) == "".join(ln + "\n" for ln in text.split("\n") if ln)
             assert os.path.exists(out / "meta.pkl")
 
 
@@ -285,16 +293,17 @@ def test_eval_sets_from_local_copies(tmp_path, monkeypatch):
     (wt / "wiki.test.raw").write_text(" \n = Test = \n \n The cat @-@ like thing . \n")
     (wt / "wiki.train.raw").write_text(" \n = Train = \n")
     # HF's row convention: lines keep '\n', blank lines are empty documents (a lone EOT)
-    assert evalsets.eval_documents("wikitext2", path=str(wt)) == ["", " = Test = \n", "", " The cat @-@ like thing . \n"]
+    test_rows = ["", " = Test = \n", "", " The cat @-@ like thing . \n"]
+    assert evalsets.eval_documents("wikitext2", path=str(wt)) == test_rows
     assert evalsets.eval_documents("wikitext2", path=str(wt), paper_split=True) == ["", " = Train = \n"]
     assert evalsets.eval_documents("wikitext103", path=str(wt), paper_split=True)[1] == " = Test = \n"
     x = load_eval_chunks("wikitext2", codec, 4, path=str(wt), keep_partial=True).flatten().tolist()
     want = []
-    for d in ["", " = Test = \n", "", " The cat @-@ like thing . \n"]:
+    for d in test_rows:
         want += gpt2_encoding().encode_ordinary(wikitext_detokenize(d)) + [50256]
     assert [i for i in x if i >= 0] == want and want[0] == 50256
     lam = tmp_path / "lambada_test.jsonl"
-    lam.write_text(json.dumps({"text": "\u201cHi,\u201d he said."}) + "\n" + json.dumps({"text": "Bye."}) + "\n")
+    lam.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["\u201cHi,\u201d he said.", "Bye."]))
     y = load_eval_chunks("lambada", codec, 1, path=str(lam)).flatten().tolist()
     assert codec.decode(y) == '\n"Hi," he said.<|endoftext|>\nBye.<|endoftext|>'
 
@@ -310,17 +319,14 @@ def test_missing_dataset_offline_is_one_clear_line(tmp_path, monkeypatch):
         load_eval_chunks("owt", codec, 1024)
     # as a script: exit status 1, a single 'error: ...' line naming the local option, no traceback
     for cmd in (["data/openwebtext/prepare.py"], ["evalsets.py", "lm1b"]):
-        env = _hf_env(tmp_path)
-        r = subprocess.run([sys.executable, *cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        r = subprocess.run([sys.executable, *cmd], cwd=ROOT, env=_hf_env(tmp_path), capture_output=True,
+                           text=True, timeout=60)
         err = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 1 and len(err) == 1 and err[0].startswith("error: "), r.stderr
         assert ("--source=" in err[0]) if "prepare" in cmd[0] else ("path=" in err[0])
 
 
 def test_prepare_checks_free_disk_before_writing(tmp_path, monkeypatch):
-    sys.path.insert(0, os.path.join(ROOT, "data"))
-    import shutil
-    import prepare_common as pc
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 10))
     with pytest.raises(DataError, match="not enough disk"):
         pc.prepare(str(tmp_path / "d"), {"train": pc.as_dataset(_docs(4))}, "test")

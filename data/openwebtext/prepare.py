@@ -2,15 +2,15 @@
 OpenWebText -> data/openwebtext/{train,val}.bin + meta.json: GPT-2 BPE, EOT (50256) after every document,
 uint16 token ids (nanoGPT's format: np.memmap(path, dtype=np.uint16, mode='r')).
 
-    python data/openwebtext/prepare.py                          # HF hub (downloads ~55 GB into the HF cache)
+    python data/openwebtext/prepare.py                          # HF hub (nanoGPT notes ~54 GB of HF cache)
     python data/openwebtext/prepare.py --source=/data/owt.jsonl # or a local copy: text, JSON lines,
                                                                 # parquet, a save_to_disk folder, or a
                                                                 # folder of such files
-Held-out split: val_fraction of the documents (0.0005, ~4k documents and ~4M tokens for OpenWebText, as
-in nanoGPT), drawn with a fixed seed; the rest, in their original order, is train.
-Tokenization runs on num_proc processes with a progress bar; on 8 cores OpenWebText takes roughly an
-hour and writes ~9B train tokens (~17 GB). Free disk is checked before writing. Re-running skips finished
-work, and an interrupted run resumes where it stopped (data/prepare_common.py); --force=True rebuilds.
+Held-out split: val_fraction of the documents (0.0005: ~4k of OpenWebText's 8,013,769, as in nanoGPT),
+drawn with a fixed seed; the rest, in their original order, is train.
+Tokenization runs on num_proc processes with a progress bar (nanoGPT reports ~9B train tokens, a ~17 GB
+train.bin, for OpenWebText). Free disk is checked before writing. Re-running skips finished work, and an
+interrupted run resumes where it stopped (data/prepare_common.py); --force=True rebuilds.
 A plain text file gives one document per line (text_unit='paragraph' or 'document' to change that).
 """
 import os
@@ -49,7 +49,7 @@ is_val = np.zeros(n, dtype=bool)
 is_val[np.random.default_rng(seed).choice(n, n_val, replace=False)] = True
 splits = {"train": ds.select(np.flatnonzero(~is_val)), "val": ds.select(np.flatnonzero(is_val))}
 origin = os.path.abspath(source) if os.path.exists(source) else source
-extra = {"source_split": split, "source_documents": n, "source_fingerprint": getattr(ds, "_fingerprint", None),
-         "val_fraction": val_fraction, "seed": seed}
+extra = {"source_split": split, "source_documents": n, "val_fraction": val_fraction, "seed": seed,
+         "source_fingerprint": getattr(ds, "_fingerprint", None)}
 print(f"{origin}: {n:,} documents -> train {n - n_val:,} / val {n_val:,}")
 pc.prepare(out_dir, splits, origin, num_proc=num_proc, force=force, column=column, extra=extra)

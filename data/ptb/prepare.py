@@ -10,8 +10,8 @@ and test.bin holds exactly the tokens that evalsets.load_eval_chunks('ptb', ...)
 
     python data/ptb/prepare.py                # GPT-2 BPE  -> data/ptb       train 1,033,729 / val 81,773 /
                                               #               test 91,135 tokens, about 2 s
-    python data/ptb/prepare.py --char=True    # characters -> data/ptb_char  (49 symbols; '\n' ends a
-                                              #               sentence; nanoGPT's meta.pkl as well)
+    python data/ptb/prepare.py --char=True    # characters -> data/ptb_char  (49 symbols, a newline ends
+                                              #               each sentence; nanoGPT's meta.pkl too)
 Re-running skips finished work (see data/prepare_common.py); --force=True rebuilds.
 """
 import os
