@@ -37,6 +37,26 @@ def test_gpt2_known_ids():
     assert path is not None and hashlib.sha256(open(path, "rb").read()).hexdigest() == tokenizer.R50K_SHA256
 
 
+def test_gpt2_asset_checked_and_fallback(tmp_path, monkeypatch):
+    bad = tmp_path / "gpt2.tiktoken"
+    bad.write_bytes(open(tokenizer.gpt2_file(), "rb").read()[:-10])  # a truncated / altered asset
+    monkeypatch.setattr(tokenizer, "gpt2_file", lambda: str(bad))
+    tokenizer.gpt2_encoding.cache_clear()
+    try:
+        with pytest.raises(DataError, match="sha256"):
+            tokenizer.gpt2_encoding()
+        # no whisper asset: tiktoken's own download; offline that is one clear line naming the fix
+        monkeypatch.setattr(tokenizer, "gpt2_file", lambda: None)
+        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty"))
+        try:
+            enc = tokenizer.gpt2_encoding()
+            assert enc.encode("Hello world") == [15496, 995]  # online: the same ids
+        except DataError as e:
+            assert "openai-whisper" in e.msg
+    finally:
+        tokenizer.gpt2_encoding.cache_clear()
+
+
 def test_gpt2_codec_roundtrip_and_plain_text_eot():
     codec = get_codec(None)
     assert (codec.name, codec.vocab_size, codec.eot) == ("gpt2", 50257, 50256)
