@@ -140,7 +140,10 @@ def configure(g, argv=None):
             if key not in defaults:
                 raise ConfigError(f"unknown config key '--{key}'{_nearest(key, defaults)}; "
                                   f"see --help for the list")
-            cfg[key] = _coerce(key, _parse_literal(val), defaults[key], 'command line')
+            parsed = _parse_literal(val)
+            if isinstance(defaults[key], str) and not isinstance(parsed, str):
+                parsed = val  # a string key keeps the text as typed: --steps=64,128 is not a tuple
+            cfg[key] = _coerce(key, parsed, defaults[key], 'command line')
     except ConfigError as e:
         print(f"error: {e.msg}", file=sys.stderr)
         raise SystemExit(2)

@@ -17,8 +17,9 @@ def test_both_override_syntaxes_and_int_for_float():
 
 
 def test_none_default_can_be_overridden_and_tuple_parsed():
-    cfg = configure(defaults(), ['--init_from=resume', '--betas=(0.8, 0.99)'])
+    cfg = configure(defaults(), ['--init_from=resume', '--betas=(0.8, 0.99)', '--device=64,128'])
     assert cfg['init_from'] == 'resume' and cfg['betas'] == (0.8, 0.99)
+    assert cfg['device'] == '64,128'  # a str key keeps the text, even when it parses as a tuple
 
 
 def test_config_file_then_command_line(tmp_path):
