@@ -1,0 +1,565 @@
+"""
+Zero-shot perplexity of a checkpoint: exact L2R, the any-order bound, and the context-order ensemble.
+
+    python eval_ppl.py --ensemble 8                          # out/ckpt.pt, EMA weights, the paper's 5 sets
+    python eval_ppl.py --datasets ptb --max_chunks 20        # a quick look
+    python eval_ppl.py --datasets wikitext2 --data_path wikitext2=/data/wiki.test.raw
+    torchrun --standalone --nproc_per_node 8 eval_ppl.py --ensemble 8
+
+Columns (per-token NLL -> PPL = exp(mean NLL) over every token of every block_size chunk):
+  L2R        exact likelihood in the identity order; n predictions per chunk, the first made from [None]
+             (HF GPT-2 with labels=input makes n-1: it never predicts the first token).
+  any-order  E_sigma[-sum_i log p(x_sigma_i | x_sigma_<i)] over uniform orders: an upper bound on the
+             NLL (Jensen: -log E_sigma p(x|sigma) <= E_sigma -log p(x|sigma)), not a likelihood. For the
+             encoder MDM it is its ELBO, which is the same quantity (paper eq. 5).
+  ens xM     paper eq. 7: each conditional is the mixture (1/M) sum_m p(x_j | context in order pi_m) over
+             M orderings of the same context set. Each mixture is a normalised conditional, so the chain
+             rule still gives a valid likelihood (of the mixture model) and its any-order average is again
+             an upper bound; by Jensen it is never worse than the mean member.
+
+The estimators are importable (bench/eval_speed.py uses them) and return token-weighted sums
+(sum_nll, n_tokens), so DDP ranks all-reduce sums and PPL = exp(sum_nll / n_tokens).
+"""
+
+import json
+import math
+import os
+import sys
+from contextlib import nullcontext
+from types import SimpleNamespace
+
+import torch
+from torch.nn import functional as F
+
+from model import random_orders
+
+# ----------------------------------------------------------------------------------------------- CLI defaults
+out_dir = 'out'          # checkpoint directory (evaluates out_dir/ckpt.pt)
+ckpt = ''                # a checkpoint file or directory; overrides out_dir
+use_ema = None           # None: EMA weights when the checkpoint has them; True/False to force
+dataset = ''             # codec source: a data dir or a name under data/ ('' = the checkpoint's training set)
+datasets = 'lambada,wikitext2,ptb,wikitext103,lm1b'  # comma list; also ag_news,pubmed,arxiv,owt
+data_path = ''           # local-file overrides, e.g. 'wikitext2=/data/wiki.test.raw,lambada=/data/l.jsonl'
+split = ''               # '' = each set's default split (see evalsets.py)
+paper_split = False      # True: the paper's WikiText-2 *train* split (inherited from RADD), to match its tables
+block_size = 0           # chunk length; 0 = the model's block_size
+max_chunks = 0           # evaluate only the first max_chunks chunks of each set (0 = all)
+batch_size = 8           # sequences of length block_size per forward pass
+orders = 1               # random orders per chunk for the any-order column (MC draws for the encoder MDM)
+ensemble = 0             # M, context orderings per conditional for the ensemble column (0 = no column)
+ensemble_mode = 'fast'   # 'fast': M passes per Monte Carlo draw | 'exact': the paper's n*M passes per chunk
+ensemble_draws = 1       # Monte Carlo draws (reveal counts) per chunk for ensemble_mode='fast'
+mdm_l2r = False          # encoder MDM: also compute exact L2R (n forward passes per chunk: slow)
+seed = 1337              # orders and reveal counts come from this seed (plus the DDP rank)
+device = ''              # '' = cuda if available, else cpu
+dtype = 'bfloat16'       # autocast dtype on CUDA ('float32' to disable); CPU always runs fp32
+compile = False          # torch.compile the model
+json_out = ''            # results file; '' = eval_ppl.json next to the checkpoint
+progress = True          # tqdm bars (rank 0 only)
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+def _device(model):
+    return next(model.parameters()).device
+
+
+def _tick(bar, k):
+    # k may be fractional (a draw is 1/draws of a chunk); the bar only ever sees whole chunks
+    if bar is not None:
+        bar.carry = getattr(bar, 'carry', 0.0) + k
+        whole = int(bar.carry + 1e-9)
+        if whole:
+            bar.update(whole)
+            bar.carry -= whole
+
+
+def _check_tokens(chunks):
+    # Every token of a chunk is context for some conditional, so a -1 pad cannot be "ignored" in any order.
+    if chunks.numel() and chunks.min() < 0:
+        raise ValueError("chunks hold -1 padding; evaluate full chunks only (keep_partial=False)")
+
+
+def _require_any_order(model):
+    if not model.any_order:
+        raise ValueError("this model cannot condition on an order (a left-to-right GPT or an encoder); "
+                         "any-order estimators need cond='adaln' or 'sigma'")
+
+
+def stratified_uniform(count, generator=None):
+    """count draws in (0, 1], each uniform marginally, jointly spread evenly (systematic sampling: one
+    uniform offset, `count` evenly spaced points, then shuffled). Stratifying the reveal count (or the
+    masking rate) across chunks and draws removes most of the variance that comes from it."""
+    u = torch.rand(1, generator=generator, dtype=torch.float64)
+    t = 1 - (torch.arange(count, dtype=torch.float64) + u) / count
+    return t[torch.randperm(count, generator=generator)]
+
+
+def stratified_counts(count, n, generator=None):
+    """count draws from {1..n}, each uniform marginally, stratified as above."""
+    return (stratified_uniform(count, generator) * n).ceil().long().clamp(1, n)
+
+
+def rank_slice(n_chunks, rank, world_size):
+    """The contiguous shard of chunks that DDP rank `rank` evaluates: every chunk goes to exactly one
+    rank (no DistributedSampler-style padding, which would count some chunks twice)."""
+    return slice(n_chunks * rank // world_size, n_chunks * (rank + 1) // world_size)
+
+
+# ----------------------------------------------------------------------------------------------- L2R
+
+@torch.no_grad()
+def nll_l2r(model, chunks, batch_size=8, bar=None):
+    """Exact NLL in the identity order: (sum over chunks of -log p(x), number of predicted tokens).
+
+    n predictions per chunk of n tokens, the first one made from [None] alone (the paper's protocol).
+    Targets of -1 are skipped. For the encoder MDM this is the exact L2R factorisation
+    prod_i p(x_i | x_<i, [MASK] at >= i), one pass per position (n passes per chunk).
+    """
+    dev = _device(model)
+    if not model.config.causal:
+        return _nll_l2r_encoder(model, chunks, batch_size, bar)
+    total, count = 0.0, 0
+    for s in range(0, len(chunks), batch_size):
+        x = chunks[s:s + batch_size].to(dev)
+        _, nll = model(x, targets=x, reduction='none')                   # (B, n), 0 where target is -1
+        # (a -1 right-pad is fed as [None] to the slots after it, which are pads too, so it is harmless)
+        total += nll.double().sum().item()
+        count += (x >= 0).sum().item()
+        _tick(bar, len(x))
+    return total, count
+
+
+def _nll_l2r_encoder(model, chunks, batch_size, bar):
+    _check_tokens(chunks)
+    dev = _device(model)
+    mask = model.config.mask_token_id
+    N, n = chunks.shape
+    pos = torch.arange(n, device=dev)
+    total = 0.0
+    for c in range(N):
+        x = chunks[c].to(dev)
+        for s in range(0, n, batch_size):
+            i = pos[s:s + batch_size]                                    # predict position i from x_<i
+            rows = torch.where(pos[None, :] < i[:, None], x[None, :], mask)  # (b, n)
+            _, nll = model(rows, targets=x.expand_as(rows), reduction='none')
+            total += nll.gather(1, i[:, None]).double().sum().item()
+        _tick(bar, 1)
+    return total, N * n
+
+
+# ----------------------------------------------------------------------------------------------- any-order
+
+@torch.no_grad()
+def nll_any_order(model, chunks, n_orders=1, generator=None, batch_size=8, bar=None):
+    """The AO-AR bound: (sum over chunks of the mean over n_orders uniform orders of
+    -sum_i log p(x_sigma_i | x_sigma_<i), number of tokens). An upper bound on the NLL, not a likelihood.
+    Orders come from `generator` (CPU), so a fixed seed reproduces the number exactly.
+    For the encoder MDM this is its ELBO (the same quantity; see nll_mdm_elbo) with n_orders draws."""
+    if not model.config.causal:
+        return nll_mdm_elbo(model, chunks, n_orders, generator, batch_size=batch_size, bar=bar)
+    per_chunk = _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar)
+    return per_chunk.sum().item(), chunks.numel()
+
+
+def _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar=None):
+    _require_any_order(model)
+    _check_tokens(chunks)
+    dev = _device(model)
+    N, n = chunks.shape
+    out = torch.zeros(N, dtype=torch.float64)
+    for s in range(0, N, batch_size):
+        x = chunks[s:s + batch_size].to(dev)
+        for _ in range(n_orders):
+            order = random_orders(len(x), n, generator=generator).to(dev)
+            _, nll = model(x, order=order, targets=x, reduction='none')  # (B, n)
+            out[s:s + len(x)] += nll.double().sum(1).cpu() / n_orders
+        _tick(bar, len(x))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- ensemble
+
+@torch.no_grad()
+def nll_ensemble(model, chunks, M, mode='fast', generator=None, draws=1, batch_size=8, bar=None):
+    """Context-order ensemble (paper eq. 7): (sum over chunks of the estimated ensembled chain-rule NLL,
+    number of tokens). Both modes estimate the same expected bound (see _ensemble_fast_per_chunk)."""
+    if mode == 'fast':
+        ens, _ = _ensemble_fast_per_chunk(model, chunks, M, generator, draws, batch_size, bar)
+    elif mode == 'exact':
+        ens, _ = _ensemble_exact_per_chunk(model, chunks, M, generator, draws, batch_size, bar)
+    else:
+        raise ValueError(f"ensemble mode must be 'fast' or 'exact', got {mode!r}")
+    return ens.sum().item(), chunks.numel()
+
+
+def _mixture_nll(member_nll):
+    """-log of the mean *probability* over members (dim 0), computed stably: -(logsumexp(-nll) - log M)."""
+    M = member_nll.size(0)
+    return -(torch.logsumexp(-member_nll, dim=0) - math.log(M))
+
+
+def _reorder_contexts(ctx, M, generator):
+    """(R, c) context positions in reveal order -> (M, R, c): member 0 keeps the order it was revealed
+    in (the paper always includes it), members 1.. are uniform reshuffles of the same set. The base
+    order is itself uniform, so the M orderings are M independent uniform orderings of the set."""
+    R, c = ctx.shape
+    shuffles = [ctx.gather(1, torch.rand(R, c, generator=generator).argsort(1)) for _ in range(M - 1)]
+    return torch.stack([ctx] + shuffles)
+
+
+def _ensemble_fast_per_chunk(model, chunks, M, generator=None, draws=1, batch_size=8, bar=None):
+    """The fast estimator of the ensembled any-order NLL. Returns per-chunk estimates (N,) of the
+    ensemble's chain-rule NLL and, on the same draws, of the mean member's (the plain any-order NLL).
+
+    The target. The exact (paper's) quantity for a chunk of n tokens is, with sigma a uniform order,
+        Q = E_sigma sum_{i=0}^{n-1} f(sigma_<i, sigma_i),
+        f(C, j) = E_{pi_1..pi_M} -log (1/M) sum_m p(x_j | x_C revealed in order pi_m),
+    the pi_m being uniform orderings of the set C. So f sees the context only as a *set*.
+    Why one draw may score every remaining target. Group the sum by the context size i. Under a uniform
+    sigma, sigma_<i is a uniform i-subset C and sigma_i is uniform over the n-i positions outside C, so
+        Q = sum_i E_{|C|=i} [ (1/(n-i)) sum_{j not in C} f(C, j) ]
+          = n * E_{i ~ U{0..n-1}} E_{|C|=i} [ (1/(n-i)) sum_{j not in C} f(C, j) ].
+    One draw: reveal count l ~ U{1..n}, i.e. i = l-1 context tokens = the first i positions of a uniform
+    order (a uniform i-subset), and all k = n-l+1 positions outside C as targets, each scored by the
+    M-member mixture, one forward_queries pass per member. The draw's value
+        (n/k) * sum_{j not in C} -log p_ens(x_j | C)
+    therefore has expectation Q exactly: the k targets are every j outside C (no sampling there), the
+    1/k turns their sum into the mean over j that the chain rule's uniform sigma_i implies, and the
+    factor n undoes the 1/n probability of the drawn count. (Without the n/k weight, small contexts,
+    which have many targets, would be over-counted.) This is the decoder form of the MDM ELBO weighting
+    (paper eq. 5), and with M=1 it estimates the plain any-order loss. Cost: M passes per draw instead of
+    the exact form's n*M. The counts l are stratified across chunks and draws (stratified_counts).
+    """
+    _require_any_order(model)
+    _check_tokens(chunks)
+    dev = _device(model)
+    N, n = chunks.shape
+    ens = torch.zeros(N, dtype=torch.float64)
+    mean_member = torch.zeros(N, dtype=torch.float64)
+    ls = stratified_counts(N * draws, n, generator)                      # (N*draws,) flat (chunk, draw)
+    per_pass = max(1, batch_size // M)                                   # draws per pass: M rows each
+    by_l = ls.argsort(stable=True).split(torch.bincount(ls, minlength=n + 1)[1:].tolist())
+    for l, ids in enumerate(by_l, start=1):                              # draws sharing l share a layout
+        c, k = l - 1, n - l + 1                                          # context size, number of targets
+        for s in range(0, len(ids), per_pass):
+            rows = ids[s:s + per_pass] // draws                          # chunk index of each draw
+            x = chunks[rows]                                             # (R, n) on CPU
+            R = len(x)
+            order = random_orders(R, n, generator=generator)             # (R, n)
+            ctx = _reorder_contexts(order[:, :c], M, generator)          # (M, R, c)
+            member = _queries_nll(model, x.to(dev), ctx.to(dev), order[:, c:].to(dev), batch_size)
+            w = n / k / draws                                            # (M, R, k) -> per-chunk sums
+            ens.index_add_(0, rows, _mixture_nll(member).sum(1).double().cpu() * w)
+            mean_member.index_add_(0, rows, member.mean(0).sum(1).double().cpu() * w)
+            _tick(bar, R / draws)
+    return ens, mean_member
+
+
+def _queries_nll(model, x, ctx, tgt, batch_size):
+    """-log p(x at tgt | x at ctx[m], revealed in that order) for every member m: (M, R, k).
+    x (R, n), ctx (M, R, c), tgt (R, k); rows are passed batch_size at a time."""
+    M, R, c = ctx.shape
+    k = tgt.size(1)
+    xm = x.repeat(M, 1)                                                  # (M*R, n), member-major
+    ctx = ctx.reshape(M * R, c)
+    tgt = tgt.repeat(M, 1)                                               # (M*R, k)
+    out = []
+    for s in range(0, M * R, batch_size):
+        cp, qp, xs = ctx[s:s + batch_size], tgt[s:s + batch_size], xm[s:s + batch_size]
+        logits = model.forward_queries(xs.gather(1, cp), cp, qp)        # (b, k, V)
+        y = xs.gather(1, qp)                                             # (b, k)
+        out.append(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none').view(-1, k))
+    return torch.cat(out).view(M, R, k)
+
+
+def _ensemble_exact_per_chunk(model, chunks, M, generator=None, draws=1, batch_size=8, bar=None):
+    """The paper's per-token form: for each draw a base order sigma, and for every target index i the
+    M-member mixture over orderings of sigma_<i (member 0 = sigma's own). n*M full passes per draw
+    (only slot i of each is used), so it is the reference for small inputs. It uses model.forward, not
+    forward_queries, so the two modes check each other. Returns (ens, mean member) per chunk, as fast."""
+    _require_any_order(model)
+    _check_tokens(chunks)
+    dev = _device(model)
+    N, n = chunks.shape
+    ens = torch.zeros(N, dtype=torch.float64)
+    mean_member = torch.zeros(N, dtype=torch.float64)
+    ar = torch.arange(n)
+    # Row (i, m) of a draw is sigma with its first i entries reordered: sort keys in (-1, 0) put the
+    # prefix first in random order and the suffix keeps its sigma order; member 0 keeps sigma itself.
+    reorder = (ar[None, :] < ar[:, None])[:, None, :] & (torch.arange(M) > 0)[None, :, None]  # (n, M, n)
+    per_pass = max(1, batch_size // (n * M))                             # draws per group of passes
+    for s in range(0, N * draws, per_pass):
+        rows = torch.arange(s, min(s + per_pass, N * draws)) // draws    # chunk index of each draw
+        G = len(rows)
+        base = random_orders(G, n, generator=generator)                  # (G, n)
+        keys = torch.where(reorder, torch.rand(G, n, M, n, generator=generator) - 1.0, ar.float())
+        orders = base[:, None, None, :].expand(G, n, M, n).gather(-1, keys.argsort(-1))  # (G, n, M, n)
+        orders = orders.reshape(-1, n).to(dev)
+        xs = chunks[rows][:, None, None, :].expand(G, n, M, n).reshape(-1, n).to(dev)
+        nll = torch.cat([model(xs[i:i + batch_size], order=orders[i:i + batch_size],
+                               targets=xs[i:i + batch_size], reduction='none')[1]
+                         for i in range(0, len(xs), batch_size)])
+        member = nll.view(G, n, M, n).diagonal(dim1=1, dim2=3).permute(1, 0, 2)  # (M, G, n): slot i of row i
+        ens.index_add_(0, rows, _mixture_nll(member).sum(1).double().cpu() / draws)
+        mean_member.index_add_(0, rows, member.mean(0).sum(1).double().cpu() / draws)
+        _tick(bar, G / draws)
+    return ens, mean_member
+
+
+# ----------------------------------------------------------------------------------------------- encoder MDM
+
+@torch.no_grad()
+def nll_mdm_elbo(model, chunks, n_draws=1, generator=None, estimator='count', batch_size=8, bar=None):
+    """The encoder MDM's ELBO, (sum over chunks of the estimated bound, number of tokens).
+
+    The continuous-time ELBO  int_0^1 (1/t) E[sum_{masked i} -log p(x_i | x_t)] dt  equals the discrete
+    sum over the number of masked tokens k: a given k arises with probability C(n,k) t^k (1-t)^(n-k), and
+    int_0^1 (1/t) C(n,k) t^k (1-t)^(n-k) dt = 1/k, so
+        ELBO = sum_{k=1}^n (1/k) E_{S, |S|=k} sum_{i in S} -log p(x_i | x outside S)
+             = n * E_{k ~ U{1..n}} [(1/k) sum_{i in S} ...],
+    which is also the AO-AR loss E_sigma sum_i -log p(x_sigma_i | x_sigma_<i) of the encoder's
+    conditionals (paper eq. 5). estimator='count' (default) draws k uniform, stratified across chunks
+    and draws, and weights n/k: no 1/t blow-up near t=0. estimator='time' is the training loss's
+    t ~ U(0,1] form (stratified t, weight 1/t), kept as a cross-check.
+    """
+    if model.config.causal:
+        raise ValueError("nll_mdm_elbo is for the encoder MDM (causal=False)")
+    per_chunk = _mdm_elbo_per_chunk(model, chunks, n_draws, generator, estimator, batch_size, bar)
+    return per_chunk.sum().item(), chunks.numel()
+
+
+def _mdm_elbo_per_chunk(model, chunks, n_draws=1, generator=None, estimator='count', batch_size=8, bar=None):
+    _check_tokens(chunks)
+    dev = _device(model)
+    N, n = chunks.shape
+    D = n_draws
+    out = torch.zeros(N, dtype=torch.float64)
+    if estimator == 'count':
+        ks = stratified_counts(N * D, n, generator).double()             # masked count per (chunk, draw)
+    elif estimator == 'time':
+        ks = stratified_uniform(N * D, generator)                        # masking rate t in (0, 1]
+    else:
+        raise ValueError(f"estimator must be 'count' or 'time', got {estimator!r}")
+    for s in range(0, N * D, batch_size):
+        ids = torch.arange(s, min(s + batch_size, N * D))
+        rows = ids // D
+        x = chunks[rows]
+        v = ks[ids]
+        if estimator == 'count':
+            rank = torch.rand(len(x), n, generator=generator).argsort(1).argsort(1)  # uniform ranks
+            masked = rank < v[:, None]                                   # a uniform subset of size k
+            w = n / v
+        else:
+            masked = torch.rand(len(x), n, generator=generator, dtype=torch.float64) < v[:, None]
+            w = 1 / v
+        xt = torch.where(masked, model.config.mask_token_id, x)
+        _, nll = model(xt.to(dev), targets=x.to(dev), reduction='none')  # (b, n), 0 where unmasked
+        out.index_add_(0, rows, nll.double().sum(1).cpu() * w / D)
+        _tick(bar, len(x) / D)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- the script
+
+def _kind(model):
+    c = model.config
+    if not c.causal:
+        return 'encoder MDM'
+    return {'adaln': 'AO-GPT', 'sigma': 'sigma-GPT', 'none': 'GPT (L2R)'}[c.cond]
+
+
+def _codec_for(ckpt_dict, override):
+    """The checkpoint's codec: data/<its training dataset>/ metadata, else GPT-2 (the contract);
+    `override` (a data dir or a name under data/) replaces the training dataset."""
+    from configurator import die
+    from tokenizer import get_codec
+    name = override or (ckpt_dict.get('config') or {}).get('dataset') or ''
+    if not name:
+        return get_codec(None)
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (name, os.path.join('data', name), os.path.join(here, 'data', name)):
+        if os.path.exists(os.path.join(d, 'meta.json')) or os.path.exists(os.path.join(d, 'meta.pkl')):
+            return get_codec(d)
+    if override:
+        die(f"--dataset {override}: no meta.json or meta.pkl in {override} or data/{override} "
+            f"(prepare it with data/<name>/prepare.py, or leave --dataset empty for GPT-2)")
+    return get_codec(None)
+
+
+def _parse_paths(spec):
+    from configurator import die
+    paths = {}
+    for item in filter(None, (s.strip() for s in spec.split(','))):
+        if '=' not in item:
+            die(f"--data_path expects name=path[,name=path...], got {item!r}")
+        name, path = item.split('=', 1)
+        paths[name.strip()] = os.path.expanduser(path.strip())
+    return paths
+
+
+def _fmt(col, bpc=False):
+    if col is None:
+        return 'n/a'
+    return f"{col['bpc']:.4f}" if bpc else f"{col['ppl']:.2f}"
+
+
+def main(argv=None):
+    from configurator import configure, print_config, die
+    from checkpoint import load_model
+    from evalsets import load_eval_chunks
+    from tokenizer import DataError
+    from tqdm import tqdm
+
+    g = dict(globals())  # a copy: main() can run more than once in one process (the tests do)
+    c = SimpleNamespace(**configure(g, argv))
+
+    ddp = int(os.environ.get('RANK', -1)) != -1
+    rank, world = 0, 1
+    dev = c.device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    if ddp:
+        import torch.distributed as dist
+        dist.init_process_group(backend='nccl' if dev.startswith('cuda') else 'gloo')
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if dev.startswith('cuda'):
+            dev = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+            torch.cuda.set_device(dev)
+    master = rank == 0
+    if master:
+        print_config(vars(c))
+
+    if c.orders < 1 or c.ensemble < 0 or c.ensemble_draws < 1 or c.batch_size < 1:
+        die("--orders, --ensemble_draws and --batch_size must be >= 1, --ensemble >= 0")
+    if c.ensemble_mode not in ('fast', 'exact'):
+        die(f"--ensemble_mode must be 'fast' or 'exact', got {c.ensemble_mode!r}")
+    if c.dtype not in ('bfloat16', 'float16', 'float32'):
+        die(f"--dtype must be bfloat16, float16 or float32, got {c.dtype!r}")
+
+    path = c.ckpt or c.out_dir
+    model, ck, used_ema = load_model(path, dev, c.use_ema)
+    codec = _codec_for(ck, c.dataset)
+    cfg = model.config
+    if codec.vocab_size > cfg.vocab_size:
+        die(f"the {codec.name} codec has {codec.vocab_size} symbols but the model only {cfg.vocab_size}: "
+            f"wrong codec; pass --dataset <the data dir the model was trained on>")
+    n = c.block_size or cfg.block_size
+    if n > cfg.block_size:
+        die(f"--block_size {n} exceeds the model's block_size {cfg.block_size}")
+    if c.compile:
+        model = torch.compile(model)
+    names = [s.strip() for s in c.datasets.split(',') if s.strip()]
+    if not names:
+        die("--datasets is empty")
+    paths = _parse_paths(c.data_path)
+    unused = sorted(set(paths) - set(names))
+    if unused:
+        die(f"--data_path names {unused} are not in --datasets {names}")
+
+    decoder, any_order = cfg.causal, model.any_order
+    do_l2r = decoder or c.mdm_l2r
+    do_ao = any_order or not decoder                                     # the encoder: its ELBO
+    M = c.ensemble if any_order else 0
+    ctx = (torch.autocast('cuda', dtype=getattr(torch, c.dtype))
+           if dev.startswith('cuda') and c.dtype != 'float32' else nullcontext())
+    char = codec.name == 'char'
+
+    results = {}
+    for name in names:
+        try:
+            chunks = load_eval_chunks(name, codec, n, split=c.split or None, path=paths.get(name),
+                                      paper_split=c.paper_split)
+        except DataError as e:  # name our own flag for the local-file override
+            die(f"{e.msg} [eval_ppl.py: --data_path {name}=PATH]")
+        if c.max_chunks:
+            chunks = chunks[:c.max_chunks]
+        if len(chunks) == 0:
+            die(f"{name}: fewer than block_size={n} tokens, so no chunk to evaluate (try a smaller --block_size)")
+        if len(chunks) < world and master:
+            print(f"warning: {name} has {len(chunks)} chunks for {world} ranks; some ranks get none")
+        mine = chunks[rank_slice(len(chunks), rank, world)]
+        cols = [k for k, on in (('l2r', do_l2r), ('any_order', do_ao), ('ensemble', M > 0)) if on]
+        bar = tqdm(total=len(mine) * len(cols), desc=name, unit='chunk', leave=False,
+                   disable=not (master and c.progress), file=sys.stderr)
+        # one generator per column, seeded by (seed, rank): adding a column never changes another's draws
+        gen = lambda: torch.Generator().manual_seed(c.seed + 100_003 * rank)
+        sums = {}
+        with ctx:
+            if do_l2r:
+                bar.set_description(f"{name} L2R")
+                sums['l2r'] = nll_l2r(model, mine, c.batch_size, bar)
+            if do_ao:
+                bar.set_description(f"{name} any-order")
+                sums['any_order'] = nll_any_order(model, mine, c.orders, gen(), c.batch_size, bar)
+            if M:
+                bar.set_description(f"{name} ens x{M}")
+                # nll_ensemble's sums, plus the mean member on the *same* draws: a paired, low-noise
+                # measure of what ensembling gains
+                est = _ensemble_fast_per_chunk if c.ensemble_mode == 'fast' else _ensemble_exact_per_chunk
+                ens, member = est(model, mine, M, gen(), c.ensemble_draws, c.batch_size, bar)
+                sums['ensemble'] = (ens.sum().item(), mine.numel())
+                sums['member'] = (member.sum().item(), mine.numel())
+        bar.close()
+        keys = cols + (['member'] if M else [])
+        t = torch.tensor([v for k in keys for v in sums.get(k, (0.0, 0))], dtype=torch.float64, device=dev)
+        if ddp:
+            dist.all_reduce(t)
+        mean = {k: t[2 * i].item() / t[2 * i + 1].item() for i, k in enumerate(keys)}
+        row = {'chunks': len(chunks), 'tokens': len(chunks) * n}
+        for k in cols:
+            row[k] = {'nll': mean[k], 'ppl': math.exp(mean[k])}
+            if char:  # one token is one character
+                row[k]['bpc'] = mean[k] / math.log(2)
+        if M:
+            row['ensemble'].update(members=M, mode=c.ensemble_mode, mean_member_nll=mean['member'],
+                                   mean_member_ppl=math.exp(mean['member']))
+        for k in ('l2r', 'any_order', 'ensemble'):
+            row.setdefault(k, None)
+        results[name] = row
+
+    if master:
+        kind = _kind(model)
+        print(f"\n{kind} {path} ({'EMA' if used_ema else 'raw'} weights), {codec.name} codec, "
+              f"block_size {n}, {world} rank(s)")
+        ao_head = 'ELBO PPL (<=)' if not decoder else f"any-order PPL (<=, {c.orders} ord)"
+        heads = [('L2R PPL', 'l2r', False), (ao_head, 'any_order', False)]
+        if c.ensemble:
+            heads.append((f"ens x{c.ensemble} PPL (<=)", 'ensemble', False))
+        if char:
+            heads += [(h.replace('PPL', 'bpc'), k, True) for h, k, _ in heads]
+        w = max(8, max(len(s) for s in names))
+        print(f"{'dataset':<{w}} {'chunks':>7} " + ' '.join(f"{h:>{max(10, len(h))}}" for h, _, _ in heads))
+        for name, row in results.items():
+            print(f"{name:<{w}} {row['chunks']:>7} " +
+                  ' '.join(f"{_fmt(row[k], b):>{max(10, len(h))}}" for h, k, b in heads))
+        notes = []
+        if not decoder:
+            notes.append("encoder MDM: the any-order column is its ELBO; ensemble n/a (an encoder is "
+                         "order-invariant)" + ("" if c.mdm_l2r else "; L2R costs n passes per chunk: "
+                                               "--mdm_l2r True computes it"))
+        elif not any_order:
+            notes.append("L2R GPT: only the L2R column is meaningful (no target-position conditioning)")
+        if 'wikitext2' in names:
+            notes.append("wikitext2: " + ("the paper's train split (--paper_split True)" if c.paper_split else
+                                          "standard split; the paper's tables use the train split "
+                                          "(--paper_split True)"))
+        for s in notes:
+            print(f"note: {s}")
+        out = c.json_out or os.path.join(path if os.path.isdir(path) else os.path.dirname(path) or '.',
+                                         'eval_ppl.json')
+        record = {'checkpoint': os.path.abspath(path), 'model': kind, 'ema': used_ema, 'codec': codec.name,
+                  'block_size': n, 'world_size': world, 'seed': c.seed, 'orders': c.orders,
+                  'ensemble': c.ensemble if M else 0, 'ensemble_mode': c.ensemble_mode,
+                  'ensemble_draws': c.ensemble_draws, 'paper_split': c.paper_split,
+                  'max_chunks': c.max_chunks, 'iter_num': ck.get('iter_num'), 'datasets': results,
+                  'notes': notes}
+        tmp = out + '.tmp'
+        with open(tmp, 'w') as f:
+            json.dump(record, f, indent=2)
+        os.replace(tmp, out)
+        print(f"wrote {out}")
+    if ddp:
+        dist.destroy_process_group()
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,317 @@
+"""eval_ppl.py: every estimator against exact enumeration on tiny models, the DDP split, and the CLI."""
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+import torch
+
+import eval_ppl as E
+from checkpoint import save_checkpoint
+from helpers import tiny
+from model import GPT, GPTConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sharp(seed=2, scale=4.0, **kw):
+    """tiny() with every matrix scaled up: peaked conditionals that depend visibly on the context
+    order, so the ensemble differs from a single member by many standard errors."""
+    model = tiny(seed=seed, **kw)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(scale)
+    return model
+
+
+def per_token(v, n):
+    """Per-chunk NLL sums -> (mean per-token NLL, its standard error)."""
+    v = v / n
+    return v.mean().item(), v.std().item() / math.sqrt(len(v))
+
+
+def enumerate_ensemble(model, x, M):
+    """Exact expected per-token NLL of the M-member context-order ensemble, by brute force.
+
+    Every conditional p(x_j | context C revealed in order o) comes from model.forward on the full
+    order o + (j,) + rest, over all n! orders (no forward_queries, no estimator code). Then
+        Q_M = (1/n) sum_i E_{C uniform |C|=i} E_{j not in C} E_{o_1..o_M iid orderings of C} -log mean_m p_m,
+    averaging over all M-tuples of orderings. M=1 is the plain any-order loss E_sigma mean_i -log p.
+    """
+    n = len(x)
+    perms = list(itertools.permutations(range(n)))
+    xs = x.expand(len(perms), n)
+    with torch.no_grad():
+        _, nll = model(xs, order=torch.tensor(perms), targets=xs, reduction='none')
+    logp = {}
+    for p, row in zip(perms, nll.tolist()):
+        for i in range(n):
+            logp[(p[:i], p[i])] = -row[i]
+    total = 0.0
+    for i in range(n):
+        vals = []
+        for C in itertools.combinations(range(n), i):
+            for j in sorted(set(range(n)) - set(C)):
+                lp = [logp[(o, j)] for o in itertools.permutations(C)]
+                f = [-math.log(sum(math.exp(a) for a in t) / M) for t in itertools.product(lp, repeat=M)]
+                vals.append(sum(f) / len(f))
+        total += sum(vals) / len(vals)  # every (C, j) pair of size i is equally likely
+    return total / n
+
+
+# --------------------------------------------------------------------------------------- L2R
+
+@pytest.mark.parametrize('cond', ['adaln', 'none'])
+def test_l2r_equals_prefix_by_prefix_computation(cond):
+    model = tiny(cond=cond)
+    x = torch.randint(0, 11, (3, 8), generator=torch.Generator().manual_seed(0))
+    total, count = E.nll_l2r(model, x, batch_size=2)
+    # direct: feed each prefix x_<i+1 alone and read -log p(x_i) off its last slot; the first token is
+    # predicted from [None] (the paper's n predictions, not HF's n-1)
+    ref = 0.0
+    with torch.no_grad():
+        for i in range(8):
+            logits, _ = model(x[:, :i + 1])
+            ref -= logits[:, -1].log_softmax(-1).gather(1, x[:, i:i + 1]).sum().item()
+    assert count == 3 * 8
+    assert total == pytest.approx(ref, rel=1e-5)
+
+
+def test_l2r_encoder_is_the_masked_suffix_chain_rule():
+    V = 11
+    model = tiny(causal=False, cond='none', vocab_size=V + 1, mask_token_id=V)
+    x = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(1))
+    total, count = E.nll_l2r(model, x, batch_size=4)
+    ref = 0.0
+    with torch.no_grad():
+        for b in range(2):
+            for i in range(6):
+                xt = x[b:b + 1].clone()
+                xt[0, i:] = V
+                ref -= model(xt)[0][0, i].log_softmax(-1)[x[b, i]].item()
+    assert count == 12
+    assert total == pytest.approx(ref, rel=1e-5)
+
+
+# --------------------------------------------------------------------------------------- any-order & ensemble
+
+X4 = torch.tensor([3, 7, 0, 9])  # one chunk of n = 4 tokens, evaluated many times for Monte Carlo
+
+
+def test_fast_and_exact_ensemble_match_enumeration():
+    model, n, M = sharp(), 4, 4
+    q1 = enumerate_ensemble(model, X4, 1)
+    qM = enumerate_ensemble(model, X4, M)
+    g = torch.Generator().manual_seed(0)
+    fast, fast_se = per_token(E._ensemble_fast_per_chunk(model, X4.expand(4000, n), M, g, 1, 512)[0], n)
+    exact, exact_se = per_token(E._ensemble_exact_per_chunk(model, X4.expand(600, n), M, g, 1, 512)[0], n)
+    assert abs(fast - qM) < 4 * fast_se, (fast, qM, fast_se)
+    assert abs(exact - qM) < 4 * exact_se, (exact, qM, exact_se)
+    assert abs(fast - exact) < 4 * math.hypot(fast_se, exact_se)
+    # power: the ensemble's expected loss is visibly below the single-member loss at this precision
+    assert q1 - qM > 5 * fast_se, (q1, qM, fast_se)
+
+
+def test_one_member_reproduces_the_plain_any_order_loss():
+    model, n = sharp(), 4
+    q1 = enumerate_ensemble(model, X4, 1)
+    g = torch.Generator().manual_seed(1)
+    ens, member = E._ensemble_fast_per_chunk(model, X4.expand(8000, n), 1, g, 1, 512)
+    assert torch.equal(ens, member)  # one member: the mixture is the member itself
+    fast, se = per_token(ens, n)
+    assert abs(fast - q1) < 4 * se, (fast, q1, se)
+    ao, ao_se = per_token(E._any_order_per_chunk(model, X4.expand(4000, n), 1, g, 512), n)
+    assert abs(ao - q1) < 4 * ao_se, (ao, q1, ao_se)
+    # the public wrappers return token-weighted sums of the same per-chunk numbers
+    s, cnt = E.nll_any_order(model, X4.expand(10, n), 3, torch.Generator().manual_seed(2))
+    ref = E._any_order_per_chunk(model, X4.expand(10, n), 3, torch.Generator().manual_seed(2), 8).sum()
+    assert cnt == 40 and s == pytest.approx(ref.item())
+
+
+@pytest.mark.parametrize('mode', ['fast', 'exact'])
+def test_ensemble_never_worse_than_its_mean_member_on_the_same_draws(mode):
+    model = sharp(seed=2)
+    x = torch.randint(0, 11, (6, 8), generator=torch.Generator().manual_seed(3))
+    est = E._ensemble_fast_per_chunk if mode == 'fast' else E._ensemble_exact_per_chunk
+    ens, member = est(model, x, 4, torch.Generator().manual_seed(4), 2, 16)
+    assert (ens <= member + 1e-9).all()              # Jensen: -log mean p <= mean -log p, per target
+    assert (member - ens).min() > 1e-3               # strict: probabilities, not log-probs, are averaged
+    # the public function reports the same ensemble sums for the same generator state
+    s, cnt = E.nll_ensemble(model, x, 4, mode, torch.Generator().manual_seed(4), draws=2, batch_size=16)
+    assert cnt == x.numel() and s == pytest.approx(ens.sum().item())
+
+
+def test_any_order_estimators_refuse_a_left_to_right_gpt():
+    model = tiny(cond='none')
+    x = torch.randint(0, 11, (2, 8))
+    with pytest.raises(ValueError):
+        E.nll_any_order(model, x)
+    with pytest.raises(ValueError):
+        E.nll_ensemble(model, x, 2)
+
+
+def test_stratified_counts_cover_every_stratum():
+    g = torch.Generator().manual_seed(0)
+    for n, r in ((5, 1), (7, 3)):
+        ls = E.stratified_counts(n * r, n, g)
+        assert torch.equal(torch.bincount(ls, minlength=n + 1)[1:], torch.full((n,), r))
+    # marginally uniform: the mean over many independent calls of one slot
+    first = torch.stack([E.stratified_counts(3, 8, g)[0] for _ in range(4000)]).double()
+    assert abs(first.mean().item() - 4.5) < 4 * first.std().item() / math.sqrt(4000)
+
+
+# --------------------------------------------------------------------------------------- encoder MDM
+
+@pytest.mark.parametrize('estimator', ['count', 'time'])
+def test_mdm_elbo_matches_enumeration_over_orders(estimator):
+    V, n = 5, 4
+    model = tiny(causal=False, cond='none', vocab_size=V + 1, mask_token_id=V, seed=6)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(3.0)
+    x = torch.tensor([1, 4, 0, 2])
+    # exact: the mean over all n! orders of sum_i -log p(x_si | x_s<i), the rest [MASK]
+    rows, tgt = [], []
+    for perm in itertools.permutations(range(n)):
+        for i in range(n):
+            xt = torch.full((n,), V)
+            xt[list(perm[:i])] = x[list(perm[:i])]
+            rows.append(xt)
+            tgt.append(perm[i])
+    with torch.no_grad():
+        logp = model(torch.stack(rows))[0].log_softmax(-1)
+    exact = -logp[torch.arange(len(rows)), torch.tensor(tgt), x[torch.tensor(tgt)]].sum().item()
+    exact /= math.factorial(n) * n
+    N = 20000
+    g = torch.Generator().manual_seed(5)
+    est, se = per_token(E._mdm_elbo_per_chunk(model, x.expand(N, n), 1, g, estimator, 4096), n)
+    assert abs(est - exact) < 4 * se, (est, exact, se)
+    # nll_any_order on an encoder is its ELBO
+    s, cnt = E.nll_any_order(model, x.expand(50, n), 2, torch.Generator().manual_seed(7), batch_size=64)
+    ref = E._mdm_elbo_per_chunk(model, x.expand(50, n), 2, torch.Generator().manual_seed(7), 'count', 64)
+    assert cnt == 200 and s == pytest.approx(ref.sum().item())
+
+
+# --------------------------------------------------------------------------------------- DDP split
+
+def test_rank_slices_cover_every_chunk_exactly_once():
+    for world in range(1, 5):
+        for N in range(0, 14):
+            got = [i for r in range(world) for i in range(N)[E.rank_slice(N, r, world)]]
+            assert got == list(range(N)), (world, N, got)
+            sizes = [len(range(N)[E.rank_slice(N, r, world)]) for r in range(world)]
+            assert max(sizes) - min(sizes) <= 1  # balanced
+
+
+# --------------------------------------------------------------------------------------- the CLI
+
+TEXT = ("the quick brown fox jumps over the lazy dog . " * 3 + "\n") * 40
+
+
+def make_ckpt(path, vocab_size=50304, dataset='none_such', **kw):
+    torch.manual_seed(0)
+    cfg = GPTConfig(block_size=16, vocab_size=vocab_size, n_layer=1, n_head=2, n_embd=16, target_dim=8, **kw)
+    model = GPT(cfg)
+    ema = {'decay': 0.9, 'num_updates': 1,
+           'params': {k: v.detach() + 0.01 for k, v in model.named_parameters()}}
+    save_checkpoint({'format': 'aogpt-v1', 'model_args': asdict(cfg), 'model': model.state_dict(), 'ema': ema,
+                     'iter_num': 7, 'config': {'dataset': dataset}}, os.path.join(path, 'ckpt.pt'))
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    p = tmp_path / 'tiny.txt'
+    p.write_text(TEXT)
+    return str(p)
+
+
+def run_cli(args, capsys):
+    E.main(args + ['--progress', 'False'])
+    return capsys.readouterr().out
+
+
+def test_cli_table_and_json_match_the_functions(tmp_path, text_file, capsys):
+    from checkpoint import load_model
+    from evalsets import load_eval_chunks
+    from tokenizer import get_codec
+    make_ckpt(tmp_path / 'out')
+    out = run_cli(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
+                   '--ensemble', '2', '--orders', '2', '--max_chunks', '6'], capsys)
+    assert 'L2R PPL' in out and 'any-order PPL' in out and 'ens x2 PPL' in out
+    res = json.load(open(tmp_path / 'out' / 'eval_ppl.json'))
+    assert res['ema'] is True and res['codec'] == 'gpt2' and res['block_size'] == 16
+    row = res['datasets']['ptb']
+    assert row['chunks'] == 6 and row['tokens'] == 96
+    # the L2R number is deterministic: recompute it from the same chunks and EMA weights
+    model, _, _ = load_model(str(tmp_path / 'out'), 'cpu')
+    chunks = load_eval_chunks('ptb', get_codec(None), 16, path=text_file)[:6]
+    s, cnt = E.nll_l2r(model, chunks)
+    assert row['l2r']['nll'] == pytest.approx(s / cnt, rel=1e-6)
+    assert row['l2r']['ppl'] == pytest.approx(math.exp(s / cnt), rel=1e-6)
+    assert f"{row['l2r']['ppl']:.2f}" in out
+    s, cnt = E.nll_any_order(model, chunks, 2, torch.Generator().manual_seed(1337))  # the seed, rank 0
+    assert row['any_order']['nll'] == pytest.approx(s / cnt, rel=1e-6)
+    assert row['ensemble']['nll'] <= row['ensemble']['mean_member_nll']
+
+
+def test_cli_gpt_shows_na_and_char_level_reports_bpc(tmp_path, text_file, capsys):
+    make_ckpt(tmp_path / 'gpt', cond='none')
+    out = run_cli(['--out_dir', str(tmp_path / 'gpt'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
+                   '--ensemble', '2', '--json_out', str(tmp_path / 'g.json')], capsys)
+    line = [ln for ln in out.splitlines() if ln.startswith('ptb')][0]
+    assert line.split()[-2:] == ['n/a', 'n/a']
+    res = json.load(open(tmp_path / 'g.json'))['datasets']['ptb']
+    assert res['l2r'] is not None and res['any_order'] is None and res['ensemble'] is None
+    # a char-level model: the codec comes from its data dir's meta.json; bits per character reported
+    chars = sorted(set(TEXT))
+    ddir = tmp_path / 'data_char'
+    ddir.mkdir()
+    (ddir / 'meta.json').write_text(json.dumps({'tokenizer': 'char', 'chars': chars, 'vocab_size': len(chars),
+                                                'eot': None}))
+    make_ckpt(tmp_path / 'char', vocab_size=len(chars), dataset=str(ddir))
+    out = run_cli(['--out_dir', str(tmp_path / 'char'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
+                   '--max_chunks', '4'], capsys)
+    assert 'char codec' in out and 'L2R bpc' in out
+    res = json.load(open(tmp_path / 'char' / 'eval_ppl.json'))['datasets']['ptb']
+    assert res['l2r']['bpc'] == pytest.approx(res['l2r']['nll'] / math.log(2))
+
+
+def test_cli_errors_are_one_line(tmp_path, text_file, capsys):
+    with pytest.raises(SystemExit) as e:
+        E.main(['--out_dir', str(tmp_path / 'nothing')])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code != 0 and len(err.splitlines()) == 1 and 'checkpoint not found' in err
+    make_ckpt(tmp_path / 'out')
+    with pytest.raises(SystemExit) as e:  # a missing local file
+        E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', 'ptb=/no/such.txt'])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code != 0 and len(err.splitlines()) == 1 and '--data_path ptb=' in err
+    with pytest.raises(SystemExit):  # a bad option value
+        E.main(['--out_dir', str(tmp_path / 'out'), '--ensemble_mode', 'slow'])
+    assert 'ensemble_mode' in capsys.readouterr().err
+
+
+def test_torchrun_two_ranks_reduce_to_the_single_process_numbers(tmp_path, text_file):
+    """gloo on CPU: two ranks split the chunks with no duplicates; the deterministic L2R column and the
+    token counts must equal the single-process run exactly."""
+    make_ckpt(tmp_path / 'out')
+    common = ['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
+              '--max_chunks', '7', '--progress', 'False']
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    one = subprocess.run([sys.executable, 'eval_ppl.py', *common, '--json_out', str(tmp_path / '1.json')],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
+                          'eval_ppl.py', *common, '--json_out', str(tmp_path / '2.json')],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr[-2000:]
+    a = json.load(open(tmp_path / '1.json'))
+    b = json.load(open(tmp_path / '2.json'))
+    assert b['world_size'] == 2 and b['datasets']['ptb']['tokens'] == a['datasets']['ptb']['tokens'] == 7 * 16
+    assert b['datasets']['ptb']['l2r']['nll'] == pytest.approx(a['datasets']['ptb']['l2r']['nll'], rel=1e-9)
