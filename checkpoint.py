@@ -145,8 +145,8 @@ def load_model(path, device='cpu', use_ema=None):
             die("--use_ema=True but the checkpoint has no EMA weights")
         apply_ema(model, ema['params'])
     if ckpt.get('source') == 'paper-sigma' and use_ema:
-        print("note: the paper evaluated its sigma-GPT checkpoints with raw weights; pass --use_ema=False "
-              "to match its protocol", file=sys.stderr)
+        print("note: using sigma-GPT's EMA weights; the paper evaluated its sigma-GPT checkpoints with the "
+              "raw weights (--use_ema=False; train.py: --init_ema=False)", file=sys.stderr)
     model.to(device).eval()
     return model, ckpt, use_ema
 
@@ -263,8 +263,9 @@ def convert_paper_checkpoint(ckpt, fmt):
 
     out = dict(format='aogpt-v1', source=fmt, tokenizer='gpt2', model_args=asdict(config), model=model_sd,
                iter_num=ckpt.get('iter_num', 0),
-               # the paper's runs trained on OpenWebText with the GPT-2 tokenizer
-               config=dict(ckpt.get('config') or {}, dataset='openwebtext'))
+               # the paper's own train config: it has no 'dataset' key (it says train_dataset), so the
+               # scripts fall back to the GPT-2 codec, which is what the paper's runs used
+               config=dict(ckpt.get('config') or {}))
     ema = ckpt.get('ema_model')
     if ema:
         shadow = ema['shadow_params']
