@@ -1,0 +1,379 @@
+"""train.py end to end on CPU with a tiny model on a tiny synthetic corpus built here (no prepared data).
+
+Most runs are real subprocesses (`python train.py ...`, `torchrun ...`); the order tests and the NaN test
+run train.py in-process (runpy) so they can watch what the model is actually fed.
+"""
+import glob
+import hashlib
+import json
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from checkpoint import load_checkpoint, load_model
+from configurator import configure
+from model import GPT
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, 'train.py')
+V = 12  # real vocabulary of the toy corpus (the model pads it to 64)
+N = 16  # block_size
+
+TINY = f"""
+dataset = 'runs'
+n_layer = 2
+n_head = 2
+n_embd = 32
+target_dim = 16
+block_size = {N}
+batch_size = 8
+gradient_accumulation_steps = 2
+eval_iters = 4
+eval_orders = 2
+warmup_iters = 2
+learning_rate = 1e-2
+min_lr = 1e-3
+ema_decay = 0.9
+log_interval = 1
+device = 'cpu'
+"""
+
+
+def runs_corpus(n, seed):
+    """Runs of 4..12 copies of a random token in 0..9: learnable in any order, unigram entropy ~ln 10."""
+    rng = np.random.default_rng(seed)
+    out = []
+    while len(out) < n:
+        out += [int(rng.integers(10))] * int(rng.integers(4, 13))
+    return np.array(out[:n], dtype=np.uint16)
+
+
+@pytest.fixture(scope='module')
+def env(tmp_path_factory):
+    d = tmp_path_factory.mktemp('train')
+    data = d / 'data' / 'runs'
+    data.mkdir(parents=True)
+    runs_corpus(20000, 0).tofile(data / 'train.bin')
+    runs_corpus(4000, 1).tofile(data / 'val.bin')
+    (data / 'meta.json').write_text(json.dumps(dict(tokenizer='char', vocab_size=V, eot=None,
+                                                    train_tokens=20000, val_tokens=4000, source='test')))
+    (d / 'tiny.py').write_text(TINY)
+    return d
+
+
+def args(env, out, *extra):
+    return [str(env / 'tiny.py'), f'--data_root={env / "data"}', f'--out_dir={env / out}', *extra]
+
+
+def run(env, argv, pre=None, torchrun=False, check=True):
+    """python train.py argv (optionally with `pre` code run first, in the same process) -> CompletedProcess."""
+    environ = dict(os.environ, OMP_NUM_THREADS='1', WANDB_MODE='disabled')
+    if pre is not None:
+        wrapper = env / f'wrapper_{abs(hash(pre))}.py'
+        wrapper.write_text(f"import os, sys, runpy\nsys.path.insert(0, {ROOT!r})\n" + textwrap.dedent(pre) +
+                           f"\nsys.argv = [{TRAIN!r}] + {argv!r}\nrunpy.run_path({TRAIN!r}, run_name='__main__')\n")
+        cmd = [sys.executable, str(wrapper)]
+    elif torchrun:
+        cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', TRAIN, *argv]
+    else:
+        cmd = [sys.executable, TRAIN, *argv]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=environ, cwd=ROOT, timeout=300)
+    if check and p.returncode != 0:
+        raise AssertionError(f"train.py failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return p
+
+
+def log(env, out):
+    return [json.loads(l) for l in open(env / out / 'log.jsonl')]
+
+
+def run_inprocess(monkeypatch, argv):
+    monkeypatch.setattr(sys, 'argv', [TRAIN] + argv)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: one thread is faster, and immune to a busy machine
+    try:
+        return runpy.run_path(TRAIN, run_name='__main__')
+    finally:
+        torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------------------------------
+
+def test_loss_decreases_below_unigram(env):
+    run(env, args(env, 'loss', '--max_iters=60', '--eval_interval=20', '--batch_size=16',
+                  '--gradient_accumulation_steps=1', '--lr_decay_iters=60'))
+    recs = log(env, 'loss')
+    assert [r['iter'] for r in recs] == [0, 20, 40, 60]
+    val = np.fromfile(env / 'data' / 'runs' / 'val.bin', dtype=np.uint16)
+    p = np.bincount(val) / len(val)
+    unigram = -(p[p > 0] * np.log(p[p > 0])).sum()  # the best any unigram model can do on val
+    first, last = recs[0], recs[-1]
+    assert first['val_ao'] > np.log(64) - 0.2  # a fresh model is near-uniform over its padded vocab
+    # the any-order loss (the headline of a random-order run) and the L2R loss both beat the unigram clearly
+    assert last['val_loss'] == last['val_ao'] < unigram - 0.4, (last, unigram)
+    assert last['val_l2r'] < unigram - 0.4
+    assert recs[1]['train_loss'] > last['train_loss']
+    assert last['tokens'] == 60 * 16 * N and last['ema'] is True
+
+
+def capture_orders(monkeypatch):
+    """Record the target positions of every training forward: the order the model is actually trained on."""
+    seen = []
+    orig = GPT.forward_slots
+
+    def spy(self, tok, pos, tgt, *a, **k):
+        if torch.is_grad_enabled():  # training, not validation
+            seen.append(tgt.detach().clone())
+        return orig(self, tok, pos, tgt, *a, **k)
+    monkeypatch.setattr(GPT, 'forward_slots', spy)
+    return seen
+
+
+def is_perm(row):
+    return torch.equal(row.sort().values, torch.arange(len(row)))
+
+
+@pytest.mark.parametrize('mode', ['l2r', 'fixed_random', 'block_random', 'random0', 'random1', 'random_half',
+                                  'schedule'])
+def test_every_order_mode_trains_on_exactly_its_orders(env, monkeypatch, mode, tmp_path):
+    extra = {'l2r': ['--order_mode=l2r'],
+             'fixed_random': ['--order_mode=fixed_random', '--order_seed=3'],
+             'block_random': ['--order_mode=block_random', '--block_size_order=4', '--order_seed=3'],
+             'random0': ['--l2r_frac=0'],
+             'random1': ['--l2r_frac=1'],
+             'random_half': ['--l2r_frac=0.5'],
+             'schedule': ['--l2r_frac=1.0', '--l2r_frac_end=0.0', '--l2r_frac_iters=4']}[mode]
+    seen = capture_orders(monkeypatch)
+    iters = 4
+    run_inprocess(monkeypatch, args(env, tmp_path.name, f'--max_iters={iters}', f'--eval_interval={iters}',
+                                    f'--out_dir={tmp_path}', *extra))
+    assert len(seen) == iters * 2  # one call per micro-step
+    rows = torch.cat(seen)  # (iters * 2 micro-steps * 8, n)
+    assert all(is_perm(r) for r in rows)
+    ident = torch.arange(N)
+    is_id = (rows == ident).all(1)
+    ckpt = load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    if mode == 'l2r':
+        assert is_id.all()
+    elif mode in ('fixed_random', 'block_random'):
+        order = ckpt['order']
+        assert order is not None and (rows == order).all(), "every row must be the saved fixed order"
+        assert not torch.equal(order, ident)
+        if mode == 'block_random':
+            blocks = order.view(N // 4, 4) - torch.arange(0, N, 4)[:, None]  # within-block pattern per block
+            assert (blocks == blocks[0]).all() and is_perm(blocks[0]) and not torch.equal(blocks[0], torch.arange(4))
+    elif mode == 'random0':
+        assert not is_id.any()
+        assert len({tuple(r.tolist()) for r in rows}) == len(rows)  # fresh, independent permutations
+        assert ckpt['order'] is None
+    elif mode == 'random1':
+        assert is_id.all()
+    elif mode == 'random_half':
+        assert 16 <= is_id.sum() <= 48  # Binomial(64, 0.5); outside is a <1e-4 event for a fixed seed
+    else:  # l2r_frac 1 -> 0 linearly over 4 iterations: 1, .75, .5, .25
+        per_iter = is_id.view(iters, -1).float().mean(1)
+        assert per_iter[0] == 1.0 and per_iter[-1] < 1.0 and per_iter[-1] <= per_iter[1]
+        assert [r['l2r_frac'] for r in log(env, tmp_path)] == [1.0, 0.0]
+
+
+def test_orders_are_seeded(env, monkeypatch, tmp_path):
+    got = []
+    for i, s in enumerate([1, 1, 2]):
+        seen = capture_orders(monkeypatch)
+        run_inprocess(monkeypatch, args(env, '', '--max_iters=1', f'--seed={s}', f'--out_dir={tmp_path / str(i)}'))
+        got.append(torch.cat(seen))
+        monkeypatch.undo()
+    assert torch.equal(got[0], got[1]) and not torch.equal(got[0], got[2])
+
+
+def test_exact_resume_after_kill_is_bit_identical(env):
+    """8 iterations in one go == 4, SIGKILL mid-iteration 6, resume (init_from=auto) from the iter-4 checkpoint."""
+    common = ['--max_iters=8', '--eval_interval=4', '--dropout=0.1']  # dropout: its RNG must resume too
+    run(env, args(env, 'whole', *common))
+    kill = """
+    import signal, torch
+    from model import GPT
+    calls = [0]
+    orig = GPT.forward
+    def forward(self, *a, **k):
+        if torch.is_grad_enabled():
+            calls[0] += 1
+            if calls[0] == 2 * 6 + 1:  # first micro-step of iteration 6 (2 per iteration)
+                os.kill(os.getpid(), signal.SIGKILL)
+        return orig(self, *a, **k)
+    GPT.forward = forward
+    """
+    p = run(env, args(env, 'split', *common), pre=kill, check=False)
+    assert p.returncode == -signal.SIGKILL
+    assert load_checkpoint(str(env / 'split'))['iter_num'] == 4
+    p = run(env, args(env, 'split', *common, '--init_from=auto'))
+    assert 'resumed' in p.stdout
+    a, b = load_checkpoint(str(env / 'whole')), load_checkpoint(str(env / 'split'))
+    assert a['iter_num'] == b['iter_num'] == 8
+    for k in a['model']:
+        assert torch.equal(a['model'][k], b['model'][k]), k
+    for k in a['ema']['params']:
+        assert torch.equal(a['ema']['params'][k], b['ema']['params'][k]), k
+    assert a['ema']['num_updates'] == b['ema']['num_updates'] == 8
+    for sa, sb in zip(a['optimizer']['state'].values(), b['optimizer']['state'].values()):
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    # the log of the resumed run holds each eval once, with the same numbers
+    la, lb = log(env, 'whole'), log(env, 'split')
+    strip = lambda recs: [{k: v for k, v in r.items() if k not in ('time', 'tok_per_s')} for r in recs]
+    assert strip(la) == strip(lb) and [r['iter'] for r in lb] == [0, 4, 8]
+
+
+def test_kill_during_checkpoint_write_keeps_previous_checkpoint(env):
+    """SIGKILL halfway through writing the second checkpoint: the first stays loadable, resume finishes."""
+    kill = """
+    import io, signal, torch
+    orig = torch.save
+    calls = [0]
+    def save(obj, f, *a, **k):
+        calls[0] += 1
+        if calls[0] == 2:
+            buf = io.BytesIO()
+            orig(obj, buf, *a, **k)
+            f.write(buf.getvalue()[:len(buf.getvalue()) // 2])  # half the bytes reach the disk
+            f.flush()
+            os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return orig(obj, f, *a, **k)
+    torch.save = save
+    """
+    common = ['--max_iters=6', '--eval_interval=3', '--gradient_accumulation_steps=1']
+    p = run(env, args(env, 'killsave', *common), pre=kill, check=False)
+    assert p.returncode == -signal.SIGKILL
+    assert glob.glob(str(env / 'killsave' / '.ckpt.pt.tmp.*')), "the kill happened mid-write"
+    ckpt = load_checkpoint(str(env / 'killsave'))
+    assert ckpt['iter_num'] == 3
+    model, _, used_ema = load_model(str(env / 'killsave'))
+    assert used_ema and all(torch.isfinite(p).all() for p in model.parameters())
+    run(env, args(env, 'killsave', *common, '--init_from=resume'))
+    assert load_checkpoint(str(env / 'killsave'))['iter_num'] == 6
+    assert not glob.glob(str(env / 'killsave' / '.ckpt.pt.tmp.*'))  # the stale temp file is cleaned up
+
+
+def test_nonfinite_loss_stops_and_keeps_last_checkpoint(env, monkeypatch, tmp_path, capsys):
+    calls = [0]
+    digest = {}
+    orig = GPT.forward
+    ckpt = tmp_path / 'ckpt.pt'
+
+    def forward(self, *a, **k):
+        logits, loss = orig(self, *a, **k)
+        if torch.is_grad_enabled():
+            calls[0] += 1
+            if calls[0] == 6 * 2 + 2:  # second micro-step of iteration 6
+                digest['at_nan'] = hashlib.sha256(ckpt.read_bytes()).hexdigest()
+                loss = loss * float('nan')
+        return logits, loss
+    monkeypatch.setattr(GPT, 'forward', forward)
+    with pytest.raises(SystemExit) as e:
+        run_inprocess(monkeypatch, args(env, '', '--max_iters=8', '--eval_interval=4', f'--out_dir={tmp_path}'))
+    assert e.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and 'non-finite' in err and 'iteration 6' in err
+    assert 'iteration 4' in err and 'untouched' in err
+    assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == digest['at_nan']
+    c = load_checkpoint(str(ckpt))
+    assert c['iter_num'] == 4 and all(torch.isfinite(v).all() for v in c['model'].values())
+
+
+def test_ddp_two_processes_match_one_process(env):
+    """torchrun, 2 ranks, gloo: same global batch (4 micro-steps, 2 per rank) -> same losses and weights."""
+    common = ['--max_iters=6', '--eval_interval=3', '--batch_size=4', '--gradient_accumulation_steps=4']
+    run(env, args(env, 'single', *common))
+    p = run(env, args(env, 'ddp', *common), torchrun=True)
+    assert p.stdout.count('eval 6:') == 1  # only rank 0 logs
+    a, b = log(env, 'single'), log(env, 'ddp')
+    assert [r['iter'] for r in b] == [0, 3, 6]
+    for ra, rb in zip(a, b):
+        for k in ('train_loss', 'val_l2r', 'val_ao'):
+            if ra[k] is not None:
+                assert abs(ra[k] - rb[k]) < 1e-5, (k, ra, rb)
+    ca, cb = load_checkpoint(str(env / 'single')), load_checkpoint(str(env / 'ddp'))
+    for k in ca['model']:
+        torch.testing.assert_close(ca['model'][k], cb['model'][k], atol=1e-5, rtol=1e-4)
+    # the run moved: equal weights are not equal initial weights
+    assert a[-1]['val_ao'] < a[0]['val_ao'] - 0.5
+
+
+@pytest.mark.parametrize('argv,needle', [
+    (['--order_mode=sideways'], "order_mode must be one of random, l2r, fixed_random, block_random"),
+    (['--n_layers=2'], "did you mean 'n_layer'"),
+    (['--dataset=nothere'], "nothere/train.bin not found"),
+    (['--cond=none'], "cannot train on random orders: use order_mode='l2r'"),
+    (['--init_from=resume'], "does not exist: use init_from=scratch"),
+    (['--gradient_accumulation_steps=0'], "must be >= 1"),
+    (['--order_mode=block_random', '--block_size_order=5'], "must be a multiple of block_size_order"),
+    (['--causal=False', '--cond=adaln'], "set cond='none'"),
+    (['--init_from=gpt2:/no/such/dir'], "not a local Hugging Face GPT-2 directory"),
+])
+def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, argv, needle):
+    with pytest.raises(SystemExit) as e:
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=1', *argv))
+    assert e.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_errors_from_the_command_line_have_no_traceback(env):
+    p = run(env, args(env, 'err', '--order_mode=sideways'), check=False)
+    assert p.returncode != 0 and p.stderr.strip().count('\n') == 0 and 'Traceback' not in p.stderr
+
+
+def test_scratch_never_overwrites_a_run_and_help_works(env, monkeypatch, capsys, tmp_path):
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=2', '--eval_interval=2'))
+    before = (tmp_path / 'ckpt.pt').read_bytes()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=4'))
+    assert 'already exists' in capsys.readouterr().err and (tmp_path / 'ckpt.pt').read_bytes() == before
+    with pytest.raises(SystemExit) as e:
+        run_inprocess(monkeypatch, ['--help'])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and '--order_mode' in out and 'log.jsonl' in out
+
+
+def test_encoder_mdm_and_baselines_train(env, monkeypatch, tmp_path):
+    """The encoder MDM (ELBO), sigma-GPT and the L2R GPT run end to end and improve."""
+    for name, extra in [('mdm', ['--causal=False', '--cond=none']),
+                        ('sigma', ['--cond=sigma', '--norm=layer', '--qk_norm=False', '--tie_head=True']),
+                        ('gpt', ['--cond=none', '--order_mode=l2r', '--tie_head=True', '--head_bias=False'])]:
+        run_inprocess(monkeypatch, args(env, '', '--max_iters=20', '--eval_interval=20', '--batch_size=16',
+                                        '--gradient_accumulation_steps=1', f'--out_dir={tmp_path / name}', *extra))
+        first, last = log(env, tmp_path / name)
+        assert last['val_loss'] < first['val_loss'] - 1.0, (name, first, last)
+        if name == 'mdm':
+            assert last['val_elbo'] == last['val_loss'] and last['val_l2r'] is None
+        elif name == 'gpt':
+            assert last['val_ao'] is None and last['val_l2r'] == last['val_loss']
+        model, ckpt, _ = load_model(str(tmp_path / name))  # what eval_ppl.py / sample.py will do
+        assert ckpt['config']['dataset'] == 'runs' and model.config.vocab_size == 64
+
+
+@pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(ROOT, 'config', 'train_*.py'))),
+                         ids=os.path.basename)
+def test_shipped_configs_resolve_and_run(env, monkeypatch, tmp_path, path):
+    """Each shipped config is valid as a whole (keys, types, cross-key rules): one step, shrunk to tiny."""
+    g = {'__file__': TRAIN}
+    exec(open(TRAIN).read().split('cfg = configure(globals())')[0], g)  # train.py's defaults
+    cfg = configure(g, [path])
+    data = tmp_path / 'data' / cfg['dataset']
+    data.mkdir(parents=True)
+    for split in ('train', 'val'):
+        runs_corpus(2000, 0).tofile(data / f'{split}.bin')
+    shrink = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=2',
+              '--gradient_accumulation_steps=1', '--eval_iters=1', '--eval_orders=1', '--max_iters=1',
+              '--device=cpu', f'--data_root={tmp_path / "data"}', f'--out_dir={tmp_path / "out"}']
+    run_inprocess(monkeypatch, [path, *shrink])
+    ckpt = load_checkpoint(str(tmp_path / 'out'))
+    assert ckpt['config']['order_mode'] == cfg['order_mode'] and ckpt['model_args']['cond'] == cfg['cond']

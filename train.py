@@ -1,0 +1,645 @@
+"""
+Train AO-GPT, or one of its baselines (GPT, sigma-GPT, encoder MDM), on a tokenized dataset.
+
+    python train.py config/train_ptb_tiny.py                             # CPU, about 4 minutes
+    python train.py config/train_ao_gpt_small.py                         # one GPU
+    torchrun --standalone --nproc_per_node=8 train.py config/train_ao_gpt_small.py
+
+The defaults below are the paper's AO-GPT-Small run on OpenWebText. Config files are small diffs from
+them, and --key=value overrides come last; `python train.py --help` lists every key.
+
+Objective. Decoders (AO-GPT, sigma-GPT, GPT) minimise the AO-AR loss: each sequence gets an order
+(order_mode, l2r_frac) and the model predicts its tokens one after another in that order. The encoder
+MDM (causal=False) minimises the masked-diffusion ELBO: t ~ U(0, 1], mask each token with prob. t,
+weight the NLL of the masked tokens by 1/t.
+
+Randomness. Every training draw (batch offsets, orders, MDM masks, dropout) comes from a generator
+seeded by (seed, iteration, global micro-step). The run is therefore a pure function of iter_num: a
+resumed run continues bit-identically on CPU, and DDP on W ranks draws the same global batch as one
+process (rank r takes a contiguous 1/W of the micro-steps); only float summation order differs.
+
+Validation (every eval_interval, on all ranks, NLL sums and token counts all-reduced) runs on a fixed
+set of non-overlapping val windows, with the EMA weights when eval_ema. Any-order losses use a fixed
+seeded set of eval_orders orders per batch (the same for every run and every eval).
+
+out_dir/log.jsonl holds one JSON object per eval (losses in nats per token, null where not defined):
+  iter        optimizer steps done          tokens      training tokens consumed (all ranks)
+  train_loss  mean training loss since the previous eval (the objective being trained)
+  val_loss    the headline: the val loss under the orders being trained, i.e. val_ao (random),
+              val_l2r (l2r), val_order (fixed_random, block_random) or val_elbo (encoder)
+  val_l2r     left-to-right loss (decoders)
+  val_ao      loss averaged over eval_orders uniform random orders (any-order decoders)
+  val_order   loss in the fixed training order (fixed_random, block_random)
+  val_elbo    the MDM's ELBO per token, averaged over eval_orders mask draws (encoder)
+  lr, l2r_frac  at this iteration;   ema  whether the val losses used the EMA weights
+  time        wall-clock seconds of the run so far, summed over resumes;   tok_per_s  since last eval
+
+out_dir/ckpt.pt (written atomically at evals, see checkpoint.py) holds everything for an exact
+continuation: model, ema (by name), optimizer, scaler, iter_num, best_val_loss, config, model_args,
+rng states, the data cursor and the fixed order. init_from=auto resumes it when it exists, which is
+what `torchrun --max-restarts=N` needs on preemptible nodes.
+"""
+
+import json
+import math
+import os
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from checkpoint import CKPT_NAME, load_checkpoint, load_model, save_checkpoint, strip_prefixes
+from configurator import configure, die, print_config
+from model import GPT, GPTConfig, config_fields, mdm_corrupt, random_orders
+
+# -----------------------------------------------------------------------------
+# defaults: AO-GPT-Small (12/768/12, context 1024) on OpenWebText, as in the paper
+# I/O
+out_dir = 'out'  # checkpoint, log.jsonl
+init_from = 'scratch'  # scratch | resume | auto (resume if out_dir/ckpt.pt exists) | gpt2:<HF dir> | <ckpt file>
+init_ema = True  # fine-tuning from a checkpoint file: start from its EMA weights when it has them
+eval_interval = 2500  # iterations between evals (and checkpoints)
+eval_iters = 96  # val batches per eval, split across ranks
+eval_orders = 10  # seeded random orders per val batch for the any-order loss (encoder: mask draws)
+eval_ema = True  # evaluate the EMA weights (when ema_decay > 0)
+eval_only = False  # evaluate once and exit
+log_interval = 10  # iterations between log lines
+ckpt_interval = 0  # also write ckpt.pt every this many iterations (0: only at evals)
+keep_ckpt_every = 0  # keep a copy ckpt_<iter>.pt whenever iter is a multiple of this (0: latest only)
+always_save_checkpoint = True  # False: write ckpt.pt at an eval only when val_loss improved
+wandb_log = False  # opt-in
+wandb_project = 'aogpt'
+wandb_run_name = 'ao-gpt-small'
+wandb_mode = 'offline'  # offline | disabled | online (online can block on the network)
+# data
+dataset = 'openwebtext'  # reads <data_root>/<dataset>/{train,val}.bin and meta.json
+data_root = 'data'
+gradient_accumulation_steps = 32  # micro-steps per optimizer step, in total over all ranks
+batch_size = 16  # sequences per micro-step; 16 x 1024 x 32 = 524,288 tokens per step
+block_size = 1024  # sequence length n
+# model (GPTConfig fields; see model.py)
+vocab_size = None  # None: the dataset's vocab rounded up to a multiple of 64 (GPT-2: 50304)
+n_layer = 12
+n_head = 12
+n_embd = 768
+dropout = 0.0
+bias = True
+causal = True  # False: the encoder-only MDM baseline
+cond = 'adaln'  # target-position conditioning: adaln (AO-GPT) | sigma (sigma-GPT) | none (GPT, MDM)
+target_dim = 128  # width of the AdaLN target-position table
+adaln_table = False  # compute AdaLN per position once and gather (same math)
+adaln_init = 'gate1'  # gate1 | paper
+norm = 'rms'  # rms | layer
+qk_norm = True
+tie_head = False
+head_bias = True
+gelu = 'exact'  # exact | tanh
+mask_token_id = None  # the MDM's [MASK]; None: the first padding id (the dataset's vocab size)
+# orders (decoders)
+order_mode = 'random'  # random | l2r | fixed_random | block_random
+l2r_frac = 0.1  # random mode: probability that a sequence takes the L2R order instead
+l2r_frac_end = None  # if set, l2r_frac moves linearly to this value over l2r_frac_iters
+l2r_frac_iters = 0  # length of that schedule (0: lr_decay_iters)
+block_size_order = 4  # block_random: block length; blocks go left to right
+order_seed = 0  # seed of the fixed permutation (fixed_random) or within-block pattern (block_random)
+# optimizer: AdamW, warmup then cosine decay
+learning_rate = 6e-4
+max_iters = 500000
+weight_decay = 0.05
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0  # 0: no clipping
+decay_lr = True
+warmup_iters = 2000
+lr_decay_iters = 500000
+min_lr = 6e-5
+ema_decay = 0.9999  # EMA of the weights, warm-up min(decay, (1+n)/(10+n)); 0 disables
+# system
+device = 'auto'  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
+dtype = 'auto'  # auto: bfloat16 autocast on CUDA (float16 if unsupported), float32 on CPU
+compile = False  # torch.compile the model (opt-in)
+peak_flops = 0.0  # peak FLOP/s of one device for MFU (0: known GPUs by name; none on CPU)
+seed = 1337
+# -----------------------------------------------------------------------------
+cfg = configure(globals())
+
+ORDER_MODES = ('random', 'l2r', 'fixed_random', 'block_random')
+ddp = int(os.environ.get('RANK', -1)) != -1
+rank = int(os.environ.get('RANK', 0))
+master = rank == 0
+
+
+def fail(msg):
+    """One clear line (from rank 0 only) and exit: bad input must never cost a traceback."""
+    if master:
+        die(msg)
+    raise SystemExit(1)
+
+
+def say(*a):
+    if master:
+        print(*a, flush=True)
+
+
+# ------------------------------------------------------------------ validate the config
+if order_mode not in ORDER_MODES:
+    fail(f"order_mode must be one of {', '.join(ORDER_MODES)}, got {order_mode!r}")
+if dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
+    fail(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+if cond not in ('adaln', 'sigma', 'none'):
+    fail(f"cond must be adaln, sigma or none, got {cond!r}")
+if norm not in ('rms', 'layer') or gelu not in ('exact', 'tanh') or adaln_init not in ('gate1', 'paper'):
+    fail(f"norm must be rms|layer, gelu exact|tanh, adaln_init gate1|paper; got {norm!r}, {gelu!r}, "
+         f"{adaln_init!r}")
+if n_embd % n_head:
+    fail(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
+if not causal and cond != 'none':
+    fail("the encoder MDM (causal=False) takes no target conditioning: set cond='none'")
+if not 0.0 <= l2r_frac <= 1.0 or (l2r_frac_end is not None and not 0.0 <= l2r_frac_end <= 1.0):
+    fail(f"l2r_frac and l2r_frac_end must lie in [0, 1], got {l2r_frac}, {l2r_frac_end}")
+if order_mode == 'block_random' and (block_size_order < 1 or block_size % block_size_order):
+    fail(f"block_size ({block_size}) must be a multiple of block_size_order ({block_size_order})")
+if min(batch_size, block_size, gradient_accumulation_steps, eval_interval, log_interval) < 1:
+    fail("batch_size, block_size, gradient_accumulation_steps, eval_interval and log_interval must be >= 1")
+if not (init_from in ('scratch', 'resume', 'auto') or init_from.startswith('gpt2:') or
+        init_from.endswith('.pt') or os.path.exists(init_from)):
+    fail(f"init_from must be scratch, resume, auto, gpt2:<local HF GPT-2 dir> or a checkpoint file, "
+         f"got {init_from!r}")
+
+# ------------------------------------------------------------------ devices and processes
+if device == 'auto':
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
+if device_type == 'cuda' and not torch.cuda.is_available():
+    fail(f"device={device!r} but CUDA is not available: use --device=cpu")
+if ddp:
+    local_rank, world_size = int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
+    if device_type == 'cuda':
+        device = f'cuda:{local_rank}'
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
+else:
+    local_rank, world_size = 0, 1
+if gradient_accumulation_steps % world_size:
+    fail(f"gradient_accumulation_steps ({gradient_accumulation_steps}) counts micro-steps over all "
+         f"ranks and must be a multiple of the world size ({world_size})")
+local_steps = gradient_accumulation_steps // world_size
+my_micro_steps = range(rank * local_steps, (rank + 1) * local_steps)  # global micro-step ids
+tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+
+if dtype == 'auto':
+    dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32'
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
+if device_type == 'cuda':
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+else:
+    torch.set_flush_denormal(True)  # denormals in the CE gradient can make CPU matmuls 10x slower
+
+if master:
+    print_config(cfg)
+    os.makedirs(out_dir, exist_ok=True)
+ckpt_path = os.path.join(out_dir, CKPT_NAME)
+log_path = os.path.join(out_dir, 'log.jsonl')
+
+# ------------------------------------------------------------------ data
+data_dir = os.path.join(data_root, dataset)
+for split in ('train', 'val'):
+    f = os.path.join(data_dir, f'{split}.bin')
+    if not os.path.exists(f):
+        script = os.path.join('data', dataset, 'prepare.py')
+        here = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
+        fail(f"{f} not found: run `python {script}` first" if os.path.exists(here) else
+             f"{f} not found: write {split}.bin (uint16 token ids) and meta.json into {data_dir}")
+meta_path = os.path.join(data_dir, 'meta.json')
+if os.path.exists(meta_path):
+    meta = json.load(open(meta_path))
+else:
+    meta = {'tokenizer': 'gpt2', 'vocab_size': 50257}
+    say(f"no {meta_path}: assuming GPT-2 BPE token ids (vocab 50257)")
+data_vocab = int(meta['vocab_size'])
+n_train = len(np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r'))
+n_val = len(np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r'))
+if n_train < block_size or n_val < block_size:
+    fail(f"{data_dir}: train ({n_train}) and val ({n_val}) must each hold at least block_size "
+         f"({block_size}) tokens")
+
+
+def read_windows(split, starts):
+    """Token windows [s, s + block_size) as a (B, n) LongTensor on the device."""
+    # re-open the memmap every call: a long-lived one keeps growing the page cache (nanoGPT #428)
+    data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
+    x = torch.from_numpy(np.stack([data[s:s + block_size] for s in starts]).astype(np.int64))
+    if device_type == 'cuda':
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
+
+
+def seed_for(*keys):
+    """A well-mixed 63-bit seed from (seed, *keys): the counter-based source of all training draws."""
+    return int(np.random.SeedSequence([seed, *keys]).generate_state(1, np.uint64)[0]) >> 1
+
+
+cpu_gen = torch.Generator()
+dev_gen = torch.Generator(device=device)
+
+# ------------------------------------------------------------------ model
+torch.manual_seed(seed)  # the initial weights (identical on every rank; DDP also broadcasts rank 0's)
+random.seed(seed)
+np.random.seed(seed)
+ckpt = None
+if init_from == 'auto':
+    init_from = 'resume' if os.path.exists(ckpt_path) else 'scratch'
+if init_from == 'scratch' and os.path.exists(ckpt_path):
+    fail(f"{ckpt_path} already exists: continue it with init_from=resume (or auto), or pick another "
+         f"out_dir; starting from scratch here would overwrite it")
+
+if init_from == 'resume':
+    if not os.path.exists(ckpt_path):
+        fail(f"init_from=resume but {ckpt_path} does not exist: use init_from=scratch, or auto")
+    ckpt = load_checkpoint(ckpt_path)
+    if ckpt.get('format') != 'aogpt-v1' or 'optimizer' not in ckpt:
+        fail(f"{ckpt_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
+             f"with init_from={ckpt_path}")
+    model_args = dict(ckpt['model_args'])
+    model = GPT(GPTConfig(**model_args))
+    model.load_state_dict(strip_prefixes(ckpt['model']))
+    changed = {k: (ckpt['config'].get(k), v) for k, v in cfg.items()
+               if k in ckpt['config'] and ckpt['config'][k] != v and k != 'init_from'}
+    if changed:
+        say("resuming with changed keys (checkpoint -> now): " +
+            ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+    ignored = [k for k in config_fields() if k in cfg and cfg[k] is not None and cfg[k] != model_args.get(k)]
+    if ignored:
+        say(f"model shape comes from the checkpoint; ignoring config values of {', '.join(ignored)}")
+elif init_from.startswith('gpt2:'):
+    hf_dir = init_from[len('gpt2:'):]
+    if not os.path.exists(os.path.join(hf_dir, 'config.json')):
+        fail(f"{hf_dir} is not a local Hugging Face GPT-2 directory (config.json + model.safetensors)")
+    n_pos = json.load(open(os.path.join(hf_dir, 'config.json')))['n_positions']
+    if block_size > n_pos - 1:
+        fail(f"GPT-2 has {n_pos} positions and the [None] start slot takes one: use block_size<={n_pos - 1}")
+    if not causal:
+        fail("init_from=gpt2:... warm-starts a decoder; the encoder MDM starts from scratch")
+    # GPT-2's own architecture (layer norm, tied head, ...) with our conditioning switches on top
+    model = GPT.from_pretrained(hf_dir, cond=cond, target_dim=target_dim, adaln_table=adaln_table,
+                                adaln_init=adaln_init, dropout=dropout, block_size=block_size)
+    model_args = asdict(model.config)
+    say(f"warm start from GPT-2 weights in {hf_dir}: model shape from its config.json")
+elif init_from != 'scratch':  # fine-tune from a checkpoint file (ours, or the paper's released ones)
+    src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if init_ema else False)
+    model_args = dict(asdict(src.config), dropout=dropout)
+    model = GPT(GPTConfig(**model_args))
+    model.load_state_dict(src.state_dict())
+    if model_args['block_size'] < block_size:
+        fail(f"{init_from} was trained with block_size {model_args['block_size']}: use block_size<= that")
+    say(f"fine-tuning from {init_from} ({'EMA' if used_ema else 'raw'} weights); model shape from it")
+    del src, src_ckpt
+else:
+    model_args = {k: cfg[k] for k in config_fields() if k in cfg}
+    if model_args['vocab_size'] is None:  # pad for fast matmuls; the MDM needs one id for [MASK]
+        model_args['vocab_size'] = -(-(data_vocab + (0 if causal else 1)) // 64) * 64
+    if model_args['mask_token_id'] is None:
+        model_args['mask_token_id'] = data_vocab  # the first padding id (50257 for GPT-2)
+    try:
+        model = GPT(GPTConfig(**model_args))
+    except (AssertionError, ValueError) as e:
+        fail(f"invalid model config: {e or 'see the asserts in model.py'} ({model_args})")
+
+if data_vocab > model_args['vocab_size']:
+    fail(f"{dataset} has {data_vocab} token ids but the model only {model_args['vocab_size']}")
+if block_size > model_args['block_size']:
+    fail(f"block_size {block_size} > the model's {model_args['block_size']}")
+if model_args['causal'] and model_args['cond'] == 'none' and order_mode == 'random':
+    fail("a GPT (cond='none') is never told which position to predict, so it cannot train on random "
+         "orders: use order_mode='l2r' (or a fixed order), or cond='adaln' / 'sigma'")
+if not model_args['causal']:
+    model.transformer.wnonee.weight.requires_grad_(False)  # the encoder never uses [None]; DDP needs all used
+any_order = model.any_order
+model.to(device)
+say(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {world_size} rank(s) on {device_type}, "
+    f"{dtype}; {tokens_per_iter:,} tokens per iteration ({batch_size} x {block_size} x "
+    f"{gradient_accumulation_steps} micro-steps)")
+
+# ------------------------------------------------------------------ orders
+fixed_order = None  # (n,) for fixed_random / block_random
+if model_args['causal'] and order_mode in ('fixed_random', 'block_random'):
+    g = torch.Generator().manual_seed(order_seed)
+    k = block_size if order_mode == 'fixed_random' else block_size_order
+    pattern = torch.randperm(k, generator=g)
+    while k > 1 and torch.equal(pattern, torch.arange(k)):  # a "random" order must not be L2R
+        pattern = torch.randperm(k, generator=g)
+    # block_random: blocks left to right, the same permutation inside each, e.g. 0 2 3 1 4 6 7 5 ...
+    fixed_order = (torch.arange(block_size // k)[:, None] * k + pattern[None, :]).flatten()
+    if ckpt is not None and ckpt.get('order') is not None and not torch.equal(ckpt['order'], fixed_order):
+        say("using the fixed order saved in the checkpoint (the config now gives a different one)")
+        fixed_order = ckpt['order'].clone()
+    fixed_order = fixed_order.to(device)
+
+
+def l2r_frac_at(it):
+    if l2r_frac_end is None:
+        return l2r_frac
+    w = min(it / max(1, l2r_frac_iters or lr_decay_iters), 1.0)
+    return l2r_frac + w * (l2r_frac_end - l2r_frac)
+
+
+def draw_orders(B, frac, gen):
+    """(B, n) orders for one micro-batch, or None for left to right."""
+    if order_mode == 'l2r':
+        return None
+    if fixed_order is not None:
+        return fixed_order.expand(B, -1)
+    orders = random_orders(B, block_size, device=device, generator=gen)
+    if frac > 0:  # each sequence independently takes the identity order with probability frac
+        l2r = torch.rand(B, 1, device=device, generator=gen) < frac
+        orders = torch.where(l2r, torch.arange(block_size, device=device), orders)
+    return orders
+
+
+def train_micro_batch(it, m, frac):
+    """Global micro-step m of iteration it: a pure function of (seed, it, m), whatever the world size."""
+    cpu_gen.manual_seed(seed_for(it, m, 0))
+    starts = torch.randint(n_train - block_size + 1, (batch_size,), generator=cpu_gen).tolist()
+    x = read_windows('train', starts)
+    dev_gen.manual_seed(seed_for(it, m, 1))
+    s = seed_for(it, m, 2)  # dropout draws from the default generators
+    torch.default_generator.manual_seed(s)
+    if device_type == 'cuda':
+        torch.cuda.manual_seed(s)
+    if not model_args['causal']:
+        xt, t = mdm_corrupt(x, model_args['mask_token_id'], generator=dev_gen)
+        return dict(idx=xt, targets=x, t=t)
+    return dict(idx=x, order=draw_orders(batch_size, frac, dev_gen), targets=x)
+
+
+# ------------------------------------------------------------------ optimizer, EMA, scaler
+optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
+params = {n: p for n, p in model.named_parameters()}  # tied weights appear once, by their first name
+ema = {n: p.detach().clone().float() for n, p in params.items()} if ema_decay > 0 else None
+ema_updates = 0
+iter_num, best_val_loss, elapsed = 0, float('inf'), 0.0
+
+if ckpt is not None:
+    optimizer.load_state_dict(ckpt['optimizer'])
+    if ckpt.get('scaler'):
+        scaler.load_state_dict(ckpt['scaler'])
+    if ema is not None and ckpt.get('ema'):
+        for n, v in strip_prefixes(ckpt['ema']['params']).items():
+            ema[n].copy_(v)
+        ema_updates = ckpt['ema']['num_updates']
+    iter_num, best_val_loss = ckpt['iter_num'], ckpt.get('best_val_loss', float('inf'))
+    elapsed = ckpt.get('elapsed', 0.0)
+    r = ckpt.get('rng') or {}
+    if r:  # the training stream is counter-based; these keep anything else reproducible too
+        random.setstate(r['python'])
+        np.random.set_state((r['numpy'][0], r['numpy'][1].numpy().astype(np.uint32), *r['numpy'][2:]))
+        torch.set_rng_state(r['torch'])
+        if device_type == 'cuda' and r.get('cuda'):
+            torch.cuda.set_rng_state(r['cuda'][min(local_rank, len(r['cuda']) - 1)])
+    say(f"resumed {ckpt_path} at iteration {iter_num}")
+    del ckpt
+start_iter = iter_num
+
+
+def ema_update():
+    global ema_updates
+    d = min(ema_decay, (1 + ema_updates) / (10 + ema_updates))  # warm-up: early weights fade fast
+    with torch.no_grad():
+        torch._foreach_lerp_(list(ema.values()), [params[n].detach() for n in ema], 1.0 - d)
+    ema_updates += 1
+
+
+def swap_ema():
+    """Exchange the live weights with the EMA weights in place (doing it twice restores both exactly)."""
+    with torch.no_grad():
+        for n, e in ema.items():
+            tmp = params[n].detach().clone()
+            params[n].copy_(e)
+            e.copy_(tmp)
+
+
+raw_model = model
+if compile:
+    say("compiling the model (takes a minute)...")
+    model = torch.compile(model)
+if ddp:
+    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+
+
+def get_lr(it):
+    if not decay_lr:
+        return learning_rate
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+# ------------------------------------------------------------------ validation
+n_avail = n_val // block_size
+n_windows = min(eval_iters * batch_size, n_avail)
+val_starts = [(i * n_avail // n_windows) * block_size for i in range(n_windows)]  # spread, no overlap
+val_batches = [val_starts[i:i + batch_size] for i in range(0, n_windows, batch_size)]
+
+
+def eval_seed(k, j):  # independent of `seed`: every run is scored on the same orders and masks
+    return int(np.random.SeedSequence([20250619, k, j]).generate_state(1, np.uint64)[0]) >> 1
+
+
+@torch.no_grad()
+def evaluate():
+    """Token-weighted val NLLs: this rank's share of the fixed windows, then summed over ranks."""
+    raw_model.eval()
+    use_ema = eval_ema and ema is not None
+    if use_ema:
+        swap_ema()
+    s = torch.zeros(8, device=device, dtype=torch.float64)  # (nll, tokens) for l2r, ao, order, elbo
+    gen = torch.Generator(device=device)
+    for k in range(rank, len(val_batches), world_size):
+        x = read_windows('val', val_batches[k])
+        B, ntok = x.size(0), x.numel()
+        with ctx:
+            if not model_args['causal']:
+                for j in range(eval_orders):
+                    xt, t = mdm_corrupt(x, model_args['mask_token_id'], generator=gen.manual_seed(eval_seed(k, j)))
+                    _, nll = raw_model(xt, targets=x, reduction='none')
+                    s[6] += (nll.sum(1) / t).sum()
+                    s[7] += ntok
+                continue
+            s[0] += raw_model(x, targets=x, reduction='none')[1].sum()
+            s[1] += ntok
+            if any_order:
+                for j in range(eval_orders):
+                    order = random_orders(B, block_size, device=device, generator=gen.manual_seed(eval_seed(k, j)))
+                    s[2] += raw_model(x, order=order, targets=x, reduction='none')[1].sum()
+                    s[3] += ntok
+            if fixed_order is not None:
+                s[4] += raw_model(x, order=fixed_order.expand(B, -1), targets=x, reduction='none')[1].sum()
+                s[5] += ntok
+    if ddp:
+        dist.all_reduce(s)
+    if use_ema:
+        swap_ema()
+    raw_model.train()
+    mean = lambda i: (s[i] / s[i + 1]).item() if s[i + 1] > 0 else None
+    out = dict(val_l2r=mean(0), val_ao=mean(2), val_order=mean(4), val_elbo=mean(6), ema=use_ema)
+    headline = {'random': 'val_ao', 'l2r': 'val_l2r', 'fixed_random': 'val_order',
+                'block_random': 'val_order'}[order_mode] if model_args['causal'] else 'val_elbo'
+    out['val_loss'] = out[headline]
+    return out
+
+
+# ------------------------------------------------------------------ checkpoints and logs
+def rng_state():
+    np_state = np.random.get_state()
+    return dict(python=random.getstate(),
+                numpy=(np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
+                torch=torch.get_rng_state(),
+                cuda=torch.cuda.get_rng_state_all() if device_type == 'cuda' else None)
+
+
+def write_checkpoint():
+    ckpt = dict(format='aogpt-v1', model_args=model_args, model=raw_model.state_dict(),
+                ema=dict(decay=ema_decay, num_updates=ema_updates, params=ema) if ema is not None else None,
+                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), iter_num=iter_num,
+                best_val_loss=best_val_loss, config=cfg, rng=rng_state(),
+                data=dict(seed=seed, cursor=iter_num, sampler='counter(seed, iter, micro_step)'),
+                order=fixed_order.cpu() if fixed_order is not None else None,
+                tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
+    save_checkpoint(ckpt, ckpt_path)
+    if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
+        keep = os.path.join(out_dir, f'ckpt_{iter_num:07d}.pt')
+        if os.path.exists(keep):
+            os.remove(keep)
+        os.link(ckpt_path, keep)  # the same bytes, no second write; survives the next os.replace
+    return ckpt_path
+
+
+last_saved = (ckpt_path, start_iter) if start_iter > 0 else None
+if master:
+    for f in os.listdir(out_dir):  # temp files of a save that was killed mid-write
+        if f.startswith(f'.{CKPT_NAME}.tmp.'):
+            os.remove(os.path.join(out_dir, f))
+    if start_iter > 0 and os.path.exists(log_path):  # drop evals logged after the checkpoint we resumed
+        kept = [l for l in open(log_path) if l.strip() and json.loads(l)['iter'] <= start_iter]
+        with open(log_path, 'w') as f:
+            f.writelines(kept)
+    elif start_iter == 0 and not eval_only:
+        open(log_path, 'w').close()
+    if wandb_log:
+        import wandb
+        wandb.init(project=wandb_project, name=wandb_run_name, config=cfg, mode=wandb_mode)
+
+# ------------------------------------------------------------------ the loop
+t_start = time.time()
+train_losses, interval_losses = [], []
+t_interval, tokens_interval, t_eval_window, tokens_eval_window = 0.0, 0, 0.0, 0
+flops_per_token = raw_model.estimate_flops_per_token(block_size)
+if peak_flops <= 0 and device_type == 'cuda':
+    name = torch.cuda.get_device_name()
+    table = (('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('H800', 989e12), ('GH200', 989e12),
+             ('A100', 312e12), ('A800', 312e12), ('L40S', 362e12), ('A10', 125e12), ('4090', 165e12))
+    peak_flops = next((f for key, f in table if key in name), 0.0)
+
+while True:
+    lr = get_lr(iter_num)
+    for group in optimizer.param_groups:
+        group['lr'] = lr
+    frac = l2r_frac_at(iter_num)
+
+    resumed_here = iter_num == start_iter > 0 and not eval_only  # that eval is already in the log
+    if (iter_num % eval_interval == 0 or iter_num == max_iters or eval_only) and not resumed_here:
+        res = evaluate()
+        if res['val_loss'] is not None and not math.isfinite(res['val_loss']):
+            fail(f"non-finite val loss at iteration {iter_num}; not writing a checkpoint"
+                 + (f" (the last good one, iteration {last_saved[1]}, is untouched)" if last_saved else ""))
+        rec = dict(iter=iter_num, tokens=iter_num * tokens_per_iter,
+                   train_loss=sum(train_losses) / len(train_losses) if train_losses else None,
+                   **{k: res[k] for k in ('val_loss', 'val_l2r', 'val_ao', 'val_order', 'val_elbo')},
+                   lr=lr, l2r_frac=frac if (model_args['causal'] and order_mode == 'random') else None,
+                   ema=res['ema'], time=round(elapsed + time.time() - t_start, 2),
+                   tok_per_s=round(tokens_eval_window / t_eval_window) if t_eval_window else None)
+        train_losses, t_eval_window, tokens_eval_window = [], 0.0, 0
+        if master:
+            shown = ', '.join(f"{k[4:]} {v:.4f}" for k, v in rec.items() if k.startswith('val_') and v is not None)
+            tl = f", train {rec['train_loss']:.4f}" if rec['train_loss'] is not None else ""
+            print(f"eval {iter_num}: {shown}{tl}{' (EMA)' if rec['ema'] else ''}", flush=True)
+            with open(log_path, 'a') as f:
+                f.write(json.dumps(rec) + '\n')
+            if wandb_log:
+                wandb.log({k: v for k, v in rec.items() if v is not None}, step=iter_num)
+        improved = res['val_loss'] is not None and res['val_loss'] < best_val_loss
+        if improved:
+            best_val_loss = res['val_loss']
+        if iter_num > 0 and not eval_only and (always_save_checkpoint or improved):
+            if master:
+                write_checkpoint()
+                print(f"saved {ckpt_path} (iteration {iter_num})", flush=True)
+            last_saved = (ckpt_path, iter_num)
+    elif ckpt_interval and iter_num % ckpt_interval == 0 and iter_num > start_iter and not eval_only:
+        if master:
+            write_checkpoint()
+            print(f"saved {ckpt_path} (iteration {iter_num})", flush=True)
+        last_saved = (ckpt_path, iter_num)
+    if iter_num >= max_iters or eval_only:
+        break
+
+    # one optimizer step: local_steps micro-steps on this rank, gradients all-reduced on the last
+    t0 = time.time()
+    loss_sum = torch.zeros((), device=device)
+    for j, m in enumerate(my_micro_steps):
+        batch = train_micro_batch(iter_num, m, frac)
+        if ddp:
+            model.require_backward_grad_sync = (j == local_steps - 1)
+        with ctx:
+            _, loss = model(**batch)  # through the DDP / compiled wrapper, so its hooks run
+            loss = loss / local_steps
+        loss_sum += loss.detach()
+        scaler.scale(loss).backward()
+    if ddp:
+        dist.all_reduce(loss_sum)
+        loss_sum /= world_size
+    lossf = loss_sum.item()  # one sync per step; every rank sees the same value and stops together
+    if not math.isfinite(lossf):
+        fail(f"non-finite training loss ({lossf}) at iteration {iter_num}: stopped before the update. "
+             + (f"The last good checkpoint, {last_saved[0]} (iteration {last_saved[1]}), is untouched"
+                if last_saved else "No checkpoint was written")
+             + "; try a lower learning_rate or dtype=float32")
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    if ema is not None:
+        ema_update()
+    iter_num += 1
+
+    dt = time.time() - t0
+    train_losses.append(lossf)
+    interval_losses.append(lossf)
+    t_interval += dt
+    tokens_interval += tokens_per_iter
+    t_eval_window += dt
+    tokens_eval_window += tokens_per_iter
+    if iter_num % log_interval == 0:
+        tps = tokens_interval / t_interval
+        mfu = f", mfu {flops_per_token * tps / world_size / peak_flops:.1%}" if peak_flops > 0 else ""
+        say(f"iter {iter_num}/{max_iters}: loss {sum(interval_losses) / len(interval_losses):.4f}, "
+            f"lr {lr:.2e}, {tps:,.0f} tok/s{mfu}, {1000 * t_interval / len(interval_losses):.0f} ms/iter")
+        interval_losses, t_interval, tokens_interval = [], 0.0, 0
+
+if master and wandb_log:
+    wandb.finish()
+if ddp:
+    dist.destroy_process_group()
