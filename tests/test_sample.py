@@ -1,0 +1,505 @@
+"""sample.py: the cached any-order sampler against full forward passes and exact enumeration, the
+Lemma-1 counts, L2R equivalence, infilling, the encoder sampler and its caching trick, top-p /
+temperature / padding, generative perplexity against HF, and the CLI."""
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import sample
+from checkpoint import save_checkpoint
+from helpers import tiny
+from model import model_args
+from sample import (generate_ao, generate_ar, generate_mdm, judge_nll, reveal_counts, sample_tokens,
+                    time_grid, unigram_entropy, encode_template, encoder_hidden)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ATOL = 1e-5
+
+
+def sharp(model, scale=25.0):
+    """Peaky, order-dependent conditionals, so wrong laws are far from right ones."""
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------- exact laws by enumeration
+
+def probs_ref(logits, temperature=1.0, top_p=1.0, V=None):
+    """Reference softmax + nucleus, written plainly (rows of a tiny vocab)."""
+    logits = logits[..., :V].double()
+    p = torch.softmax(logits / temperature, -1)
+    if top_p < 1.0:
+        out = torch.zeros_like(p)
+        for idx in itertools.product(*[range(s) for s in p.shape[:-1]]):
+            row = p[idx]
+            mass = 0.0
+            for j in sorted(range(row.numel()), key=lambda j: -row[j].item()):
+                out[idx][j] = row[j]
+                mass += row[j].item()
+                if mass >= top_p:
+                    break
+        p = out / out.sum(-1, keepdim=True)
+    return p
+
+
+def ao_law(model, n, V, counts, **kw):
+    """P(x) of the any-order sampler with a fixed composition `counts`, over all V^n x: the average over
+    the n! orders of the product of the conditionals, each query of a step seeing only earlier steps.
+    Every conditional is read off a full uncached forward in an order where the query comes right
+    after the context."""
+    xs = torch.tensor(list(itertools.product(range(V), repeat=n)))  # (V^n, n)
+    law = torch.zeros(len(xs), dtype=torch.float64)
+    for sigma in itertools.permutations(range(n)):
+        p, m = torch.ones(len(xs), dtype=torch.float64), 0
+        for k in counts:
+            for j in range(k):
+                o = list(sigma[:m]) + [sigma[m + j]] + [s for s in sigma[m:] if s != sigma[m + j]]
+                logits = model(xs, order=torch.tensor(o).expand(len(xs), n))[0][:, m]
+                q = probs_ref(logits, V=V, **kw)
+                p *= q.gather(1, xs[:, sigma[m + j]][:, None]).squeeze(1)
+            m += k
+        law += p / math.factorial(n)
+    return xs, law
+
+
+def chi2_pvalue(samples, xs, law):
+    """Pearson chi-square of the samples (N, n) against law over the cells xs; cells with tiny expected
+    counts are pooled. Returns the p-value (regularised upper incomplete gamma)."""
+    V = int(xs.max()) + 1
+    code = lambda t: (t * (V ** torch.arange(t.size(1) - 1, -1, -1))).sum(1)
+    obs = torch.bincount(code(samples), minlength=len(xs)).double()[code(xs)]
+    exp = law * samples.size(0)
+    small = exp < 5
+    o = torch.cat([obs[~small], obs[small].sum()[None]])
+    e = torch.cat([exp[~small], exp[small].sum()[None]])
+    keep = e > 0
+    stat = ((o[keep] - e[keep]) ** 2 / e[keep]).sum()
+    df = int(keep.sum()) - 1
+    return torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2).item()
+
+
+@pytest.fixture(scope='module')
+def ao3():
+    # vocab 4 of which the sampler may use 3: id 3 plays a padded id that must never be drawn
+    return sharp(tiny(vocab_size=4, block_size=3, seed=3)).double()
+
+
+def test_distribution_matches_exact_any_order_mixture(ao3):
+    """T >> n: one token per step (the steps revealing nothing cost nothing), so the sample law is the
+    exact any-order mixture E_sigma p_sigma(x) = sum_sigma p_sigma(x) / n!."""
+    n, V, N = 3, 3, 20000
+    x, st = generate_ao(ao3, n, N, steps=4000, vocab_size=V, generator=gen(0))
+    assert st['forward_calls'] == n and x.max() < V  # this seed's Binomial draws: 1 + 1 + 1
+    xs, law = ao_law(ao3, n, V, [1, 1, 1])
+    assert abs(law.sum().item() - 1) < 1e-9
+    assert chi2_pvalue(x, xs, law) > 1e-3
+    # the test has power: the T = 1 law (every token from [None]) is a different distribution, rejected
+    _, law1 = ao_law(ao3, n, V, [3])
+    assert chi2_pvalue(x, xs, law1) < 1e-6
+
+
+def test_parallel_steps_with_temperature_top_p_match_exact_law(ao3):
+    """Fixed counts with T = 2: step 1 reveals 1 token, step 2 reveals 2 tokens in parallel, each from
+    the same context. Temperature and top-p act on every conditional."""
+    n, V, N = 3, 3, 20000
+    kw = dict(temperature=0.8, top_p=0.9)
+    assert reveal_counts(n, 2, fixed=True).tolist() == [1, 2]
+    x, st = generate_ao(ao3, n, N, steps=2, fixed_counts=True, vocab_size=V, generator=gen(1), **kw)
+    assert st['forward_calls'] == 2
+    xs, law = ao_law(ao3, n, V, [1, 2], **kw)
+    assert chi2_pvalue(x, xs, law) > 1e-3
+    _, wrong = ao_law(ao3, n, V, [1, 1, 1], **kw)
+    assert chi2_pvalue(x, xs, wrong) < 1e-6
+
+
+def test_one_step_draws_every_position_from_its_first_step_marginal(ao3):
+    n, V, N = 3, 3, 20000
+    x, st = generate_ao(ao3, n, N, steps=1, vocab_size=V, generator=gen(2))
+    assert st['forward_calls'] == 1 and st['token_passes'] == n  # n copies of [None], nothing else
+    xs = torch.tensor(list(itertools.product(range(V), repeat=n)))
+    law = torch.ones(len(xs), dtype=torch.float64)
+    for i in range(n):  # p(x_i | nothing): slot 0 of any order that starts at position i
+        o = torch.tensor([i] + [j for j in range(n) if j != i])[None]
+        q = torch.softmax(ao3(xs[:1], order=o)[0][0, 0, :V].double(), -1)
+        law *= q[xs[:, i]]
+    assert chi2_pvalue(x, xs, law) > 1e-3
+    _, mix = ao_law(ao3, n, V, [1, 1, 1])
+    assert chi2_pvalue(x, xs, mix) < 1e-6
+
+
+# --------------------------------------------------------------------------- the cache, step by step
+
+@pytest.mark.parametrize('cond', ['adaln', 'sigma'])
+def test_step_logits_equal_full_forward(cond, monkeypatch):
+    """Every step's logits equal a full uncached forward on the same order and context, with given
+    tokens entering first and Binomial counts (several tokens per step)."""
+    model = tiny(cond=cond, seed=1)
+    B, n = 2, 8
+    given = torch.tensor([4, -1, -1, 7, -1, -1, -1, 2])
+    calls = []
+    real = model.forward_slots
+
+    def spy(tok, pos, tgt, **kw):
+        out = real(tok, pos, tgt, **kw)
+        if kw.get('cache') is not None:  # the sampler's calls, not the reference forwards below
+            calls.append((tok.size(1), tgt[:, -kw['n_parallel']:].clone(), out.clone()))
+        return out
+    monkeypatch.setattr(model, 'forward_slots', spy)
+    x, st = generate_ao(model, n, B, steps=5, given=given, generator=gen(3))
+    order = st['order']
+    assert order[:, :3].tolist() == [[0, 3, 7]] * B  # given tokens first, ascending
+    assert len(calls) == st['forward_calls'] >= 2 and sum(r for r, _, _ in calls) == st['token_passes']
+    assert st['token_passes'] <= 2 * n
+    m = 3
+    for r, tgt, logits in calls:
+        k = logits.size(1)
+        assert torch.equal(tgt, order[:, m:m + k])
+        for j in range(k):
+            o = torch.cat([order[:, :m], order[:, m + j:m + j + 1], order[:, m:m + j], order[:, m + j + 1:]], 1)
+            torch.testing.assert_close(logits[:, j], model(x, order=o)[0][:, m], atol=ATOL, rtol=0)
+        m += k
+    assert m == n
+
+
+def test_token_passes_about_2n_for_any_T():
+    model = tiny(block_size=64, seed=2)
+    n = 64
+    for T in [1, 4, 16, 64, 512]:
+        _, st = generate_ao(model, n, 2, steps=T, generator=gen(T))
+        ks = st['counts']
+        assert sum(ks) == n and len(ks) == st['forward_calls'] and min(ks) >= 1
+        # every token is a query once (n) and then, except the last step's, context once
+        assert st['token_passes'] == n + sum(k - 1 for k in ks[:-1]) <= 2 * n
+
+
+# --------------------------------------------------------------------------- counts
+
+@pytest.mark.parametrize('schedule', ['linear', 'cosine'])
+def test_binomial_counts_have_the_lemma_mean_and_variance(schedule):
+    n, T, R = 40, 8, 4000
+    g = gen(5)
+    k = torch.stack([reveal_counts(n, T, schedule, generator=g) for _ in range(R)]).double()  # (R, T)
+    assert (k.sum(1) == n).all()
+    t = time_grid(T, schedule)
+    mean = n * (t[:-1] - t[1:])                       # E k_i = n (t_i - t_{i+1})
+    se = (n * (t[:-1] - t[1:]) * (1 - t[:-1] + t[1:])).sqrt() / math.sqrt(R)
+    assert ((k.mean(0) - mean).abs() <= 4 * se + 1e-9).all()
+    # step 2 given step 1: Binomial(n - k_1, 1 - t_2 / t_1)
+    q = 1 - t[2] / t[1]
+    cond_mean = ((n - k[:, 0]) * q).mean()
+    assert abs(k[:, 1].mean() - cond_mean) < 4 * k[:, 1].std() / math.sqrt(R)
+    p1 = 1 - t[1]
+    assert abs(k[:, 0].var() / (n * p1 * (1 - p1)) - 1) < 0.1
+
+
+def test_fixed_counts_are_the_paper_code_formula():
+    n, T = 10, 4
+    cum = [0]
+    for ti in time_grid(T).tolist()[1:]:
+        cum.append(min(n, max(int(n * (1 - ti)), cum[-1] + 1)))
+    assert reveal_counts(n, T, fixed=True).tolist() == [b - a for a, b in zip(cum, cum[1:])]
+    assert reveal_counts(8, 8, fixed=True).tolist() == [1] * 8       # T = n: one per step
+    assert reveal_counts(8, 20, fixed=True).tolist() == [1] * 8 + [0] * 12
+    assert reveal_counts(7, 3, 'cosine', fixed=True).sum() == 7
+
+
+# --------------------------------------------------------------------------- L2R equivalence
+
+def uncached_l2r(model, n, B, seed, prompt=(), **kw):
+    """The plainest decoding loop: a full forward of the prefix per token, no cache."""
+    u = torch.rand(B, n, dtype=torch.float64, generator=gen(seed))
+    x = torch.zeros(B, n, dtype=torch.long)
+    x[:, :len(prompt)] = torch.tensor(list(prompt), dtype=torch.long)
+    with torch.no_grad():
+        for i in range(len(prompt), n):
+            logits = model(x[:, :i + 1])[0][:, i]
+            x[:, i] = sample_tokens(logits, u[:, i], **kw)
+    return x
+
+
+@pytest.mark.parametrize('prompt', [(), (3, 1, 4)])
+def test_l2r_fixed_counts_equals_uncached_loop_token_for_token(prompt):
+    model = sharp(tiny(seed=4), 3.0).double()
+    B, n = 4, 8
+    kw = dict(temperature=0.9, top_p=0.95, vocab_size=10)
+    ref = uncached_l2r(model, n, B, 7, prompt, **kw)
+    given = torch.tensor(list(prompt) + [-1] * (n - len(prompt)))
+    x, st = generate_ao(model, n, B, steps=n - len(prompt), order='l2r', fixed_counts=True, given=given,
+                        generator=gen(7), **kw)
+    assert st['forward_calls'] == n - len(prompt)
+    assert torch.equal(x, ref)
+    y, _ = generate_ar(model, n, B, prompt=list(prompt), generator=gen(7), **kw)
+    assert torch.equal(y, ref)
+    assert not torch.equal(ref, uncached_l2r(model, n, B, 8, prompt, **kw))  # the seed matters
+
+
+def test_generate_ar_for_a_gpt_equals_uncached_loop():
+    model = sharp(tiny(cond='none', seed=6), 3.0).double()
+    ref = uncached_l2r(model, 8, 3, 11)
+    x, st = generate_ar(model, 8, 3, generator=gen(11))
+    assert torch.equal(x, ref) and st['token_passes'] == 8 and st['forward_calls'] == 8
+
+
+# --------------------------------------------------------------------------- infilling
+
+def test_infilling_keeps_given_tokens():
+    n = 8
+    given = torch.tensor([5, 6, -1, 1, -1, -1, 9, 9])
+    ao = tiny(seed=7)
+    enc = tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=7)
+    for x, st in [generate_ao(ao, n, 5, steps=3, given=given, generator=gen(0)),
+                  generate_ao(ao, n, 5, steps=3, order='l2r', given=given, generator=gen(0)),
+                  generate_mdm(enc, n, 5, steps=3, given=given, generator=gen(0)),
+                  generate_mdm(enc, n, 5, steps=3, counts='independent', given=given, generator=gen(0))]:
+        keep = given >= 0
+        assert (x[:, keep] == given[keep]).all()
+        assert (x >= 0).all() and (x < 11).all()
+        assert st['tokens_generated'] == 3
+    # a random order of the free positions after the given ones; l2r: ascending
+    _, st = generate_ao(ao, n, 3, steps=3, order='l2r', given=given, generator=gen(0))
+    assert st['order'][0].tolist() == [0, 1, 3, 6, 7, 2, 4, 5]
+    with pytest.raises(ValueError):
+        generate_ao(ao, n, 1, steps=3, given=torch.arange(n), generator=gen(0))
+
+
+def test_encode_template():
+    from tokenizer import char_codec, gpt2_codec
+    cc = char_codec(list("abc xyz"))
+    ids = encode_template("ab [BLANK:2] c [BLANK]x", cc, blank_len=3)
+    assert ids == cc.encode("ab") + [-1] * 2 + cc.encode(" c") + [-1] * 3 + cc.encode("x")
+    g = gpt2_codec()
+    ids = encode_template("The [BLANK] sat on the [BLANK:3] mat.", g, blank_len=2)
+    assert ids == g.encode("The") + [-1, -1] + g.encode(" sat on the") + [-1] * 3 + g.encode(" mat.")
+
+
+# --------------------------------------------------------------------------- the encoder MDM sampler
+
+@pytest.fixture(scope='module')
+def enc3():
+    # vocab 4 with [MASK] = 3: the sampler must never draw it even without a vocab_size cut.
+    # All weights get noise so the conditionals depend strongly on the context.
+    model = tiny(causal=False, cond='none', vocab_size=4, mask_token_id=3, block_size=3, seed=8)
+    g = gen(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    return model.double()
+
+
+def mdm_law(model, n, V, T=None):
+    """P(x) of MDLM's per-position sampler with T linear steps: sum over the reveal steps a(p) of every
+    position, prob prod_p (t_a - t_{a+1}), each token drawn from the encoder given the positions
+    revealed at strictly earlier steps ([MASK] elsewhere). T=None: one position per step in a uniform
+    random order (the encoder's any-order mixture)."""
+    mask = model.config.mask_token_id
+    xs = torch.tensor(list(itertools.product(range(V), repeat=n)))
+    if T is None:
+        plans = [(a, 1 / math.factorial(n)) for a in itertools.permutations(range(n))]
+    else:
+        t = time_grid(T)
+        plans = [(a, math.prod((t[s] - t[s + 1]).item() for s in a)) for a in itertools.product(range(T), repeat=n)]
+    law = torch.zeros(len(xs), dtype=torch.float64)
+    for a, w in plans:
+        p = torch.ones(len(xs), dtype=torch.float64)
+        for i in range(n):
+            inp = xs.clone()
+            for j in range(n):
+                if a[j] >= a[i]:
+                    inp[:, j] = mask
+            q = torch.softmax(model(inp)[0][:, i].double(), -1)
+            p *= q.gather(1, xs[:, i:i + 1]).squeeze(1)
+        law += w * p
+    return xs, law
+
+
+def test_encoder_sampler_matches_exact_law(enc3):
+    n, V, N = 3, 3, 20000
+    x, st = generate_mdm(enc3, n, N, steps=2, counts='independent', cache_trick=True, generator=gen(4))
+    assert x.max() < V  # [MASK] never drawn
+    xs, law = mdm_law(enc3, n, V, 2)
+    assert abs(law.sum().item() - 1) < 1e-9
+    assert chi2_pvalue(x, xs, law) > 1e-3
+    _, wrong = mdm_law(enc3, n, V, 1)  # everything from the all-[MASK] input: rejected
+    assert chi2_pvalue(x, xs, wrong) < 1e-6
+    # shared counts, T = n fixed: one token per step in a random order, i.e. the any-order mixture
+    x, _ = generate_mdm(enc3, n, N, steps=n, fixed_counts=True, generator=gen(5))
+    _, law_n = mdm_law(enc3, n, V)
+    assert chi2_pvalue(x, xs, law_n) > 1e-3
+
+
+@pytest.mark.parametrize('counts', ['shared', 'independent'])
+def test_encoder_cache_trick_gives_identical_samples_with_fewer_passes(counts):
+    enc = tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=9)
+    kw = dict(counts=counts, vocab_size=11, given=torch.tensor([3, -1, -1, -1, -1, -1, -1, -1]))
+    a, sa = generate_mdm(enc, 8, 6, steps=64, cache_trick=False, generator=gen(1), **kw)
+    b, sb = generate_mdm(enc, 8, 6, steps=64, cache_trick=True, generator=gen(1), **kw)
+    assert torch.equal(a, b)
+    assert sa['forward_calls'] == 64 and sb['forward_calls'] < 64
+    assert sb['token_passes'] == 8 * sb['forward_calls']
+
+
+def test_encoder_head_on_rows_equals_full_forward():
+    enc = tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=10)
+    x = torch.randint(0, 12, (2, 8))
+    with torch.no_grad():
+        full = enc(x)[0]
+        h = encoder_hidden(enc, x)
+        rows = enc.lm_head(h[torch.tensor([0, 1, 1]), torch.tensor([2, 0, 7])])
+    torch.testing.assert_close(rows[:, :11], full[[0, 1, 1], [2, 0, 7]][:, :11], atol=ATOL, rtol=0)
+
+
+def test_shared_plan_couples_ao_and_mdm():
+    """Same seed, same plan: the encoder reveals the same positions in the same order as generate_ao."""
+    ao = tiny(seed=11)
+    enc = tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=11)
+    _, s1 = generate_ao(ao, 8, 3, steps=4, generator=gen(2))
+    _, s2 = generate_mdm(enc, 8, 3, steps=4, generator=gen(2))
+    assert torch.equal(s1['order'], s2['order'])
+
+
+# --------------------------------------------------------------------------- top-p, temperature, padding
+
+@pytest.mark.parametrize('temperature,top_p', [(1.0, 1.0), (0.5, 1.0), (1.0, 0.6), (1.7, 0.85)])
+def test_sample_tokens_follows_the_transformed_distribution(temperature, top_p):
+    logits = torch.tensor([1.0, 2.5, 0.2, 2.0, -1.0, 9.0, 9.0])  # ids 5, 6: padding with large logits
+    N = 20000
+    u = (torch.arange(N, dtype=torch.float64) + 0.5) / N  # a uniform grid: counts are N p up to rounding
+    x = sample_tokens(logits.expand(N, -1), u, temperature, top_p, vocab_size=5)
+    p = probs_ref(logits, temperature, top_p, V=5)
+    counts = torch.bincount(x, minlength=7).double()
+    assert counts[5:].sum() == 0
+    assert ((counts[:5] - N * p).abs() <= 1).all(), (counts, N * p)
+
+
+def test_sample_tokens_greedy_ban_and_shapes():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [5.0, 1.0, 0.0]]).view(2, 1, 3)
+    u = torch.rand(2, 1, dtype=torch.float64)
+    assert sample_tokens(logits, u, temperature=0).tolist() == [[1], [0]]
+    assert sample_tokens(logits, u, temperature=0, ban=1).tolist() == [[2], [0]]
+    # u at the very top of [0, 1) never reaches a zero-probability id
+    x = sample_tokens(torch.tensor([[0.0, -math.inf]]), torch.tensor([1 - 2 ** -53], dtype=torch.float64))
+    assert x.tolist() == [0]
+    with pytest.raises(ValueError):
+        sample_tokens(logits, u, top_p=0.0)
+
+
+# --------------------------------------------------------------------------- generative perplexity
+
+def test_judge_nll_matches_hf_gpt2_both_modes(tmp_path):
+    transformers = pytest.importorskip('transformers')
+    from model import GPT
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257, n_positions=16)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    hf.save_pretrained(tmp_path)
+    judge = GPT.from_pretrained(str(tmp_path)).eval()
+    x = torch.randint(0, 50256, (3, 16))
+    with torch.no_grad():
+        # hf mode: the raw 16 tokens, token 0 unscored (the paper code's recipe)
+        ref = torch.stack([hf(x[i:i + 1], labels=x[i:i + 1]).loss for i in range(3)])
+        torch.testing.assert_close(judge_nll(judge, x, 'hf', batch_size=2), ref, atol=1e-5, rtol=0)
+        # none mode: all 15 tokens scored after [None] = <|endoftext|>
+        y = x[:, :15]
+        eot = torch.full((3, 1), 50256)
+        logits = hf(torch.cat([eot, y], 1)).logits[:, :15]
+        ref = torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction='none').mean(1)
+        torch.testing.assert_close(judge_nll(judge, y, 'none'), ref, atol=1e-5, rtol=0)
+        with pytest.raises(ValueError):
+            judge_nll(judge, x, 'none')  # 16 tokens + [None] do not fit
+
+
+def test_unigram_entropy():
+    x = torch.tensor([[1, 1, 1, 1], [0, 1, 2, 3], [5, 5, 6, 6]])
+    torch.testing.assert_close(unigram_entropy(x), torch.tensor([0.0, math.log(4), math.log(2)],
+                                                                dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- the CLI
+
+def write_ckpt(path, **kw):
+    model = tiny(vocab_size=50304, block_size=16, **kw)
+    ema = {'decay': 0.999, 'num_updates': 1, 'params': {k: v.clone() for k, v in model.named_parameters()}}
+    save_checkpoint(dict(format='aogpt-v1', model_args=model_args(model.config), model=model.state_dict(),
+                         ema=ema, config={'dataset': 'no-such-dataset'}, order=None), str(path))
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """Run sample.main() in-process, each call from the module's default config (main() writes the
+    resolved config into the module's globals; they are restored before every call and at the end)."""
+    defaults = {k: v for k, v in vars(sample).items() if not k.startswith('_') and
+                isinstance(v, (int, float, bool, str, type(None)))}
+    for k, v in defaults.items():
+        monkeypatch.setattr(sample, k, v)
+
+    def run(*args):
+        for k, v in defaults.items():
+            setattr(sample, k, v)
+        monkeypatch.setattr(sys, 'argv', ['sample.py', '--device', 'cpu', '--seed', '1', *args])
+        code = 0
+        try:
+            sample.main()
+        except SystemExit as e:
+            code = e.code
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    return run
+
+
+def test_cli_generates_infills_and_scores(tmp_path, cli):
+    write_ckpt(tmp_path / 'ao.pt', seed=1)
+    write_ckpt(tmp_path / 'gpt.pt', cond='none', seed=2)
+    code, out, err = cli('--ckpt', str(tmp_path / 'ao.pt'), '--template', 'The [BLANK:2] sat on the [BLANK] mat',
+                         '--blank_len', '3', '--steps', '3', '--batch_size', '2', '--gen_ppl', str(tmp_path / 'gpt.pt'),
+                         '--save', str(tmp_path / 's.json'))
+    assert code == 0, err
+    assert 'token-passes' in out and 'gen ppl' in out and 'EMA weights' in out
+    res = json.load(open(tmp_path / 's.json'))
+    from tokenizer import gpt2_codec
+    lay = encode_template('The [BLANK:2] sat on the [BLANK] mat', gpt2_codec(), 3)
+    for row in res['samples']:
+        assert len(row) == len(lay) and all(v == t for v, t in zip(row, lay) if t >= 0)
+    assert len(res['gen_ppl']['per_sample']) == 2 and res['gen_ppl']['mode'] == 'none'
+    # the GPT checkpoint samples left to right with a prompt
+    code, out, err = cli('--ckpt', str(tmp_path / 'gpt.pt'), '--prompt', 'Hello', '--length', '6')
+    assert code == 0, err
+    assert 'L2R GPT' in out and out.count('---------- sample') == 4
+
+
+@pytest.mark.parametrize('args,msg', [
+    (['--prompt', 'word ' * 20], 'no room left'),
+    (['--prompt', 'a b c', '--suffix', 'd e f', '--length', '6'], 'no room left'),
+    (['--length', '17'], 'block_size'),
+    (['--template', 'x ' * 20 + '[BLANK]'], 'too long'),
+    (['--template', 'a [BLANK]', '--prompt', 'b'], 'either'),
+    (['--order', 'nope.txt'], 'nope.txt'),
+    (['--top_p', '0'], 'top_p'),
+    (['--stpes', '3'], 'steps'),
+])
+def test_cli_bad_input_is_one_line(tmp_path, cli, args, msg):
+    write_ckpt(tmp_path / 'ckpt.pt')
+    code, out, err = cli('--out_dir', str(tmp_path), *args)
+    assert code != 0
+    assert err.strip().startswith('error:') and len(err.strip().splitlines()) == 1 and msg in err, err
+
+
+def test_script_runs(tmp_path):
+    """`python sample.py` as a subprocess: encoder MDM with the caching trick."""
+    model = tiny(causal=False, cond='none', vocab_size=50304, mask_token_id=50257, block_size=16)
+    save_checkpoint(dict(format='aogpt-v1', model_args=model_args(model.config), model=model.state_dict(),
+                         config={}), str(tmp_path / 'ckpt.pt'))
+    r = subprocess.run([sys.executable, 'sample.py', '--out_dir', str(tmp_path), '--device', 'cpu',
+                        '--steps', '64', '--batch_size', '2'], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert 'encoder MDM' in r.stdout and 'token-passes' in r.stdout
