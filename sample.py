@@ -55,7 +55,7 @@ batch_size = 4             # samples per batch (they share the per-step counts, 
 num_batches = 1            # batches to draw (more samples for --gen_ppl)
 steps = 256                # T: diffusion steps (a GPT ignores it: one token per step)
 length = -1                # total length n; -1: block_size (with --template: the template's length)
-order = 'auto'             # auto | random | l2r | FILE (positions, .npy or text); auto: ckpt's fixed order, else random (GPT: l2r)
+order = 'auto'             # auto | random | l2r | FILE of positions (.npy/text); auto: the training order
 fixed_counts = False       # the paper code's deterministic counts instead of Binomial draws
 schedule = 'linear'        # linear | cosine (t = cos(pi/2 (1 - u))): fraction still masked per step
 temperature = 1.0          # softmax temperature; 0 = greedy
@@ -67,7 +67,7 @@ blank_len = 8              # tokens per [BLANK]
 cache_trick = True         # encoder MDM: a step that reveals nothing reuses the last pass (MDLM)
 mdm_counts = 'shared'      # encoder MDM: shared (one count per step for the batch) | independent (per sample)
 gen_ppl = ''               # judge: a checkpoint of ours (file/dir) or a local HF GPT-2 directory
-gen_ppl_mode = 'auto'      # none: all n tokens scored from [None]; hf: no BOS, first token unscored; auto: hf for HF dirs
+gen_ppl_mode = 'auto'      # none: all n scored after [None]; hf: no BOS, token 0 unscored; auto: hf for HF
 judge_batch_size = 16      # judge forward batch
 save = ''                  # write the samples (ids, text) and stats as JSON to this file
 seed = 1337
@@ -335,11 +335,12 @@ def generate_mdm(model, n, batch_size, steps, cache_trick=False, counts='shared'
         step_of_rank = torch.repeat_interleave(torch.arange(steps), k)      # (nf,) step of the j-th reveal
         step = torch.empty(B, n, dtype=torch.long).scatter_(1, forder, step_of_rank.expand(B, nf))
     elif counts == 'independent':
-        if fixed_counts or order != 'random':
+        if fixed_counts or not (isinstance(order, str) and order == 'random'):
             raise ValueError("counts='independent' draws per-position reveal times: no fixed_counts/order")
-        s = reveal_step(torch.rand(B, nf, dtype=torch.float64, generator=generator), time_grid(steps, schedule))
+        U = torch.rand(B, nf, dtype=torch.float64, generator=generator)
+        s = reveal_step(U, time_grid(steps, schedule))                     # (B, nf)
         step = torch.empty(B, n, dtype=torch.long).scatter_(1, free.expand(B, nf), s)
-        forder = free[(s * n + free).argsort(dim=1)]                        # reveal order: by step, then position
+        forder = free[(s * n + free).argsort(dim=1)]  # reveal order: by step, then position
     else:
         raise ValueError(f"counts must be 'shared' or 'independent', got {counts!r}")
     reveal = torch.cat([gpos.expand(B, g), forder], 1)                      # (B, n)
@@ -398,7 +399,7 @@ def judge_nll(judge, tokens, mode='none', batch_size=16):
         x = tokens[a:a + batch_size].to(dev)
         if mode == 'none':
             if n > cfg.block_size:
-                raise ValueError(f"n = {n} tokens + [None] do not fit the judge's block_size {cfg.block_size}")
+                raise ValueError(f"n = {n} tokens + [None] exceed the judge's block_size {cfg.block_size}")
             _, nll = judge(x, targets=x, reduction='none')                  # (b, n)
         elif mode == 'hf':
             if n > cfg.block_size + 1:
@@ -501,16 +502,18 @@ def main():
     torch.manual_seed(seed)
 
     dev = ('cuda' if torch.cuda.is_available() else 'cpu') if device == 'auto' else device
-    dt = dtype if dtype != 'auto' else ('bfloat16' if dev.startswith('cuda') and torch.cuda.is_bf16_supported()
-                                        else 'float32')
+    dt = dtype
+    if dt == 'auto':
+        dt = 'bfloat16' if dev.startswith('cuda') and torch.cuda.is_bf16_supported() else 'float32'
     if dt not in ('float32', 'bfloat16', 'float16'):
         die(f"--dtype must be auto|float32|bfloat16|float16, got {dt!r}")
     ptdtype = getattr(torch, dt)
     ctx = nullcontext() if dt == 'float32' or dev == 'cpu' else \
         torch.autocast(device_type=dev.split(':')[0], dtype=ptdtype)
-    for key, ok in (('schedule', schedule in ('linear', 'cosine')), ('mdm_counts', mdm_counts in ('shared', 'independent')),
-                    ('gen_ppl_mode', gen_ppl_mode in ('auto', 'none', 'hf')), ('top_p', 0 < top_p <= 1),
-                    ('temperature', temperature >= 0), ('steps', steps >= 1), ('batch_size', batch_size >= 1)):
+    for key, ok in (('schedule', schedule in ('linear', 'cosine')), ('top_p', 0 < top_p <= 1),
+                    ('mdm_counts', mdm_counts in ('shared', 'independent')), ('temperature', temperature >= 0),
+                    ('gen_ppl_mode', gen_ppl_mode in ('auto', 'none', 'hf')), ('steps', steps >= 1),
+                    ('batch_size', batch_size >= 1), ('num_batches', num_batches >= 1)):
         if not ok:
             die(f"invalid --{key}={cfg[key]!r} (see --help)")
 
@@ -531,7 +534,8 @@ def main():
     lay = encode_template(template, codec, blank_len) if template else []
     n = (len(lay) if template else bs) if length == -1 else length
     if n > bs:
-        die(f"length {n} exceeds the model's block_size {bs}" + (": the template is too long" if template else ""))
+        die(f"length {n} exceeds the model's block_size {bs}" + (": the template is too long" if template
+                                                                  else ""))
     if template:
         if len(lay) > n:
             die(f"the template is {len(lay)} tokens but --length is {n}")
@@ -548,10 +552,11 @@ def main():
 
     # the generation order
     o = order
-    if o == 'auto':
+    if o == 'auto':  # the order the model was trained on, when it was trained on one
         fixed = ck.get('order')
-        o = 'l2r' if kind == 'ar' else 'random'
-        if fixed is not None and kind != 'ar':
+        trained_l2r = (ck.get('config') or {}).get('order_mode') == 'l2r'
+        o = 'l2r' if kind == 'ar' or (trained_l2r and kind == 'ao') else 'random'
+        if fixed is not None and kind == 'ao':
             o = order_for_length(torch.as_tensor(fixed).view(-1).tolist(), n, "the checkpoint's fixed order")
             print("order: the checkpoint's fixed training order")
     elif o not in ('random', 'l2r'):
@@ -570,15 +575,18 @@ def main():
     if dev.startswith('cuda'):
         torch.cuda.synchronize()
     t0 = time.time()
+    per_position = kind == 'mdm' and mdm_counts == 'independent'
+    if per_position and (fixed_counts or not isinstance(o, str) or o != 'random'):
+        die("--mdm_counts independent draws a reveal time per position: no --fixed_counts or --order")
     with ctx:
         for _ in range(num_batches):
             if kind == 'ao':
                 x, stats = generate_ao(model, n, batch_size, steps, order=o, fixed_counts=fixed_counts,
                                        schedule=schedule, given=given, **common)
             elif kind == 'mdm':
-                x, stats = generate_mdm(model, n, batch_size, steps, cache_trick=cache_trick, counts=mdm_counts,
-                                        order=o, fixed_counts=fixed_counts, schedule=schedule, given=given,
-                                        **common)
+                x, stats = generate_mdm(model, n, batch_size, steps, cache_trick=cache_trick,
+                                        counts=mdm_counts, order=o, fixed_counts=fixed_counts,
+                                        schedule=schedule, given=given, **common)
             else:
                 prefix = given[:int((given >= 0).sum())]
                 x, stats = generate_ar(model, n, batch_size, prompt=prefix, **common)
