@@ -538,7 +538,7 @@ if master:
         open(log_path, 'w').close()
     if wandb_log:
         import wandb
-        wandb.init(project=wandb_project, name=wandb_run_name, config=cfg, mode=wandb_mode)
+        wandb.init(project=wandb_project, name=wandb_run_name, config=cfg, mode=wandb_mode, dir=out_dir)
 
 # ------------------------------------------------------------------ the loop
 t_start = time.time()

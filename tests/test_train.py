@@ -75,15 +75,16 @@ def args(env, out, *extra):
 def run(env, argv, pre=None, torchrun=False, check=True):
     """python train.py argv (optionally with `pre` code run first, in the same process) -> CompletedProcess."""
     environ = dict(os.environ, OMP_NUM_THREADS='1', WANDB_MODE='disabled')
+    script, script_args = TRAIN, list(argv)
     if pre is not None:
-        wrapper = env / f'wrapper_{abs(hash(pre))}.py'
-        wrapper.write_text(f"import os, sys, runpy\nsys.path.insert(0, {ROOT!r})\n" + textwrap.dedent(pre) +
-                           f"\nsys.argv = [{TRAIN!r}] + {argv!r}\nrunpy.run_path({TRAIN!r}, run_name='__main__')\n")
-        cmd = [sys.executable, str(wrapper)]
-    elif torchrun:
-        cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', TRAIN, *argv]
-    else:
-        cmd = [sys.executable, TRAIN, *argv]
+        script, script_args = str(env / f'wrapper_{abs(hash(pre))}.py'), []
+        with open(script, 'w') as f:
+            f.write(f"import os, sys, runpy\nsys.path.insert(0, {ROOT!r})\n" + textwrap.dedent(pre) +
+                    f"\nsys.argv = [{TRAIN!r}] + {list(argv)!r}\nrunpy.run_path({TRAIN!r}, run_name='__main__')\n")
+    cmd = [sys.executable, script, *script_args]
+    if torchrun:
+        cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+               '--max-restarts=1', script, *script_args]
     p = subprocess.run(cmd, capture_output=True, text=True, env=environ, cwd=ROOT, timeout=300)
     if check and p.returncode != 0:
         raise AssertionError(f"train.py failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
@@ -287,12 +288,29 @@ def test_nonfinite_loss_stops_and_keeps_last_checkpoint(env, monkeypatch, tmp_pa
     assert c['iter_num'] == 4 and all(torch.isfinite(v).all() for v in c['model'].values())
 
 
-def test_ddp_two_processes_match_one_process(env):
-    """torchrun, 2 ranks, gloo: same global batch (4 micro-steps, 2 per rank) -> same losses and weights."""
+def test_ddp_two_processes_match_one_process_through_a_restart(env):
+    """torchrun, 2 ranks, gloo: same global batch (4 micro-steps, 2 per rank) -> same losses and weights.
+
+    Rank 1 is SIGKILLed in iteration 5 of the first attempt; torchrun --max-restarts=1 restarts both
+    workers and init_from=auto resumes them from the iteration-3 checkpoint with no human step.
+    """
     common = ['--max_iters=6', '--eval_interval=3', '--batch_size=4', '--gradient_accumulation_steps=4']
     run(env, args(env, 'single', *common))
-    p = run(env, args(env, 'ddp', *common), torchrun=True)
-    assert p.stdout.count('eval 6:') == 1  # only rank 0 logs
+    kill = """
+    import signal, torch
+    from model import GPT
+    calls = [0]
+    orig = GPT.forward
+    def forward(self, *a, **k):
+        if torch.is_grad_enabled() and os.environ['RANK'] == '1' and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':
+            calls[0] += 1
+            if calls[0] == 2 * 5 + 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return orig(self, *a, **k)
+    GPT.forward = forward
+    """
+    p = run(env, args(env, 'ddp', *common, '--init_from=auto'), pre=kill, torchrun=True)
+    assert 'resumed' in p.stdout and p.stdout.count('eval 6:') == 1  # only rank 0 logs
     a, b = log(env, 'single'), log(env, 'ddp')
     assert [r['iter'] for r in b] == [0, 3, 6]
     for ra, rb in zip(a, b):
@@ -302,8 +320,36 @@ def test_ddp_two_processes_match_one_process(env):
     ca, cb = load_checkpoint(str(env / 'single')), load_checkpoint(str(env / 'ddp'))
     for k in ca['model']:
         torch.testing.assert_close(ca['model'][k], cb['model'][k], atol=1e-5, rtol=1e-4)
-    # the run moved: equal weights are not equal initial weights
-    assert a[-1]['val_ao'] < a[0]['val_ao'] - 0.5
+    assert a[-1]['val_ao'] < a[0]['val_ao'] - 0.5  # the run moved: equal weights are not initial weights
+
+
+def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, tmp_path):
+    """With learning_rate=0 one step changes nothing, so the saved weights must be the source's."""
+    transformers = pytest.importorskip('transformers')
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257,
+                                                              n_positions=N + 1))
+    hf.save_pretrained(tmp_path / 'hf')
+    frozen = ['--max_iters=1', '--eval_interval=1', '--learning_rate=0', '--warmup_iters=0', '--decay_lr=False']
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "warm"}', f'--init_from=gpt2:{tmp_path / "hf"}',
+                                    *frozen))
+    c = load_checkpoint(str(tmp_path / 'warm'))
+    assert c['model_args']['cond'] == 'adaln' and c['model_args']['norm'] == 'layer'  # GPT-2 blocks + AdaLN
+    torch.testing.assert_close(c['model']['transformer.wte.weight'], hf.transformer.wte.weight, atol=0, rtol=0)
+    torch.testing.assert_close(c['model']['transformer.h.1.mlp.c_fc.weight'],
+                               hf.transformer.h[1].mlp.c_fc.weight.t(), atol=0, rtol=0)
+    # fine-tune from a checkpoint file of a run that moved (so its EMA and raw weights differ)
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "src"}', '--max_iters=3', '--eval_interval=3'))
+    src = load_checkpoint(str(tmp_path / 'src'))
+    for init_ema, want in [(True, src['ema']['params']), (False, src['model'])]:
+        out = tmp_path / f'ft{init_ema}'
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={out}', f'--init_from={tmp_path / "src" / "ckpt.pt"}',
+                                        f'--init_ema={init_ema}', *frozen))
+        f = load_checkpoint(str(out))
+        assert f['model_args'] == src['model_args'] and f['iter_num'] == 1
+        for k, v in src['ema']['params'].items():
+            torch.testing.assert_close(f['model'][k], want[k], atol=0, rtol=0)
+    assert not torch.equal(src['model']['lm_head.weight'], src['ema']['params']['lm_head.weight'])
 
 
 @pytest.mark.parametrize('argv,needle', [
