@@ -23,8 +23,9 @@ position order[j]. With m tokens revealed and the cache holding slots 0..c-1, a 
 feeds the pending slots c..m-1 (their targets chain along the order) and k copies of slot m, each copy
 with one new target order[m..m+k-1]. The copies cannot see each other (model.forward_slots' parallel
 block), so every copy computes exactly the conditional the model was trained on. The cache then keeps
-the pending slots and the first copy (c becomes m + 1). Every token passes through the network once as
-context and once as a query: about 2n token-passes for any number of steps.
+the pending slots and the first copy (c becomes m + 1). A token goes through the network as a query (a
+copy carrying its target) and then as context; the first copy is both. So a run costs n + sum over all
+steps but the last of (k - 1) token-passes: n when every step reveals one token, under 2n for any T.
 
 Randomness, from one CPU torch.Generator in a fixed order (reproducible on any device): first one
 float64 uniform per token, consumed by inverse-CDF sampling in reveal order; then the order; then the
@@ -156,8 +157,7 @@ def _sample_rows(logits, u, temperature, top_p, ban):
     p = torch.softmax(logp if temperature == 1 else logp / temperature, dim=1)  # (R, V) float64
     idx = None
     if top_p < 1.0:
-        p, idx = p.sort(dim=1, descending=True)
-        p = p.masked_fill(p.cumsum(1) - p >= top_p, 0.0)  # drop tokens once the mass before them >= top_p
+        p, idx = _sorted_nucleus(p, top_p)
     cdf = p.cumsum(1)
     total = cdf[:, -1:]
     # the first index whose cdf exceeds u * total; clamping below total keeps the index at or before the
@@ -165,6 +165,22 @@ def _sample_rows(logits, u, temperature, top_p, ban):
     v = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
     j = torch.searchsorted(cdf, v, right=True)  # (R, 1)
     return (idx.gather(1, j) if idx is not None else j).squeeze(1)
+
+
+def _sorted_nucleus(p, top_p):
+    """p (R, V) sorted in descending order with every token after the nucleus zeroed (a token is dropped
+    once the mass before it reaches top_p), and the sorted ids. A full sort of a 50k vocab is slow on a
+    CPU and the nucleus is usually small, so there the top 64, then 1024 are tried first: exact whenever
+    they already hold top_p of the mass. On a GPU we sort directly (no host sync)."""
+    for k in ((64, 1024) if not p.is_cuda else ()):
+        if k >= p.size(1):
+            break
+        ps, idx = p.topk(k, dim=1)
+        cum = ps.cumsum(1)
+        if bool((cum[:, -1] >= top_p).all()):
+            return ps.masked_fill(cum - ps >= top_p, 0.0), idx
+    ps, idx = p.sort(dim=1, descending=True)
+    return ps.masked_fill(ps.cumsum(1) - ps >= top_p, 0.0), idx
 
 
 # ----------------------------------------------------------------------------- orders and given tokens

@@ -382,6 +382,18 @@ def test_sample_tokens_follows_the_transformed_distribution(temperature, top_p):
     assert ((counts[:5] - N * p).abs() <= 1).all(), (counts, N * p)
 
 
+@pytest.mark.parametrize('scale,size', [(6.0, 3), (2.0, 308), (0.5, 1559)])
+def test_top_p_on_a_large_vocab(scale, size):
+    """Nuclei inside the top 64, the top 1024 (the CPU shortcuts) and beyond (a full sort)."""
+    V, N, top_p = 2000, 4000, 0.9
+    logits = torch.randn(V, generator=gen(0)) * scale
+    u = (torch.arange(N, dtype=torch.float64) + 0.5) / N
+    x = sample_tokens(logits.expand(N, -1), u, top_p=top_p)
+    p = probs_ref(logits, top_p=top_p)
+    assert (p > 0).sum() == size  # the case this parameter covers
+    assert ((torch.bincount(x, minlength=V).double() - N * p).abs() <= 1).all()
+
+
 def test_sample_tokens_greedy_ban_and_shapes():
     logits = torch.tensor([[0.0, 3.0, 1.0], [5.0, 1.0, 0.0]]).view(2, 1, 3)
     u = torch.rand(2, 1, dtype=torch.float64)
