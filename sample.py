@@ -185,7 +185,7 @@ def _sorted_nucleus(p, top_p):
 
 # ----------------------------------------------------------------------------- orders and given tokens
 
-def split_given(given, n, device=None):
+def split_given(given, n):
     """given: None or a LongTensor (n,) of token ids with -1 at the positions to generate (shared by
     the batch). Returns (given positions ascending, their tokens, free positions ascending)."""
     if given is None:
@@ -231,7 +231,8 @@ def generate_ao(model, n, batch_size, steps, order='random', fixed_counts=False,
 
     given: LongTensor (n,) with -1 at the positions to generate; the given tokens enter the cache first
     (ascending positions, in the first pass), the rest follow `order`. stats: steps, forward_calls,
-    token_passes (rows through the network per sample), tokens_generated, order (B, n) reveal order.
+    token_passes (rows through the network per sample), tokens_generated, counts (the per-step counts
+    of the steps that ran), order (B, n) positions in reveal order.
     """
     if not model.any_order:
         raise ValueError("generate_ao needs an any-order decoder (cond='adaln' or 'sigma'); "
