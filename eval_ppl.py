@@ -51,8 +51,8 @@ ensemble_mode = 'fast'   # 'fast': M passes per Monte Carlo draw | 'exact': the 
 ensemble_draws = 1       # Monte Carlo draws (reveal counts) per chunk for ensemble_mode='fast'
 mdm_l2r = False          # encoder MDM: also compute exact L2R (n forward passes per chunk: slow)
 seed = 1337              # orders and reveal counts come from this seed (plus the DDP rank)
-device = ''              # '' = cuda if available, else cpu
-dtype = 'bfloat16'       # autocast dtype on CUDA ('float32' to disable); CPU always runs fp32
+device = 'auto'          # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
+dtype = 'auto'           # auto: bfloat16 autocast on CUDA (float16 if unsupported) | float32 | bfloat16 | float16; CPU runs fp32
 compile = False          # torch.compile the model
 json_out = ''            # results file; '' = eval_ppl.json next to the checkpoint
 progress = True          # tqdm bars (rank 0 only)
@@ -130,6 +130,7 @@ def nll_l2r(model, chunks, batch_size=8, bar=None):
     return total, count
 
 
+@torch.no_grad()
 def _nll_l2r_encoder(model, chunks, batch_size, bar):
     _check_tokens(chunks)
     dev = _device(model)
@@ -162,6 +163,7 @@ def nll_any_order(model, chunks, n_orders=1, generator=None, batch_size=8, bar=N
     return per_chunk.sum().item(), chunks.numel()
 
 
+@torch.no_grad()
 def _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar=None):
     _require_any_order(model)
     _check_tokens(chunks)
@@ -208,6 +210,7 @@ def _reorder_contexts(ctx, M, generator):
     return torch.stack([ctx] + shuffles)
 
 
+@torch.no_grad()
 def _ensemble_fast_per_chunk(model, chunks, M, generator=None, draws=1, batch_size=8, bar=None):
     """The fast estimator of the ensembled any-order NLL. Returns per-chunk estimates (N,) of the
     ensemble's chain-rule NLL and, on the same draws, of the mean member's (the plain any-order NLL).
@@ -256,6 +259,7 @@ def _ensemble_fast_per_chunk(model, chunks, M, generator=None, draws=1, batch_si
     return ens, mean_member
 
 
+@torch.no_grad()
 def _queries_nll(model, x, ctx, tgt, batch_size):
     """-log p(x at tgt | x at ctx[m], revealed in that order) for every member m: (M, R, k).
     x (R, n), ctx (M, R, c), tgt (R, k); rows are passed batch_size at a time."""
@@ -273,6 +277,7 @@ def _queries_nll(model, x, ctx, tgt, batch_size):
     return torch.cat(out).view(M, R, k)
 
 
+@torch.no_grad()
 def _ensemble_exact_per_chunk(model, chunks, M, generator=None, draws=1, batch_size=8, bar=None):
     """The paper's per-token form: for each draw a base order sigma, and for every target index i the
     M-member mixture over orderings of sigma_<i (member 0 = sigma's own). n*M full passes per draw
@@ -329,6 +334,7 @@ def nll_mdm_elbo(model, chunks, n_draws=1, generator=None, estimator='count', ba
     return per_chunk.sum().item(), chunks.numel()
 
 
+@torch.no_grad()
 def _mdm_elbo_per_chunk(model, chunks, n_draws=1, generator=None, estimator='count', batch_size=8, bar=None):
     _check_tokens(chunks)
     dev = _device(model)
@@ -416,7 +422,7 @@ def main(argv=None):
 
     ddp = int(os.environ.get('RANK', -1)) != -1
     rank, world = 0, 1
-    dev = c.device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    dev = c.device if c.device != 'auto' else ('cuda' if torch.cuda.is_available() else 'cpu')
     if ddp:
         import torch.distributed as dist
         dist.init_process_group(backend='nccl' if dev.startswith('cuda') else 'gloo')
@@ -432,8 +438,8 @@ def main(argv=None):
         die("--orders, --ensemble_draws and --batch_size must be >= 1, --ensemble >= 0")
     if c.ensemble_mode not in ('fast', 'exact'):
         die(f"--ensemble_mode must be 'fast' or 'exact', got {c.ensemble_mode!r}")
-    if c.dtype not in ('bfloat16', 'float16', 'float32'):
-        die(f"--dtype must be bfloat16, float16 or float32, got {c.dtype!r}")
+    if c.dtype not in ('auto', 'bfloat16', 'float16', 'float32'):
+        die(f"--dtype must be auto, bfloat16, float16 or float32, got {c.dtype!r}")
 
     path = c.ckpt or c.out_dir
     model, ck, used_ema = load_model(path, dev, c.use_ema)
@@ -459,8 +465,11 @@ def main(argv=None):
     do_l2r = decoder or c.mdm_l2r
     do_ao = any_order or not decoder                                     # the encoder: its ELBO
     M = c.ensemble if any_order else 0
-    ctx = (torch.autocast('cuda', dtype=getattr(torch, c.dtype))
-           if dev.startswith('cuda') and c.dtype != 'float32' else nullcontext())
+    amp = c.dtype
+    if amp == 'auto':
+        amp = 'bfloat16' if dev.startswith('cuda') and torch.cuda.is_bf16_supported() else 'float16'
+    ctx = (torch.autocast('cuda', dtype=getattr(torch, amp))
+           if dev.startswith('cuda') and amp != 'float32' else nullcontext())
     char = codec.name == 'char'
 
     results = {}
@@ -544,18 +553,26 @@ def main(argv=None):
                                           "(--paper_split True)"))
         for s in notes:
             print(f"note: {s}")
-        out = c.json_out or os.path.join(path if os.path.isdir(path) else os.path.dirname(path) or '.',
-                                         'eval_ppl.json')
+        out = c.json_out
+        if not out:  # beside the checkpoint; a file other than ckpt.pt gets its own name
+            stem = os.path.splitext(os.path.basename(path))[0]
+            out = (os.path.join(path, 'eval_ppl.json') if os.path.isdir(path) else
+                   os.path.join(os.path.dirname(path) or '.',
+                                'eval_ppl.json' if stem == 'ckpt' else f'{stem}.eval_ppl.json'))
         record = {'checkpoint': os.path.abspath(path), 'model': kind, 'ema': used_ema, 'codec': codec.name,
-                  'block_size': n, 'world_size': world, 'seed': c.seed, 'orders': c.orders,
+                  'block_size': n, 'precision': 'float32' if isinstance(ctx, nullcontext) else amp,
+                  'world_size': world, 'seed': c.seed, 'orders': c.orders,
                   'ensemble': c.ensemble if M else 0, 'ensemble_mode': c.ensemble_mode,
                   'ensemble_draws': c.ensemble_draws, 'paper_split': c.paper_split,
                   'max_chunks': c.max_chunks, 'iter_num': ck.get('iter_num'), 'datasets': results,
                   'notes': notes}
         tmp = out + '.tmp'
-        with open(tmp, 'w') as f:
-            json.dump(record, f, indent=2)
-        os.replace(tmp, out)
+        try:
+            with open(tmp, 'w') as f:
+                json.dump(record, f, indent=2)
+            os.replace(tmp, out)
+        except OSError as e:
+            die(f"cannot write {out} ({e.strerror}); the table above has the numbers; pass --json_out FILE")
         print(f"wrote {out}")
     if ddp:
         dist.destroy_process_group()

@@ -139,6 +139,7 @@ def test_ensemble_never_worse_than_its_mean_member_on_the_same_draws(mode):
     x = torch.randint(0, 11, (6, 8), generator=torch.Generator().manual_seed(3))
     est = E._ensemble_fast_per_chunk if mode == 'fast' else E._ensemble_exact_per_chunk
     ens, member = est(model, x, 4, torch.Generator().manual_seed(4), 2, 16)
+    assert not ens.requires_grad  # no autograd graph kept across a whole dataset
     assert (ens <= member + 1e-9).all()              # Jensen: -log mean p <= mean -log p, per target
     assert (member - ens).min() > 1e-3               # strict: probabilities, not log-probs, are averaged
     # the public function reports the same ensemble sums for the same generator state
@@ -292,6 +293,10 @@ def test_cli_errors_are_one_line(tmp_path, text_file, capsys):
         E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', 'ptb=/no/such.txt'])
     err = capsys.readouterr().err.strip()
     assert e.value.code != 0 and len(err.splitlines()) == 1 and '--data_path ptb=' in err
+    with pytest.raises(SystemExit) as e:  # a set that is not available offline, and no local copy
+        E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'lambada'])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code != 0 and len(err.splitlines()) == 1 and '--data_path lambada=' in err
     with pytest.raises(SystemExit):  # a bad option value
         E.main(['--out_dir', str(tmp_path / 'out'), '--ensemble_mode', 'slow'])
     assert 'ensemble_mode' in capsys.readouterr().err
