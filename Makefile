@@ -24,5 +24,11 @@ test: $(STAMP)
 demo: $(STAMP)
 	PYTHON=$(BIN)/python bash demo.sh
 
+findings: $(STAMP)  # about an hour on 2 CPU cores; writes results/ (plots + README.md)
+	$(BIN)/python reproduce.py
+
+findings-quick: $(STAMP)  # the same pipeline with tiny runs, a few minutes; judges nothing
+	$(BIN)/python reproduce.py --quick
+
 clean:
 	rm -rf out-demo __pycache__ tests/__pycache__

@@ -1,0 +1,552 @@
+"""
+Reproduce the paper's six qualitative findings at small scale, and judge each one from the data.
+
+    python reproduce.py                  # everything: about an hour on 2 CPU cores -> results/
+    python reproduce.py --quick          # the pipeline end to end in a few minutes; judges nothing
+    python reproduce.py --device=cuda    # the same runs on a GPU
+
+Setting. Character-level Penn Treebank (data/ptb_char, 49 symbols, prepared on first use), context 128,
+4 layers x 128 wide (~0.8M parameters), the same architecture for every decoder run. The LR is held
+nearly constant after warmup (lr_decay_iters = 10 x max_iters), as in the paper's order experiments:
+curves then compare speed of convergence, not the end of a cosine schedule. Every training run is a
+plain `python train.py --key=value ...` (the exact commands go into results/README.md). A finished
+run in runs_dir is reused and an interrupted one resumes, so re-running continues where it stopped.
+
+Runs, shared across findings (losses are nats per character on fixed val windows, EMA weights):
+  ao        random orders + 10% L2R, AdaLN, EMA      findings 1, 3, 4, 5
+  ao_noL2R  random orders only                       3
+  l2r       the identity order, same architecture    1, 2
+  fixed     one fixed random permutation             2
+  block     block-wise random (blocks of 4)          2
+  sigma     sigma-GPT input conditioning + 10% L2R   5
+  ao_seed2  `ao` with another seed: the run-to-run spread, the yardstick for findings 3 and 5
+Finding 4 evaluates `ao` with eval_ppl's ensemble estimator; finding 6 times sample.py's samplers on
+random models (timing needs no training).
+
+Judging. "End" losses are the mean of the last 3 evals (less noisy than the last one). A difference
+smaller than the ao/ao_seed2 spread is reported as within noise, i.e. not reproduced.
+"""
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+# -----------------------------------------------------------------------------
+quick = False            # tiny runs: the whole pipeline in a few minutes; nothing is judged
+device = 'cpu'           # cpu | cuda
+results_dir = ''         # '' = results/ (--quick: out-reproduce-quick/results)
+runs_dir = ''            # training runs ('' = out-reproduce, or out-reproduce-quick)
+max_iters = 800          # per training run
+batch_size = 16
+block_size = 128
+n_layer = 4
+n_head = 4
+n_embd = 128
+target_dim = 64          # width of the AdaLN target-position table
+learning_rate = 2e-3
+ema_decay = 0.995
+eval_interval = 50
+eval_iters = 8           # val batches per eval (8 x 16 windows of 128 = 16k characters)
+eval_orders = 2          # random orders per val window for the any-order loss
+eval_chunks = 256        # val windows for findings 4 and 5 (EMA vs raw, ensembles)
+ens_draws = 2            # Monte Carlo draws per window for the ensemble estimator
+sample_n = 128           # finding 6: tokens per sample
+sample_batch = 4
+seed = 1337
+# -----------------------------------------------------------------------------
+_CONFIG_KEYS = [k for k in dict(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 're',
+                                                                                  'subprocess', 'sys', 'time', 'np')]
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, ROOT)
+from configurator import configure, die, print_config  # noqa: E402
+
+DATASET = 'ptb_char'
+ENSEMBLE_M = (1, 2, 4, 8, 16)
+RUNS = {  # name: (train.py overrides beyond the shared ones, what it is)
+    'ao': ({}, 'AO-GPT: random orders + 10% L2R, AdaLN'),
+    'ao_noL2R': ({'l2r_frac': 0.0}, 'AO-GPT without the 10% L2R data'),
+    'l2r': ({'order_mode': 'l2r'}, 'the same architecture trained left to right'),
+    'fixed': ({'order_mode': 'fixed_random'}, 'one fixed random order'),
+    'block': ({'order_mode': 'block_random', 'block_size_order': 4}, 'block-wise random order, blocks of 4'),
+    'sigma': ({'cond': 'sigma'}, 'sigma-GPT input conditioning + 10% L2R'),
+    'ao_seed2': ({'seed': 2}, 'AO-GPT, another seed (run-to-run spread)'),
+}
+
+
+# ----------------------------------------------------------------------------- training runs
+
+def train_args(c, name):
+    """The train.py command line for one run (a list, also written into the results)."""
+    over, _ = RUNS[name]
+    a = dict(out_dir=os.path.join(c['runs_dir'], name), init_from='auto', dataset=DATASET,
+             device=c['device'], n_layer=c['n_layer'], n_head=c['n_head'], n_embd=c['n_embd'],
+             target_dim=c['target_dim'], block_size=c['block_size'], batch_size=c['batch_size'],
+             gradient_accumulation_steps=1, max_iters=c['max_iters'], warmup_iters=max(1, c['max_iters'] // 20),
+             lr_decay_iters=10 * c['max_iters'], learning_rate=c['learning_rate'],
+             min_lr=c['learning_rate'] / 10, weight_decay=0.1, ema_decay=c['ema_decay'],
+             eval_interval=c['eval_interval'], eval_iters=c['eval_iters'], eval_orders=c['eval_orders'],
+             log_interval=max(1, c['eval_interval'] // 5), seed=c['seed'])
+    a.update(over)
+    return ['train.py'] + [f'--{k}={v}' for k, v in a.items()]
+
+
+def read_log(out_dir):
+    path = os.path.join(out_dir, 'log.jsonl')
+    if not os.path.exists(path):
+        return []
+    return [json.loads(l) for l in open(path) if l.strip()]
+
+
+def run_training(c, name):
+    """Train one run (or reuse a finished one), streaming train.py's output to a log file and a bar."""
+    from tqdm import tqdm
+    args = train_args(c, name)
+    out_dir = os.path.join(c['runs_dir'], name)
+    log = read_log(out_dir)
+    if log and log[-1]['iter'] >= c['max_iters'] and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
+        print(f"  {name}: done already ({out_dir}, {log[-1]['iter']} iterations), reusing it")
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    t0 = time.time()
+    bar = tqdm(total=c['max_iters'], desc=f"  {name}", unit='it', leave=True, dynamic_ncols=True)
+    with open(os.path.join(out_dir, 'train.log'), 'a') as f:
+        p = subprocess.Popen([sys.executable, '-u'] + args, cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        for line in p.stdout:
+            f.write(line)
+            m = re.match(r'iter (\d+)/\d+: loss ([\d.]+)', line)
+            if m:
+                bar.update(int(m.group(1)) - bar.n)
+                bar.set_postfix(loss=m.group(2))
+            elif line.startswith('resumed'):
+                bar.write(f"  {name}: {line.strip()}")
+        p.wait()
+    bar.close()
+    if p.returncode != 0:
+        tail = ''.join(open(os.path.join(out_dir, 'train.log')).readlines()[-5:])
+        die(f"training run {name} failed (exit {p.returncode}); see {out_dir}/train.log:\n{tail}")
+    print(f"  {name}: {time.time() - t0:.0f} s")
+
+
+# ----------------------------------------------------------------------------- judging (pure functions)
+
+def curve(log, key):
+    """(tokens, values) of one logged loss, skipping evals where it is undefined."""
+    pts = [(r['tokens'], r[key]) for r in log if r.get(key) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def end(values, k=3):
+    """The mean of the last k evals: the end-of-run loss with less eval noise than the last point."""
+    v = values[-k:]
+    return sum(v) / len(v)
+
+
+def tokens_to_reach(tokens, values, target):
+    """The first logged token count at which a curve is at or below target (None if never)."""
+    return next((t for t, v in zip(tokens, values) if v <= target), None)
+
+
+def verdict(checks):
+    """checks: list of bools, one per sub-claim -> 'reproduced' | 'partly reproduced' | 'not reproduced'."""
+    if all(checks):
+        return 'reproduced'
+    return 'partly reproduced' if any(checks) else 'not reproduced'
+
+
+def judge_slower(fast, slow):
+    """Finding 1: does `slow` (AO's any-order loss) converge more slowly than `fast` (L2R)?
+    Each is (tokens, values) on the same eval schedule. Evidence: end losses, the share of evals after
+    the first where fast is lower, and how many tokens fast needed to reach slow's end loss."""
+    (tf, vf), (ts, vs) = fast, slow
+    pairs = [(a, b) for t, a, b in zip(tf, vf, vs) if t > 0]
+    below = sum(a < b for a, b in pairs)
+    reach = tokens_to_reach(tf, vf, end(vs))
+    ok = [end(vf) < end(vs), below == len(pairs)]
+    text = (f"end loss L2R {end(vf):.3f} vs AO any-order {end(vs):.3f}; L2R lower at {below}/{len(pairs)} "
+            f"evals; L2R reached AO's end loss after {reach:,} of {ts[-1]:,} tokens" if reach is not None else
+            f"end loss L2R {end(vf):.3f} vs AO any-order {end(vs):.3f}; L2R lower at {below}/{len(pairs)} evals")
+    return verdict(ok), text
+
+
+def judge_order(l2r, block, fixed):
+    """Finding 2: end losses l2r < block < fixed (each a list of values in its own training order)."""
+    a, b, f = end(l2r), end(block), end(fixed)
+    ok = [a < f, a < b < f]
+    return verdict(ok), f"end loss L2R {a:.3f} < block-wise {b:.3f} < fixed random {f:.3f}" if all(ok) else \
+        f"end loss L2R {a:.3f}, block-wise {b:.3f}, fixed random {f:.3f} (claim: L2R < block-wise < fixed random)"
+
+
+def judge_better(named, noise):
+    """Findings 3 and 5: named = [(what, value with, value without)]; the claim is with < without by
+    more than the run-to-run spread `noise` (None in quick mode: sign only)."""
+    checks, parts = [], []
+    for what, w, wo in named:
+        d = w - wo
+        ok = d < 0 and (noise is None or -d > noise)
+        checks.append(ok)
+        tag = '' if ok else (' (within noise)' if d < 0 else ' (worse)')
+        parts.append(f"{what} {wo:.3f} -> {w:.3f} ({d:+.3f}){tag}")
+    spread = f"; run-to-run spread {noise:.3f}" if noise is not None else ""
+    return verdict(checks), '; '.join(parts) + spread
+
+
+def judge_ensemble(ms, ppl, gain, gain_se):
+    """Finding 4: PPL falls as M grows. ppl[i] at M = ms[i]; gain[i] = paired NLL drop vs M = 1 on the
+    same draws, with its standard error. Claim holds if each step lowers the PPL and the gain at
+    the largest M is over 2 standard errors."""
+    steps_down = all(b < a for a, b in zip(ppl, ppl[1:]))
+    sig = gain[-1] > 2 * gain_se[-1]
+    text = ', '.join(f"M={m}: {p:.3f}" for m, p in zip(ms, ppl)) + \
+        f" (PPL per char); M={ms[-1]} vs M=1 on the same draws: -{gain[-1]:.4f} ± {gain_se[-1]:.4f} nats"
+    return verdict([steps_down, sig]), text
+
+
+def loglog_slope(xs, ys):
+    """Least-squares slope of log y on log x: 0 = flat, 1 = linear."""
+    lx, ly = np.log(np.asarray(xs, float)), np.log(np.asarray(ys, float))
+    return float(np.polyfit(lx, ly, 1)[0])
+
+
+def judge_scaling(steps, t_dec, t_enc):
+    """Finding 6: decoder time flat in T (log-log slope < 0.3), encoder roughly linear (slope > 0.7)."""
+    sd, se = loglog_slope(steps, t_dec), loglog_slope(steps, t_enc)
+    text = (f"log-log slope decoder {sd:.2f}, encoder {se:.2f}; at T={steps[-1]}: decoder {t_dec[-1]:.2f} s, "
+            f"encoder {t_enc[-1]:.2f} s ({t_enc[-1] / t_dec[-1]:.1f}x)")
+    return verdict([sd < 0.3, se > 0.7]), text
+
+
+# ----------------------------------------------------------------------------- evaluations
+
+def val_chunks(n_chunks, n):
+    """The first n_chunks non-overlapping windows of n tokens of data/ptb_char/val.bin: (N, n) LongTensor."""
+    import torch
+    data = np.memmap(os.path.join(ROOT, 'data', DATASET, 'val.bin'), dtype=np.uint16, mode='r')
+    N = min(n_chunks, len(data) // n)
+    return torch.from_numpy(data[:N * n].astype(np.int64)).view(N, n)
+
+
+def eval_ema(c, name, chunks):
+    """Finding 5b: the same checkpoint scored with its EMA and its raw weights (L2R and any-order)."""
+    import torch
+    from checkpoint import load_model
+    from eval_ppl import nll_any_order, nll_l2r
+    out = {}
+    for use_ema in (True, False):
+        model, _, _ = load_model(os.path.join(c['runs_dir'], name), c['device'], use_ema=use_ema)
+        l2r = nll_l2r(model, chunks, batch_size=32)
+        ao = nll_any_order(model, chunks, n_orders=c['eval_orders'],
+                           generator=torch.Generator().manual_seed(c['seed']), batch_size=32)
+        out['ema' if use_ema else 'raw'] = dict(l2r=l2r[0] / l2r[1], ao=ao[0] / ao[1])
+    return out
+
+
+def nested_ensemble(model, chunks, Ms, generator=None, draws=1, batch_size=64):
+    """Finding 4: per-chunk estimates (len(Ms), N) of the ensembled any-order NLL for every M in Ms, on
+    the *same* draws: the M-member ensemble uses the first M of max(Ms) orderings of each context
+    (member 0 = the order it was revealed in). The loop is eval_ppl._ensemble_fast_per_chunk's with its
+    building blocks and the same use of `generator`, so the largest M reproduces that function exactly
+    (tests/test_reproduce.py checks it); nesting makes the differences between M paired."""
+    import torch
+    from eval_ppl import _mixture_nll, _queries_nll, _reorder_contexts, stratified_counts
+    from model import random_orders
+    dev = next(model.parameters()).device
+    N, n = chunks.shape
+    Mmax = max(Ms)
+    out = torch.zeros(len(Ms), N, dtype=torch.float64)
+    ls = stratified_counts(N * draws, n, generator)                      # reveal count l per (chunk, draw)
+    per_pass = max(1, batch_size // Mmax)
+    by_l = ls.argsort(stable=True).split(torch.bincount(ls, minlength=n + 1)[1:].tolist())
+    with torch.no_grad():
+        for l, ids in enumerate(by_l, start=1):
+            c, k = l - 1, n - l + 1                                      # context size, targets
+            for s in range(0, len(ids), per_pass):
+                rows = ids[s:s + per_pass] // draws
+                x = chunks[rows]
+                order = random_orders(len(x), n, generator=generator)
+                ctx = _reorder_contexts(order[:, :c], Mmax, generator)  # (Mmax, R, c)
+                member = _queries_nll(model, x.to(dev), ctx.to(dev), order[:, c:].to(dev), batch_size)
+                for i, M in enumerate(Ms):                               # (M, R, k) -> per-chunk sums
+                    out[i].index_add_(0, rows, _mixture_nll(member[:M]).sum(1).double().cpu() * (n / k / draws))
+    return out
+
+
+def eval_ensemble(c, name, chunks):
+    """Finding 4 on a trained run: NLL per token for each M, and the paired gain over M = 1."""
+    import torch
+    from checkpoint import load_model
+    model, _, _ = load_model(os.path.join(c['runs_dir'], name), c['device'])
+    est = nested_ensemble(model, chunks, ENSEMBLE_M, torch.Generator().manual_seed(c['seed']),
+                          draws=c['ens_draws']) / chunks.size(1)         # (len(M), N) nats per token
+    out = []
+    for i, M in enumerate(ENSEMBLE_M):
+        d = est[0] - est[i]                                              # per-chunk gain over one member
+        out.append(dict(M=M, nll=est[i].mean().item(), gain=d.mean().item(),
+                        gain_se=d.std().item() / math.sqrt(len(d))))
+    return out
+
+
+def time_samplers(c):
+    """Finding 6: wall time of the AO-GPT cached sampler and the encoder MDM sampler (no caching trick)
+    for T steps, on random models with the same backbone (timing needs no training)."""
+    import torch
+    from model import GPT, GPTConfig
+    from sample import generate_ao, generate_mdm
+    n, B = c['sample_n'], c['sample_batch']
+    steps = [s for s in (8, 16, 32, 64, 128, 256, 512) if s <= n]
+    if c['quick']:
+        steps = steps[:3]
+    common = dict(block_size=n, vocab_size=64, n_layer=c['n_layer'], n_head=c['n_head'],
+                  n_embd=c['n_embd'], target_dim=c['target_dim'])
+    torch.manual_seed(0)
+    dec = GPT(GPTConfig(**common)).to(c['device']).eval()
+    enc = GPT(GPTConfig(**common, causal=False, cond='none', mask_token_id=63)).to(c['device']).eval()
+
+    def best(fn, reps):
+        ts = []
+        for _ in range(reps):
+            if c['device'].startswith('cuda'):
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if c['device'].startswith('cuda'):
+                torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t0)
+        return min(ts)
+
+    rows = []
+    with torch.no_grad():
+        generate_ao(dec, n, B, steps[0], vocab_size=63)  # warm-up
+        for T in steps:
+            g = lambda: torch.Generator().manual_seed(0)
+            td = best(lambda: generate_ao(dec, n, B, T, vocab_size=63, generator=g()), 3)
+            te = best(lambda: generate_mdm(enc, n, B, T, vocab_size=63, generator=g()), 2)
+            _, sd = generate_ao(dec, n, B, T, vocab_size=63, generator=g())
+            _, se = generate_mdm(enc, n, B, T, vocab_size=63, generator=g())
+            rows.append(dict(T=T, dec_s=td, enc_s=te, dec_passes=sd['token_passes'], enc_passes=se['token_passes']))
+            print(f"  T={T:4d}: decoder {td:.3f} s ({sd['token_passes']} token-passes), "
+                  f"encoder {te:.3f} s ({se['token_passes']} token-passes)")
+    return rows
+
+
+# ----------------------------------------------------------------------------- plots and the report
+
+def plot_curves(path, title, series, ylabel='val loss (nats/char)'):
+    """series: [(label, tokens, values, style)]"""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for label, t, v, style in series:
+        ax.plot(np.asarray(t) / 1e6, v, style, label=label, lw=1.5, ms=3)
+    lo = min(min(v[len(v) // 5:] or v) for _, _, v, _ in series)
+    hi = max(max(v[len(v) // 5:] or v) for _, _, v, _ in series)
+    ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.3 * (hi - lo + 1e-9))  # skip the first steep drop
+    ax.set_xlabel('training tokens (M)')
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_xy(path, title, xs, series, xlabel, ylabel, logx=True, logy=False):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for label, ys, style in series:
+        ax.plot(xs, ys, style, label=label, lw=1.5, ms=4)
+    if logx:
+        ax.set_xscale('log', base=2)
+    if logy:
+        ax.set_yscale('log')
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    argv = ['--quick=True' if a == '--quick' else a for a in argv]  # allow the bare flag
+    g = {k: globals()[k] for k in _CONFIG_KEYS}
+    g.update(__file__=__file__, __doc__=__doc__)  # --help reads the comments beside the defaults
+    c = configure(g, argv)
+    if c['quick']:  # small everything; same code path
+        c.update(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1, sample_n=32)
+    c['runs_dir'] = c['runs_dir'] or ('out-reproduce-quick' if c['quick'] else 'out-reproduce')
+    c['results_dir'] = c['results_dir'] or (os.path.join('out-reproduce-quick', 'results') if c['quick']
+                                            else 'results')
+    print_config(c)
+    os.chdir(ROOT)
+    os.makedirs(c['results_dir'], exist_ok=True)
+    res = c['results_dir']
+    t_all = time.time()
+    timing = {}
+
+    # data
+    if not os.path.exists(os.path.join('data', DATASET, 'val.bin')):
+        print("preparing character-level PTB (data/ptb_char)...")
+        r = subprocess.run([sys.executable, 'data/ptb/prepare.py', '--char=True'], cwd=ROOT)
+        if r.returncode:
+            die("data/ptb/prepare.py --char=True failed (see above)")
+
+    # training
+    names = [k for k in RUNS if not (c['quick'] and k == 'ao_seed2')]
+    print(f"training {len(names)} runs of {c['max_iters']} iterations ({DATASET}, {c['device']})")
+    t0 = time.time()
+    for name in names:
+        run_training(c, name)
+    timing['training'] = time.time() - t0
+    logs = {k: read_log(os.path.join(c['runs_dir'], k)) for k in names}
+
+    # evaluations on the trained `ao` run, and sampler timing
+    t0 = time.time()
+    chunks = val_chunks(c['eval_chunks'], c['block_size'])
+    print(f"finding 5b: EMA vs raw weights of `ao` on {len(chunks)} val windows")
+    ema = {k: eval_ema(c, k, chunks) for k in (['ao', 'ao_seed2'] if 'ao_seed2' in names else ['ao'])}
+    print(f"finding 4: context-order ensembles M = {ENSEMBLE_M} on {len(chunks)} val windows")
+    ens = eval_ensemble(c, 'ao', chunks)
+    for r in ens:
+        print(f"  M={r['M']:2d}: any-order NLL {r['nll']:.4f} (PPL {math.exp(r['nll']):.3f}); "
+              f"gain over M=1 {r['gain']:.4f} ± {r['gain_se']:.4f}")
+    timing['evaluation'] = time.time() - t0
+    t0 = time.time()
+    print(f"finding 6: sampling time vs steps T (n={c['sample_n']}, B={c['sample_batch']}, random models)")
+    samp = time_samplers(c)
+    timing['sampling'] = time.time() - t0
+
+    # ---- plots
+    tok = lambda k, key: curve(logs[k], key)
+    figs = {}
+    figs[1] = 'f1_ao_vs_l2r.png'
+    plot_curves(os.path.join(res, figs[1]), 'Finding 1: AO-GPT converges more slowly than L2R', [
+        ('L2R run, L2R loss', *tok('l2r', 'val_l2r'), '-o'),
+        ('AO run, any-order loss', *tok('ao', 'val_ao'), '-s'),
+        ('AO run, L2R loss', *tok('ao', 'val_l2r'), '--')])
+    figs[2] = 'f2_orders.png'
+    plot_curves(os.path.join(res, figs[2]), 'Finding 2: fixed orders (loss in the trained order)', [
+        ('left to right', *tok('l2r', 'val_l2r'), '-o'),
+        ('block-wise random (4)', *tok('block', 'val_order'), '-^'),
+        ('fixed random', *tok('fixed', 'val_order'), '-s')])
+    figs[3] = 'f3_l2r_mix.png'
+    plot_curves(os.path.join(res, figs[3]), 'Finding 3: 10% L2R data', [
+        ('10% L2R: L2R loss', *tok('ao', 'val_l2r'), '-o'),
+        ('0% L2R: L2R loss', *tok('ao_noL2R', 'val_l2r'), '--o'),
+        ('10% L2R: any-order loss', *tok('ao', 'val_ao'), '-s'),
+        ('0% L2R: any-order loss', *tok('ao_noL2R', 'val_ao'), '--s')])
+    figs[4] = 'f4_ensemble.png'
+    plot_xy(os.path.join(res, figs[4]), 'Finding 4: context-order ensemble', list(ENSEMBLE_M),
+            [('ensemble of M orders', [math.exp(r['nll']) for r in ens], '-o')],
+            'M (context orderings)', 'any-order PPL per char (<=)')
+    figs[5] = 'f5_adaln_sigma.png'
+    plot_curves(os.path.join(res, figs[5]), 'Finding 5: AdaLN vs sigma-GPT input conditioning', [
+        ('AdaLN: any-order loss', *tok('ao', 'val_ao'), '-s'),
+        ('sigma-GPT: any-order loss', *tok('sigma', 'val_ao'), '--s'),
+        ('AdaLN: L2R loss', *tok('ao', 'val_l2r'), '-o'),
+        ('sigma-GPT: L2R loss', *tok('sigma', 'val_l2r'), '--o')])
+    figs[6] = 'f6_sampling_time.png'
+    Ts = [r['T'] for r in samp]
+    plot_xy(os.path.join(res, figs[6]), f"Finding 6: sampling {c['sample_batch']} x {c['sample_n']} tokens, "
+            f"{c['device']}", Ts, [('AO-GPT, KV-cached', [r['dec_s'] for r in samp], '-o'),
+                                   ('encoder MDM', [r['enc_s'] for r in samp], '-s')],
+            'steps T', 'wall time (s)', logy=True)
+
+    # ---- judgments
+    noise = None
+    if 'ao_seed2' in names:
+        a, b = logs['ao'], logs['ao_seed2']
+        noise = max(abs(end(curve(a, k)[1]) - end(curve(b, k)[1])) for k in ('val_l2r', 'val_ao'))
+    L = lambda k, key: end(curve(logs[k], key)[1])
+    findings = [
+        ('1', 'AO-GPT converges more slowly than L2R GPT on the same architecture', figs[1],
+         judge_slower(tok('l2r', 'val_l2r'), tok('ao', 'val_ao'))),
+        ('2', 'A fixed L2R order converges faster than a fixed random order; block-wise random lies between',
+         figs[2], judge_order(tok('l2r', 'val_l2r')[1], tok('block', 'val_order')[1], tok('fixed', 'val_order')[1])),
+        ('3', 'Adding 10% L2R data improves both the L2R loss and the any-order loss', figs[3],
+         judge_better([('L2R loss', L('ao', 'val_l2r'), L('ao_noL2R', 'val_l2r')),
+                       ('any-order loss', L('ao', 'val_ao'), L('ao_noL2R', 'val_ao'))], noise)),
+        ('4', 'Context-order ensembling lowers the any-order perplexity as M grows (1, 2, 4, 8, 16)', figs[4],
+         judge_ensemble(list(ENSEMBLE_M), [math.exp(r['nll']) for r in ens], [r['gain'] for r in ens],
+                        [r['gain_se'] for r in ens])),
+        ('5a', "AdaLN beats sigma-GPT's input conditioning", figs[5],
+         judge_better([('any-order loss', L('ao', 'val_ao'), L('sigma', 'val_ao')),
+                       ('L2R loss', L('ao', 'val_l2r'), L('sigma', 'val_l2r'))], noise)),
+        ('5b', 'EMA helps (EMA vs raw weights of the same run)', None,
+         judge_better([(f"{k} {dict(ao='any-order', l2r='L2R')[m]}", ema[k]['ema'][m], ema[k]['raw'][m])
+                       for k in ema for m in ('ao', 'l2r')], None)),
+        ('6', "Decoder sampling time is flat in T while the encoder's grows linearly", figs[6],
+         judge_scaling(Ts, [r['dec_s'] for r in samp], [r['enc_s'] for r in samp])),
+    ]
+    if c['quick']:
+        findings = [(i, claim, fig, ('not judged (--quick)', ev)) for i, claim, fig, (_, ev) in findings]
+
+    # ---- the report
+    total = time.time() - t_all
+    cmd = 'python reproduce.py ' + ' '.join(argv) if argv else 'python reproduce.py'
+    md = [f"# Paper findings at small scale{' (QUICK: smoke test, nothing judged)' if c['quick'] else ''}", '',
+          f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c['device']}, in {total / 60:.1f} min "
+          f"(training {timing['training'] / 60:.1f}, evaluation {timing['evaluation'] / 60:.1f}, sampling "
+          f"{timing['sampling'] / 60:.1f}; runs reused from an earlier invocation cost nothing here). "
+          f"Setting: character-level PTB, context {c['block_size']}, {c['n_layer']} layers x {c['n_embd']}, "
+          f"{c['max_iters']} iterations of {c['batch_size']} x {c['block_size']} characters, LR "
+          f"{c['learning_rate']} nearly constant after warmup, EMA {c['ema_decay']}. Losses are nats per "
+          f"character on {c['eval_iters'] * c['batch_size']} fixed val windows (EMA weights); \"end\" = mean "
+          f"of the last 3 evals.", '',
+          '| # | claim | verdict | evidence |', '|---|---|---|---|']
+    for i, claim, fig, (v, ev) in findings:
+        figlink = f" ([plot]({fig}))" if fig else ''
+        md.append(f"| {i} | {claim}{figlink} | **{v}** | {ev} |")
+    md += ['', '## Runs', '', '| run | what | end L2R loss | end any-order loss | end loss in its order | '
+           'command |', '|---|---|---|---|---|---|']
+    for k in names:
+        f = lambda key: (f"{L(k, key):.3f}" if curve(logs[k], key)[1] else '')
+        md.append(f"| {k} | {RUNS[k][1]} | {f('val_l2r')} | {f('val_ao')} | {f('val_order')} | "
+                  f"`python {' '.join(train_args(c, k))}` |")
+    md += ['', f"Finding 4 (`ao`, EMA, {len(chunks)} val windows of {c['block_size']}, {c['ens_draws']} "
+           f"draws each, eval_ppl's fast estimator with nested members; gain = paired drop vs M = 1):", '',
+           '| M | any-order NLL | PPL per char | gain (nats) |', '|---|---|---|---|']
+    md += [f"| {r['M']} | {r['nll']:.4f} | {math.exp(r['nll']):.4f} | {r['gain']:.4f} ± {r['gain_se']:.4f} |"
+           for r in ens]
+    md += ['', f"Finding 5b (the same {len(chunks)} val windows, {c['eval_orders']} orders each):", '',
+           '| run | weights | L2R NLL | any-order NLL |', '|---|---|---|---|']
+    md += [f"| {k} | {w} | {ema[k][w]['l2r']:.4f} | {ema[k][w]['ao']:.4f} |" for k in ema for w in ('ema', 'raw')]
+    md += ['', f"Finding 6 (random models, {c['n_layer']} x {c['n_embd']}, n = {c['sample_n']}, batch "
+           f"{c['sample_batch']}, {c['device']}; best of 3 (decoder) / 2 (encoder) runs; encoder without the "
+           f"caching trick):", '', '| T | AO-GPT cached (s) | encoder MDM (s) | token-passes AO | token-passes MDM |',
+           '|---|---|---|---|---|']
+    md += [f"| {r['T']} | {r['dec_s']:.3f} | {r['enc_s']:.3f} | {r['dec_passes']} | {r['enc_passes']} |"
+           for r in samp]
+    md += ['', '![f1](f1_ao_vs_l2r.png) ![f2](f2_orders.png) ![f3](f3_l2r_mix.png)',
+           '![f4](f4_ensemble.png) ![f5](f5_adaln_sigma.png) ![f6](f6_sampling_time.png)', '']
+    with open(os.path.join(res, 'README.md'), 'w') as f:
+        f.write('\n'.join(md))
+    with open(os.path.join(res, 'results.json'), 'w') as f:
+        json.dump(dict(config=c, command=cmd, logs=logs, ensemble=ens, ema=ema, sampling=samp, timing=timing,
+                       findings=[dict(id=i, claim=cl, verdict=v, evidence=ev) for i, cl, _, (v, ev) in findings]),
+                  f, indent=1)
+
+    print()
+    for i, claim, _, (v, ev) in findings:
+        print(f"[{i}] {claim}\n     {v}: {ev}")
+    if c['quick']:
+        print("\nQUICK MODE: tiny runs check that the pipeline works end to end; nothing above is judged.")
+    print(f"\nwrote {res}/README.md, {res}/results.json and 6 plots in {total / 60:.1f} min")
+
+
+if __name__ == '__main__':
+    main()

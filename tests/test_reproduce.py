@@ -1,0 +1,114 @@
+"""reproduce.py's judging and plotting on synthetic logs: each verdict must follow the data, including
+the cases where the data contradicts the paper (those must come out 'not reproduced')."""
+import math
+
+import numpy as np
+import pytest
+
+import reproduce as R
+
+
+def test_end_and_tokens_to_reach():
+    assert R.end([5.0, 4.0, 3.0, 2.0, 1.0]) == pytest.approx(2.0)  # mean of the last 3
+    assert R.end([7.0]) == 7.0
+    assert R.tokens_to_reach([0, 10, 20, 30], [4.0, 3.0, 2.0, 1.0], 2.5) == 20
+    assert R.tokens_to_reach([0, 10], [4.0, 3.0], 1.0) is None
+
+
+def _curve(rate, floor, n=9):
+    t = [i * 1000 for i in range(n)]
+    return t, [floor + 3.0 * math.exp(-rate * i) for i in range(n)]
+
+
+def test_finding1_follows_the_curves():
+    fast, slow = _curve(1.0, 1.0), _curve(0.3, 1.3)
+    v, text = R.judge_slower(fast, slow)
+    assert v == 'reproduced' and '8/8' in text
+    v, _ = R.judge_slower(slow, fast)  # the data says the opposite
+    assert v == 'not reproduced'
+    # lower at the end but not at every eval: only part of the claim holds
+    t, a = _curve(1.0, 1.0)
+    b = list(a)
+    b[1] -= 0.5
+    b[-3:] = [x + 0.2 for x in a[-3:]]
+    assert R.judge_slower((t, a), (t, b))[0] == 'partly reproduced'
+
+
+@pytest.mark.parametrize('l2r, block, fixed, want', [
+    (1.0, 1.2, 1.5, 'reproduced'),
+    (1.0, 1.6, 1.5, 'partly reproduced'),  # L2R beats fixed random, but block-wise is not between
+    (1.6, 1.2, 1.5, 'not reproduced'),
+])
+def test_finding2_orders(l2r, block, fixed, want):
+    v, text = R.judge_order([9.0] + [l2r] * 3, [9.0] + [block] * 3, [9.0] + [fixed] * 3)
+    assert v == want
+    assert f"{l2r:.3f}" in text and f"{fixed:.3f}" in text
+
+
+def test_better_respects_the_noise_yardstick():
+    v, text = R.judge_better([('L2R loss', 1.00, 1.10), ('any-order loss', 1.20, 1.25)], noise=0.02)
+    assert v == 'reproduced' and '-0.100' in text and 'spread 0.020' in text
+    v, text = R.judge_better([('L2R loss', 1.00, 1.10), ('any-order loss', 1.24, 1.25)], noise=0.02)
+    assert v == 'partly reproduced' and 'within noise' in text
+    v, text = R.judge_better([('L2R loss', 1.20, 1.10), ('any-order loss', 1.30, 1.25)], noise=0.02)
+    assert v == 'not reproduced' and 'worse' in text
+    assert R.judge_better([('x', 1.24, 1.25)], noise=None)[0] == 'reproduced'  # no yardstick: sign only
+
+
+def test_finding4_ensemble():
+    ms = [1, 2, 4, 8, 16]
+    v, _ = R.judge_ensemble(ms, [3.0, 2.9, 2.85, 2.82, 2.81], [0, .01, .02, .03, .035], [0, .002, .002, .002, .002])
+    assert v == 'reproduced'
+    v, _ = R.judge_ensemble(ms, [3.0, 2.9, 2.95, 2.82, 2.81], [0, .01, .02, .03, .035], [0, .002, .002, .002, .002])
+    assert v == 'partly reproduced'  # not monotone
+    v, _ = R.judge_ensemble(ms, [3.0, 3.1, 3.2, 3.3, 3.4], [0, .0, .0, .0, .001], [0, .002, .002, .002, .002])
+    assert v == 'not reproduced'
+
+
+def test_finding6_slopes():
+    T = [8, 16, 32, 64, 128]
+    assert R.loglog_slope(T, [0.5 * t for t in T]) == pytest.approx(1.0)
+    assert R.loglog_slope(T, [2.0] * 5) == pytest.approx(0.0, abs=1e-9)
+    assert R.judge_scaling(T, [1.0, 1.02, 1.05, 1.1, 1.2], [0.1 * t for t in T])[0] == 'reproduced'
+    assert R.judge_scaling(T, [0.01 * t for t in T], [0.1 * t for t in T])[0] == 'partly reproduced'
+
+
+def test_runs_differ_only_in_what_they_test():
+    """Every comparison must be like with like: two runs' train.py commands may differ only in out_dir
+    and the overrides that define them (order mode, L2R fraction, conditioning, seed)."""
+    c = dict(runs_dir='r', device='cpu', n_layer=2, n_head=2, n_embd=32, target_dim=16, block_size=64,
+             batch_size=4, max_iters=100, learning_rate=1e-3, ema_decay=0.99, eval_interval=10,
+             eval_iters=2, eval_orders=2, seed=1)
+    parse = lambda name: dict(a[2:].split('=', 1) for a in R.train_args(c, name)[1:])
+    base = parse('ao')
+    assert base['max_iters'] == '100' and base['dataset'] == R.DATASET and base['init_from'] == 'auto'
+    for name, (over, _) in R.RUNS.items():
+        args = parse(name)
+        diff = {k for k in set(args) | set(base) if args.get(k) != base.get(k)}
+        assert diff <= {'out_dir'} | set(over), (name, diff)
+
+
+def test_plots_are_written(tmp_path):
+    t, a = _curve(1.0, 1.0)
+    R.plot_curves(tmp_path / 'c.png', 'curves', [('a', t, a, '-o'), ('b', t, [x + 0.1 for x in a], '--')])
+    R.plot_xy(tmp_path / 'x.png', 'xy', [1, 2, 4], [('y', [3.0, 2.0, 1.5], '-o')], 'M', 'PPL', logy=True)
+    for f in ('c.png', 'x.png'):
+        data = (tmp_path / f).read_bytes()
+        assert data[:8] == b'\x89PNG\r\n\x1a\n' and len(data) > 5000
+
+
+def test_nested_ensemble_matches_eval_ppl():
+    """Finding 4's nested estimator is eval_ppl's fast ensemble estimator: for the largest M it gives the
+    same per-chunk numbers on the same seed."""
+    import torch
+    from eval_ppl import _ensemble_fast_per_chunk
+    from helpers import tiny
+    model = tiny(block_size=8, vocab_size=11)
+    chunks = torch.randint(0, 11, (5, 8), generator=torch.Generator().manual_seed(0))
+    Ms = (1, 2, 4)
+    est = R.nested_ensemble(model, chunks, Ms, torch.Generator().manual_seed(3), draws=3, batch_size=8)
+    ref, member = _ensemble_fast_per_chunk(model, chunks, 4, torch.Generator().manual_seed(3), draws=3, batch_size=8)
+    torch.testing.assert_close(est[-1], ref)
+    assert not torch.allclose(est[0], est[-1])  # the members differ, so the test has teeth
+    # a mixture is never worse than its worst member and, by Jensen, never worse than the mean member
+    assert (est[-1] <= member + 1e-9).all()
