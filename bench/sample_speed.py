@@ -33,6 +33,8 @@ batch_size = 4
 steps = '16,32,64,128'       # comma-separated T values
 samplers = 'ao,mdm,mdm_cache,ar'
 seed = 0
+repeats = 1                  # run each setting this many times and time the last (2: shapes already seen)
+sdpa = 'default'             # CUDA attention kernels: default (torch's choice) | nocudnn (flash, efficient, math)
 write = False                # append the table to BENCHMARKS.md
 config = configure(globals())
 print_config(config)
@@ -43,6 +45,9 @@ if not cuda:
 ptdtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16, 'float32': torch.float32}[dtype] \
     if cuda else torch.float32
 Ts = [int(s) for s in steps.split(',')]
+if sdpa == 'nocudnn':
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]).__enter__()
 want = samplers.split(',')
 
 
@@ -53,6 +58,8 @@ def build(**kw):
 
 
 def timed(fn):
+    for _ in range(repeats - 1):
+        fn()
     if cuda:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -113,5 +120,5 @@ if write:
     with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'BENCHMARKS.md'), 'a') as f:
         f.write(f"\n### Sampling speed: {dev}, {date.today()}, torch {torch.__version__}\n\n"
                 f"`python {' '.join(sys.argv)}`  \n{n_layer}L/{n_embd}d/{n_head}H, n = {n}, batch {batch_size}, "
-                f"{dtype if cuda else 'fp32'} weights, random init. passes = token-passes per sample; "
+                f"{dtype if cuda else 'fp32'} weights, random init, sdpa={sdpa}, timing run {repeats} of {repeats}. passes = token-passes per sample; "
                 f"calls = forward calls.\n\n{table}\n")

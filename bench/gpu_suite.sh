@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The GPU checks behind BENCHMARKS.md, in the groups that fit one 10-minute device call each.
+#   bash bench/gpu_suite.sh sample   # sampling speed (medium, n=1024, B=32) and eval speed (small, 1024 tokens)
+#   bash bench/gpu_suite.sh train    # training throughput/MFU/memory (small) and train.py on CUDA:
+#                                    # torchrun+NCCL, resume, bf16 vs fp32 loss curves (needs data/ptb)
+# Tables are appended to BENCHMARKS.md (copied to $OUT when set); logs go to ${OUT:-/tmp}.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+LOG=${OUT:-/tmp}
+what=${1:-all}
+
+if [[ $what == sample || $what == all ]]; then
+  $PY bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
+      --steps=64,128,256,512,1024 --write=True 2>&1 | grep -v '^  '
+  $PY bench/eval_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --n=1024 --chunks=32 \
+      --exact_chunks=1 --batch_size=64 --write=True 2>&1 | grep -v '^  '
+fi
+
+if [[ $what == train || $what == all ]]; then
+  $PY bench/train_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 \
+      --batch_size=16 --compile=True --iters=15 --warmup=3 --write=True 2>&1 | grep -v '^  '
+  # train.py on CUDA, on the embedded PTB bins: a 6L/384d AO-GPT, block 256
+  common="config/train_ptb_tiny.py --device=cuda --n_layer=6 --n_head=6 --n_embd=384 --block_size=256
+          --batch_size=32 --max_iters=300 --lr_decay_iters=300 --eval_interval=50 --eval_iters=8
+          --learning_rate=1e-3 --log_interval=50"
+  # 1) torchrun with NCCL (one process) runs end to end
+  torchrun --standalone --nproc_per_node=1 train.py $common --out_dir=/tmp/g_ddp > $LOG/ddp.log 2>&1
+  echo "torchrun nccl exit: $?"; tail -n 3 $LOG/ddp.log
+  # 2) resume: 300 iters in one go (the run above) vs 150, stop, resume to 300
+  $PY train.py $common --out_dir=/tmp/g_res --max_iters=150 > $LOG/res1.log 2>&1
+  $PY train.py $common --out_dir=/tmp/g_res --init_from=resume > $LOG/res2.log 2>&1
+  echo "resume exit: $?"
+  # 3) bf16 (the runs above) vs fp32
+  $PY train.py $common --out_dir=/tmp/g_fp32 --dtype=float32 > $LOG/fp32.log 2>&1
+  echo "fp32 exit: $?"
+  $PY - <<'EOF'
+import json, torch
+def log(d): return [json.loads(l) for l in open(f'/tmp/{d}/log.jsonl')]
+a, b, c = log('g_ddp'), log('g_res'), log('g_fp32')
+print('| iter | bf16 torchrun val_loss | bf16 150+resume val_loss | fp32 val_loss | bf16 - fp32 |')
+print('|---|---|---|---|---|')
+for ra, rb, rc in zip(a, b, c):
+    print(f"| {ra['iter']} | {ra['val_loss']:.4f} | {rb['val_loss']:.4f} | {rc['val_loss']:.4f} | {ra['val_loss'] - rc['val_loss']:+.4f} |")
+sa = torch.load('/tmp/g_ddp/ckpt.pt', weights_only=True, map_location='cpu')['model']
+sb = torch.load('/tmp/g_res/ckpt.pt', weights_only=True, map_location='cpu')['model']
+print('max |w(one go) - w(resumed)| =', max((sa[k].float() - sb[k].float()).abs().max().item() for k in sa))
+EOF
+fi
+[[ -n ${OUT:-} ]] && cp BENCHMARKS.md $OUT/ 2>/dev/null
+true

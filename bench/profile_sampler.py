@@ -1,0 +1,75 @@
+"""
+Where the AO-GPT sampler's time goes: a per-call split of model pass vs. token drawing, and the torch
+profiler's top ops, for one setting. A diagnostic companion of bench/sample_speed.py.
+
+    python bench/profile_sampler.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 \
+        --batch_size=32 --steps=128
+"""
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch  # noqa: E402
+
+import sample  # noqa: E402
+from configurator import configure  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+device = 'cpu'
+n_layer = 4
+n_head = 4
+n_embd = 128
+n = 128
+batch_size = 4
+steps = 16
+configure(globals())
+
+cuda = device.startswith('cuda')
+dt = torch.bfloat16 if cuda else torch.float32
+torch.manual_seed(0)
+model = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=n)).to(device=device, dtype=dt).eval()
+
+
+def sync():
+    if cuda:
+        torch.cuda.synchronize()
+
+
+# split each call's time between the model pass and the token draw (synchronising, so it is a diagnostic)
+spent = {'forward_slots': 0.0, 'sample_tokens': 0.0}
+
+
+def wrap(obj, name, key):
+    f = getattr(obj, name)
+
+    def g(*a, **k):
+        sync()
+        t0 = time.perf_counter()
+        out = f(*a, **k)
+        sync()
+        spent[key] += time.perf_counter() - t0
+        return out
+    setattr(obj, name, g)
+    return f
+
+
+sample.generate_ao(model, n, batch_size, steps, generator=torch.Generator().manual_seed(0))  # warm-up
+orig_fs = wrap(GPT, 'forward_slots', 'forward_slots')
+orig_st = wrap(sample, 'sample_tokens', 'sample_tokens')
+sync()
+t0 = time.perf_counter()
+_, st = sample.generate_ao(model, n, batch_size, steps, generator=torch.Generator().manual_seed(0), vocab_size=50257)
+sync()
+total = time.perf_counter() - t0
+calls = st['forward_calls']
+print(f"total {total:.2f} s over {calls} calls: forward_slots {spent['forward_slots']:.2f} s, "
+      f"sample_tokens {spent['sample_tokens']:.2f} s, other {total - sum(spent.values()):.2f} s")
+GPT.forward_slots, sample.sample_tokens = orig_fs, orig_st
+
+acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+with torch.profiler.profile(activities=acts) as prof:
+    sample.generate_ao(model, n, batch_size, steps, generator=torch.Generator().manual_seed(0), vocab_size=50257)
+    sync()
+key = 'self_cuda_time_total' if cuda else 'self_cpu_time_total'
+print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60))
