@@ -398,14 +398,20 @@ class GPT(nn.Module):
         y = targets if order is None else targets.gather(1, order)
         return logits, self._ce(logits, y, reduction)
 
-    def _forward_encoder(self, idx, targets, t, reduction):
-        c = self.config
-        B, n = idx.shape
+    def encoder_hidden(self, idx):
+        """The encoder MDM's trunk: final-norm hidden states (B, n, C) for idx (B, n). The sampler runs
+        lm_head only on the rows it reveals."""
+        n = idx.size(1)
         tr = self.transformer
         x = tr.drop(tr.wte(idx) + tr.wpe(torch.arange(1, n + 1, device=idx.device)))
         for block in tr.h:
-            x = block(x, None, (None, False))
-        logits = self.lm_head(tr.ln_f(x))
+            x = block(x, None, (None, False))  # full attention: no mask, not causal
+        return tr.ln_f(x)
+
+    def _forward_encoder(self, idx, targets, t, reduction):
+        c = self.config
+        B, n = idx.shape
+        logits = self.lm_head(self.encoder_hidden(idx))
         # the model never predicts [MASK] (MDLM's "SUBS" parameterisation)
         logits[..., c.mask_token_id] = torch.finfo(logits.dtype).min
         if targets is None:

@@ -312,12 +312,8 @@ def generate_ar(model, n, batch_size, temperature=1.0, top_p=1.0, vocab_size=Non
 
 
 def encoder_hidden(model, x):
-    """The encoder MDM's trunk (model._forward_encoder up to ln_f): (B, n, C) for x (B, n)."""
-    tr = model.transformer
-    h = tr.wte(x) + tr.wpe(torch.arange(1, x.size(1) + 1, device=x.device))
-    for block in tr.h:
-        h = block(h, None, (None, False))
-    return tr.ln_f(h)
+    """The encoder MDM's trunk, (B, n, C) for x (B, n): model.py's, so the sampler runs the same network."""
+    return model.encoder_hidden(x)
 
 
 @torch.no_grad()
