@@ -57,7 +57,9 @@ eval_orders = 2          # random orders per val window for the any-order loss
 eval_chunks = 256        # val windows for findings 4 and 5 (EMA vs raw, ensembles)
 ens_draws = 2            # Monte Carlo draws per window for the ensemble estimator
 sample_n = 128           # finding 6: tokens per sample
-sample_batch = 4
+sample_batch = 8         # finding 6: samples per batch
+sample_embd = 256        # finding 6: width of the random timing models (wide enough that compute, not
+                         # per-call overhead, dominates on a CPU)
 seed = 1337
 # -----------------------------------------------------------------------------
 _CONFIG_KEYS = [k for k in dict(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 're',
@@ -108,11 +110,17 @@ def run_training(c, name):
     from tqdm import tqdm
     args = train_args(c, name)
     out_dir = os.path.join(c['runs_dir'], name)
+    cmd_file = os.path.join(out_dir, 'command.json')
+    if os.path.exists(cmd_file) and json.load(open(cmd_file)) != args:
+        die(f"{out_dir} holds a run with other settings than these (see {cmd_file}): delete it, or pass "
+            f"another --runs_dir")
     log = read_log(out_dir)
     if log and log[-1]['iter'] >= c['max_iters'] and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
         print(f"  {name}: done already ({out_dir}, {log[-1]['iter']} iterations), reusing it")
         return
     os.makedirs(out_dir, exist_ok=True)
+    with open(cmd_file, 'w') as f:
+        json.dump(args, f)
     t0 = time.time()
     bar = tqdm(total=c['max_iters'], desc=f"  {name}", unit='it', leave=True, dynamic_ncols=True)
     with open(os.path.join(out_dir, 'train.log'), 'a') as f:
@@ -204,7 +212,7 @@ def judge_ensemble(ms, ppl, gain, gain_se):
     steps_down = all(b < a for a, b in zip(ppl, ppl[1:]))
     sig = gain[-1] > 2 * gain_se[-1]
     text = ', '.join(f"M={m}: {p:.3f}" for m, p in zip(ms, ppl)) + \
-        f" (PPL per char); M={ms[-1]} vs M=1 on the same draws: -{gain[-1]:.4f} ± {gain_se[-1]:.4f} nats"
+        f" (PPL per char); M={ms[-1]} vs M=1 on the same draws: {-gain[-1]:+.4f} ± {gain_se[-1]:.4f} nats"
     return verdict([steps_down, sig]), text
 
 
@@ -303,32 +311,31 @@ def time_samplers(c):
     if c['quick']:
         steps = steps[:3]
     common = dict(block_size=n, vocab_size=64, n_layer=c['n_layer'], n_head=c['n_head'],
-                  n_embd=c['n_embd'], target_dim=c['target_dim'])
+                  n_embd=c['sample_embd'], target_dim=c['target_dim'])
     torch.manual_seed(0)
     dec = GPT(GPTConfig(**common)).to(c['device']).eval()
     enc = GPT(GPTConfig(**common, causal=False, cond='none', mask_token_id=63)).to(c['device']).eval()
 
     def best(fn, reps):
+        """(the fastest wall time of reps calls, the stats of the last call)"""
         ts = []
         for _ in range(reps):
             if c['device'].startswith('cuda'):
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            fn()
+            _, stats = fn()
             if c['device'].startswith('cuda'):
                 torch.cuda.synchronize()
             ts.append(time.perf_counter() - t0)
-        return min(ts)
+        return min(ts), stats
 
     rows = []
+    g = lambda: torch.Generator().manual_seed(0)
     with torch.no_grad():
         generate_ao(dec, n, B, steps[0], vocab_size=63)  # warm-up
         for T in steps:
-            g = lambda: torch.Generator().manual_seed(0)
-            td = best(lambda: generate_ao(dec, n, B, T, vocab_size=63, generator=g()), 3)
-            te = best(lambda: generate_mdm(enc, n, B, T, vocab_size=63, generator=g()), 2)
-            _, sd = generate_ao(dec, n, B, T, vocab_size=63, generator=g())
-            _, se = generate_mdm(enc, n, B, T, vocab_size=63, generator=g())
+            td, sd = best(lambda: generate_ao(dec, n, B, T, vocab_size=63, generator=g()), 3)
+            te, se = best(lambda: generate_mdm(enc, n, B, T, vocab_size=63, generator=g()), 1)
             rows.append(dict(T=T, dec_s=td, enc_s=te, dec_passes=sd['token_passes'], enc_passes=se['token_passes']))
             print(f"  T={T:4d}: decoder {td:.3f} s ({sd['token_passes']} token-passes), "
                   f"encoder {te:.3f} s ({se['token_passes']} token-passes)")
@@ -387,7 +394,8 @@ def main(argv=None):
     g.update(__file__=__file__, __doc__=__doc__)  # --help reads the comments beside the defaults
     c = configure(g, argv)
     if c['quick']:  # small everything; same code path
-        c.update(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1, sample_n=32)
+        c.update(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1, sample_n=32,
+                 sample_batch=4, sample_embd=c['n_embd'])
     c['runs_dir'] = c['runs_dir'] or ('out-reproduce-quick' if c['quick'] else 'out-reproduce')
     c['results_dir'] = c['results_dir'] or (os.path.join('out-reproduce-quick', 'results') if c['quick']
                                             else 'results')
@@ -525,8 +533,8 @@ def main(argv=None):
     md += ['', f"Finding 5b (the same {len(chunks)} val windows, {c['eval_orders']} orders each):", '',
            '| run | weights | L2R NLL | any-order NLL |', '|---|---|---|---|']
     md += [f"| {k} | {w} | {ema[k][w]['l2r']:.4f} | {ema[k][w]['ao']:.4f} |" for k in ema for w in ('ema', 'raw')]
-    md += ['', f"Finding 6 (random models, {c['n_layer']} x {c['n_embd']}, n = {c['sample_n']}, batch "
-           f"{c['sample_batch']}, {c['device']}; best of 3 (decoder) / 2 (encoder) runs; encoder without the "
+    md += ['', f"Finding 6 (random models, {c['n_layer']} x {c['sample_embd']}, n = {c['sample_n']}, batch "
+           f"{c['sample_batch']}, {c['device']}; best of 3 runs (decoder), one run (encoder); encoder without the "
            f"caching trick):", '', '| T | AO-GPT cached (s) | encoder MDM (s) | token-passes AO | token-passes MDM |',
            '|---|---|---|---|---|']
     md += [f"| {r['T']} | {r['dec_s']:.3f} | {r['enc_s']:.3f} | {r['dec_passes']} | {r['enc_passes']} |"
