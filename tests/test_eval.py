@@ -108,7 +108,11 @@ def test_fast_and_exact_ensemble_match_enumeration():
     q1 = enumerate_ensemble(model, X4, 1)
     qM = enumerate_ensemble(model, X4, M)
     g = torch.Generator().manual_seed(0)
-    fast, fast_se = per_token(E._ensemble_fast_per_chunk(model, X4.expand(4000, n), M, g, 1, 512)[0], n)
+    ens, member = E._ensemble_fast_per_chunk(model, X4.expand(4000, n), M, g, 1, 512)
+    fast, fast_se = per_token(ens, n)
+    # the mean member on the same draws estimates the plain any-order loss (eval_ppl's control variate)
+    mem, mem_se = per_token(member, n)
+    assert abs(mem - q1) < 4 * mem_se, (mem, q1, mem_se)
     exact, exact_se = per_token(E._ensemble_exact_per_chunk(model, X4.expand(600, n), M, g, 1, 512)[0], n)
     assert abs(fast - qM) < 4 * fast_se, (fast, qM, fast_se)
     assert abs(exact - qM) < 4 * exact_se, (exact, qM, exact_se)
@@ -258,7 +262,13 @@ def test_cli_table_and_json_match_the_functions(tmp_path, text_file, capsys):
     assert f"{row['l2r']['ppl']:.2f}" in out
     s, cnt = E.nll_any_order(model, chunks, 2, torch.Generator().manual_seed(1337))  # the seed, rank 0
     assert row['any_order']['nll'] == pytest.approx(s / cnt, rel=1e-6)
-    assert row['ensemble']['nll'] <= row['ensemble']['mean_member_nll']
+    ens = row['ensemble']
+    assert ens['nll_direct'] <= ens['mean_member_nll']  # Jensen on the same draws
+    # the reported number: any-order minus the gain on identical draws, so never above any-order
+    assert ens['nll'] == pytest.approx(row['any_order']['nll'] - (ens['mean_member_nll'] - ens['nll_direct']))
+    assert ens['nll'] <= row['any_order']['nll']
+    s, cnt = E.nll_ensemble(model, chunks, 2, 'fast', torch.Generator().manual_seed(1337))
+    assert ens['nll_direct'] == pytest.approx(s / cnt, rel=1e-6)
 
 
 def test_cli_gpt_shows_na_and_char_level_reports_bpc(tmp_path, text_file, capsys):
@@ -285,18 +295,22 @@ def test_cli_gpt_shows_na_and_char_level_reports_bpc(tmp_path, text_file, capsys
 
 def test_cli_errors_are_one_line(tmp_path, text_file, capsys):
     with pytest.raises(SystemExit) as e:
-        E.main(['--out_dir', str(tmp_path / 'nothing')])
+        E.main(['--out_dir', str(tmp_path / 'nothing'), '--progress', 'False'])
     err = capsys.readouterr().err.strip()
     assert e.value.code != 0 and len(err.splitlines()) == 1 and 'checkpoint not found' in err
     make_ckpt(tmp_path / 'out')
     with pytest.raises(SystemExit) as e:  # a missing local file
-        E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', 'ptb=/no/such.txt'])
+        E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', 'ptb=/no/such.txt',
+                '--progress', 'False'])
     err = capsys.readouterr().err.strip()
     assert e.value.code != 0 and len(err.splitlines()) == 1 and '--data_path ptb=' in err
-    with pytest.raises(SystemExit) as e:  # a set that is not available offline, and no local copy
-        E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'lambada'])
-    err = capsys.readouterr().err.strip()
+    with pytest.raises(SystemExit) as e:  # a set that is not available offline, and no local copy:
+        E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb,lambada',  # found before any eval
+                '--data_path', f'ptb={text_file}', '--progress', 'False'])
+    cap = capsys.readouterr()
+    err = cap.err.strip()
     assert e.value.code != 0 and len(err.splitlines()) == 1 and '--data_path lambada=' in err
+    assert 'L2R PPL' not in cap.out
     with pytest.raises(SystemExit):  # a bad option value
         E.main(['--out_dir', str(tmp_path / 'out'), '--ensemble_mode', 'slow'])
     assert 'ensemble_mode' in capsys.readouterr().err
