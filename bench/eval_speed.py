@@ -14,11 +14,11 @@ fast mode: at most about M+1 times plain. Exact mode is timed on `exact_chunks` 
 import os
 import sys
 import time
-from datetime import date
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
+from bench.common import append_benchmark  # noqa: E402
 from configurator import configure, print_config  # noqa: E402
 from eval_ppl import nll_any_order, nll_ensemble  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -75,8 +75,6 @@ table = '\n'.join(lines)
 print(table)
 
 if write:
-    dev = torch.cuda.get_device_name() if cuda else f'CPU ({os.cpu_count()} cores)'
-    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'BENCHMARKS.md'), 'a') as f:
-        f.write(f"\n### Eval speed: {dev}, {date.today()}, torch {torch.__version__}\n\n"
-                f"`python {' '.join(sys.argv)}`  \n{n_layer}L/{n_embd}d/{n_head}H, {n}-token chunks, M = {M}, "
-                f"{dtype if cuda else 'fp32'} weights; exact timed on {exact_chunks} chunk(s).\n\n{table}\n")
+    append_benchmark('Eval speed', cuda,
+                     f"{n_layer}L/{n_embd}d/{n_head}H, {n}-token chunks, M = {M}, {dtype if cuda else 'fp32'} "
+                     f"weights; exact timed on {exact_chunks} chunk(s).", table)

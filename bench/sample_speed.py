@@ -13,11 +13,11 @@ Speed does not depend on the weights, so the models are random. The ratios are t
 import os
 import sys
 import time
-from datetime import date
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
+from bench.common import append_benchmark  # noqa: E402
 from configurator import configure, print_config  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from sample import generate_ao, generate_ar, generate_mdm  # noqa: E402
@@ -116,9 +116,7 @@ table = '\n'.join(lines)
 print(table)
 
 if write:
-    dev = torch.cuda.get_device_name() if cuda else f'CPU ({os.cpu_count()} cores)'
-    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'BENCHMARKS.md'), 'a') as f:
-        f.write(f"\n### Sampling speed: {dev}, {date.today()}, torch {torch.__version__}\n\n"
-                f"`python {' '.join(sys.argv)}`  \n{n_layer}L/{n_embd}d/{n_head}H, n = {n}, batch {batch_size}, "
-                f"{dtype if cuda else 'fp32'} weights, random init, sdpa={sdpa}, timing run {repeats} of {repeats}. passes = token-passes per sample; "
-                f"calls = forward calls.\n\n{table}\n")
+    append_benchmark('Sampling speed', cuda,
+                     f"{n_layer}L/{n_embd}d/{n_head}H, n = {n}, batch {batch_size}, {dtype if cuda else 'fp32'} "
+                     f"weights, random init, sdpa={sdpa}, timing run {repeats} of {repeats}. passes = token-passes "
+                     f"per sample; calls = forward calls.", table)

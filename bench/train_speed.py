@@ -19,11 +19,11 @@ Activation memory = peak memory during forward+backward minus the memory held be
 import os
 import sys
 import time
-from datetime import date
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
+from bench.common import append_benchmark  # noqa: E402
 from configurator import configure, print_config  # noqa: E402
 from model import GPT, GPTConfig, mdm_corrupt, random_orders  # noqa: E402
 
@@ -154,10 +154,7 @@ table = '\n'.join(lines)
 print(table)
 
 if write:
-    dev = torch.cuda.get_device_name() if cuda else f'CPU ({os.cpu_count()} cores)'
-    cmd = 'python ' + ' '.join(sys.argv)
     peak = f", MFU against a measured bf16 matmul peak of {peak_flops / 1e12:.0f} TFLOP/s" if peak_flops else ''
-    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'BENCHMARKS.md'), 'a') as f:
-        f.write(f"\n### Training speed: {dev}, {date.today()}, torch {torch.__version__}\n\n"
-                f"`{cmd}`  \n{n_layer}L/{n_embd}d/{n_head}H, block {block_size}, batch {batch_size}, "
-                f"{dtype if cuda else 'fp32'}, compile={compile}, sdpa={sdpa}{peak}.\n\n{table}\n")
+    append_benchmark('Training speed', cuda,
+                     f"{n_layer}L/{n_embd}d/{n_head}H, block {block_size}, batch {batch_size}, "
+                     f"{dtype if cuda else 'fp32'}, compile={compile}, sdpa={sdpa}{peak}.", table)
