@@ -54,7 +54,7 @@ ensemble_draws = 1       # Monte Carlo draws (reveal counts) per chunk for ensem
 mdm_l2r = False          # encoder MDM: also compute exact L2R (n forward passes per chunk: slow)
 seed = 1337              # orders and reveal counts come from this seed (plus the DDP rank)
 device = 'auto'          # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
-dtype = 'auto'           # auto: bfloat16 autocast on CUDA (float16 if unsupported) | float32 | bfloat16 | float16; CPU runs fp32
+dtype = 'auto'           # auto (bfloat16 autocast on CUDA, float16 if unsupported) | float32 | bfloat16 | float16
 compile = False          # torch.compile the model
 json_out = ''            # results file; '' = eval_ppl.json next to the checkpoint
 progress = True          # tqdm bars (rank 0 only)
