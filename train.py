@@ -617,7 +617,7 @@ while True:
              + "; try a lower learning_rate or dtype=float32")
     if grad_clip > 0:
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)  # before clipping
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
@@ -635,8 +635,9 @@ while True:
     if iter_num % log_interval == 0:
         tps = tokens_interval / t_interval
         mfu = f", mfu {flops_per_token * tps / world_size / peak_flops:.1%}" if peak_flops > 0 else ""
+        gn = f", grad norm {gnorm.item():.2f}" if grad_clip > 0 else ""
         say(f"iter {iter_num}/{max_iters}: loss {sum(interval_losses) / len(interval_losses):.4f}, "
-            f"lr {lr:.2e}, {tps:,.0f} tok/s{mfu}, {1000 * t_interval / len(interval_losses):.0f} ms/iter")
+            f"lr {lr:.2e}{gn}, {tps:,.0f} tok/s{mfu}, {1000 * t_interval / len(interval_losses):.0f} ms/iter")
         interval_losses, t_interval, tokens_interval = [], 0.0, 0
 
 if master and wandb_log:
