@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import CKPT_NAME, load_checkpoint, load_model, save_checkpoint, strip_prefixes
+from checkpoint import CKPT_NAME as _CKPT, load_checkpoint, load_model, save_checkpoint, strip_prefixes
 from configurator import configure, die, print_config
 from model import GPT, GPTConfig, config_fields, mdm_corrupt, random_orders
 
@@ -205,7 +205,7 @@ else:
 if master:
     print_config(cfg)
     os.makedirs(out_dir, exist_ok=True)
-ckpt_path = os.path.join(out_dir, CKPT_NAME)
+ckpt_path = os.path.join(out_dir, _CKPT)
 log_path = os.path.join(out_dir, 'log.jsonl')
 
 # ------------------------------------------------------------------ data
@@ -528,7 +528,7 @@ def write_checkpoint():
 last_saved = (ckpt_path, start_iter) if start_iter > 0 else None
 if master:
     for f in os.listdir(out_dir):  # temp files of a save that was killed mid-write
-        if f.startswith(f'.{CKPT_NAME}.tmp.'):
+        if f.startswith(f'.{_CKPT}.tmp.'):
             os.remove(os.path.join(out_dir, f))
     if start_iter > 0 and os.path.exists(log_path):  # drop evals logged after the checkpoint we resumed
         kept = [l for l in open(log_path) if l.strip() and json.loads(l)['iter'] <= start_iter]

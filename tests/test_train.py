@@ -411,6 +411,8 @@ def test_scratch_never_overwrites_a_run_and_help_works(env, monkeypatch, capsys,
         run_inprocess(monkeypatch, ['--help'])
     out = capsys.readouterr().out
     assert e.value.code == 0 and '--order_mode' in out and 'log.jsonl' in out
+    keys = [l.split()[0] for l in out.splitlines() if l.startswith('  --')]
+    assert all(k[2:].islower() for k in keys), keys  # only config keys, no imported constants
 
 
 def test_encoder_mdm_and_baselines_train(env, monkeypatch, tmp_path):
