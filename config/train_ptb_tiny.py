@@ -3,7 +3,7 @@
 # 240 steps of 16 x 128 tokens, about 4 minutes on 2 idle CPU cores: the 50k-token head is most of the
 # cost at this width. Random orders learn much more slowly than left to right (the paper's Finding 1),
 # so this short run uses sigma-GPT's curriculum: all sequences L2R at first, then linearly down to the
-# paper's 10% L2R at the end. Measured results: README "Training".
+# paper's 10% L2R at the end.
 out_dir = 'out-ptb-tiny'
 wandb_run_name = 'ao-gpt-ptb-tiny'
 dataset = 'ptb'
