@@ -397,8 +397,11 @@ def test_errors_from_the_command_line_have_no_traceback(env):
 
 
 def test_scratch_never_overwrites_a_run_and_help_works(env, monkeypatch, capsys, tmp_path):
-    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=2', '--eval_interval=2'))
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=4', '--eval_interval=1',
+                                    '--keep_ckpt_every=2'))
     before = (tmp_path / 'ckpt.pt').read_bytes()
+    kept = sorted(p.name for p in tmp_path.glob('ckpt_*.pt'))  # periodic copies beside the latest
+    assert kept == ['ckpt_0000002.pt', 'ckpt_0000004.pt'] and load_checkpoint(str(tmp_path / kept[0]))['iter_num'] == 2
     capsys.readouterr()
     with pytest.raises(SystemExit):
         run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=4'))
