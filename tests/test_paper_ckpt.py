@@ -386,7 +386,15 @@ def test_scripts_read_paper_files(tmp_path, capsys):
             '--batch_size', '1', '--device', 'cpu', '--prompt', 'The')
     assert r.returncode == 0 and 'The' in r.stdout, r.stderr[-2000:]
     # fine-tune: the model shape comes from the file
-    r = run(os.path.join(root, 'train.py'), f'--init_from={path}', '--dataset=ptb', f'--data_root={root}/data',
+    # its own tiny GPT-2-id bins, so a clean clone (no prepared data/ptb) runs this too
+    data = tmp_path / 'data' / 'tiny'
+    data.mkdir(parents=True)
+    ids = torch.randint(0, 50257, (4096,), generator=torch.Generator().manual_seed(0)).numpy().astype('uint16')
+    ids.tofile(data / 'train.bin')
+    ids[:1024].tofile(data / 'val.bin')
+    (data / 'meta.json').write_text('{"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256, '
+                                    '"train_tokens": 4096, "val_tokens": 1024, "source": "test"}')
+    r = run(os.path.join(root, 'train.py'), f'--init_from={path}', '--dataset=tiny', f'--data_root={tmp_path}/data',
             f'--out_dir={tmp_path}/ft', '--block_size=16', '--batch_size=2', '--gradient_accumulation_steps=1',
             '--max_iters=1', '--eval_interval=1', '--eval_iters=1', '--eval_orders=1', '--warmup_iters=0',
             '--lr_decay_iters=1', '--device=cpu')
