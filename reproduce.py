@@ -45,7 +45,7 @@ quick = False            # tiny runs: the whole pipeline in a few minutes; nothi
 device = 'cpu'           # cpu | cuda
 results_dir = ''         # '' = results/ (--quick: out-reproduce-quick/results)
 runs_dir = ''            # training runs ('' = out-reproduce, or out-reproduce-quick)
-max_iters = 3000         # per training run
+max_iters = 6000         # per training run
 batch_size = 32
 block_size = 32
 n_layer = 2
@@ -54,7 +54,7 @@ n_embd = 64
 target_dim = 32          # width of the AdaLN target-position table
 learning_rate = 3e-3
 ema_decay = 0.995
-eval_interval = 150
+eval_interval = 250
 eval_iters = 8           # val batches per eval (8 x 32 windows of 32 = 8k characters)
 eval_orders = 2          # random orders per val window for the any-order loss
 eval_chunks = 1024       # val windows for findings 4 and 5 (EMA vs raw, ensembles)
