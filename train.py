@@ -95,6 +95,7 @@ cond = 'adaln'  # target-position conditioning: adaln (AO-GPT) | sigma (sigma-GP
 target_dim = 128  # width of the AdaLN target-position table
 adaln_table = False  # compute AdaLN per position once and gather (same math)
 adaln_init = 'gate1'  # gate1 | paper
+target_std = 0.02  # init std of the AdaLN target table (the paper's 0.02)
 norm = 'rms'  # rms | layer
 qk_norm = True
 tie_head = False

@@ -157,6 +157,19 @@ def test_adaln_table_equals_per_token():
         torch.testing.assert_close(pa.grad, pb.grad, atol=1e-6, rtol=1e-4, msg=na)
 
 
+def test_target_std_sets_only_the_target_table_init():
+    """target_std changes the init of wtpe (the AdaLN target table) and nothing else."""
+    cfg = dict(block_size=256, vocab_size=11, n_layer=1, n_head=2, n_embd=16, target_dim=64)
+    torch.manual_seed(0)
+    a = GPT(GPTConfig(**cfg))
+    torch.manual_seed(0)
+    b = GPT(GPTConfig(**cfg, target_std=1.0))
+    assert abs(a.transformer.wtpe.weight.std().item() - 0.02 * 0.986) < 0.001  # truncated at 3 sigma
+    assert abs(b.transformer.wtpe.weight.std().item() - 0.986) < 0.03
+    sa, sb = a.state_dict(), b.state_dict()
+    assert [k for k in sa if not torch.equal(sa[k], sb[k])] == ['transformer.wtpe.weight']
+
+
 # --------------------------------------------------------------------------- encoder MDM
 
 def test_encoder_elbo_is_unbiased_for_exact_any_order_loss():
