@@ -104,7 +104,9 @@ X4 = torch.tensor([3, 7, 0, 9])  # one chunk of n = 4 tokens, evaluated many tim
 
 
 def test_fast_and_exact_ensemble_match_enumeration():
-    model, n, M = sharp(), 4, 4
+    # a model whose exact ensemble gain is large (0.29 nats/token), so the power check at the end holds
+    # with room; the agreement checks hold for any model
+    model, n, M = sharp(seed=1, scale=5.0), 4, 4
     q1 = enumerate_ensemble(model, X4, 1)
     qM = enumerate_ensemble(model, X4, M)
     g = torch.Generator().manual_seed(0)
