@@ -214,8 +214,19 @@ def _reorder_contexts(ctx, M, generator):
 
 @torch.no_grad()
 def _ensemble_fast_per_chunk(model, chunks, M, generator=None, draws=1, batch_size=8, bar=None):
+    """The fast estimator for one M: (ensemble (N,), mean member (N,)); see _ensemble_fast_nested."""
+    ens, mean_member = _ensemble_fast_nested(model, chunks, (M,), generator, draws, batch_size, bar)
+    return ens[0], mean_member
+
+
+@torch.no_grad()
+def _ensemble_fast_nested(model, chunks, Ms, generator=None, draws=1, batch_size=8, bar=None):
     """The fast estimator of the ensembled any-order NLL. Returns per-chunk estimates (N,) of the
     ensemble's chain-rule NLL and, on the same draws, of the mean member's (the plain any-order NLL).
+
+    For several ensemble sizes Ms at once, it returns estimates (len(Ms), N) on the *same* draws: the
+    M-member ensemble uses the first M of max(Ms) orderings of each context (member 0 = the order it
+    was revealed in), so differences between sizes are paired; the mean member is over max(Ms).
 
     The target. The exact (paper's) quantity for a chunk of n tokens is, with sigma a uniform order,
         Q = E_sigma sum_{i=0}^{n-1} f(sigma_<i, sigma_i),
@@ -240,7 +251,8 @@ def _ensemble_fast_per_chunk(model, chunks, M, generator=None, draws=1, batch_si
     _check_tokens(chunks)
     dev = _device(model)
     N, n = chunks.shape
-    ens = torch.zeros(N, dtype=torch.float64)
+    M = max(Ms)
+    ens = torch.zeros(len(Ms), N, dtype=torch.float64)
     mean_member = torch.zeros(N, dtype=torch.float64)
     ls = stratified_counts(N * draws, n, generator)                      # (N*draws,) flat (chunk, draw)
     per_pass = max(1, batch_size // M)                                   # draws per pass: M rows each
@@ -255,7 +267,8 @@ def _ensemble_fast_per_chunk(model, chunks, M, generator=None, draws=1, batch_si
             ctx = _reorder_contexts(order[:, :c], M, generator)          # (M, R, c)
             member = _queries_nll(model, x.to(dev), ctx.to(dev), order[:, c:].to(dev), batch_size)
             w = n / k / draws                                            # (M, R, k) -> per-chunk sums
-            ens.index_add_(0, rows, _mixture_nll(member).sum(1).double().cpu() * w)
+            for i, m in enumerate(Ms):                                   # nested: the first m members
+                ens[i].index_add_(0, rows, _mixture_nll(member[:m]).sum(1).double().cpu() * w)
             mean_member.index_add_(0, rows, member.mean(0).sum(1).double().cpu() * w)
             _tick(bar, R / draws)
     return ens, mean_member

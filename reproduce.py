@@ -262,32 +262,10 @@ def eval_ema(c, name, chunks):
 
 def nested_ensemble(model, chunks, Ms, generator=None, draws=1, batch_size=64):
     """Finding 4: per-chunk estimates (len(Ms), N) of the ensembled any-order NLL for every M in Ms, on
-    the *same* draws: the M-member ensemble uses the first M of max(Ms) orderings of each context
-    (member 0 = the order it was revealed in). The loop is eval_ppl._ensemble_fast_per_chunk's with its
-    building blocks and the same use of `generator`, so the largest M reproduces that function exactly
-    (tests/test_reproduce.py checks it); nesting makes the differences between M paired."""
-    import torch
-    from eval_ppl import _mixture_nll, _queries_nll, _reorder_contexts, stratified_counts
-    from model import random_orders
-    dev = next(model.parameters()).device
-    N, n = chunks.shape
-    Mmax = max(Ms)
-    out = torch.zeros(len(Ms), N, dtype=torch.float64)
-    ls = stratified_counts(N * draws, n, generator)                      # reveal count l per (chunk, draw)
-    per_pass = max(1, batch_size // Mmax)
-    by_l = ls.argsort(stable=True).split(torch.bincount(ls, minlength=n + 1)[1:].tolist())
-    with torch.no_grad():
-        for l, ids in enumerate(by_l, start=1):
-            c, k = l - 1, n - l + 1                                      # context size, targets
-            for s in range(0, len(ids), per_pass):
-                rows = ids[s:s + per_pass] // draws
-                x = chunks[rows]
-                order = random_orders(len(x), n, generator=generator)
-                ctx = _reorder_contexts(order[:, :c], Mmax, generator)  # (Mmax, R, c)
-                member = _queries_nll(model, x.to(dev), ctx.to(dev), order[:, c:].to(dev), batch_size)
-                for i, M in enumerate(Ms):                               # (M, R, k) -> per-chunk sums
-                    out[i].index_add_(0, rows, _mixture_nll(member[:M]).sum(1).double().cpu() * (n / k / draws))
-    return out
+    the *same* draws (eval_ppl's fast estimator with nested members), so the differences between M are
+    paired."""
+    from eval_ppl import _ensemble_fast_nested
+    return _ensemble_fast_nested(model, chunks, Ms, generator, draws, batch_size)[0]
 
 
 def eval_ensemble(c, name, chunks):
