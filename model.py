@@ -258,6 +258,8 @@ class GPT(nn.Module):
             # The target reaches the residual stream only through table -> SiLU -> Linear, a product of
             # two init-scale factors. target_std=1 does not shorten a small model's early plateau at the
             # unigram loss but ended 0.05 nats lower there (README, finding 5a); 0.02 is the paper's.
+            # This redraws the table after self.apply's generic draw on purpose: skipping that first draw
+            # would shift every later init value and change the committed results/ and README figures.
             s = config.target_std
             nn.init.trunc_normal_(self.transformer.wtpe.weight, std=s, a=-3 * s, b=3 * s)
         if config.cond == 'adaln' and config.adaln_init == 'gate1':
