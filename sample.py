@@ -311,11 +311,6 @@ def generate_ar(model, n, batch_size, temperature=1.0, top_p=1.0, vocab_size=Non
     return tok[:, 1:], stats
 
 
-def encoder_hidden(model, x):
-    """The encoder MDM's trunk, (B, n, C) for x (B, n): model.py's, so the sampler runs the same network."""
-    return model.encoder_hidden(x)
-
-
 @torch.no_grad()
 def generate_mdm(model, n, batch_size, steps, cache_trick=False, counts='shared', order='random',
                  fixed_counts=False, schedule='linear', temperature=1.0, top_p=1.0, vocab_size=None,
@@ -376,7 +371,7 @@ def generate_mdm(model, n, batch_size, steps, cache_trick=False, counts='shared'
         # without the trick every step runs the network; with it only a step that reveals something and
         # whose input differs from the last pass's (MDLM reuses the output; nothing else needs it)
         if not cache_trick or (hi > lo and stale):
-            h = encoder_hidden(model, x)                                    # (B, n, C)
+            h = model.encoder_hidden(x)                                     # (B, n, C)
             passes += 1
             stale = False
         if hi == lo:

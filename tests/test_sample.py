@@ -16,7 +16,7 @@ from checkpoint import save_checkpoint
 from helpers import tiny
 from model import model_args
 from sample import (generate_ao, generate_ar, generate_mdm, judge_nll, reveal_counts, sample_tokens,
-                    time_grid, unigram_entropy, encode_template, encoder_hidden)
+                    time_grid, unigram_entropy, encode_template)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATOL = 1e-5
@@ -354,7 +354,7 @@ def test_encoder_head_on_rows_equals_full_forward():
     x = torch.randint(0, 12, (2, 8))
     with torch.no_grad():
         full = enc(x)[0]
-        h = encoder_hidden(enc, x)
+        h = enc.encoder_hidden(x)
         rows = enc.lm_head(h[torch.tensor([0, 1, 1]), torch.tensor([2, 0, 7])])
     torch.testing.assert_close(rows[:, :11], full[[0, 1, 1], [2, 0, 7]][:, :11], atol=ATOL, rtol=0)
 
