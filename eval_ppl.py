@@ -221,12 +221,11 @@ def _ensemble_fast_per_chunk(model, chunks, M, generator=None, draws=1, batch_si
 
 @torch.no_grad()
 def _ensemble_fast_nested(model, chunks, Ms, generator=None, draws=1, batch_size=8, bar=None):
-    """The fast estimator of the ensembled any-order NLL. Returns per-chunk estimates (N,) of the
-    ensemble's chain-rule NLL and, on the same draws, of the mean member's (the plain any-order NLL).
-
-    For several ensemble sizes Ms at once, it returns estimates (len(Ms), N) on the *same* draws: the
-    M-member ensemble uses the first M of max(Ms) orderings of each context (member 0 = the order it
-    was revealed in), so differences between sizes are paired; the mean member is over max(Ms).
+    """The fast estimator of the ensembled any-order NLL. Returns per-chunk estimates (len(Ms), N) of
+    the ensemble's chain-rule NLL, one row per size in Ms, and (N,) on the same draws of the mean
+    member's (the plain any-order NLL). The sizes are nested: the M-member ensemble uses the first M of
+    max(Ms) orderings of each context (member 0 = the order it was revealed in), so differences between
+    sizes are paired; the mean member is over max(Ms).
 
     The target. The exact (paper's) quantity for a chunk of n tokens is, with sigma a uniform order,
         Q = E_sigma sum_{i=0}^{n-1} f(sigma_<i, sigma_i),
