@@ -37,6 +37,9 @@ Public interface
   model.forward_queries(ctx, ctx_pos, query_pos)
       A context in any order plus k query target positions -> k distributions, in one pass.
   KVCache(model, batch_size)   a preallocated static cache (no copies of the cache per step).
+  model.forward_static(tok, pos, tgt, cache, L, blk, r)
+      forward_slots at a fixed shape for CUDA graphs: every row attends over the whole static cache
+      under a mask, with L (cached slots) as a device tensor (sample.py's SlotStepper uses it).
 """
 
 import math
@@ -200,20 +203,34 @@ class KVCache:
     [0, len + r); afterwards only the committed rows count, so the throw-away parallel copies are simply
     overwritten by the next call. The total live length never exceeds n: committed slots plus the rows
     of one call is at most the number of tokens in the sequence.
+
+    static=True is the layout of model.forward_static (fixed shapes, for CUDA graphs): the buffers are
+    zeroed (every row attends over all of them under a mask, and a masked NaN would still poison the
+    output through 0 * NaN), a call writes at the positions in `write_idx` and attends over the whole
+    buffer, and the length is rounded up past block_size so that padding rows have a scratch row.
     """
 
-    def __init__(self, model, batch_size, device=None, dtype=None):
+    def __init__(self, model, batch_size, device=None, dtype=None, static=False):
         c = model.config
-        self.shape = (batch_size, c.n_head, c.block_size, c.n_embd // c.n_head)
-        self.n_layer, self.device, self.dtype = c.n_layer, device, dtype
+        S = (c.block_size // 16 + 1) * 16 if static else c.block_size  # > block_size; 16-aligned mask rows
+        self.shape = (batch_size, c.n_head, S, c.n_embd // c.n_head)
+        self.n_layer, self.device, self.dtype, self.static = c.n_layer, device, dtype, static
         self.k = self.v = None
         self.len = 0
-        self.pending = 0  # rows written by the current call (set by forward_slots)
+        self.write_idx = None  # static: (R,) cache rows of this call's R rows (set by forward_static)
+
+    def allocate(self, device, dtype):
+        new = torch.zeros if self.static else torch.empty
+        self.k = [new(self.shape, device=device, dtype=dtype) for _ in range(self.n_layer)]
+        self.v = [new(self.shape, device=device, dtype=dtype) for _ in range(self.n_layer)]
 
     def append(self, i, k, v):
         if self.k is None:  # allocate lazily, so the dtype follows autocast
-            mk = lambda: [torch.empty(self.shape, device=k.device, dtype=k.dtype) for _ in range(self.n_layer)]
-            self.k, self.v = mk(), mk()
+            self.allocate(k.device, k.dtype)
+        if self.write_idx is not None:  # static shapes: no slicing by a host-side length
+            self.k[i].index_copy_(2, self.write_idx, k.to(self.k[i].dtype))
+            self.v[i].index_copy_(2, self.write_idx, v.to(self.v[i].dtype))
+            return self.k[i], self.v[i]
         L, r = self.len, k.size(2)
         if L + r > self.shape[2]:
             raise ValueError(f"KV cache overflow: {L} cached + {r} new rows > block_size {self.shape[2]}")
@@ -337,12 +354,9 @@ class GPT(nn.Module):
             return layer(c)
         return (idx, layer(c))
 
-    def forward_slots(self, tok, pos, tgt, cache=None, n_parallel=0, n_logits=None):
-        """The slot-level decoder pass. Returns logits (B, n_logits or r, V) for the last rows."""
-        c = self.config
-        assert c.causal, "forward_slots is the decoder pass; the encoder MDM uses forward(idx)"
-        B, r = tok.shape
-        tr = self.transformer
+    def _embed(self, tok, pos, tgt):
+        """Slot inputs (B, r) -> the residual stream x (B, r, C) and the AdaLN inputs (None without AdaLN)."""
+        c, tr = self.config, self.transformer
         x = tr.wte(tok.clamp(min=0))                                      # (B, r, C)
         x = torch.where((tok < 0).unsqueeze(-1), tr.wnonee.weight[0].to(x.dtype), x)
         x = x + tr.wpe(pos + 1)
@@ -351,26 +365,17 @@ class GPT(nn.Module):
             x = x + tr.wtpe(tgt.clamp(min=0)) * (tgt >= 0).unsqueeze(-1).to(x.dtype)
         elif c.cond == 'adaln':
             mod = self._modulation(tgt)
-        x = tr.drop(x)
+        return tr.drop(x), mod
 
-        L = cache.len if cache is not None else 0
-        if L == 0 and n_parallel <= 1:
-            attn = (None, r > 1)  # plain causal: the flash-attention fast path
-        elif r == 1:
-            attn = (None, False)  # one row sees the whole cache
-        else:
-            i = torch.arange(r, device=tok.device)[:, None]
-            j = torch.arange(r, device=tok.device)[None, :]
-            blk = r - n_parallel
-            m = (j <= i) & ((j < blk) | (j == i))                          # (r, r)
-            attn = (torch.cat([m.new_ones(r, L), m], dim=1), False)      # (r, L + r)
-
-        for li, block in enumerate(tr.h):
+    def _trunk(self, x, mod, attn, cache):
+        for li, block in enumerate(self.transformer.h):
             m6 = self._apply_mod(block.adaLN, mod) if mod is not None else None
             x = block(x, m6, attn, (cache, li) if cache is not None else None)
-        if cache is not None:
-            cache.len = L + (r - n_parallel + 1 if n_parallel > 0 else r)
+        return x
 
+    def _final_norm(self, x, mod, n_logits=None):
+        """ln_f (and, with AdaLN, its target modulation) on the last n_logits rows (all if None)."""
+        tr = self.transformer
         if n_logits is not None:
             x = x[:, -n_logits:]
         x = tr.ln_f(x)
@@ -385,7 +390,56 @@ class GPT(nn.Module):
             else:
                 shift, scale = m2.chunk(2, dim=-1)
                 x = x * (1 + scale) + shift
-        return self.lm_head(x)
+        return x
+
+    def forward_slots(self, tok, pos, tgt, cache=None, n_parallel=0, n_logits=None):
+        """The slot-level decoder pass. Returns logits (B, n_logits or r, V) for the last rows."""
+        assert self.config.causal, "forward_slots is the decoder pass; the encoder MDM uses forward(idx)"
+        r = tok.size(1)
+        x, mod = self._embed(tok, pos, tgt)
+        L = cache.len if cache is not None else 0
+        if L == 0 and n_parallel <= 1:
+            attn = (None, r > 1)  # plain causal: the flash-attention fast path
+        elif r == 1:
+            attn = (None, False)  # one row sees the whole cache
+        else:
+            i = torch.arange(r, device=tok.device)[:, None]
+            j = torch.arange(r, device=tok.device)[None, :]
+            blk = r - n_parallel
+            m = (j <= i) & ((j < blk) | (j == i))                          # (r, r)
+            attn = (torch.cat([m.new_ones(r, L), m], dim=1), False)      # (r, L + r)
+        x = self._trunk(x, mod, attn, cache)
+        if cache is not None:
+            cache.len = L + (r - n_parallel + 1 if n_parallel > 0 else r)
+        return self.lm_head(self._final_norm(x, mod, n_logits))
+
+    def forward_static(self, tok, pos, tgt, cache, L, blk, r):
+        """forward_slots with a parallel block, at a fixed shape: what a CUDA graph can capture.
+
+        tok/pos/tgt (B, R): the call's r real rows (blk pending slots, then r - blk parallel copies),
+        then R - r padding rows (any valid slot; samplers repeat the last row). L, blk, r: 0-dim long
+        tensors on the device, so a captured graph reads their values at replay. cache: a
+        KVCache(static=True) holding L committed slots. Returns the final-norm hidden states (B, R, C);
+        the caller runs lm_head on the rows it needs and advances cache.len by blk + 1 itself.
+        Every row attends over the whole cache buffer under a boolean mask (no shape depends on L):
+        a pending row sees the cache and the pending rows up to itself, a copy sees the cache, the
+        pending rows and itself, a padding row the same plus slot 0: never an empty softmax, which some
+        kernels turn into 0 and others into NaN, and a NaN anywhere in the cache poisons every row
+        through 0 * NaN. Real rows are written at L + i; padding rows past the buffer share its last
+        (scratch) row, which no real row ever sees.
+        """
+        assert self.config.causal and cache.static, "forward_static needs a decoder and KVCache(static=True)"
+        R, S = tok.size(1), cache.shape[2]
+        x, mod = self._embed(tok, pos, tgt)
+        i = torch.arange(R, device=tok.device)[:, None]                  # (R, 1) row
+        j = torch.arange(S, device=tok.device)[None, :]                  # (1, S) cache slot
+        vis = (j < L + torch.minimum(i + 1, blk)) | (j == L + i) | ((i >= r) & (j == 0))   # (R, S)
+        cache.write_idx = (L + i[:, 0]).clamp(max=S - 1)                  # (R,)
+        try:
+            x = self._trunk(x, mod, (vis, False), cache)
+        finally:
+            cache.write_idx = None
+        return self._final_norm(x, mod)
 
     def forward(self, idx, order=None, targets=None, t=None, reduction='mean'):
         c = self.config

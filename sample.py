@@ -65,6 +65,7 @@ prompt = ''                # text the samples start with
 suffix = ''                # text the samples end with
 template = ''              # text with [BLANK] (blank_len tokens) or [BLANK:k] (k tokens) spans to fill
 blank_len = 8              # tokens per [BLANK]
+stepper = 'dynamic'        # decoder calls: dynamic | static (fixed padded shapes) | cuda_graph
 cache_trick = True         # encoder MDM: a step that reveals nothing reuses the last pass (MDLM)
 mdm_counts = 'shared'      # encoder MDM: shared (one count per step for the batch) | independent (per sample)
 gen_ppl = ''               # judge: a checkpoint of ours (file/dir) or a local HF GPT-2 directory
@@ -224,15 +225,110 @@ def free_order(order, free, batch_size, generator=None):
 
 # ----------------------------------------------------------------------------- the samplers
 
+STEPPERS = ('dynamic', 'static', 'cuda_graph')
+
+
+class SlotStepper:
+    """One decoder call of the KV-cached samplers: r slot rows in (blk = r - k pending slots, then k
+    copies of the last revealed slot, each with its own target), logits (B, k, V) of the copies out.
+
+    mode 'dynamic': model.forward_slots at the call's own shape (r rows attending over L + r slots).
+    'static': model.forward_static at a few fixed shapes: r padded up to a power of two, every row
+        attending over the whole cache under a mask. More arithmetic; same samples. It exists for:
+    'cuda_graph': static, and each padded shape is captured once as a CUDA graph and then replayed.
+        A forward call of a deep model at a few rows per sample is launch-bound on a GPU (hundreds of
+        small kernels issued from Python; BENCHMARKS.md), and every new (rows, cache length) shape pays
+        kernel setup; a replayed graph pays neither. All graphs share one memory pool, which is safe
+        because one graph's output is consumed (lm_head) before any other graph is replayed.
+    lm_head and the token draws run outside the graph on just the k copies.
+    A stepper can serve many runs (generate_ao/generate_ar take one for `stepper`, and reset() it), so
+    the graphs are captured once per padded shape, not once per batch.
+    """
+
+    def __init__(self, model, batch_size, mode='dynamic'):
+        if mode not in STEPPERS:
+            raise ValueError(f"stepper must be one of {', '.join(STEPPERS)}, got {mode!r}")
+        dev = next(model.parameters()).device
+        if mode == 'cuda_graph' and dev.type != 'cuda':
+            raise ValueError(f"stepper='cuda_graph' needs the model on a CUDA device (it is on {dev}); "
+                             "use 'static' or 'dynamic'")
+        self.model, self.mode, self.B, self.dev = model, mode, batch_size, dev
+        self.cache = KVCache(model, batch_size, static=mode != 'dynamic')
+        self.calls = 0
+        if mode != 'dynamic':
+            self.scalars = torch.zeros(3, dtype=torch.long, device=dev)  # L, blk, r: read at replay
+            self.bufs, self.graphs, self.outs = {}, {}, {}
+            self.pool = torch.cuda.graph_pool_handle() if mode == 'cuda_graph' else None
+
+    @classmethod
+    def make(cls, model, batch_size, stepper):
+        """A fresh stepper for a mode name, or the given stepper emptied for a new run."""
+        if not isinstance(stepper, SlotStepper):
+            return cls(model, batch_size, stepper)
+        if stepper.model is not model or stepper.B != batch_size:
+            raise ValueError(f"this SlotStepper was built for another model or batch size ({stepper.B})")
+        stepper.cache.len, stepper.calls = 0, 0  # slots are always written before anyone sees them
+        return stepper
+
+    def __call__(self, tok, pos, tgt, k):
+        self.calls += 1
+        if self.mode == 'dynamic':
+            return self.model.forward_slots(tok, pos, tgt, cache=self.cache, n_parallel=k, n_logits=k)
+        B, r = tok.shape
+        R = 1 << (r - 1).bit_length()                                     # the padded row count
+        if R not in self.bufs:
+            self.bufs[R] = torch.empty(3, B, R, dtype=torch.long, device=self.dev)
+        buf = self.bufs[R]                                                # (3, B, R): tok, pos, tgt
+        buf[:, :, :r] = torch.stack([tok, pos, tgt])
+        buf[:, :, r:] = buf[:, :, r - 1:r]                                # padding: repeat the last row
+        L = self.cache.len
+        self.scalars.copy_(torch.tensor([L, r - k, r]))
+        if self.mode == 'static':
+            h = self._forward(R)
+        else:
+            if R not in self.graphs:
+                self._capture(R)
+            self.graphs[R].replay()
+            h = self.outs[R]
+        self.cache.len = L + r - k + 1
+        return self.model.lm_head(h[:, r - k:r])                          # (B, k, V)
+
+    def _forward(self, R):
+        buf, (L, blk, r) = self.bufs[R], self.scalars
+        return self.model.forward_static(buf[0], buf[1], buf[2], self.cache, L, blk, r)
+
+    def _capture(self, R):
+        # Autocast's weight-cast cache would hand the graph tensors freed after capture: disable it.
+        ac, adt = torch.is_autocast_enabled('cuda'), torch.get_autocast_dtype('cuda')
+        actx = lambda: torch.autocast('cuda', dtype=adt, enabled=ac, cache_enabled=False)  # noqa: E731
+        if self.cache.k is None:  # the K/V dtype is what c_attn returns: the autocast dtype or the weights'
+            self.cache.allocate(self.dev, adt if ac else next(self.model.parameters()).dtype)
+        # Warm up on a side stream first (lazy inits, cuBLAS/attention setup). The warm-up calls write the
+        # same K/V rows the replay will, so they change nothing.
+        side = torch.cuda.Stream(device=self.dev)
+        side.wait_stream(torch.cuda.current_stream(self.dev))
+        with torch.cuda.stream(side), actx():
+            for _ in range(2):
+                self._forward(R)
+        torch.cuda.current_stream(self.dev).wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool), actx():
+            self.outs[R] = self._forward(R)
+        self.graphs[R] = g
+
+
+
 @torch.no_grad()
 def generate_ao(model, n, batch_size, steps, order='random', fixed_counts=False, schedule='linear',
-                temperature=1.0, top_p=1.0, vocab_size=None, given=None, generator=None):
+                temperature=1.0, top_p=1.0, vocab_size=None, given=None, generator=None, stepper='dynamic'):
     """KV-cached any-order sampling from an AO-GPT / sigma-GPT. Returns (tokens (B, n), stats).
 
     given: LongTensor (n,) with -1 at the positions to generate; the given tokens enter the cache first
     (ascending positions, in the first pass), the rest follow `order`. stats: steps, forward_calls,
     token_passes (rows through the network per sample), tokens_generated, counts (the per-step counts
     of the steps that ran), order (B, n) positions in reveal order.
+    stepper: how each forward call runs: 'dynamic', 'static' or 'cuda_graph', or a SlotStepper to reuse
+    (its captured graphs); the samples are the same up to float rounding.
     """
     if not model.any_order:
         raise ValueError("generate_ao needs an any-order decoder (cond='adaln' or 'sigma'); "
@@ -263,12 +359,11 @@ def generate_ao(model, n, batch_size, steps, order='random', fixed_counts=False,
     slot_pos = torch.cat([torch.full((B, 1), -1), reveal], 1).to(dev)      # its position; [None] is -1
     reveal, u = reveal.to(dev), u.to(dev)
 
-    cache = KVCache(model, B)
+    step = SlotStepper.make(model, B, stepper)
     c, m = 0, g
     for i, k in enumerate(ks):
         r = rows[offs[i]:offs[i + 1]]
-        logits = model.forward_slots(slot_tok[:, r], slot_pos[:, r], reveal[:, c:m + k], cache=cache,
-                                     n_parallel=k, n_logits=k)            # (B, k, V)
+        logits = step(slot_tok[:, r], slot_pos[:, r], reveal[:, c:m + k], k)  # (B, k, V)
         slot_tok[:, m + 1:m + k + 1] = sample_tokens(logits, u[:, m:m + k], temperature, top_p, vocab_size)
         c, m = m + 1, m + k
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
@@ -279,11 +374,12 @@ def generate_ao(model, n, batch_size, steps, order='random', fixed_counts=False,
 
 @torch.no_grad()
 def generate_ar(model, n, batch_size, temperature=1.0, top_p=1.0, vocab_size=None, prompt=None,
-                generator=None):
+                generator=None, stepper='dynamic'):
     """Plain left-to-right KV-cache decoding, one token per forward call (the AR baseline).
 
     Works for any decoder (a GPT, or an AO-GPT in L2R order). prompt: a list/LongTensor of ids that the
     samples start with (fed in the first call). Returns (tokens (B, n), stats) like generate_ao.
+    stepper: as in generate_ao (a call here is the prompt, then one row at a time).
     """
     if not model.config.causal:
         raise ValueError("generate_ar needs a decoder; use generate_mdm for an encoder MDM")
@@ -301,11 +397,11 @@ def generate_ar(model, n, batch_size, temperature=1.0, top_p=1.0, vocab_size=Non
     tok = tok.to(dev)
     pos = torch.arange(-1, n, device=dev).expand(B, n + 1)                  # slot j sits at position j-1
     tgt = torch.arange(0, n + 1, device=dev).expand(B, n + 1)               # and predicts position j
-    cache = KVCache(model, B)
-    logits = model.forward_slots(tok[:, :g + 1], pos[:, :g + 1], tgt[:, :g + 1], cache=cache, n_logits=1)
+    step = SlotStepper.make(model, B, stepper)
+    logits = step(tok[:, :g + 1], pos[:, :g + 1], tgt[:, :g + 1], 1)         # the prompt: a causal block
     for i in range(g, n):
         if i > g:
-            logits = model.forward_slots(tok[:, i:i + 1], pos[:, i:i + 1], tgt[:, i:i + 1], cache=cache)
+            logits = step(tok[:, i:i + 1], pos[:, i:i + 1], tgt[:, i:i + 1], 1)
         tok[:, i + 1] = sample_tokens(logits[:, -1], u[:, i], temperature, top_p, vocab_size)
     stats = dict(steps=n - g, forward_calls=n - g, token_passes=n, tokens_generated=n - g)
     return tok[:, 1:], stats
@@ -516,12 +612,15 @@ def main():
     if dt not in ('float32', 'bfloat16', 'float16'):
         die(f"--dtype must be auto|float32|bfloat16|float16, got {dt!r}")
     ptdtype = getattr(torch, dt)
+    if stepper == 'cuda_graph' and not dev.startswith('cuda'):
+        die(f"--stepper cuda_graph needs a CUDA device (got --device {dev}); use static or dynamic")
     ctx = nullcontext() if dt == 'float32' or dev == 'cpu' else \
         torch.autocast(device_type=dev.split(':')[0], dtype=ptdtype)
     for key, ok in (('schedule', schedule in ('linear', 'cosine')), ('top_p', 0 < top_p <= 1),
                     ('mdm_counts', mdm_counts in ('shared', 'independent')), ('temperature', temperature >= 0),
                     ('gen_ppl_mode', gen_ppl_mode in ('auto', 'none', 'hf')), ('steps', steps >= 1),
-                    ('batch_size', batch_size >= 1), ('num_batches', num_batches >= 1)):
+                    ('batch_size', batch_size >= 1), ('num_batches', num_batches >= 1),
+                    ('stepper', stepper in STEPPERS)):
         if not ok:
             die(f"invalid --{key}={cfg[key]!r} (see --help)")
 
@@ -587,17 +686,18 @@ def main():
     if per_position and (fixed_counts or not isinstance(o, str) or o != 'random'):
         die("--mdm_counts independent draws a reveal time per position: no --fixed_counts or --order")
     with ctx:
+        stp = SlotStepper(model, batch_size, stepper) if kind != 'mdm' else None  # one for all batches
         for _ in range(num_batches):
             if kind == 'ao':
                 x, stats = generate_ao(model, n, batch_size, steps, order=o, fixed_counts=fixed_counts,
-                                       schedule=schedule, given=given, **common)
+                                       schedule=schedule, given=given, stepper=stp, **common)
             elif kind == 'mdm':
                 x, stats = generate_mdm(model, n, batch_size, steps, cache_trick=cache_trick,
                                         counts=mdm_counts, order=o, fixed_counts=fixed_counts,
                                         schedule=schedule, given=given, **common)
             else:
                 prefix = given[:int((given >= 0).sum())]
-                x, stats = generate_ar(model, n, batch_size, prompt=prefix, **common)
+                x, stats = generate_ar(model, n, batch_size, prompt=prefix, stepper=stp, **common)
             samples.append(x.cpu())
     if dev.startswith('cuda'):
         torch.cuda.synchronize()

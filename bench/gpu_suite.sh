@@ -3,6 +3,8 @@
 #   bash bench/gpu_suite.sh sample   # sampling speed (medium, n=1024, B=32) and eval speed (small, 1024 tokens)
 #   bash bench/gpu_suite.sh train    # training throughput/MFU/memory (small) and train.py on CUDA:
 #                                    # torchrun+NCCL, resume, bf16 vs fp32 loss curves (needs data/ptb)
+#   bash bench/gpu_suite.sh graphs   # the fixed-shape CUDA-graph sampler: its GPU tests, then its speed
+#                                    # against the dynamic one and AR (medium, n=1024, B=32; warm runs)
 # Tables are appended to BENCHMARKS.md (copied to $OUT when set); logs go to ${OUT:-/tmp}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +18,12 @@ if [[ $what == sample || $what == all ]]; then
       --steps=64,128,256,512,1024 --write=True 2>&1 | grep -v '^  '
   $PY bench/eval_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --n=1024 --chunks=32 \
       --exact_chunks=1 --batch_size=64 --write=True 2>&1 | grep -v '^  '
+fi
+
+if [[ $what == graphs || $what == all ]]; then
+  $PY -m pytest -q tests/test_sample.py -k cuda_graph 2>&1 | tail -n 5
+  $PY bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
+      --steps=64,128,256,512,1024 --samplers=ao,ao_graph,ar,ar_graph --repeats=2 --write=True 2>&1 | grep -v '^  '
 fi
 
 if [[ $what == train || $what == all ]]; then

@@ -4,11 +4,14 @@ Sampling wall time vs. the number of steps T, for one backbone size, measured si
   mdm        the encoder MDM: one full pass over all n positions per step (T passes)
   mdm_cache  the encoder MDM with MDLM's trick: a step that reveals nothing reuses the last pass
   ar         plain L2R KV-cache decoding of a GPT, one token per call (independent of T)
+  ao_static, ar_static   the same with fixed padded shapes (sample.SlotStepper 'static')
+  ao_graph, ar_graph     those shapes captured once and replayed as CUDA graphs ('cuda_graph'; CUDA only)
 Speed does not depend on the weights, so the models are random. The ratios are the result.
 
     python bench/sample_speed.py                                           # CPU, small defaults
     python bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 \
         --n=1024 --batch_size=32 --steps=64,128,256,512,1024              # the paper's setting, medium
+    python bench/sample_speed.py --device=cuda ... --samplers=ao,ao_graph,ar,ar_graph,mdm_cache
 """
 import os
 import sys
@@ -20,7 +23,7 @@ import torch  # noqa: E402
 from bench.common import append_benchmark  # noqa: E402
 from configurator import configure, print_config  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from sample import generate_ao, generate_ar, generate_mdm  # noqa: E402
+from sample import SlotStepper, generate_ao, generate_ar, generate_mdm  # noqa: E402
 
 device = 'cpu'
 dtype = 'bfloat16'           # CUDA: weights cast to this dtype (no autocast casts per call); CPU: fp32
@@ -58,6 +61,7 @@ def build(**kw):
 
 
 def timed(fn):
+    """(seconds of the last of `repeats` runs, its stats)."""
     for _ in range(repeats - 1):
         fn()
     if cuda:
@@ -74,44 +78,57 @@ def gen():
 
 
 res = {}  # (sampler, T) -> (seconds, token_passes per sample, forward calls)
-if 'ao' in want:
-    ao = build(cond='adaln')
-    generate_ao(ao, n, batch_size, min(Ts), generator=gen())  # warm-up (kernels, allocator)
-    for T in Ts:
-        s, st = timed(lambda: generate_ao(ao, n, batch_size, T, generator=gen(), vocab_size=50257))
-        res['ao', T] = (s, st['token_passes'], st['forward_calls'])
-    del ao
+SUFFIX = {'': 'dynamic', '_static': 'static', '_graph': 'cuda_graph'}  # decoder samplers: ao*, ar*
+decoders = [(name, kind, SUFFIX[name[2:]]) for name in want for kind in ('ao', 'ar')
+            if name.startswith(kind) and name[2:] in SUFFIX]
+unknown = set(want) - {d[0] for d in decoders} - {'mdm', 'mdm_cache'}
+if unknown:
+    sys.exit(f"error: unknown samplers {sorted(unknown)}; choose from ao, ar (each optionally with _static or "
+             f"_graph), mdm, mdm_cache")
+if not cuda and any(st == 'cuda_graph' for _, _, st in decoders):
+    sys.exit("error: the _graph samplers need --device=cuda")
+for kind in ('ao', 'ar'):
+    mine = [(name, st) for name, k, st in decoders if k == kind]
+    if not mine:
+        continue
+    model = build(cond='adaln' if kind == 'ao' else 'none')
+    for name, mode in mine:
+        st = SlotStepper(model, batch_size, mode)  # shared by the warm-up and the timed runs (its graphs)
+        if kind == 'ao':
+            def run(T, st=st):
+                return generate_ao(model, n, batch_size, T, generator=gen(), vocab_size=50257, stepper=st)
+        else:
+            def run(T, st=st):
+                return generate_ar(model, n, batch_size, generator=gen(), vocab_size=50257, stepper=st)
+        run(min(Ts))  # warm-up (kernels, allocator; the graphs of the shapes T = min(Ts) uses)
+        for T in (Ts if kind == 'ao' else Ts[:1]):
+            res[name, T] = timed(lambda: run(T))
+        for T in Ts[1:] if kind == 'ar' else ():  # AR does not depend on T: one timing for every row
+            res[name, T] = res[name, Ts[0]]
+    del model
 if 'mdm' in want or 'mdm_cache' in want:
     enc = build(cond='none', causal=False)
     generate_mdm(enc, n, batch_size, min(Ts), generator=gen())
     for T in Ts:
         for name, trick in (('mdm', False), ('mdm_cache', True)):
             if name in want:
-                s, st = timed(lambda: generate_mdm(enc, n, batch_size, T, cache_trick=trick, generator=gen(),
-                                                   vocab_size=50257))
-                res[name, T] = (s, st['token_passes'], st['forward_calls'])
+                res[name, T] = timed(lambda: generate_mdm(enc, n, batch_size, T, cache_trick=trick,
+                                                          generator=gen(), vocab_size=50257))
     del enc
-if 'ar' in want:
-    gpt = build(cond='none')
-    generate_ar(gpt, n, batch_size, generator=gen())
-    s, st = timed(lambda: generate_ar(gpt, n, batch_size, generator=gen(), vocab_size=50257))
-    for T in Ts:
-        res['ar', T] = (s, st['token_passes'], st['forward_calls'])
-    del gpt
 
-cols = [c for c in ('ao', 'mdm', 'mdm_cache', 'ar') if c in want]
-head = '| T | ' + ' | '.join(f'{c} s' for c in cols) + ' | ' + \
-       ' | '.join(f'{c} passes/calls' for c in cols) + ' | mdm / ao | mdm_cache / ao | ao / ar |'
+cols = [c for c in want if any(c == k for k, _ in res)]
+aos = [c for c in cols if c.startswith('ao')]
+# the ratios: every encoder sampler over every AO variant, and every AO variant over its AR twin
+pairs = [(m, a) for a in aos for m in ('mdm', 'mdm_cache') if m in cols] + \
+        [(a, 'ar' + a[2:]) for a in aos if 'ar' + a[2:] in cols]
+head = ('| T | ' + ' | '.join(f'{c} s' for c in cols) + ' | ' + ' | '.join(f'{c} passes/calls' for c in cols)
+        + ''.join(f' | {a} / {b}' for a, b in pairs) + ' |')
 lines = [head, '|' + '---|' * (head.count('|') - 1)]
 for T in Ts:
     secs = ' | '.join(f"{res[c, T][0]:.2f}" for c in cols)
-    work = ' | '.join(f"{res[c, T][1]}/{res[c, T][2]}" for c in cols)
-
-    def ratio(a, b):
-        return f"{res[a, T][0] / res[b, T][0]:.1f}x" if (a, T) in res and (b, T) in res else 'n/a'
-    lines.append(f"| {T} | {secs} | {work} | {ratio('mdm', 'ao')} | {ratio('mdm_cache', 'ao')} | "
-                 f"{res['ao', T][0] / res['ar', T][0]:.2f} |" if ('ao', T) in res and ('ar', T) in res else
-                 f"| {T} | {secs} | {work} | {ratio('mdm', 'ao')} | {ratio('mdm_cache', 'ao')} | n/a |")
+    work = ' | '.join(f"{res[c, T][1]['token_passes']}/{res[c, T][1]['forward_calls']}" for c in cols)
+    ratios = ''.join(f" | {res[a, T][0] / res[b, T][0]:.2f}" for a, b in pairs)
+    lines.append(f"| {T} | {secs} | {work}{ratios} |")
 table = '\n'.join(lines)
 print(table)
 
@@ -119,4 +136,5 @@ if write:
     append_benchmark('Sampling speed', cuda,
                      f"{n_layer}L/{n_embd}d/{n_head}H, n = {n}, batch {batch_size}, {dtype if cuda else 'fp32'} "
                      f"weights, random init, sdpa={sdpa}, timing run {repeats} of {repeats}. passes = token-passes "
-                     f"per sample; calls = forward calls.", table)
+                     f"per sample; calls = forward calls; _static = fixed padded shapes, _graph = the same "
+                     f"replayed as CUDA graphs (sample.SlotStepper).", table)

@@ -183,6 +183,105 @@ def test_token_passes_about_2n_for_any_T():
         assert st['token_passes'] == n + sum(k - 1 for k in ks[:-1]) <= 2 * n
 
 
+# --------------------------------------------------------------------------- fixed shapes (CUDA graphs)
+
+def run_steppers(monkeypatch, fn, modes=('dynamic', 'static')):
+    """fn(stepper) under each mode; per mode, the result and each call's (r, L, S, logits)."""
+    real, out = sample.SlotStepper.__call__, {}
+    for mode in modes:
+        calls = []
+
+        def spy(self, tok, pos, tgt, k):
+            L = self.cache.len
+            logits = real(self, tok, pos, tgt, k)
+            calls.append((tok.size(1), L, self.cache.shape[2], logits.clone()))
+            return logits
+        monkeypatch.setattr(sample.SlotStepper, '__call__', spy)
+        out[mode] = fn(mode), calls
+    return out
+
+
+@pytest.mark.parametrize('kw', [dict(cond='adaln'), dict(cond='adaln', adaln_table=True), dict(cond='sigma')])
+def test_static_stepper_equals_dynamic_call_for_call(kw, monkeypatch):
+    """The fixed-shape path that a CUDA graph replays (rows padded to a power of two, attention over the
+    whole zeroed cache under a mask, padding rows past the buffer sharing its scratch row) gives the
+    dynamic path's logits at every call, and so the same samples."""
+    model = sharp(tiny(block_size=40, seed=8, **kw), 3.0)
+    n, B = 40, 3
+    given = torch.full((n,), -1)
+    given[[0, 5, 17]] = torch.tensor([4, 9, 1])
+    # T = 1 without given tokens: one call of 40 copies of [None], padded to 64 rows past the 48-row buffer,
+    # and nothing cached for the padding rows to see but slot 0
+    for T, fixed, giv in ((2, True, given), (7, False, given), (40, False, given), (1, False, None)):
+        res = run_steppers(monkeypatch, lambda mode: generate_ao(
+            model, n, B, T, fixed_counts=fixed, given=giv, top_p=0.9, generator=gen(T), stepper=mode)[0])
+        (xd, cd), (xs, cs) = res['dynamic'], res['static']
+        assert torch.equal(xd, xs) and len(cd) == len(cs)
+        for (r, L, _, ld), (r2, L2, S, ls) in zip(cd, cs):
+            assert (r, L) == (r2, L2)
+            torch.testing.assert_close(ls, ld, atol=ATOL, rtol=0)
+        if T == 2:  # the second call's padding runs past the buffer: L + R > S
+            r, L, S, _ = cs[1]
+            assert L + (1 << (r - 1).bit_length()) > S
+
+
+def test_static_stepper_for_l2r_decoding(monkeypatch):
+    model = sharp(tiny(cond='none', block_size=24, seed=9), 3.0)
+    res = run_steppers(monkeypatch, lambda mode: generate_ar(model, 24, 2, prompt=[3, 1, 4], generator=gen(2),
+                                                             stepper=mode)[0])
+    (xd, cd), (xs, cs) = res['dynamic'], res['static']
+    assert torch.equal(xd, xs) and len(cd) == len(cs) == 21
+    for (_, _, _, ld), (_, _, _, ls) in zip(cd, cs):
+        torch.testing.assert_close(ls, ld, atol=ATOL, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA graphs need a GPU (bench/gpu_suite.sh graphs)')
+@pytest.mark.parametrize('how', ['fp32', 'bf16_weights', 'autocast'])
+def test_cuda_graph_stepper_equals_eager_on_gpu(how, monkeypatch):
+    """Replayed graphs give the logits of the eager fixed-shape path (the same kernels), and both those
+    of the dynamic path, for several Ts (new shapes keep being captured mid-run) and for L2R decoding."""
+    from contextlib import nullcontext
+    model = sharp(tiny(block_size=40, seed=8), 3.0).to('cuda', torch.bfloat16 if how == 'bf16_weights' else None)
+    ctx = torch.autocast('cuda', dtype=torch.bfloat16) if how == 'autocast' else nullcontext()
+    tol = ATOL if how == 'fp32' else 3e-2
+    modes = ('dynamic', 'static', 'cuda_graph')
+    with ctx:
+        runs = [run_steppers(monkeypatch, lambda mode: generate_ao(model, 40, 3, T, generator=gen(T),
+                                                                   stepper=mode)[0], modes) for T in (1, 2, 7, 40)]
+        runs.append(run_steppers(monkeypatch, lambda mode: generate_ar(model, 40, 3, prompt=[1, 2], generator=gen(0),
+                                                                       stepper=mode)[0], modes))
+    for res in runs:
+        (xd, cd), (xs, cs), (xg, cg) = (res[m] for m in modes)
+        assert len(cd) == len(cs) == len(cg)
+        for (_, _, _, ld), (_, _, _, ls), (_, _, _, lg) in zip(cd, cs, cg):
+            torch.testing.assert_close(lg, ls, atol=1e-6 if how == 'fp32' else 1e-2, rtol=0)
+            torch.testing.assert_close(ls.float(), ld.float(), atol=tol, rtol=0)
+        if how == 'fp32':
+            assert torch.equal(xg, xs) and torch.equal(xs, xd)
+
+
+def test_a_stepper_serves_many_runs():
+    """A reused stepper (how the CLI and the bench keep their CUDA graphs across batches) starts each run
+    from an empty cache: the same samples as a fresh one, whatever ran before."""
+    model = sharp(tiny(block_size=16, seed=3), 3.0)
+    st = sample.SlotStepper(model, 2, 'static')
+    for T in (16, 3, 5):
+        fresh = generate_ao(model, 16, 2, T, generator=gen(T), stepper='static')[0]
+        assert torch.equal(generate_ao(model, 16, 2, T, generator=gen(T), stepper=st)[0], fresh)
+    assert torch.equal(generate_ar(model, 16, 2, generator=gen(1), stepper=st)[0],
+                       generate_ar(model, 16, 2, generator=gen(1))[0])
+    with pytest.raises(ValueError, match='another model or batch size'):
+        generate_ao(model, 16, 3, 4, stepper=st)
+
+
+def test_stepper_bad_mode_and_cuda_graph_on_cpu_are_clear():
+    model = tiny()
+    with pytest.raises(ValueError, match='needs the model on a CUDA device'):
+        generate_ao(model, 8, 2, 4, stepper='cuda_graph')
+    with pytest.raises(ValueError, match='stepper must be one of'):
+        generate_ar(model, 8, 2, stepper='graph')
+
+
 # --------------------------------------------------------------------------- counts
 
 @pytest.mark.parametrize('schedule', ['linear', 'cosine'])
@@ -487,6 +586,14 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     code, out, err = cli('--ckpt', str(tmp_path / 'gpt.pt'), '--prompt', 'Hello', '--length', '6')
     assert code == 0, err
     assert 'L2R GPT' in out and out.count('---------- sample') == 4
+    # the fixed-shape stepper gives the same samples as the default
+    for ck in ('ao.pt', 'gpt.pt'):
+        for st in ('dynamic', 'static'):
+            code, out, err = cli('--ckpt', str(tmp_path / ck), '--length', '9', '--steps', '4', '--stepper', st,
+                                 '--save', str(tmp_path / f'{st}.json'))
+            assert code == 0, err
+        assert json.load(open(tmp_path / 'dynamic.json'))['samples'] == \
+            json.load(open(tmp_path / 'static.json'))['samples']
 
 
 @pytest.mark.parametrize('args,msg', [
@@ -498,6 +605,8 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     (['--order', 'nope.txt'], 'nope.txt'),
     (['--top_p', '0'], 'top_p'),
     (['--stpes', '3'], 'steps'),
+    (['--stepper', 'cuda_graph'], 'needs a CUDA device'),
+    (['--stepper', 'graphs'], 'stepper'),
 ])
 def test_cli_bad_input_is_one_line(tmp_path, cli, args, msg):
     write_ckpt(tmp_path / 'ckpt.pt')
