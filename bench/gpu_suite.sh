@@ -5,6 +5,8 @@
 #                                    # torchrun+NCCL, resume, bf16 vs fp32 loss curves (needs data/ptb)
 #   bash bench/gpu_suite.sh graphs   # the fixed-shape CUDA-graph sampler: its GPU tests, then its speed
 #                                    # against the dynamic one and AR (medium, n=1024, B=32; warm runs)
+#   bash bench/gpu_suite.sh tune     # the training levers not yet tried on the H100 (BENCHMARKS.md):
+#                                    # micro-batch 32, and cuDNN attention, for ao_table and gpt
 # Tables are appended to BENCHMARKS.md (copied to $OUT when set); logs go to ${OUT:-/tmp}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +26,13 @@ if [[ $what == graphs || $what == all ]]; then
   $PY -m pytest -q tests/test_sample.py -k cuda_graph 2>&1 | tail -n 5
   $PY bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
       --steps=64,128,256,512,1024 --samplers=ao,ao_graph,ar,ar_graph --repeats=2 --write=True 2>&1 | grep -v '^  '
+fi
+
+if [[ $what == tune || $what == all ]]; then
+  for extra in "--batch_size=32" "--batch_size=16 --sdpa=cudnn"; do
+    $PY bench/train_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 \
+        --compile=True --iters=15 --warmup=3 --models=ao_table,gpt $extra --write=True 2>&1 | grep -v '^  '
+  done
 fi
 
 if [[ $what == train || $what == all ]]; then
