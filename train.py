@@ -96,6 +96,7 @@ target_dim = 128  # width of the AdaLN target-position table
 adaln_table = False  # compute AdaLN per position once and gather (same math)
 adaln_init = 'gate1'  # gate1 | paper
 target_std = 0.02  # init std of the AdaLN target table (the paper's 0.02)
+adaln_std = None  # init std of the AdaLN Linear weights; None: the generic 0.02 draw
 norm = 'rms'  # rms | layer
 qk_norm = True
 tie_head = False

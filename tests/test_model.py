@@ -170,6 +170,23 @@ def test_target_std_sets_only_the_target_table_init():
     assert [k for k in sa if not torch.equal(sa[k], sb[k])] == ['transformer.wtpe.weight']
 
 
+def test_adaln_std_sets_only_the_adaln_linear_weights():
+    """adaln_std redraws the weights of every AdaLN Linear (blocks and final norm), nothing else; the
+    gate1 biases are kept."""
+    cfg = dict(block_size=16, vocab_size=11, n_layer=2, n_head=2, n_embd=64, target_dim=64)
+    torch.manual_seed(0)
+    a = GPT(GPTConfig(**cfg))
+    torch.manual_seed(0)
+    b = GPT(GPTConfig(**cfg, adaln_std=0.2))
+    sa, sb = a.state_dict(), b.state_dict()
+    changed = [k for k in sa if not torch.equal(sa[k], sb[k])]
+    assert changed == ['transformer.h.0.adaLN.1.weight', 'transformer.h.1.adaLN.1.weight',
+                       'transformer.adaLN_f.1.weight']
+    for k in changed:
+        assert abs(sb[k].std().item() - 0.2 * 0.986) < 0.01 and sb[k].abs().max() <= 0.6 + 1e-6
+    assert torch.equal(b.transformer.h[0].adaLN[1].bias.view(6, 64)[2], torch.ones(64))  # gate1 kept
+
+
 # --------------------------------------------------------------------------- encoder MDM
 
 def test_encoder_elbo_is_unbiased_for_exact_any_order_loss():
