@@ -241,8 +241,8 @@ class SlotStepper:
         kernel setup; a replayed graph pays neither. All graphs share one memory pool, which is safe
         because one graph's output is consumed (lm_head) before any other graph is replayed.
     lm_head and the token draws run outside the graph on just the k copies.
-    A stepper can serve many runs (generate_ao/generate_ar take one for `stepper`, and reset() it), so
-    the graphs are captured once per padded shape, not once per batch.
+    A stepper can serve many runs (generate_ao/generate_ar take one for `stepper` and empty its cache,
+    see make), so the graphs are captured once per padded shape, not once per batch.
     """
 
     def __init__(self, model, batch_size, mode='dynamic'):
@@ -315,7 +315,6 @@ class SlotStepper:
         with torch.cuda.graph(g, pool=self.pool), actx():
             self.outs[R] = self._forward(R)
         self.graphs[R] = g
-
 
 
 @torch.no_grad()
