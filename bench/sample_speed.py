@@ -34,7 +34,7 @@ vocab_size = 50304
 n = 128                      # sequence length
 batch_size = 4
 steps = '16,32,64,128'       # comma-separated T values
-samplers = 'ao,mdm,mdm_cache,ar'
+samplers = 'ao,mdm,mdm_cache,ar'  # also ao_static, ar_static, ao_graph, ar_graph (see above)
 seed = 0
 repeats = 1                  # run each setting this many times and time the last (2: shapes already seen)
 sdpa = 'default'             # CUDA attention kernels: default (torch's choice) | nocudnn (flash, efficient, math)
@@ -77,7 +77,7 @@ def gen():
     return torch.Generator().manual_seed(seed)
 
 
-res = {}  # (sampler, T) -> (seconds, token_passes per sample, forward calls)
+res = {}  # (sampler, T) -> (seconds, stats)
 SUFFIX = {'': 'dynamic', '_static': 'static', '_graph': 'cuda_graph'}  # decoder samplers: ao*, ar*
 decoders = [(name, kind, SUFFIX[name[2:]]) for name in want for kind in ('ao', 'ar')
             if name.startswith(kind) and name[2:] in SUFFIX]
