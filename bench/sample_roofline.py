@@ -1,0 +1,103 @@
+"""
+The sampling floor on a GPU, counted before it is measured. For each sampler's exact plan (the per-step
+counts sample.py draws, same seed), every forward call's FLOPs and HBM bytes, and per call the larger of
+FLOPs / peak and bytes / bandwidth. The sum is the time no implementation of that plan can beat; the
+measured times in BENCHMARKS.md sit above it by what launch overhead and kernel efficiency cost.
+
+    python bench/sample_roofline.py                       # medium, n = 1024, B = 32, H100 SXM figures
+
+What a call costs (bf16, B samples, a call of r rows with L slots cached, k of them to predict):
+  decoder FLOPs  2 B (r P_trunk + k d V) + 4 B n_layer d r (L + r)   (matmuls, then scores and values)
+  decoder bytes  2 (P_trunk + d V) + 4 B n_layer d (L + 2r)          (weights once, K/V read + written)
+  encoder pass   2 B n P_trunk + 4 B n_layer d n^2 + 2 B k d V, weights once; compute-bound at B n = 32k
+P_trunk: the matmul parameters a token passes through (blocks, and per-token AdaLN for AO-GPT).
+Activations are not counted: in a call of a few rows per sample (most calls at large T) they are far
+smaller than the weights, and the calls with many rows, like every encoder pass, are compute-bound even
+with them. Neither is the token draw (a float64 softmax over the k predicted rows).
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch  # noqa: E402
+
+from configurator import configure, print_config  # noqa: E402
+from sample import reveal_counts  # noqa: E402
+
+n_layer = 24
+n_embd = 1024
+vocab_size = 50304
+target_dim = 128             # AO-GPT's per-token AdaLN: Linear(target_dim -> 6 n_embd) per block
+n = 1024                     # sequence length
+batch_size = 32
+steps = '64,128,256,512,1024'
+peak_flops = 792e12          # bf16 matmul FLOP/s: the H100 peak measured in BENCHMARKS.md (datasheet 989e12)
+hbm_bandwidth = 3.35e12      # bytes/s: H100 SXM HBM3 datasheet
+seed = 0                     # the sampler's seed: the same plans bench/sample_speed.py times
+config = configure(globals())
+print_config(config)
+
+d, V, B, nl = n_embd, vocab_size, batch_size, n_layer
+P_block = nl * 12 * d * d
+P_adaln = nl * target_dim * 6 * d + target_dim * 2 * d
+W = 2  # bytes per bf16 value
+
+
+def call_time(flops, nbytes):
+    return max(flops / peak_flops, nbytes / hbm_bandwidth)
+
+
+def decoder_time(plan, adaln):
+    """plan: [(r rows, L cached, k predicted)] -> (seconds, FLOPs, bytes) summed over the calls."""
+    P = P_block + (P_adaln if adaln else 0)
+    s = F = Y = 0.0
+    for r, L, k in plan:
+        f = 2 * B * (r * P + k * d * V) + 4 * B * nl * d * r * (L + r)
+        y = W * (P + d * V) + 2 * W * B * nl * d * (L + 2 * r)
+        s, F, Y = s + call_time(f, y), F + f, Y + y
+    return s, F, Y
+
+
+def ao_plan(counts):
+    """The AO sampler's calls: the previous step's k - 1 pending slots, then k copies (sample.generate_ao)."""
+    plan, c, m = [], 0, 0
+    for k in counts:
+        if k:
+            plan.append((m - c + k, c, k))
+            c, m = m + 1, m + k
+    return plan
+
+
+def encoder_time(counts, skip_empty):
+    s = F = 0.0
+    for k in counts:
+        if skip_empty and not k:
+            continue  # MDLM's caching trick: nothing revealed, no pass
+        f = 2 * B * n * P_block + 4 * B * nl * d * n * n + 2 * B * k * d * V
+        s, F = s + call_time(f, W * (P_block + d * V)), F + f
+    return s, F
+
+
+ar_plan = [(1, L, 1) for L in range(n)]  # one row per call over L cached slots (the first call: [None])
+ar_s, ar_F, ar_Y = decoder_time(ar_plan, adaln=False)
+lines = ['| T | AO calls / token-passes | AO floor s | AR floor s | encoder floor s | encoder+cache floor s | encoder / AO | '
+         'encoder+cache / AO | AO / AR | AO: compute-bound calls |', '|' + '---|' * 10]
+for T in [int(t) for t in steps.split(',')]:
+    g = torch.Generator().manual_seed(seed)  # generate_ao's draws: a uniform per token, the order, the counts
+    torch.rand(B, n, dtype=torch.float64, generator=g)
+    torch.rand(B, n, dtype=torch.float64, generator=g)
+    counts = reveal_counts(n, T, generator=g).tolist()
+    plan = ao_plan(counts)
+    ao_s, _, _ = decoder_time(plan, adaln=True)
+    bound = sum(1 for r, L, k in plan
+                if 2 * B * (r * (P_block + P_adaln) + k * d * V) / peak_flops >
+                W * (P_block + P_adaln + d * V) / hbm_bandwidth)
+    mdm_s, _ = encoder_time(counts, skip_empty=False)
+    mdmc_s, _ = encoder_time(counts, skip_empty=True)
+    lines.append(f"| {T} | {len(plan)} / {sum(r for r, _, _ in plan)} | {ao_s:.3f} | {ar_s:.3f} | {mdm_s:.2f} | {mdmc_s:.2f} | {mdm_s / ao_s:.1f}x | "
+                 f"{mdmc_s / ao_s:.1f}x | {ao_s / ar_s:.2f} | {bound} of {len(plan)} |")
+table = '\n'.join(lines)
+print(table)
+print(f"AR: {n} calls, each reading the {W * (P_block + d * V) / 1e9:.2f} GB of weights: "
+      f"{ar_Y / 1e9:.0f} GB and {ar_F / 1e12:.1f} TFLOP in all")
+
