@@ -624,3 +624,16 @@ def test_script_runs(tmp_path):
                         '--steps', '64', '--batch_size', '2'], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert 'encoder MDM' in r.stdout and 'token-passes' in r.stdout
+
+
+def test_roofline_counts_the_plan_generate_ao_runs():
+    """bench/sample_roofline.py rebuilds the AO sampler's calls from the seed; they must be the calls
+    generate_ao makes (bench/sample_speed.py's seed and batch), or its floor is for another plan."""
+    r = subprocess.run([sys.executable, 'bench/sample_roofline.py', '--n_layer=2', '--n_embd=64', '--n=32',
+                        '--batch_size=3', '--steps=4,9,32', '--seed=5'], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split('|')[1:3] for line in r.stdout.splitlines() if line.startswith('| ') and 'T |' not in line]
+    model = tiny(block_size=32)
+    for T, cell in ((4, rows[0]), (9, rows[1]), (32, rows[2])):
+        _, st = generate_ao(model, 32, 3, T, generator=gen(5))
+        assert int(cell[0]) == T and cell[1].strip() == f"{st['forward_calls']} / {st['token_passes']}"
