@@ -159,6 +159,9 @@ if cond not in ('adaln', 'sigma', 'none'):
 if norm not in ('rms', 'layer') or gelu not in ('exact', 'tanh') or adaln_init not in ('gate1', 'paper'):
     fail(f"norm must be rms|layer, gelu exact|tanh, adaln_init gate1|paper; got {norm!r}, {gelu!r}, "
          f"{adaln_init!r}")
+if not target_std > 0 or (adaln_std is not None and not adaln_std > 0):
+    fail(f"target_std and adaln_std are init stds and must be > 0 (adaln_std may be None), got {target_std}, "
+         f"{adaln_std}")
 if n_embd % n_head:
     fail(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
 if not causal and cond != 'none':

@@ -380,6 +380,7 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     (['--order_mode=block_random', '--block_size_order=5'], "must be a multiple of block_size_order"),
     (['--causal=False', '--cond=adaln'], "set cond='none'"),
     (['--init_from=gpt2:/no/such/dir'], "not a local Hugging Face GPT-2 directory"),
+    (['--adaln_std=-0.1'], "init stds and must be > 0"),
 ])
 def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, argv, needle):
     with pytest.raises(SystemExit) as e:
