@@ -233,8 +233,9 @@ class SlotStepper:
     copies of the last revealed slot, each with its own target), logits (B, k, V) of the copies out.
 
     mode 'dynamic': model.forward_slots at the call's own shape (r rows attending over L + r slots).
-    'static': model.forward_static at a few fixed shapes: r padded up to a power of two, every row
-        attending over the whole cache under a mask. More arithmetic; same samples. It exists for:
+    'static': model.forward_static at a few fixed shapes: r padded up to two sizes per octave (1, 2, 3, 4,
+        6, 8, 12, 16, 24, ...; rows_for), every row attending over the whole cache under a mask. More
+        arithmetic (1-17% more rows for the plans in bench/sample_roofline.py); same samples. It exists for:
     'cuda_graph': static, and each padded shape is captured once as a CUDA graph and then replayed.
         A forward call of a deep model at a few rows per sample is launch-bound on a GPU (hundreds of
         small kernels issued from Python; BENCHMARKS.md), and every new (rows, cache length) shape pays
@@ -270,12 +271,20 @@ class SlotStepper:
         stepper.cache.len, stepper.calls = 0, 0  # slots are always written before anyone sees them
         return stepper
 
+    @staticmethod
+    def rows_for(r):
+        """The padded row count for r rows: the next of 1, 2, 3, 4, 6, 8, 12, ... (under 1.5 r). On the
+        plans in bench/sample_roofline.py powers of two alone pad 15-38% more token-passes in all, these
+        1-17%, for a few more shapes (graphs) per run."""
+        R = 1 << (r - 1).bit_length()
+        return R * 3 // 4 if R >= 4 and r <= R * 3 // 4 else R
+
     def __call__(self, tok, pos, tgt, k):
         self.calls += 1
         if self.mode == 'dynamic':
             return self.model.forward_slots(tok, pos, tgt, cache=self.cache, n_parallel=k, n_logits=k)
         B, r = tok.shape
-        R = 1 << (r - 1).bit_length()                                     # the padded row count
+        R = self.rows_for(r)
         if R not in self.bufs:
             self.bufs[R] = torch.empty(3, B, R, dtype=torch.long, device=self.dev)
         buf = self.bufs[R]                                                # (3, B, R): tok, pos, tgt

@@ -2,7 +2,8 @@
 The sampling floor on a GPU, counted before it is measured. For each sampler's exact plan (the per-step
 counts sample.py draws, same seed), every forward call's FLOPs and HBM bytes, and per call the larger of
 FLOPs / peak and bytes / bandwidth. The sum is the time no implementation of that plan can beat; the
-measured times in BENCHMARKS.md sit above it by what launch overhead and kernel efficiency cost.
+measured times in BENCHMARKS.md sit above it by what launch overhead and kernel efficiency cost. The
+fixed-shape column is the floor of the CUDA-graph path, which pads rows and attends over the whole cache.
 
     python bench/sample_roofline.py                       # medium, n = 1024, B = 32, H100 SXM figures
 
@@ -22,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from configurator import configure, print_config  # noqa: E402
-from sample import reveal_counts  # noqa: E402
+from sample import SlotStepper, reveal_counts  # noqa: E402
 
 n_layer = 24
 n_embd = 1024
@@ -58,6 +59,19 @@ def decoder_time(plan, adaln):
     return s, F, Y
 
 
+def static_time(plan, adaln):
+    """The fixed-shape path (sample.SlotStepper 'static' / 'cuda_graph'): rows padded by rows_for, and every
+    row attending over the whole static cache of S slots."""
+    P, S = P_block + (P_adaln if adaln else 0), (n // 16 + 1) * 16
+    s = 0.0
+    for r, L, k in plan:
+        R = SlotStepper.rows_for(r)
+        f = 2 * B * (R * P + k * d * V) + 4 * B * nl * d * R * S
+        y = W * (P + d * V) + 2 * W * B * nl * d * (S + R)
+        s += call_time(f, y)
+    return s
+
+
 def ao_plan(counts):
     """The AO sampler's calls: the previous step's k - 1 pending slots, then k copies (sample.generate_ao)."""
     plan, c, m = [], 0, 0
@@ -80,8 +94,11 @@ def encoder_time(counts, skip_empty):
 
 ar_plan = [(1, L, 1) for L in range(n)]  # one row per call over L cached slots (the first call: [None])
 ar_s, ar_F, ar_Y = decoder_time(ar_plan, adaln=False)
-lines = ['| T | AO calls / token-passes | AO floor s | AR floor s | encoder floor s | encoder+cache floor s | encoder / AO | '
-         'encoder+cache / AO | AO / AR | AO: compute-bound calls |', '|' + '---|' * 10]
+ar_fixed = static_time(ar_plan, adaln=False)
+cols = ['T', 'AO calls / token-passes', 'AO floor s', 'AO fixed-shape floor s', 'AR floor s',
+        'AR fixed-shape floor s', 'encoder floor s', 'encoder+cache floor s', 'encoder / AO', 'encoder+cache / AO', 'AO / AR',
+        'AO / AR, fixed shapes', 'AO: compute-bound calls']
+lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
 for T in [int(t) for t in steps.split(',')]:
     g = torch.Generator().manual_seed(seed)  # generate_ao's draws: a uniform per token, the order, the counts
     torch.rand(B, n, dtype=torch.float64, generator=g)
@@ -94,8 +111,11 @@ for T in [int(t) for t in steps.split(',')]:
                 W * (P_block + P_adaln + d * V) / hbm_bandwidth)
     mdm_s, _ = encoder_time(counts, skip_empty=False)
     mdmc_s, _ = encoder_time(counts, skip_empty=True)
-    lines.append(f"| {T} | {len(plan)} / {sum(r for r, _, _ in plan)} | {ao_s:.3f} | {ar_s:.3f} | {mdm_s:.2f} | {mdmc_s:.2f} | {mdm_s / ao_s:.1f}x | "
-                 f"{mdmc_s / ao_s:.1f}x | {ao_s / ar_s:.2f} | {bound} of {len(plan)} |")
+    ao_fixed = static_time(plan, adaln=True)
+    lines.append(f"| {T} | {len(plan)} / {sum(r for r, _, _ in plan)} | {ao_s:.3f} | {ao_fixed:.3f} | "
+                 f"{ar_s:.3f} | {ar_fixed:.3f} | {mdm_s:.2f} | {mdmc_s:.2f} | {mdm_s / ao_s:.1f}x | "
+                 f"{mdmc_s / ao_s:.1f}x | {ao_s / ar_s:.2f} | {ao_fixed / ar_fixed:.2f} | "
+                 f"{bound} of {len(plan)} |")
 table = '\n'.join(lines)
 print(table)
 print(f"AR: {n} calls, each reading the {W * (P_block + d * V) / 1e9:.2f} GB of weights: "

@@ -210,8 +210,8 @@ def test_static_stepper_equals_dynamic_call_for_call(kw, monkeypatch):
     n, B = 40, 3
     given = torch.full((n,), -1)
     given[[0, 5, 17]] = torch.tensor([4, 9, 1])
-    # T = 1 without given tokens: one call of 40 copies of [None], padded to 64 rows past the 48-row buffer,
-    # and nothing cached for the padding rows to see but slot 0
+    # T = 1 without given tokens: one call of 40 copies of [None], padded to 48 rows, and nothing cached
+    # for the padding rows to see but slot 0
     for T, fixed, giv in ((2, True, given), (7, False, given), (40, False, given), (1, False, None)):
         res = run_steppers(monkeypatch, lambda mode: generate_ao(
             model, n, B, T, fixed_counts=fixed, given=giv, top_p=0.9, generator=gen(T), stepper=mode)[0])
@@ -222,7 +222,7 @@ def test_static_stepper_equals_dynamic_call_for_call(kw, monkeypatch):
             torch.testing.assert_close(ls, ld, atol=ATOL, rtol=0)
         if T == 2:  # the second call's padding runs past the buffer: L + R > S
             r, L, S, _ = cs[1]
-            assert L + (1 << (r - 1).bit_length()) > S
+            assert L + sample.SlotStepper.rows_for(r) > S
 
 
 def test_static_stepper_for_l2r_decoding(monkeypatch):
@@ -272,6 +272,12 @@ def test_a_stepper_serves_many_runs():
                        generate_ar(model, 16, 2, generator=gen(1))[0])
     with pytest.raises(ValueError, match='another model or batch size'):
         generate_ao(model, 16, 3, 4, stepper=st)
+
+
+def test_padded_row_counts():
+    R = [sample.SlotStepper.rows_for(r) for r in range(1, 50)]
+    assert sorted(set(R)) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    assert all(r <= R[r - 1] < 1.5 * r + 1 for r in range(1, 50))  # under half again as many rows
 
 
 def test_stepper_bad_mode_and_cuda_graph_on_cpu_are_clear():
