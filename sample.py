@@ -225,7 +225,7 @@ def free_order(order, free, batch_size, generator=None):
 
 # ----------------------------------------------------------------------------- the samplers
 
-STEPPERS = ('dynamic', 'static', 'cuda_graph')
+_STEPPERS = ('dynamic', 'static', 'cuda_graph')
 
 
 class SlotStepper:
@@ -247,8 +247,8 @@ class SlotStepper:
     """
 
     def __init__(self, model, batch_size, mode='dynamic'):
-        if mode not in STEPPERS:
-            raise ValueError(f"stepper must be one of {', '.join(STEPPERS)}, got {mode!r}")
+        if mode not in _STEPPERS:
+            raise ValueError(f"stepper must be one of {', '.join(_STEPPERS)}, got {mode!r}")
         dev = next(model.parameters()).device
         if mode == 'cuda_graph' and dev.type != 'cuda':
             raise ValueError(f"stepper='cuda_graph' needs the model on a CUDA device (it is on {dev}); "
@@ -628,7 +628,7 @@ def main():
                     ('mdm_counts', mdm_counts in ('shared', 'independent')), ('temperature', temperature >= 0),
                     ('gen_ppl_mode', gen_ppl_mode in ('auto', 'none', 'hf')), ('steps', steps >= 1),
                     ('batch_size', batch_size >= 1), ('num_batches', num_batches >= 1),
-                    ('stepper', stepper in STEPPERS)):
+                    ('stepper', stepper in _STEPPERS)):
         if not ok:
             die(f"invalid --{key}={cfg[key]!r} (see --help)")
 

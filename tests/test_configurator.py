@@ -59,3 +59,13 @@ def test_help_lists_every_key(capsys):
     out = capsys.readouterr().out
     for k in ('learning_rate', 'max_iters', 'compile', 'device', 'init_from', 'betas'):
         assert f'--{k}' in out
+
+
+@pytest.mark.parametrize('module', ['sample', 'eval_ppl'])
+def test_module_constants_are_not_config_keys(module):
+    """configure(globals()) takes every public simple global as a key, so a module constant must be private
+    (a public tuple once showed up in sample.py's printed config and as a --STEPPERS flag)."""
+    import importlib
+    from configurator import _keys
+    keys = _keys(vars(importlib.import_module(module)))
+    assert keys and all(k == k.lower() for k in keys), sorted(k for k in keys if k != k.lower())
