@@ -255,7 +255,6 @@ class SlotStepper:
                              "use 'static' or 'dynamic'")
         self.model, self.mode, self.B, self.dev = model, mode, batch_size, dev
         self.cache = KVCache(model, batch_size, static=mode != 'dynamic')
-        self.calls = 0
         if mode != 'dynamic':
             self.scalars = torch.zeros(3, dtype=torch.long, device=dev)  # L, blk, r: read at replay
             self.bufs, self.graphs, self.outs = {}, {}, {}
@@ -268,7 +267,7 @@ class SlotStepper:
             return cls(model, batch_size, stepper)
         if stepper.model is not model or stepper.B != batch_size:
             raise ValueError(f"this SlotStepper was built for another model or batch size ({stepper.B})")
-        stepper.cache.len, stepper.calls = 0, 0  # slots are always written before anyone sees them
+        stepper.cache.len = 0  # slots are always written before anyone sees them
         return stepper
 
     @staticmethod
@@ -280,7 +279,6 @@ class SlotStepper:
         return R * 3 // 4 if R >= 4 and r <= R * 3 // 4 else R
 
     def __call__(self, tok, pos, tgt, k):
-        self.calls += 1
         if self.mode == 'dynamic':
             return self.model.forward_slots(tok, pos, tgt, cache=self.cache, n_parallel=k, n_logits=k)
         B, r = tok.shape
