@@ -211,9 +211,14 @@ class KVCache:
     buffer, and the length is rounded up past block_size so that padding rows have a scratch row.
     """
 
+    @staticmethod
+    def static_len(block_size):
+        """Slots of a static cache: past block_size (a scratch row), 16-aligned (mask rows for SDPA)."""
+        return (block_size // 16 + 1) * 16
+
     def __init__(self, model, batch_size, device=None, dtype=None, static=False):
         c = model.config
-        S = (c.block_size // 16 + 1) * 16 if static else c.block_size  # > block_size; 16-aligned mask rows
+        S = self.static_len(c.block_size) if static else c.block_size
         self.shape = (batch_size, c.n_head, S, c.n_embd // c.n_head)
         self.n_layer, self.device, self.dtype, self.static = c.n_layer, device, dtype, static
         self.k = self.v = None

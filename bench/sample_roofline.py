@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from configurator import configure, print_config  # noqa: E402
+from model import KVCache  # noqa: E402
 from sample import SlotStepper, reveal_counts  # noqa: E402
 
 n_layer = 24
@@ -42,34 +43,31 @@ d, V, B, nl = n_embd, vocab_size, batch_size, n_layer
 P_block = nl * 12 * d * d
 P_adaln = nl * target_dim * 6 * d + target_dim * 2 * d
 W = 2  # bytes per bf16 value
+S = KVCache.static_len(n)  # slots of the fixed-shape path's cache
+
+
+def call_cost(rows, keys, k, P):
+    """(FLOPs, bytes) of one decoder call: `rows` through the trunk attending over `keys` slots, the head
+    on the k predicted rows, the weights read once and K/V read for `keys` slots and written for `rows`."""
+    f = 2 * B * (rows * P + k * d * V) + 4 * B * nl * d * rows * keys
+    y = W * (P + d * V) + 2 * W * B * nl * d * (keys + rows)
+    return f, y
 
 
 def call_time(flops, nbytes):
     return max(flops / peak_flops, nbytes / hbm_bandwidth)
 
 
-def decoder_time(plan, adaln):
-    """plan: [(r rows, L cached, k predicted)] -> (seconds, FLOPs, bytes) summed over the calls."""
+def decoder_time(plan, adaln, fixed=False):
+    """plan: [(r rows, L cached, k predicted)] -> (seconds, FLOPs, bytes) summed over the calls.
+    fixed: the fixed-shape path (sample.SlotStepper 'static' / 'cuda_graph'): rows padded by rows_for,
+    every row attending over the whole static cache."""
     P = P_block + (P_adaln if adaln else 0)
     s = F = Y = 0.0
     for r, L, k in plan:
-        f = 2 * B * (r * P + k * d * V) + 4 * B * nl * d * r * (L + r)
-        y = W * (P + d * V) + 2 * W * B * nl * d * (L + 2 * r)
+        f, y = call_cost(SlotStepper.rows_for(r), S, k, P) if fixed else call_cost(r, L + r, k, P)
         s, F, Y = s + call_time(f, y), F + f, Y + y
     return s, F, Y
-
-
-def static_time(plan, adaln):
-    """The fixed-shape path (sample.SlotStepper 'static' / 'cuda_graph'): rows padded by rows_for, and every
-    row attending over the whole static cache of S slots."""
-    P, S = P_block + (P_adaln if adaln else 0), (n // 16 + 1) * 16
-    s = 0.0
-    for r, L, k in plan:
-        R = SlotStepper.rows_for(r)
-        f = 2 * B * (R * P + k * d * V) + 4 * B * nl * d * R * S
-        y = W * (P + d * V) + 2 * W * B * nl * d * (S + R)
-        s += call_time(f, y)
-    return s
 
 
 def ao_plan(counts):
@@ -94,10 +92,10 @@ def encoder_time(counts, skip_empty):
 
 ar_plan = [(1, L, 1) for L in range(n)]  # one row per call over L cached slots (the first call: [None])
 ar_s, ar_F, ar_Y = decoder_time(ar_plan, adaln=False)
-ar_fixed = static_time(ar_plan, adaln=False)
+ar_fixed = decoder_time(ar_plan, adaln=False, fixed=True)[0]
 cols = ['T', 'AO calls / token-passes', 'AO floor s', 'AO fixed-shape floor s', 'AR floor s',
-        'AR fixed-shape floor s', 'encoder floor s', 'encoder+cache floor s', 'encoder / AO', 'encoder+cache / AO', 'AO / AR',
-        'AO / AR, fixed shapes', 'AO: compute-bound calls']
+        'AR fixed-shape floor s', 'encoder floor s', 'encoder+cache floor s', 'encoder / AO',
+        'encoder+cache / AO', 'AO / AR', 'AO / AR, fixed shapes', 'AO: compute-bound calls']
 lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
 for T in [int(t) for t in steps.split(',')]:
     g = torch.Generator().manual_seed(seed)  # generate_ao's draws: a uniform per token, the order, the counts
@@ -106,12 +104,12 @@ for T in [int(t) for t in steps.split(',')]:
     counts = reveal_counts(n, T, generator=g).tolist()
     plan = ao_plan(counts)
     ao_s, _, _ = decoder_time(plan, adaln=True)
-    bound = sum(1 for r, L, k in plan
+    bound = sum(1 for r, L, k in plan  # matmul time over weight-read time, as in the docstring's counts
                 if 2 * B * (r * (P_block + P_adaln) + k * d * V) / peak_flops >
                 W * (P_block + P_adaln + d * V) / hbm_bandwidth)
     mdm_s, _ = encoder_time(counts, skip_empty=False)
     mdmc_s, _ = encoder_time(counts, skip_empty=True)
-    ao_fixed = static_time(plan, adaln=True)
+    ao_fixed = decoder_time(plan, adaln=True, fixed=True)[0]
     lines.append(f"| {T} | {len(plan)} / {sum(r for r, _, _ in plan)} | {ao_s:.3f} | {ao_fixed:.3f} | "
                  f"{ar_s:.3f} | {ar_fixed:.3f} | {mdm_s:.2f} | {mdmc_s:.2f} | {mdm_s / ao_s:.1f}x | "
                  f"{mdmc_s / ao_s:.1f}x | {ao_s / ar_s:.2f} | {ao_fixed / ar_fixed:.2f} | "
@@ -120,4 +118,3 @@ table = '\n'.join(lines)
 print(table)
 print(f"AR: {n} calls, each reading the {W * (P_block + d * V) / 1e9:.2f} GB of weights: "
       f"{ar_Y / 1e9:.0f} GB and {ar_F / 1e12:.1f} TFLOP in all")
-
