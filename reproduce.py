@@ -9,11 +9,12 @@ Setting. Character-level Penn Treebank (data/ptb_char, 49 symbols, prepared on f
 2 layers x 64 wide (~0.1M parameters), the same architecture for every decoder run. Why so small: an
 any-order model first sits on a plateau at the unigram loss until it learns to match target positions
 to context positions, and that plateau is counted in optimizer steps (about 1000 here; with context
-128 and 4 x 128 it lasted beyond 800 steps). A CPU budget of minutes buys enough steps only for a small model.
-The LR is held nearly constant after warmup (lr_decay_iters = 10 x max_iters), as in the paper's
-order experiments: curves then compare speed of convergence, not the end of a cosine schedule. Every training run is a
-plain `python train.py --key=value ...` (the exact commands go into results/README.md). A finished
-run in runs_dir is reused and an interrupted one resumes, so re-running continues where it stopped.
+128 and 4 x 128 it lasted beyond 800 steps). A CPU budget of minutes buys enough steps only for a
+small model. The LR is held nearly constant after warmup (lr_decay_iters = 10 x max_iters), as in the
+paper's order experiments: curves then compare speed of convergence, not the end of a cosine
+schedule. Every training run is a plain `python train.py --key=value ...` (the exact commands go into
+results/README.md). A finished run in runs_dir is reused and an interrupted one resumes, so re-running
+continues where it stopped.
 
 Runs, shared across findings (losses are nats per character on fixed val windows, EMA weights):
   ao        random orders + 10% L2R, AdaLN, EMA      findings 1, 3, 4, 5

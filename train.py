@@ -658,9 +658,9 @@ if ddp:
     dist.barrier()  # no rank tears down gloo while a peer still has a collective in flight
     dist.destroy_process_group()
     # torch 2.13's gloo backend can still abort the process at interpreter exit ("terminate called
-    # without an active exception", about 1 run in 10 on a loaded 2-core machine, reproduced with a
-    # 10-line DDP script), and torchrun then reports a finished run as failed. Everything is saved
-    # and flushed by now, so leave without running the interpreter's teardown.
+    # without an active exception", now and then on a loaded 2-core machine), and torchrun then
+    # reports a finished run as failed. Everything is saved and flushed by now, so leave without
+    # running the interpreter's teardown.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
