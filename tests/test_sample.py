@@ -203,8 +203,8 @@ def run_steppers(monkeypatch, fn, modes=('dynamic', 'static')):
 
 @pytest.mark.parametrize('kw', [dict(cond='adaln'), dict(cond='adaln', adaln_table=True), dict(cond='sigma')])
 def test_static_stepper_equals_dynamic_call_for_call(kw, monkeypatch):
-    """The fixed-shape path that a CUDA graph replays (rows padded to a power of two, attention over the
-    whole zeroed cache under a mask, padding rows past the buffer sharing its scratch row) gives the
+    """The fixed-shape path that a CUDA graph replays (rows padded by SlotStepper.rows_for, attention over
+    the whole zeroed cache under a mask, padding rows past the buffer sharing its scratch row) gives the
     dynamic path's logits at every call, and so the same samples."""
     model = sharp(tiny(block_size=40, seed=8, **kw), 3.0)
     n, B = 40, 3
