@@ -30,9 +30,8 @@ unreachable, instead of letting them retry for ~20 s).
 
 import os
 import re
-import socket
-import threading
 
+from hub import go_offline, hub_reachable
 from tokenizer import DataError
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -125,38 +124,6 @@ PAPER_SETS = ["lambada", "wikitext2", "ptb", "wikitext103", "lm1b"]  # the paper
 _SPLIT_ALIASES = {"val": "validation", "valid": "validation", "dev": "validation"}
 
 # ---------------------------------------------------------------------------------- network and loading
-
-
-def hub_reachable(timeout=1.5):
-    """Can we open a TCP connection to huggingface.co? Honours HF_HUB_OFFLINE / HF_DATASETS_OFFLINE.
-    The probe runs in a thread so that a slow DNS lookup cannot block us past the timeout either."""
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if os.environ.get(var, "").upper() in ("1", "ON", "YES", "TRUE"):
-            return False
-    ok = []
-
-    def probe():
-        try:
-            socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-            ok.append(True)
-        except OSError:
-            pass
-
-    t = threading.Thread(target=probe, daemon=True)
-    t.start()
-    t.join(timeout + 0.5)
-    return bool(ok)
-
-
-def go_offline():
-    """Put HF datasets/hub in offline mode (cache only, immediate failure instead of ~20 s of retries)."""
-    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
-    import sys
-    if "huggingface_hub" in sys.modules:  # already imported: they read the variables at import time
-        sys.modules["huggingface_hub"].constants.HF_HUB_OFFLINE = True
-    if "datasets" in sys.modules:
-        sys.modules["datasets"].config.HF_HUB_OFFLINE = True
-        sys.modules["datasets"].config.HF_DATASETS_OFFLINE = True
 
 
 def _pick_column(ds, column, where):
