@@ -24,6 +24,7 @@ import torch
 
 from configurator import die
 from model import GPT, GPTConfig
+from tokenizer import DataError, codec_from_record, get_codec
 
 CKPT_NAME = 'ckpt.pt'
 
@@ -152,6 +153,61 @@ def load_model(path, device='cpu', use_ema=None):
               "raw weights (--use_ema=False; train.py: --init_ema=False)", file=sys.stderr)
     model.to(device).eval()
     return model, ckpt, use_ema
+
+
+def find_dataset(name, data_root='data'):
+    """A dataset directory: `name` itself if it is a directory, else data_root/name, else the repo's
+    data/name. None if none exists."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (name, os.path.join(data_root, name), os.path.join(here, 'data', name)):
+        if os.path.isdir(d):
+            return d
+    return None
+
+
+def checkpoint_codec(ckpt, dataset=''):
+    """The codec that a checkpoint's token ids mean; the one place eval, sampling and training look it up.
+
+    train.py stores the codec it trained with (Codec.record()), and that record wins: re-preparing the
+    dataset afterwards (another text file, or --char=True into the same folder) must never change what
+    a model decodes or how it is scored. `dataset` (a data directory, or a name under the run's
+    data_root or data/) is then only a check, and a codec that disagrees is refused in one line.
+    Checkpoints without a record (older ones, the paper's): the codec of `dataset`, else of the dataset
+    the run trained on (looked up under the data_root it trained with), else GPT-2.
+    """
+    cfg = ckpt.get('config') or {}
+    root = cfg.get('data_root') or 'data'
+    chosen = None
+    if dataset:
+        d = find_dataset(dataset, root)
+        if d is None:
+            die(f"--dataset {dataset}: no such data directory (tried {dataset}, {os.path.join(root, dataset)} "
+                f"and data/{dataset}); leave it empty to use the checkpoint's codec")
+        chosen = _codec_of(d)
+    try:
+        stored = codec_from_record(ckpt['codec']) if ckpt.get('codec') else None
+    except DataError as e:
+        die(e.msg)
+    if stored is not None:
+        if chosen is not None and chosen.record() != stored.record():
+            die(f"--dataset {dataset} uses a {_describe_codec(chosen)} codec, but the checkpoint was trained "
+                f"with a {_describe_codec(stored)} one: its ids would be misread; leave --dataset out")
+        return stored
+    if chosen is not None:
+        return chosen
+    d = find_dataset(cfg['dataset'], root) if cfg.get('dataset') else None
+    return _codec_of(d) if d else get_codec(None)
+
+
+def _codec_of(d):
+    try:
+        return get_codec(d)
+    except DataError as e:
+        die(e.msg)
+
+
+def _describe_codec(codec):
+    return f"{codec.name} ({codec.vocab_size} symbols)"
 
 
 def apply_ema(model, ema_params):

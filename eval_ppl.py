@@ -39,7 +39,7 @@ from model import random_orders
 out_dir = 'out'          # checkpoint directory (evaluates out_dir/ckpt.pt)
 ckpt = ''                # a checkpoint file or directory; overrides out_dir
 use_ema = None           # None: EMA weights when the checkpoint has them; True/False to force
-dataset = ''             # codec source: a data dir or a name under data/ ('' = the checkpoint's training set)
+dataset = ''             # a data dir or name to check the codec against ('' = the checkpoint's own codec)
 datasets = 'lambada,wikitext2,ptb,wikitext103,lm1b'  # comma list; also ag_news,pubmed,arxiv,owt
 data_path = ''           # local-file overrides, e.g. 'wikitext2=/data/wiki.test.raw,lambada=/data/l.jsonl'
 split = ''               # '' = each set's default split (see evalsets.py)
@@ -389,24 +389,6 @@ def _kind(model):
     return {'adaln': 'AO-GPT', 'sigma': 'sigma-GPT', 'none': 'GPT (L2R)'}[c.cond]
 
 
-def _codec_for(ckpt_dict, override):
-    """The checkpoint's codec: data/<its training dataset>/ metadata, else GPT-2 (the contract);
-    `override` (a data dir or a name under data/) replaces the training dataset."""
-    from configurator import die
-    from tokenizer import get_codec
-    name = override or (ckpt_dict.get('config') or {}).get('dataset') or ''
-    if not name:
-        return get_codec(None)
-    here = os.path.dirname(os.path.abspath(__file__))
-    for d in (name, os.path.join('data', name), os.path.join(here, 'data', name)):
-        if os.path.exists(os.path.join(d, 'meta.json')) or os.path.exists(os.path.join(d, 'meta.pkl')):
-            return get_codec(d)
-    if override:
-        die(f"--dataset {override}: no meta.json or meta.pkl in {override} or data/{override} "
-            f"(prepare it with data/<name>/prepare.py, or leave --dataset empty for GPT-2)")
-    return get_codec(None)
-
-
 def _parse_paths(spec):
     from configurator import die
     paths = {}
@@ -426,7 +408,7 @@ def _fmt(col, bpc=False):
 
 def main(argv=None):
     from configurator import configure, print_config, die
-    from checkpoint import load_model
+    from checkpoint import checkpoint_codec, load_model
     from evalsets import load_eval_chunks
     from tokenizer import DataError
     from tqdm import tqdm
@@ -461,7 +443,7 @@ def main(argv=None):
 
     path = c.ckpt or c.out_dir
     model, ck, used_ema = load_model(path, dev, c.use_ema)
-    codec = _codec_for(ck, c.dataset)
+    codec = checkpoint_codec(ck, c.dataset)
     cfg = model.config
     if codec.vocab_size > cfg.vocab_size:
         die(f"the {codec.name} codec has {codec.vocab_size} symbols but the model only {cfg.vocab_size}: "

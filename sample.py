@@ -51,7 +51,7 @@ from model import GPT, KVCache
 out_dir = 'out'            # checkpoint directory (its ckpt.pt)
 ckpt = ''                  # a checkpoint file; overrides out_dir
 use_ema = None             # None: the EMA weights if the checkpoint has them; True/False to force
-dataset = ''               # codec from data/<dataset>/meta.json; '' = the checkpoint's dataset (else GPT-2)
+dataset = ''               # a data dir or name to check the codec against; '' = the checkpoint's codec
 batch_size = 4             # samples per batch (they share the per-step counts, see the docstring)
 num_batches = 1            # batches to draw (more samples for --gen_ppl)
 steps = 256                # T: diffusion steps (a GPT ignores it: one token per step)
@@ -579,34 +579,20 @@ def order_for_length(vals, n, what):
     return torch.tensor([v for v in vals if v < n])
 
 
-def load_codec(ckpt_dict, dataset_override):
-    from configurator import die
-    from tokenizer import get_codec
-    root = os.path.dirname(os.path.abspath(__file__))
-    name = dataset_override or (ckpt_dict.get('config') or {}).get('dataset')
-    if name:
-        d = os.path.join(root, 'data', name)
-        if os.path.exists(os.path.join(d, 'meta.json')) or os.path.exists(os.path.join(d, 'meta.pkl')):
-            return get_codec(d)
-        if dataset_override:
-            die(f"--dataset {name}: no data/{name}/meta.json (prepare it with data/{name}/prepare.py)")
-    return get_codec(None)  # paper checkpoints and GPT-2 data
-
-
 def load_judge(path, device):
     """A judge model and the name of its tokenizer: a local HF GPT-2 dir, or a checkpoint of ours."""
-    from checkpoint import load_model
+    from checkpoint import checkpoint_codec, load_model
     if os.path.isdir(path) and os.path.exists(os.path.join(path, 'config.json')):
         return GPT.from_pretrained(path).to(device).eval(), 'gpt2', True
     model, ck, _ = load_model(path, device)
-    return model, load_codec(ck, '').name, False
+    return model, checkpoint_codec(ck).name, False
 
 
 # ----------------------------------------------------------------------------- main
 
 def main():
     from configurator import configure, print_config, die
-    from checkpoint import load_model
+    from checkpoint import checkpoint_codec, load_model
     cfg = configure(globals())
     print_config(cfg)
     torch.manual_seed(seed)
@@ -632,7 +618,7 @@ def main():
 
     model, ck, used_ema = load_model(ckpt or out_dir, dev, use_ema)
     mc = model.config
-    codec = load_codec(ck, dataset)
+    codec = checkpoint_codec(ck, dataset)
     kind = 'mdm' if not mc.causal else ('ao' if model.any_order else 'ar')
     print(f"model: {dict(mdm='encoder MDM', ao='any-order decoder', ar='L2R GPT')[kind]} "
           f"(cond={mc.cond!r}), {model.get_num_params() / 1e6:.2f}M params, "

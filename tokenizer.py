@@ -78,9 +78,19 @@ class Codec:
     """text <-> token ids. name: 'gpt2' or 'char'; eot: end-of-document id or None; vocab_size: real
     vocabulary size (a model may use a larger, padded embedding)."""
 
-    def __init__(self, name, vocab_size, eot, encode, decode):
-        self.name, self.vocab_size, self.eot = name, vocab_size, eot
+    def __init__(self, name, vocab_size, eot, encode, decode, chars=None):
+        self.name, self.vocab_size, self.eot, self.chars = name, vocab_size, eot, chars
         self._encode, self._decode = encode, decode
+
+    def record(self):
+        """What identifies this codec exactly, as plain JSON-able values. A checkpoint stores it, so that
+        re-preparing a dataset under a model can never change what the model's ids decode to."""
+        rec = {"tokenizer": self.name, "vocab_size": self.vocab_size, "eot": self.eot}
+        if self.name == "gpt2":
+            rec["ranks_sha256"] = R50K_SHA256
+        else:
+            rec["chars"] = "".join(self.chars)
+        return rec
 
     def encode(self, text):
         return self._encode(text)
@@ -127,7 +137,19 @@ def char_codec(chars):
     def decode(ids):
         return "".join(chars[i] if 0 <= i < len(chars) else "\ufffd" for i in ids)
 
-    return Codec("char", len(chars), None, encode, decode)
+    return Codec("char", len(chars), None, encode, decode, chars=chars)
+
+
+def codec_from_record(rec):
+    """The codec a Codec.record() describes; one line (DataError) if the record is not one we can rebuild."""
+    kind = rec.get("tokenizer") if isinstance(rec, dict) else None
+    if kind == "gpt2":
+        if rec.get("ranks_sha256", R50K_SHA256) != R50K_SHA256 or rec.get("vocab_size") != GPT2_VOCAB:
+            raise DataError(f"the checkpoint's GPT-2 codec is not the standard one ({rec}); it cannot be rebuilt here")
+        return gpt2_codec()
+    if kind == "char" and isinstance(rec.get("chars"), str) and len(rec["chars"]) == rec.get("vocab_size"):
+        return char_codec(rec["chars"])
+    raise DataError(f"unreadable codec record {str(rec)[:200]}: expected {{'tokenizer': 'gpt2' | 'char', ...}}")
 
 
 def get_codec(path=None):
@@ -146,18 +168,39 @@ def get_codec(path=None):
             with open(meta_json) as f:
                 meta = json.load(f)
         except (OSError, ValueError) as e:
-            raise DataError(f"cannot read {meta_json}: {e}")
+            raise DataError(f"cannot read {meta_json} ({e}); re-run the dataset's prepare.py")
+        if not isinstance(meta, dict):
+            raise DataError(f"{meta_json} holds a JSON {type(meta).__name__}, not an object; re-run the "
+                            f"dataset's prepare.py")
     elif os.path.exists(meta_pkl):
         meta = {"tokenizer": "char"}
     name = meta.get("tokenizer", "gpt2")
     if name == "gpt2":
-        return gpt2_codec()
-    if name != "char":
+        codec = gpt2_codec()
+    elif name != "char":
         raise DataError(f"{meta_json}: unknown tokenizer {name!r} (expected 'gpt2' or 'char')")
-    if "chars" in meta:  # our char datasets keep the vocabulary in meta.json too: no pickle needed
-        return char_codec(meta["chars"])
-    if not os.path.exists(meta_pkl):
+    elif "chars" in meta:  # our char datasets keep the vocabulary in meta.json too: no pickle needed
+        codec = char_codec(meta["chars"])
+    elif not os.path.exists(meta_pkl):
         raise DataError(f"char-level dataset without its vocabulary: {meta_pkl} not found")
-    with open(meta_pkl, "rb") as f:
-        itos = pickle.load(f)["itos"]  # nanoGPT: {'vocab_size', 'itos', 'stoi'}
-    return char_codec([itos[i] for i in range(len(itos))])
+    else:
+        codec = char_codec(_read_meta_pkl(meta_pkl))
+    if "vocab_size" in meta and meta["vocab_size"] != codec.vocab_size:
+        raise DataError(f"{meta_json} says vocab_size {meta['vocab_size']!r}, but its {codec.name} codec has "
+                        f"{codec.vocab_size} symbols; re-run the dataset's prepare.py")
+    return codec
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):  # builtins only: a meta.pkl never needs to run code
+        raise DataError(f"meta.pkl refers to {module}.{name}; only plain dicts, strings and ints are read")
+
+
+def _read_meta_pkl(path):
+    """nanoGPT's {'vocab_size', 'itos', 'stoi'}, read without executing anything: the chars in id order."""
+    try:
+        with open(path, "rb") as f:
+            itos = _PlainUnpickler(f).load()["itos"]
+        return [itos[i] for i in range(len(itos))]
+    except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as e:
+        raise DataError(f"cannot read {path} as nanoGPT's meta.pkl ({type(e).__name__}: {e})")

@@ -54,8 +54,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import CKPT_NAME as _CKPT, load_checkpoint, load_model, save_checkpoint, strip_prefixes
+from checkpoint import (CKPT_NAME as _CKPT, checkpoint_codec, load_checkpoint, load_model, save_checkpoint,
+                        strip_prefixes)
 from configurator import configure, die, print_config
+from tokenizer import DataError, get_codec
 from model import GPT, GPTConfig, config_fields, mdm_corrupt, random_orders
 
 # -----------------------------------------------------------------------------
@@ -229,13 +231,13 @@ for split in ('train', 'val'):
         here = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
         fail(f"{f} not found: run `python {script}` first" if os.path.exists(here) else
              f"{f} not found: write {split}.bin (uint16 token ids) and meta.json into {data_dir}")
-meta_path = os.path.join(data_dir, 'meta.json')
-if os.path.exists(meta_path):
-    meta = json.load(open(meta_path))
-else:
-    meta = {'tokenizer': 'gpt2', 'vocab_size': 50257}
-    say(f"no {meta_path}: assuming GPT-2 BPE token ids (vocab 50257)")
-data_vocab = int(meta['vocab_size'])
+if not os.path.exists(os.path.join(data_dir, 'meta.json')) and not os.path.exists(os.path.join(data_dir, 'meta.pkl')):
+    say(f"no {data_dir}/meta.json: assuming GPT-2 BPE token ids (vocab 50257)")
+try:
+    codec = get_codec(data_dir)  # saved in every checkpoint: what the model's ids mean
+except DataError as e:
+    fail(e.msg)
+data_vocab = codec.vocab_size
 n_train = len(np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r'))
 n_val = len(np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r'))
 if n_train < block_size or n_val < block_size:
@@ -265,6 +267,17 @@ dev_gen = torch.Generator(device=device)
 torch.manual_seed(seed)  # the initial weights (identical on every rank; DDP also broadcasts rank 0's)
 random.seed(seed)
 np.random.seed(seed)
+
+
+def check_codec(src, where):
+    """Training on from a checkpoint must read the data with the codec its ids were trained in."""
+    theirs = checkpoint_codec(src)
+    if theirs.record() != codec.record():
+        fail(f"{data_dir} is tokenized with a {codec.name} codec ({codec.vocab_size} symbols), but {where} "
+             f"was trained with a {theirs.name} one ({theirs.vocab_size}): its ids would mean other symbols. "
+             f"Use the dataset it was trained on, or re-prepare the data with its codec")
+
+
 ckpt = None
 if init_from == 'auto':
     init_from = 'resume' if os.path.exists(ckpt_path) else 'scratch'
@@ -279,6 +292,7 @@ if init_from == 'resume':
     if ckpt.get('format') != 'aogpt-v1' or 'optimizer' not in ckpt:
         fail(f"{ckpt_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
              f"with init_from={ckpt_path}")
+    check_codec(ckpt, ckpt_path)
     model_args = dict(ckpt['model_args'])
     model = GPT(GPTConfig(**model_args))
     model.load_state_dict(strip_prefixes(ckpt['model']))
@@ -306,6 +320,7 @@ elif init_from.startswith('gpt2:'):
     say(f"warm start from GPT-2 weights in {hf_dir}: model shape from its config.json")
 elif init_from != 'scratch':  # fine-tune from a checkpoint file (ours, or the paper's released ones)
     src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if init_ema else False)
+    check_codec(src_ckpt, init_from)
     model_args = dict(asdict(src.config), dropout=dropout)
     model = GPT(GPTConfig(**model_args))
     model.load_state_dict(src.state_dict())
@@ -521,7 +536,7 @@ def rng_state():
 
 
 def write_checkpoint():
-    ckpt = dict(format='aogpt-v1', model_args=model_args, model=raw_model.state_dict(),
+    ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(), model=raw_model.state_dict(),
                 ema=dict(decay=ema_decay, num_updates=ema_updates, params=ema) if ema is not None else None,
                 optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), iter_num=iter_num,
                 best_val_loss=best_val_loss, config=cfg, rng=rng_state(),

@@ -62,7 +62,7 @@ def env(tmp_path_factory):
     data.mkdir(parents=True)
     runs_corpus(20000, 0).tofile(data / 'train.bin')
     runs_corpus(4000, 1).tofile(data / 'val.bin')
-    (data / 'meta.json').write_text(json.dumps(dict(tokenizer='char', vocab_size=V, eot=None,
+    (data / 'meta.json').write_text(json.dumps(dict(tokenizer='char', vocab_size=V, chars='0123456789ab', eot=None,
                                                     train_tokens=20000, val_tokens=4000, source='test')))
     (d / 'tiny.py').write_text(TINY)
     return d
@@ -447,3 +447,34 @@ def test_shipped_configs_resolve_and_run(env, monkeypatch, tmp_path, path):
     run_inprocess(monkeypatch, [path, *shrink])
     ckpt = load_checkpoint(str(tmp_path / 'out'))
     assert ckpt['config']['order_mode'] == cfg['order_mode'] and ckpt['model_args']['cond'] == cfg['cond']
+
+
+def test_a_checkpoint_keeps_its_codec_when_its_data_is_re_prepared(env, monkeypatch, capsys, tmp_path):
+    """Re-preparing the data under a model (another text, or --char=True into the same folder) must not
+    change what its ids decode to: the checkpoint's stored codec wins, a disagreeing --dataset is refused,
+    and training on from it refuses the data in one line."""
+    import shutil
+    from checkpoint import checkpoint_codec
+    root = tmp_path / 'data'
+    shutil.copytree(env / 'data' / 'runs', root / 'runs')
+    argv = [str(env / 'tiny.py'), f'--data_root={root}', f'--out_dir={tmp_path / "out"}', '--max_iters=2',
+            '--eval_interval=2']
+    run_inprocess(monkeypatch, argv)
+    ckpt = load_checkpoint(str(tmp_path / 'out'))
+    assert ckpt['codec'] == {'tokenizer': 'char', 'vocab_size': V, 'eot': None, 'chars': '0123456789ab'}
+    meta = json.loads((root / 'runs' / 'meta.json').read_text())
+    (root / 'runs' / 'meta.json').write_text(json.dumps(dict(meta, chars='ba9876543210')))  # re-prepared
+    assert checkpoint_codec(ckpt).decode([0, 1, 11]) == '01b'
+    capsys.readouterr()
+    for dataset in (str(root / 'runs'), 'runs'):  # a path, or a name under the run's data_root
+        with pytest.raises(SystemExit):
+            checkpoint_codec(ckpt, dataset)
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and 'trained with a char (12 symbols) one' in err, err
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, argv + ['--init_from=resume', '--max_iters=4'])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and 'its ids would mean other symbols' in err, err
+    # a checkpoint from before codecs were stored: the codec of its dataset, under the data_root it used
+    del ckpt['codec']
+    assert checkpoint_codec(ckpt).decode([0, 1, 11]) == 'ba0'
