@@ -9,7 +9,11 @@ which applies, in command-line order, Python config files (`python train.py conf
 
 What nanoGPT did not do and this does:
   * an unknown key, in a config file or on the command line, is an error naming the nearest valid key;
-  * ints are accepted for float keys; keys whose default is None take any Python literal (or a string);
+  * every value is checked against its key's type: the default's type, or for a key whose default is
+    None the annotation written beside it (`vocab_size: int = None`); ints are accepted for floats;
+  * a string key takes its value as text, never evaluated (`--prompt="[1, 2]"` is that text);
+  * a boolean key given alone means True (`--fixed_counts`, like argparse's store_true); booleans may be
+    written True/False, yes/no, on/off or 1/0;
   * `--help` lists every key with its default and the comment written beside it in the script;
   * every error is one line on stderr and exit status 2, never a traceback.
 """
@@ -39,38 +43,64 @@ def _nearest(key, keys):
     return f" (did you mean '{m[0]}'?)" if m else ""
 
 
-def _coerce(key, value, default, source):
-    """Check (and where safe convert) a new value against the default's type."""
-    if default is None or value is None:
+_BOOL_WORDS = {'true': True, 'yes': True, 'on': True, '1': True, 'false': False, 'no': False, 'off': False,
+               '0': False}
+
+
+def _types(g, defaults):
+    """Each key's type: its default's, or for a None default the type annotated beside it (None: any)."""
+    notes = g.get('__annotations__') or {}
+    out = {}
+    for k, v in defaults.items():
+        t = type(v) if v is not None else notes.get(k)
+        args = [a for a in getattr(t, '__args__', ()) if a is not type(None)]  # int | None -> int
+        out[k] = args[0] if len(args) == 1 else t if isinstance(t, type) else None
+    return out
+
+
+def _coerce(key, value, typ, source):
+    """Check (and where safe convert) a new value against the key's type (None: anything goes)."""
+    if typ is None or value is None:
         return value
-    if isinstance(default, bool):
+    if typ is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, int) and value in (0, 1):
             return bool(value)
         raise ConfigError(f"{source}: {key} must be True or False, got {value!r}")
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if isinstance(default, tuple) and isinstance(value, list):
+    if typ is tuple and isinstance(value, list):
         return tuple(value)
-    if isinstance(default, int) and isinstance(value, float) and value.is_integer():
+    if typ is int and isinstance(value, float) and value.is_integer():
         return int(value)
-    if not isinstance(value, type(default)):
-        raise ConfigError(f"{source}: {key} expects {type(default).__name__} (default {default!r}), "
-                          f"got {type(value).__name__} {value!r}")
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise ConfigError(f"{source}: {key} expects {typ.__name__}, got {type(value).__name__} "
+                          f"{_short(value)}")
     return value
 
 
-def _parse_literal(s):
-    low = s.lower()
+def _short(value):
+    r = repr(value)
+    return r if len(r) <= 60 else r[:57] + '...'
+
+
+def _parse_value(text, typ, nullable):
+    """A command-line value for a key of type typ: text for str keys, a literal otherwise; 'None' only
+    for a key whose default is None."""
+    low = text.strip().lower()
+    if low == 'none' and nullable:
+        return None
+    if typ is str:
+        return text
+    if typ is bool and low in _BOOL_WORDS:
+        return _BOOL_WORDS[low]
     if low in ('true', 'false'):
         return low == 'true'
-    if low == 'none':
-        return None
     try:
-        return ast.literal_eval(s)
-    except (SyntaxError, ValueError):
-        return s  # a bare string, e.g. --device=cuda
+        return ast.literal_eval(text)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return text  # a bare word, e.g. --device=cuda; a typed key then rejects it in _coerce
 
 
 def _help_text(g, defaults):
@@ -79,7 +109,7 @@ def _help_text(g, defaults):
     path = g.get('__file__')
     if path and os.path.exists(path):
         for line in open(path):
-            m = re.match(r'^(\w+)\s*=\s*.*?#\s*(.*)$', line)
+            m = re.match(r'^(\w+)\s*(?::[^=]*)?=\s*.*?#\s*(.*)$', line)
             if m and m.group(1) in defaults:
                 comments[m.group(1)] = m.group(2).strip()
     out = []
@@ -100,6 +130,7 @@ def configure(g, argv=None):
     """Apply config files and overrides from argv to the globals dict g; return the resolved config."""
     argv = sys.argv[1:] if argv is None else argv
     defaults = _keys(g)
+    types = _types(g, defaults)
     cfg = dict(defaults)
     try:
         i = 0
@@ -123,27 +154,27 @@ def configure(g, argv=None):
                         continue  # imports, helpers
                     if k not in defaults:
                         raise ConfigError(f"{arg}: unknown config key '{k}'{_nearest(k, defaults)}")
-                    cfg[k] = _coerce(k, v, defaults[k], arg)
+                    cfg[k] = _coerce(k, v, types[k], arg)
                 i += 1
                 continue
             body = arg[2:]
-            if '=' in body:
-                key, val = body.split('=', 1)
-                i += 1
-            else:
-                key = body
-                if i + 1 >= len(argv):
-                    raise ConfigError(f"--{key} needs a value (--{key}=VALUE or --{key} VALUE)")
-                val = argv[i + 1]
-                i += 2
+            key, has_value, val = body.partition('=')
             key = key.replace('-', '_')
             if key not in defaults:
                 raise ConfigError(f"unknown config key '--{key}'{_nearest(key, defaults)}; "
                                   f"see --help for the list")
-            parsed = _parse_literal(val)
-            if isinstance(defaults[key], str) and not isinstance(parsed, str):
-                parsed = val  # a string key keeps the text as typed: --steps=64,128 is not a tuple
-            cfg[key] = _coerce(key, parsed, defaults[key], 'command line')
+            i += 1
+            if not has_value:
+                nxt = argv[i] if i < len(argv) else None
+                if types[key] is bool and (nxt is None or nxt.startswith('--') or nxt.endswith('.py')):
+                    val = 'True'  # a flag given alone
+                elif nxt is None:
+                    raise ConfigError(f"--{key} needs a value (--{key}=VALUE or --{key} VALUE)")
+                else:
+                    val = nxt
+                    i += 1
+            val = _parse_value(val, types[key], defaults[key] is None)
+            cfg[key] = _coerce(key, val, types[key], 'command line')
     except ConfigError as e:
         print(f"error: {e.msg}", file=sys.stderr)
         raise SystemExit(2)

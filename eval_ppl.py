@@ -38,7 +38,7 @@ from model import random_orders
 # ----------------------------------------------------------------------------------------------- CLI defaults
 out_dir = 'out'          # checkpoint directory (evaluates out_dir/ckpt.pt)
 ckpt = ''                # a checkpoint file or directory; overrides out_dir
-use_ema = None           # None: EMA weights when the checkpoint has them; True/False to force
+use_ema: bool = None     # None: EMA weights when the checkpoint has them; True/False to force
 dataset = ''             # a data dir or name to check the codec against ('' = the checkpoint's own codec)
 datasets = 'lambada,wikitext2,ptb,wikitext103,lm1b'  # comma list; also ag_news,pubmed,arxiv,owt
 data_path = ''           # local-file overrides, e.g. 'wikitext2=/data/wiki.test.raw,lambada=/data/l.jsonl'

@@ -50,7 +50,7 @@ from model import GPT, KVCache
 # CLI config (python sample.py --help lists these with their comments)
 out_dir = 'out'            # checkpoint directory (its ckpt.pt)
 ckpt = ''                  # a checkpoint file; overrides out_dir
-use_ema = None             # None: the EMA weights if the checkpoint has them; True/False to force
+use_ema: bool = None       # None: the EMA weights if the checkpoint has them; True/False to force
 dataset = ''               # a data dir or name to check the codec against; '' = the checkpoint's codec
 batch_size = 4             # samples per batch (they share the per-step counts, see the docstring)
 num_batches = 1            # batches to draw (more samples for --gen_ppl)

@@ -86,7 +86,7 @@ gradient_accumulation_steps = 32  # micro-steps per optimizer step, in total ove
 batch_size = 16  # sequences per micro-step; 16 x 1024 x 32 = 524,288 tokens per step
 block_size = 1024  # sequence length n
 # model (GPTConfig fields; see model.py)
-vocab_size = None  # None: the dataset's vocab rounded up to a multiple of 64 (GPT-2: 50304)
+vocab_size: int = None  # None: the dataset's vocab rounded up to a multiple of 64 (GPT-2: 50304)
 n_layer = 12
 n_head = 12
 n_embd = 768
@@ -98,17 +98,17 @@ target_dim = 128  # width of the AdaLN target-position table
 adaln_table = False  # compute AdaLN per position once and gather (same math)
 adaln_init = 'gate1'  # gate1 | paper
 target_std = 0.02  # init std of the AdaLN target table (the paper's 0.02)
-adaln_std = None  # init std of the AdaLN Linear weights; None: the generic 0.02 draw
+adaln_std: float = None  # init std of the AdaLN Linear weights; None: the generic 0.02 draw
 norm = 'rms'  # rms | layer
 qk_norm = True
 tie_head = False
 head_bias = True
 gelu = 'exact'  # exact | tanh
-mask_token_id = None  # the MDM's [MASK]; None: the first padding id (the dataset's vocab size)
+mask_token_id: int = None  # the MDM's [MASK]; None: the first padding id (the dataset's vocab size)
 # orders (decoders)
 order_mode = 'random'  # random | l2r | fixed_random | block_random
 l2r_frac = 0.1  # random mode: probability that a sequence takes the L2R order instead
-l2r_frac_end = None  # if set, l2r_frac moves linearly to this value over l2r_frac_iters
+l2r_frac_end: float = None  # if set, l2r_frac moves linearly to this value over l2r_frac_iters
 l2r_frac_iters = 0  # length of that schedule (0: lr_decay_iters)
 block_size_order = 4  # block_random: block length; blocks go left to right
 order_seed = 0  # seed of the fixed permutation (fixed_random) or within-block pattern (block_random)

@@ -69,3 +69,56 @@ def test_module_constants_are_not_config_keys(module):
     from configurator import _keys
     keys = _keys(vars(importlib.import_module(module)))
     assert keys and all(k == k.lower() for k in keys), sorted(k for k in keys if k != k.lower())
+
+
+def typed_defaults():
+    g = dict(vocab_size=None, use_ema=None, prompt='', fixed_counts=False, steps=8, __file__=__file__)
+    g['__annotations__'] = {'vocab_size': int, 'use_ema': bool}
+    return g
+
+
+@pytest.mark.parametrize('argv,needle', [
+    (['--vocab_size=abc'], 'vocab_size expects int'),
+    (['--vocab_size=1.5'], 'vocab_size expects int'),
+    (['--use_ema', 'maybe'], 'use_ema must be True or False'),
+    (['--steps=True'], 'steps expects int'),
+])
+def test_a_none_default_key_still_has_a_type(argv, needle, capsys):
+    """A key whose default is None takes its type from the annotation beside it: 'abc' is no vocab size."""
+    with pytest.raises(SystemExit) as e:
+        configure(typed_defaults(), argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and needle in err and len(err.splitlines()) == 1
+
+
+def test_none_default_keys_parse_their_type_and_none():
+    cfg = configure(typed_defaults(), ['--vocab_size=64', '--use_ema', 'no'])
+    assert cfg['vocab_size'] == 64 and cfg['use_ema'] is False
+    cfg = configure(typed_defaults(), ['--vocab_size=None', '--use_ema=yes'])
+    assert cfg['vocab_size'] is None and cfg['use_ema'] is True
+
+
+def test_string_keys_are_text_never_evaluated():
+    long = ' '.join(['word'] * 25000)  # ast.literal_eval of this once ended in a MemoryError
+    for text in ('[1, 2]', '(', 'None', '3', long, '"quoted"'):
+        assert configure(typed_defaults(), [f'--prompt={text}'])['prompt'] == text
+    assert configure(typed_defaults(), ['--prompt', '--x'])['prompt'] == '--x'
+
+
+def test_a_boolean_key_given_alone_means_true():
+    cfg = configure(typed_defaults(), ['--fixed_counts', '--steps', '4'])
+    assert cfg['fixed_counts'] is True and cfg['steps'] == 4
+    assert configure(typed_defaults(), ['--steps=4', '--fixed_counts'])['fixed_counts'] is True
+    assert configure(typed_defaults(), ['--fixed_counts', 'False'])['fixed_counts'] is False
+    assert configure(typed_defaults(), ['--use_ema'])['use_ema'] is True  # annotated bool, default None
+
+
+def test_help_reads_comments_beside_annotated_keys(tmp_path, capsys):
+    f = tmp_path / 'script.py'
+    f.write_text("vocab_size: int = None  # the padded vocabulary\nsteps = 8  # diffusion steps\n")
+    g = typed_defaults()
+    g['__file__'] = str(f)
+    with pytest.raises(SystemExit):
+        configure(g, ['--help'])
+    out = capsys.readouterr().out
+    assert 'the padded vocabulary' in out and 'diffusion steps' in out
