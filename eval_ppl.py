@@ -6,6 +6,12 @@ Zero-shot perplexity of a checkpoint: exact L2R, the any-order bound, and the co
     python eval_ppl.py --datasets wikitext2 --data_path wikitext2=/data/wiki.test.raw
     torchrun --standalone --nproc_per_node 8 eval_ppl.py --ensemble 8
 
+Every requested set is loaded before the first forward pass. One that cannot be had (offline and not in
+the HF cache, with no --data_path) is skipped, with one line naming it (--skip_missing False fails
+instead); PTB ships with the package, so the default command scores something even offline. The record
+goes to eval_ppl.json beside the checkpoint, is appended to eval_ppl.jsonl (every run is kept), and is
+drawn as eval_ppl.png.
+
 Columns (per-token NLL -> PPL = exp(mean NLL) over every token of every block_size chunk):
   L2R        exact likelihood in the identity order; n predictions per chunk, the first made from [None]
              (HF GPT-2 with labels=input makes n-1: it never predicts the first token).
@@ -27,13 +33,19 @@ import json
 import math
 import os
 import sys
-from contextlib import nullcontext
+import time
 from types import SimpleNamespace
 
 import torch
 from torch.nn import functional as F
 
+from checkpoint import checkpoint_codec, load_model
+from configurator import configure, die, print_config
+from evalsets import load_eval_chunks
 from model import random_orders
+from plot import plot_eval
+from runtime import autocast, resolve_device
+from tokenizer import DataError
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
 out_dir = 'out'          # checkpoint directory (evaluates out_dir/ckpt.pt)
@@ -42,10 +54,11 @@ use_ema: bool = None     # None: EMA weights when the checkpoint has them; True/
 dataset = ''             # a data dir or name to check the codec against ('' = the checkpoint's own codec)
 datasets = 'lambada,wikitext2,ptb,wikitext103,lm1b'  # comma list; also ag_news,pubmed,arxiv,owt
 data_path = ''           # local-file overrides, e.g. 'wikitext2=/data/wiki.test.raw,lambada=/data/l.jsonl'
+skip_missing = True      # a set that cannot be loaded (offline, not cached, no data_path) is skipped with a line; False: fail
 split = ''               # '' = each set's default split (see evalsets.py)
 paper_split = False      # True: the paper's WikiText-2 *train* split (inherited from RADD), to match its tables
-block_size = 0           # chunk length; 0 = the model's block_size
-max_chunks = 0           # evaluate only the first max_chunks chunks of each set (0 = all)
+block_size = 0           # chunk length, >= 1; 0 = the model's block_size
+max_chunks = 0           # evaluate only the first max_chunks chunks of each set, >= 1 (0 = all)
 batch_size = 8           # sequences of length block_size per forward pass
 orders = 1               # random orders per chunk for the any-order column (MC draws for the encoder MDM)
 ensemble = 0             # M, context orderings per conditional for the ensemble column (0 = no column)
@@ -54,9 +67,10 @@ ensemble_draws = 1       # Monte Carlo draws (reveal counts) per chunk for ensem
 mdm_l2r = False          # encoder MDM: also compute exact L2R (n forward passes per chunk: slow)
 seed = 1337              # orders and reveal counts come from this seed (plus the DDP rank)
 device = 'auto'          # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
-dtype = 'auto'           # auto (bfloat16 autocast on CUDA, float16 if unsupported) | float32 | bfloat16 | float16
+dtype = 'auto'           # auto (bfloat16 autocast on CUDA, float16 without bf16; float32 elsewhere) | float32 | bfloat16 | float16
 compile = False          # torch.compile the model
-json_out = ''            # results file; '' = eval_ppl.json next to the checkpoint
+json_out = ''            # results file; '' = eval_ppl.json next to the checkpoint (every run is also appended to eval_ppl.jsonl)
+plot = True              # also draw the table as a PNG next to the JSON
 progress = True          # tqdm bars (rank 0 only)
 
 
@@ -382,6 +396,169 @@ def _mdm_elbo_per_chunk(model, chunks, n_draws=1, generator=None, estimator='cou
 
 # ----------------------------------------------------------------------------------------------- the script
 
+def main(argv=None):
+    c = read_config(argv)
+    rank, world, dev = start_ranks(c.device)
+    master = rank == 0
+    if master:
+        print_config(c.config)
+    quiet_hf_bars(master and c.progress)
+    model, ck, used_ema, codec, n = load_for_eval(c, dev)
+    data, skipped = load_sets(c, codec, n, master)
+    ctx, precision = autocast(dev, c.dtype)
+    results = {name: evaluate_set(model, name, chunks, c, ctx, rank, world, codec.name == 'char')
+               for name, chunks in data.items()}
+    if master:
+        print_table(model, c, results, skipped, used_ema, codec, n, world)
+        record = dict(checkpoint=c.ckpt or c.out_dir, model=_kind(model), ema=used_ema, codec=codec.name,
+                      block_size=n, precision=precision, world_size=world, seed=c.seed, orders=c.orders,
+                      ensemble=c.ensemble if model.any_order else 0, ensemble_mode=c.ensemble_mode,
+                      ensemble_draws=c.ensemble_draws, paper_split=c.paper_split, max_chunks=c.max_chunks,
+                      iter_num=ck.get('iter_num'), datasets=results, skipped=skipped, notes=_notes(model, c),
+                      time=time.strftime('%Y-%m-%d %H:%M:%S'))
+        write_record(record, c)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def read_config(argv):
+    """The resolved config (a namespace: main() may run more than once in one process), checked."""
+    cfg = configure(dict(globals()), argv)
+    c = SimpleNamespace(**cfg, config=cfg)
+    for key, ok in (('orders', c.orders >= 1), ('ensemble', c.ensemble >= 0), ('batch_size', c.batch_size >= 1),
+                    ('ensemble_draws', c.ensemble_draws >= 1), ('block_size', c.block_size >= 0),
+                    ('max_chunks', c.max_chunks >= 0), ('ensemble_mode', c.ensemble_mode in ('fast', 'exact'))):
+        if not ok:
+            die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
+    c.names = [s.strip() for s in c.datasets.split(',') if s.strip()]
+    if not c.names:
+        die("--datasets is empty")
+    c.paths = _parse_paths(c.data_path)
+    unused = sorted(set(c.paths) - set(c.names))
+    if unused:
+        die(f"--data_path names {unused} are not in --datasets {c.names}")
+    c.device = resolve_device(c.device)
+    autocast(c.device, c.dtype)  # a bad --dtype is an error before the model loads
+    return c
+
+
+def start_ranks(device):
+    """(rank, world size, this rank's device): one process, or one per torchrun rank."""
+    if int(os.environ.get('RANK', -1)) == -1:
+        return 0, 1, device
+    import torch.distributed as dist
+    dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
+    if device.startswith('cuda'):
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        torch.cuda.set_device(device)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def quiet_hf_bars(show):
+    if not show:  # HF datasets' own bars too (e.g. reading a local text file)
+        os.environ['HF_DATASETS_DISABLE_PROGRESS_BARS'] = '1'
+        if 'datasets' in sys.modules:
+            sys.modules['datasets'].disable_progress_bars()
+
+
+def load_for_eval(c, dev):
+    """The model (EMA weights by default), its checkpoint dict, whether EMA was used, its codec, the
+    chunk length."""
+    model, ck, used_ema = load_model(c.ckpt or c.out_dir, dev, c.use_ema)
+    codec = checkpoint_codec(ck, c.dataset)
+    cfg = model.config
+    if codec.vocab_size > cfg.vocab_size:
+        die(f"the {codec.name} codec has {codec.vocab_size} symbols but the model only {cfg.vocab_size}: "
+            f"the checkpoint's codec does not fit its model")
+    n = c.block_size or cfg.block_size
+    if n > cfg.block_size:
+        die(f"--block_size {n} exceeds the model's block_size {cfg.block_size}")
+    if c.compile:
+        model = torch.compile(model)
+    return model, ck, used_ema, codec, n
+
+
+def load_sets(c, codec, n, master):
+    """Every requested set, cut into chunks, before the first forward pass: a set that cannot be had
+    fails (or is skipped) in seconds, not after the others were evaluated. Returns ({name: chunks},
+    {skipped name: why})."""
+    data, skipped = {}, {}
+    for name in c.names:
+        try:
+            chunks = load_eval_chunks(name, codec, n, split=c.split or None, path=c.paths.get(name),
+                                      paper_split=c.paper_split)
+        except DataError as e:
+            if not c.skip_missing or name in c.paths:  # a local file the user named must load
+                die(f"{e.msg} [eval_ppl.py: --data_path {name}=PATH]")
+            skipped[name] = e.msg
+            continue
+        data[name] = chunks[:c.max_chunks] if c.max_chunks else chunks
+        if len(data[name]) == 0:
+            die(f"{name}: fewer than block_size={n} tokens, so no chunk to evaluate (try a smaller --block_size)")
+    if skipped and not data:
+        die(f"none of the requested sets could be loaded ({', '.join(skipped)}): offline and not in the HF "
+            f"cache? Pass local copies with --data_path name=PATH, or evaluate ptb, which needs no download")
+    if skipped and master:
+        print(f"skipping {', '.join(skipped)}: cannot be loaded here (offline and not cached?); give a local "
+              f"copy with --data_path name=PATH, or --skip_missing False to fail instead", flush=True)
+    return data, skipped
+
+
+def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
+    """One table row: the columns this model has, token-weighted over every chunk of every rank."""
+    from tqdm import tqdm
+    cfg = model.config
+    decoder, any_order = cfg.causal, model.any_order
+    do_l2r, do_ao, M = decoder or c.mdm_l2r, any_order or not decoder, c.ensemble if any_order else 0
+    if len(chunks) < world and rank == 0:
+        print(f"warning: {name} has {len(chunks)} chunks for {world} ranks; some ranks get none")
+    mine = chunks[rank_slice(len(chunks), rank, world)]
+    cols = [k for k, on in (('l2r', do_l2r), ('any_order', do_ao), ('ensemble', M > 0)) if on]
+    bar = tqdm(total=len(mine) * len(cols), desc=name, unit='chunk', leave=False,
+               disable=not (rank == 0 and c.progress), file=sys.stderr)
+    # one generator per column, seeded by (seed, rank): adding a column never changes another's draws
+    gen = lambda: torch.Generator().manual_seed(c.seed + 100_003 * rank)  # noqa: E731
+    sums = {}
+    with ctx:
+        if do_l2r:
+            bar.set_description(f"{name} L2R")
+            sums['l2r'] = nll_l2r(model, mine, c.batch_size, bar)
+        if do_ao:
+            bar.set_description(f"{name} any-order")
+            sums['any_order'] = nll_any_order(model, mine, c.orders, gen(), c.batch_size, bar)
+        if M:
+            bar.set_description(f"{name} ens x{M}")
+            # the ensemble's sums, plus the mean member on the *same* draws: a paired, low-noise
+            # measure of what ensembling gains
+            est = _ensemble_fast_per_chunk if c.ensemble_mode == 'fast' else _ensemble_exact_per_chunk
+            ens, member = est(model, mine, M, gen(), c.ensemble_draws, c.batch_size, bar)
+            sums['ensemble'] = (ens.sum().item(), mine.numel())
+            sums['member'] = (member.sum().item(), mine.numel())
+    bar.close()
+    keys = cols + (['member'] if M else [])
+    t = torch.tensor([v for k in keys for v in sums.get(k, (0.0, 0))], dtype=torch.float64,
+                     device=next(model.parameters()).device)
+    if world > 1:
+        torch.distributed.all_reduce(t)
+    mean = {k: t[2 * i].item() / t[2 * i + 1].item() for i, k in enumerate(keys)}
+    row = {'chunks': len(chunks), 'tokens': chunks.numel()}
+    for k in ('l2r', 'any_order', 'ensemble'):
+        row[k] = {'nll': mean[k], 'ppl': math.exp(mean[k])} if k in cols and k != 'ensemble' else None
+    if M:
+        # Reported as a control variate: the any-order column (full orders, low noise) minus the
+        # ensemble's gain measured on identical draws. Same expectation as the direct estimate
+        # (E[any-order] = E[mean member]), far less Monte Carlo noise, and never above the any-order
+        # column (Jensen holds per target on the same draws). The direct one is kept too.
+        cv = mean['any_order'] - (mean['member'] - mean['ensemble'])
+        row['ensemble'] = {'nll': cv, 'ppl': math.exp(cv), 'members': M, 'mode': c.ensemble_mode,
+                           'draws': c.ensemble_draws, 'nll_direct': mean['ensemble'],
+                           'mean_member_nll': mean['member'], 'gain_nats': mean['member'] - mean['ensemble']}
+    if char:  # one token is one character
+        for k in cols:
+            row[k]['bpc'] = row[k]['nll'] / math.log(2)
+    return row
+
+
 def _kind(model):
     c = model.config
     if not c.causal:
@@ -390,7 +567,6 @@ def _kind(model):
 
 
 def _parse_paths(spec):
-    from configurator import die
     paths = {}
     for item in filter(None, (s.strip() for s in spec.split(','))):
         if '=' not in item:
@@ -400,193 +576,83 @@ def _parse_paths(spec):
     return paths
 
 
+def _columns(model, c, char):
+    """(header, result key, show as bits per character) of each table column."""
+    ao_head = 'ELBO PPL (<=)' if not model.config.causal else f"any-order PPL (<=, {c.orders} ord)"
+    heads = [('L2R PPL', 'l2r', False), (ao_head, 'any_order', False)]
+    if c.ensemble:
+        heads.append((f"ens x{c.ensemble} PPL (<=)", 'ensemble', False))
+    if char:
+        heads += [(h.replace('PPL', 'bpc'), k, True) for h, k, _ in heads]
+    return heads
+
+
 def _fmt(col, bpc=False):
     if col is None:
         return 'n/a'
     return f"{col['bpc']:.4f}" if bpc else f"{col['ppl']:.2f}"
 
 
-def main(argv=None):
-    from configurator import configure, print_config, die
-    from checkpoint import checkpoint_codec, load_model
-    from evalsets import load_eval_chunks
-    from tokenizer import DataError
-    from tqdm import tqdm
+def _notes(model, c):
+    notes = []
+    if not model.config.causal:
+        notes.append("encoder MDM: the any-order column is its ELBO; ensemble n/a (an encoder is order-invariant)"
+                     + ("" if c.mdm_l2r else "; L2R costs n passes per chunk: --mdm_l2r True computes it"))
+    elif not model.any_order:
+        notes.append("L2R GPT: only the L2R column is meaningful (no target-position conditioning)")
+    if 'wikitext2' in c.names:
+        notes.append("wikitext2: " + ("the paper's train split (--paper_split True)" if c.paper_split else
+                                      "standard split; the paper's tables use the train split (--paper_split True)"))
+    return notes
 
-    g = dict(globals())  # a copy: main() can run more than once in one process (the tests do)
-    c = SimpleNamespace(**configure(g, argv))
 
-    ddp = int(os.environ.get('RANK', -1)) != -1
-    rank, world = 0, 1
-    dev = c.device if c.device != 'auto' else ('cuda' if torch.cuda.is_available() else 'cpu')
-    if ddp:
-        import torch.distributed as dist
-        dist.init_process_group(backend='nccl' if dev.startswith('cuda') else 'gloo')
-        rank, world = dist.get_rank(), dist.get_world_size()
-        if dev.startswith('cuda'):
-            dev = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-            torch.cuda.set_device(dev)
-    master = rank == 0
-    if master:
-        print_config(vars(c))
-    if not (master and c.progress):  # HF datasets' own bars too (e.g. reading a local text file)
-        os.environ['HF_DATASETS_DISABLE_PROGRESS_BARS'] = '1'
-        if 'datasets' in sys.modules:
-            sys.modules['datasets'].disable_progress_bars()
+def print_table(model, c, results, skipped, used_ema, codec, n, world):
+    print(f"\n{_kind(model)} {c.ckpt or c.out_dir} ({'EMA' if used_ema else 'raw'} weights), {codec.name} codec, "
+          f"block_size {n}, {world} rank(s)")
+    heads = _columns(model, c, codec.name == 'char')
+    w = max(8, max(len(s) for s in c.names))
+    print(f"{'dataset':<{w}} {'chunks':>7} " + ' '.join(f"{h:>{max(10, len(h))}}" for h, _, _ in heads))
+    for name, row in results.items():
+        print(f"{name:<{w}} {row['chunks']:>7} " +
+              ' '.join(f"{_fmt(row[k], b):>{max(10, len(h))}}" for h, k, b in heads))
+    for name in skipped:
+        print(f"{name:<{w}} {'skipped':>7}")
+    for s in _notes(model, c):
+        print(f"note: {s}")
 
-    if c.orders < 1 or c.ensemble < 0 or c.ensemble_draws < 1 or c.batch_size < 1:
-        die("--orders, --ensemble_draws and --batch_size must be >= 1, --ensemble >= 0")
-    if c.ensemble_mode not in ('fast', 'exact'):
-        die(f"--ensemble_mode must be 'fast' or 'exact', got {c.ensemble_mode!r}")
-    if c.dtype not in ('auto', 'bfloat16', 'float16', 'float32'):
-        die(f"--dtype must be auto, bfloat16, float16 or float32, got {c.dtype!r}")
 
+def json_path(c):
+    """Where the record goes: --json_out, else beside the checkpoint (a file other than ckpt.pt gets its
+    own name)."""
+    if c.json_out:
+        return c.json_out
     path = c.ckpt or c.out_dir
-    model, ck, used_ema = load_model(path, dev, c.use_ema)
-    codec = checkpoint_codec(ck, c.dataset)
-    cfg = model.config
-    if codec.vocab_size > cfg.vocab_size:
-        die(f"the {codec.name} codec has {codec.vocab_size} symbols but the model only {cfg.vocab_size}: "
-            f"wrong codec; pass --dataset <the data dir the model was trained on>")
-    n = c.block_size or cfg.block_size
-    if n > cfg.block_size:
-        die(f"--block_size {n} exceeds the model's block_size {cfg.block_size}")
-    if c.compile:
-        model = torch.compile(model)
-    names = [s.strip() for s in c.datasets.split(',') if s.strip()]
-    if not names:
-        die("--datasets is empty")
-    paths = _parse_paths(c.data_path)
-    unused = sorted(set(paths) - set(names))
-    if unused:
-        die(f"--data_path names {unused} are not in --datasets {names}")
+    if os.path.isdir(path):
+        return os.path.join(path, 'eval_ppl.json')
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return os.path.join(os.path.dirname(path) or '.', 'eval_ppl.json' if stem == 'ckpt' else f'{stem}.eval_ppl.json')
 
-    decoder, any_order = cfg.causal, model.any_order
-    do_l2r = decoder or c.mdm_l2r
-    do_ao = any_order or not decoder                                     # the encoder: its ELBO
-    M = c.ensemble if any_order else 0
-    amp = c.dtype
-    if amp == 'auto':
-        amp = 'bfloat16' if dev.startswith('cuda') and torch.cuda.is_bf16_supported() else 'float16'
-    ctx = (torch.autocast('cuda', dtype=getattr(torch, amp))
-           if dev.startswith('cuda') and amp != 'float32' else nullcontext())
-    char = codec.name == 'char'
 
-    results = {}
-    data = {}  # load every set first: a missing fifth set fails in seconds, not after four evaluations
-    for name in names:
-        try:
-            chunks = load_eval_chunks(name, codec, n, split=c.split or None, path=paths.get(name),
-                                      paper_split=c.paper_split)
-        except DataError as e:  # name our own flag for the local-file override
-            die(f"{e.msg} [eval_ppl.py: --data_path {name}=PATH]")
-        data[name] = chunks[:c.max_chunks] if c.max_chunks else chunks
-        if len(data[name]) == 0:
-            die(f"{name}: fewer than block_size={n} tokens, so no chunk to evaluate (try a smaller --block_size)")
-
-    for name, chunks in data.items():
-        if len(chunks) < world and master:
-            print(f"warning: {name} has {len(chunks)} chunks for {world} ranks; some ranks get none")
-        mine = chunks[rank_slice(len(chunks), rank, world)]
-        cols = [k for k, on in (('l2r', do_l2r), ('any_order', do_ao), ('ensemble', M > 0)) if on]
-        bar = tqdm(total=len(mine) * len(cols), desc=name, unit='chunk', leave=False,
-                   disable=not (master and c.progress), file=sys.stderr)
-        # one generator per column, seeded by (seed, rank): adding a column never changes another's draws
-        gen = lambda: torch.Generator().manual_seed(c.seed + 100_003 * rank)
-        sums = {}
-        with ctx:
-            if do_l2r:
-                bar.set_description(f"{name} L2R")
-                sums['l2r'] = nll_l2r(model, mine, c.batch_size, bar)
-            if do_ao:
-                bar.set_description(f"{name} any-order")
-                sums['any_order'] = nll_any_order(model, mine, c.orders, gen(), c.batch_size, bar)
-            if M:
-                bar.set_description(f"{name} ens x{M}")
-                # nll_ensemble's sums, plus the mean member on the *same* draws: a paired, low-noise
-                # measure of what ensembling gains
-                est = _ensemble_fast_per_chunk if c.ensemble_mode == 'fast' else _ensemble_exact_per_chunk
-                ens, member = est(model, mine, M, gen(), c.ensemble_draws, c.batch_size, bar)
-                sums['ensemble'] = (ens.sum().item(), mine.numel())
-                sums['member'] = (member.sum().item(), mine.numel())
-        bar.close()
-        keys = cols + (['member'] if M else [])
-        t = torch.tensor([v for k in keys for v in sums.get(k, (0.0, 0))], dtype=torch.float64, device=dev)
-        if ddp:
-            dist.all_reduce(t)
-        mean = {k: t[2 * i].item() / t[2 * i + 1].item() for i, k in enumerate(keys)}
-        row = {'chunks': len(chunks), 'tokens': len(chunks) * n}
-        for k in cols:
-            row[k] = {'nll': mean[k], 'ppl': math.exp(mean[k])}
-            if char:  # one token is one character
-                row[k]['bpc'] = mean[k] / math.log(2)
-        if M:
-            # Report the ensemble as a control variate: the any-order column (full orders, low noise)
-            # minus the ensemble's gain measured on identical draws. Same expectation as the direct
-            # estimate (E[any-order] = E[mean member]), far less Monte Carlo noise, and never above the
-            # any-order column (Jensen holds per target on the same draws). The direct one is kept too.
-            cv = mean['any_order'] - (mean['member'] - mean['ensemble'])
-            row['ensemble'] = {'nll': cv, 'ppl': math.exp(cv), 'members': M, 'mode': c.ensemble_mode,
-                               'draws': c.ensemble_draws, 'nll_direct': mean['ensemble'],
-                               'mean_member_nll': mean['member'],
-                               'gain_nats': mean['member'] - mean['ensemble']}
-            if char:
-                row['ensemble']['bpc'] = cv / math.log(2)
-        for k in ('l2r', 'any_order', 'ensemble'):
-            row.setdefault(k, None)
-        results[name] = row
-
-    if master:
-        kind = _kind(model)
-        print(f"\n{kind} {path} ({'EMA' if used_ema else 'raw'} weights), {codec.name} codec, "
-              f"block_size {n}, {world} rank(s)")
-        ao_head = 'ELBO PPL (<=)' if not decoder else f"any-order PPL (<=, {c.orders} ord)"
-        heads = [('L2R PPL', 'l2r', False), (ao_head, 'any_order', False)]
-        if c.ensemble:
-            heads.append((f"ens x{c.ensemble} PPL (<=)", 'ensemble', False))
-        if char:
-            heads += [(h.replace('PPL', 'bpc'), k, True) for h, k, _ in heads]
-        w = max(8, max(len(s) for s in names))
-        print(f"{'dataset':<{w}} {'chunks':>7} " + ' '.join(f"{h:>{max(10, len(h))}}" for h, _, _ in heads))
-        for name, row in results.items():
-            print(f"{name:<{w}} {row['chunks']:>7} " +
-                  ' '.join(f"{_fmt(row[k], b):>{max(10, len(h))}}" for h, k, b in heads))
-        notes = []
-        if not decoder:
-            notes.append("encoder MDM: the any-order column is its ELBO; ensemble n/a (an encoder is "
-                         "order-invariant)" + ("" if c.mdm_l2r else "; L2R costs n passes per chunk: "
-                                               "--mdm_l2r True computes it"))
-        elif not any_order:
-            notes.append("L2R GPT: only the L2R column is meaningful (no target-position conditioning)")
-        if 'wikitext2' in names:
-            notes.append("wikitext2: " + ("the paper's train split (--paper_split True)" if c.paper_split else
-                                          "standard split; the paper's tables use the train split "
-                                          "(--paper_split True)"))
-        for s in notes:
-            print(f"note: {s}")
-        out = c.json_out
-        if not out:  # beside the checkpoint; a file other than ckpt.pt gets its own name
-            stem = os.path.splitext(os.path.basename(path))[0]
-            out = (os.path.join(path, 'eval_ppl.json') if os.path.isdir(path) else
-                   os.path.join(os.path.dirname(path) or '.',
-                                'eval_ppl.json' if stem == 'ckpt' else f'{stem}.eval_ppl.json'))
-        record = {'checkpoint': os.path.abspath(path), 'model': kind, 'ema': used_ema, 'codec': codec.name,
-                  'block_size': n, 'precision': 'float32' if isinstance(ctx, nullcontext) else amp,
-                  'world_size': world, 'seed': c.seed, 'orders': c.orders,
-                  'ensemble': c.ensemble if M else 0, 'ensemble_mode': c.ensemble_mode,
-                  'ensemble_draws': c.ensemble_draws, 'paper_split': c.paper_split,
-                  'max_chunks': c.max_chunks, 'iter_num': ck.get('iter_num'), 'datasets': results,
-                  'notes': notes}
+def write_record(record, c):
+    """The record as JSON (atomically), appended to the .jsonl history beside it (so an eval of other sets
+    never loses an earlier one), and plotted."""
+    out = json_path(c)
+    record['checkpoint'] = os.path.abspath(record['checkpoint']) if os.path.exists(record['checkpoint']) \
+        else record['checkpoint']
+    try:
         tmp = out + '.tmp'
-        try:
-            with open(tmp, 'w') as f:
-                json.dump(record, f, indent=2)
-            os.replace(tmp, out)
-        except OSError as e:
-            die(f"cannot write {out} ({e.strerror}); the table above has the numbers; pass --json_out FILE")
-        print(f"wrote {out}")
-    if ddp:
-        dist.destroy_process_group()
+        with open(tmp, 'w') as f:
+            json.dump(record, f, indent=2)
+        os.replace(tmp, out)
+        with open(os.path.splitext(out)[0] + '.jsonl', 'a') as f:
+            f.write(json.dumps(record) + '\n')
+    except OSError as e:
+        die(f"cannot write {out} ({e.strerror}); the table above has the numbers; pass --json_out FILE")
+    print(f"wrote {out} (history: {os.path.splitext(out)[0] + '.jsonl'})")
+    if c.plot and record['datasets']:
+        png = os.path.splitext(out)[0] + '.png'
+        plot_eval(record, png)
+        print(f"wrote {png}")
 
 
 if __name__ == '__main__':

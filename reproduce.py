@@ -73,6 +73,7 @@ _CONFIG_KEYS = [k for k in dict(globals()) if not k.startswith('_') and k not in
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
 from configurator import configure, die, print_config  # noqa: E402
+from plot import curves, xy  # noqa: E402
 
 DATASET = 'ptb_char'
 ENSEMBLE_M = (1, 2, 4, 8, 16)
@@ -331,47 +332,6 @@ def time_samplers(c):
 
 # ----------------------------------------------------------------------------- plots and the report
 
-def plot_curves(path, title, series, ylabel='val loss (nats/char)'):
-    """series: [(label, tokens, values, style)]"""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
-    for label, t, v, style in series:
-        ax.plot(np.asarray(t) / 1e6, v, style, label=label, lw=1.5, ms=3)
-    lo = min(min(v[len(v) // 5:] or v) for _, _, v, _ in series)
-    hi = max(max(v[len(v) // 5:] or v) for _, _, v, _ in series)
-    ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.3 * (hi - lo + 1e-9))  # skip the first steep drop
-    _finish(plt, fig, ax, path, title, 'training tokens (M)', ylabel)
-
-
-def _finish(plt, fig, ax, path, title, xlabel, ylabel):
-    """Labels, grid and legend, then write the PNG."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_xy(path, title, xs, series, xlabel, ylabel, logx=True, logy=False):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
-    for label, ys, style in series:
-        ax.plot(xs, ys, style, label=label, lw=1.5, ms=4)
-    if logx:
-        ax.set_xscale('log', base=2)
-    if logy:
-        ax.set_yscale('log')
-    ax.set_xticks(xs, [str(x) for x in xs])
-    _finish(plt, fig, ax, path, title, xlabel, ylabel)
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     argv = ['--quick=True' if a == '--quick' else a for a in argv]  # allow the bare flag
@@ -427,27 +387,27 @@ def main(argv=None):
     tok = lambda k, key: curve(logs[k], key)
     figs = {}
     figs[1] = 'f1_ao_vs_l2r.png'
-    plot_curves(os.path.join(res, figs[1]), 'Finding 1: AO-GPT converges more slowly than L2R', [
+    curves(os.path.join(res, figs[1]), 'Finding 1: AO-GPT converges more slowly than L2R', [
         ('L2R run, L2R loss', *tok('l2r', 'val_l2r'), '-o'),
         ('AO run, any-order loss', *tok('ao', 'val_ao'), '-s'),
         ('AO run, L2R loss', *tok('ao', 'val_l2r'), '--')])
     figs[2] = 'f2_orders.png'
-    plot_curves(os.path.join(res, figs[2]), 'Finding 2: fixed orders (loss in the trained order)', [
+    curves(os.path.join(res, figs[2]), 'Finding 2: fixed orders (loss in the trained order)', [
         ('left to right', *tok('l2r', 'val_l2r'), '-o'),
         ('block-wise random (4)', *tok('block', 'val_order'), '-^'),
         ('fixed random', *tok('fixed', 'val_order'), '-s')])
     figs[3] = 'f3_l2r_mix.png'
-    plot_curves(os.path.join(res, figs[3]), 'Finding 3: 10% L2R data', [
+    curves(os.path.join(res, figs[3]), 'Finding 3: 10% L2R data', [
         ('10% L2R: L2R loss', *tok('ao', 'val_l2r'), '-o'),
         ('0% L2R: L2R loss', *tok('ao_noL2R', 'val_l2r'), '--o'),
         ('10% L2R: any-order loss', *tok('ao', 'val_ao'), '-s'),
         ('0% L2R: any-order loss', *tok('ao_noL2R', 'val_ao'), '--s')])
     figs[4] = 'f4_ensemble.png'
-    plot_xy(os.path.join(res, figs[4]), 'Finding 4: context-order ensemble', list(ENSEMBLE_M),
+    xy(os.path.join(res, figs[4]), 'Finding 4: context-order ensemble', list(ENSEMBLE_M),
             [('ensemble of M orders', [math.exp(r['nll']) for r in ens], '-o')],
             'M (context orderings)', 'any-order PPL per char (<=)')
     figs[5] = 'f5_adaln_sigma.png'
-    plot_curves(os.path.join(res, figs[5]), 'Finding 5: AdaLN vs sigma-GPT input conditioning', [
+    curves(os.path.join(res, figs[5]), 'Finding 5: AdaLN vs sigma-GPT input conditioning', [
         ('AdaLN: any-order loss', *tok('ao', 'val_ao'), '-s'),
         ('sigma-GPT: any-order loss', *tok('sigma', 'val_ao'), '--s'),
         ('AdaLN: L2R loss', *tok('ao', 'val_l2r'), '-o'),
@@ -457,7 +417,7 @@ def main(argv=None):
         ('AdaLN, table 1 + Linear 0.2: L2R', *tok('ao_init', 'val_l2r'), '-.o')])
     figs[6] = 'f6_sampling_time.png'
     Ts = [r['T'] for r in samp]
-    plot_xy(os.path.join(res, figs[6]), f"Finding 6: sampling {c['sample_batch']} x {c['sample_n']} tokens, "
+    xy(os.path.join(res, figs[6]), f"Finding 6: sampling {c['sample_batch']} x {c['sample_n']} tokens, "
             f"{c['device']}", Ts, [('AO-GPT, KV-cached', [r['dec_s'] for r in samp], '-o'),
                                    ('encoder MDM', [r['enc_s'] for r in samp], '-s')],
             'steps T', 'wall time (s)', logy=True)

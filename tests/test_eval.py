@@ -3,6 +3,7 @@ import itertools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -306,16 +307,55 @@ def test_cli_errors_are_one_line(tmp_path, text_file, capsys):
                 '--progress', 'False'])
     err = capsys.readouterr().err.strip()
     assert e.value.code != 0 and len(err.splitlines()) == 1 and '--data_path ptb=' in err
-    with pytest.raises(SystemExit) as e:  # a set that is not available offline, and no local copy:
-        E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb,lambada',  # found before any eval
-                '--data_path', f'ptb={text_file}', '--progress', 'False'])
-    cap = capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # a set that is not available offline, and no local copy, with
+        E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb,lambada',  # --skip_missing False:
+                '--data_path', f'ptb={text_file}', '--progress', 'False', '--skip_missing', 'False'])
+    cap = capsys.readouterr()  # found before any eval
     err = cap.err.strip()
     assert e.value.code != 0 and len(err.splitlines()) == 1 and '--data_path lambada=' in err
     assert 'L2R PPL' not in cap.out
-    with pytest.raises(SystemExit):  # a bad option value
-        E.main(['--out_dir', str(tmp_path / 'out'), '--ensemble_mode', 'slow'])
-    assert 'ensemble_mode' in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # nothing at all can be loaded
+        E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'lambada,lm1b', '--progress', 'False'])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and 'none of the requested sets could be loaded (lambada, lm1b)' in err
+
+
+@pytest.mark.parametrize('argv,needle', [
+    (['--ensemble_mode', 'slow'], 'invalid --ensemble_mode'),
+    (['--max_chunks', '-13160'], 'invalid --max_chunks=-13160'),
+    (['--max_chunks', '-1'], 'invalid --max_chunks=-1'),
+    (['--block_size=-4'], 'invalid --block_size=-4'),
+    (['--orders', '0'], 'invalid --orders=0'),
+    (['--use_ema', 'no_thanks'], 'use_ema must be True or False'),
+    (['--device', 'cuda'], 'CUDA is not available'),
+    (['--device', 'tpu'], '--device must be'),
+    (['--dtype', 'int8'], '--dtype must be one of'),
+    (['--data_path', 'ptb'], '--data_path expects name=path'),
+    (['--datasets', ','], '--datasets is empty'),
+])
+def test_bad_values_are_one_line_before_anything_loads(tmp_path, capsys, argv, needle):
+    with pytest.raises(SystemExit) as e:
+        E.main(['--out_dir', str(tmp_path / 'not-even-there'), '--progress', 'False', *argv])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code != 0 and len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_offline_default_sets_skip_with_a_line_and_every_eval_is_kept(tmp_path, text_file, capsys):
+    """Offline, the default sets that need the hub are skipped in one line before the first forward
+    pass, so a run with no flags still scores what it can; each run is kept in the .jsonl history."""
+    make_ckpt(tmp_path / 'out')
+    out = run_cli(['--out_dir', str(tmp_path / 'out'), '--data_path', f'ptb={text_file}', '--max_chunks', '3'],
+                  capsys)
+    first = out.index('skipping lambada, wikitext2, wikitext103, lm1b: cannot be loaded here')
+    assert first < out.index('L2R PPL') and re.search(r'^lambada +skipped$', out, re.M)
+    res = json.load(open(tmp_path / 'out' / 'eval_ppl.json'))
+    assert list(res['datasets']) == ['ptb'] and set(res['skipped']) == {'lambada', 'wikitext2', 'wikitext103', 'lm1b'}
+    run_cli(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
+             '--max_chunks', '2'], capsys)
+    history = [json.loads(l) for l in open(tmp_path / 'out' / 'eval_ppl.jsonl')]
+    assert [h['datasets']['ptb']['chunks'] for h in history] == [3, 2]
+    assert json.load(open(tmp_path / 'out' / 'eval_ppl.json'))['datasets']['ptb']['chunks'] == 2
+    assert open(tmp_path / 'out' / 'eval_ppl.png', 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
 
 
 def test_torchrun_two_ranks_reduce_to_the_single_process_numbers(tmp_path, text_file):

@@ -91,15 +91,6 @@ def test_runs_differ_only_in_what_they_test():
         assert diff <= {'out_dir'} | set(over), (name, diff)
 
 
-def test_plots_are_written(tmp_path):
-    t, a = _curve(1.0, 1.0)
-    R.plot_curves(tmp_path / 'c.png', 'curves', [('a', t, a, '-o'), ('b', t, [x + 0.1 for x in a], '--')])
-    R.plot_xy(tmp_path / 'x.png', 'xy', [1, 2, 4], [('y', [3.0, 2.0, 1.5], '-o')], 'M', 'PPL', logy=True)
-    for f in ('c.png', 'x.png'):
-        data = (tmp_path / f).read_bytes()
-        assert data[:8] == b'\x89PNG\r\n\x1a\n' and len(data) > 5000
-
-
 def test_nested_ensemble_matches_eval_ppl():
     """Finding 4's nested estimator is eval_ppl's fast ensemble estimator: for the largest M it gives the
     same per-chunk numbers on the same seed."""

@@ -1,0 +1,134 @@
+"""
+Plots a researcher would rather look at than JSON: a run's loss curves from its log.jsonl, and an eval
+table from eval_ppl.py's record. train.py redraws out_dir/loss.png at every eval, eval_ppl.py draws its
+table beside its JSON, reproduce.py draws the findings with the same helpers.
+
+    python plot.py out-demo        # out-demo/loss.png from log.jsonl, out-demo/eval_ppl.png from eval_ppl.json
+
+matplotlib is imported only when a plot is drawn (Agg backend: no display needed), so importing this
+module costs nothing.
+"""
+
+import json
+import math
+import os
+import sys
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def finish(plt, fig, ax, path, title, xlabel, ylabel, legend=True):
+    """Labels, grid and legend, then write the PNG (atomically: a reader never sees half a file)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = f'{path}.tmp.png'
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def curves(path, title, series, ylabel='val loss (nats/char)', xlabel='training tokens (M)'):
+    """series: [(label, tokens, values, style)]; the y range skips the first steep drop."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for label, t, v, style in series:
+        ax.plot([x / 1e6 for x in t], v, style, label=label, lw=1.5, ms=3)
+    lo = min(min(v[len(v) // 5:] or v) for _, _, v, _ in series)
+    hi = max(max(v[len(v) // 5:] or v) for _, _, v, _ in series)
+    ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.3 * (hi - lo + 1e-9))
+    finish(plt, fig, ax, path, title, xlabel, ylabel)
+
+
+def xy(path, title, xs, series, xlabel, ylabel, logx=True, logy=False):
+    """series: [(label, ys, style)] over the shared xs."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for label, ys, style in series:
+        ax.plot(xs, ys, style, label=label, lw=1.5, ms=4)
+    if logx:
+        ax.set_xscale('log', base=2)
+    if logy:
+        ax.set_yscale('log')
+    ax.set_xticks(xs, [str(x) for x in xs])
+    finish(plt, fig, ax, path, title, xlabel, ylabel)
+
+
+def read_log(path):
+    """train.py's log.jsonl as a list of dicts (a line cut short by a kill is skipped)."""
+    out = []
+    for line in open(path):
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def plot_log(log_path, png, title=None):
+    """Loss curves of one run: train loss, and every val loss it logged (L2R, any-order, its own order,
+    the encoder's ELBO), against training tokens. Returns False when there is nothing to draw yet."""
+    recs = read_log(log_path)
+    names = [('train_loss', 'train (objective)', 'k-'), ('val_l2r', 'val L2R', 'o-'),
+             ('val_ao', 'val any-order', 's-'), ('val_order', 'val, training order', '^-'),
+             ('val_elbo', 'val ELBO', 'd-')]
+    series = []
+    for key, label, style in names:
+        pts = [(r['tokens'], r[key]) for r in recs if r.get(key) is not None and math.isfinite(r[key])]
+        if pts:
+            series.append((label, [t for t, _ in pts], [v for _, v in pts], style))
+    if not series:
+        return False
+    title = title or os.path.basename(os.path.dirname(os.path.abspath(log_path)))
+    curves(png, title, series, ylabel='loss (nats/token)')
+    return True
+
+
+def plot_eval(record, png):
+    """eval_ppl.py's table as grouped bars: one group per dataset, one bar per column (log scale, PPL)."""
+    plt = _pyplot()
+    cols = [('l2r', 'L2R'), ('any_order', 'any-order (bound)'), ('ensemble', 'ensemble (bound)')]
+    rows = list(record['datasets'].items())
+    cols = [(k, label) for k, label in cols if any(r.get(k) for _, r in rows)]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(rows) + 2), 3.6))
+    width = 0.8 / max(1, len(cols))
+    for j, (key, label) in enumerate(cols):
+        xs = [i + (j - (len(cols) - 1) / 2) * width for i in range(len(rows))]
+        ys = [r[key]['ppl'] if r.get(key) else float('nan') for _, r in rows]
+        bars = ax.bar(xs, ys, width, label=label)
+        ax.bar_label(bars, fmt='%.1f', fontsize=7)
+    ax.set_xticks(range(len(rows)), [name for name, _ in rows])
+    ax.set_yscale('log')
+    title = f"{record.get('model', '')} {os.path.basename(str(record.get('checkpoint', '')))}".strip()
+    finish(plt, fig, ax, png, title, 'dataset', 'perplexity (lower is better)')
+
+
+def main(out_dir):
+    done = []
+    log = os.path.join(out_dir, 'log.jsonl')
+    if os.path.exists(log) and plot_log(log, os.path.join(out_dir, 'loss.png')):
+        done.append(os.path.join(out_dir, 'loss.png'))
+    ev = os.path.join(out_dir, 'eval_ppl.json')
+    if os.path.exists(ev):
+        plot_eval(json.load(open(ev)), os.path.join(out_dir, 'eval_ppl.png'))
+        done.append(os.path.join(out_dir, 'eval_ppl.png'))
+    if not done:
+        print(f"error: nothing to plot in {out_dir} (no log.jsonl with evals, no eval_ppl.json)", file=sys.stderr)
+        raise SystemExit(1)
+    print('wrote ' + ', '.join(done))
+
+
+if __name__ == '__main__':
+    if len(sys.argv) != 2 or sys.argv[1].startswith('-'):
+        print("usage: python plot.py OUT_DIR   (draws OUT_DIR/loss.png and OUT_DIR/eval_ppl.png)", file=sys.stderr)
+        raise SystemExit(2)
+    main(sys.argv[1])
