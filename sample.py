@@ -38,13 +38,17 @@ import json
 import math
 import os
 import re
+import sys
 import time
-from contextlib import nullcontext
+import unicodedata
+from types import SimpleNamespace
 
 import torch
 from torch.nn import functional as F
 
+from configurator import configure, die, print_config
 from model import GPT, KVCache
+from runtime import autocast, resolve_device
 
 # -----------------------------------------------------------------------------
 # CLI config (python sample.py --help lists these with their comments)
@@ -59,22 +63,22 @@ length = -1                # total length n; -1: block_size (with --template: th
 order = 'auto'             # auto | random | l2r | FILE of positions (.npy/text); auto: the training order
 fixed_counts = False       # the paper code's deterministic counts instead of Binomial draws
 schedule = 'linear'        # linear | cosine (t = cos(pi/2 (1 - u))): fraction still masked per step
-temperature = 1.0          # softmax temperature; 0 = greedy
-top_p = 1.0                # nucleus sampling: keep the most likely tokens up to this mass
+temperature = 1.0          # softmax temperature, >= 0; 0 = greedy
+top_p = 1.0                # nucleus sampling, in (0, 1]: keep the most likely tokens up to this mass
 prompt = ''                # text the samples start with
 suffix = ''                # text the samples end with
 template = ''              # text with [BLANK] (blank_len tokens) or [BLANK:k] (k tokens) spans to fill
-blank_len = 8              # tokens per [BLANK]
+blank_len = 8              # tokens per [BLANK], >= 1
 stepper = 'dynamic'        # decoder calls: dynamic | static (fixed padded shapes) | cuda_graph
 cache_trick = True         # encoder MDM: a step that reveals nothing reuses the last pass (MDLM)
 mdm_counts = 'shared'      # encoder MDM: shared (one count per step for the batch) | independent (per sample)
 gen_ppl = ''               # judge: a checkpoint of ours (file/dir) or a local HF GPT-2 directory
 gen_ppl_mode = 'auto'      # none: all n scored after [None]; hf: no BOS, token 0 unscored; auto: hf for HF
-judge_batch_size = 16      # judge forward batch
-save = ''                  # write the samples (ids, text) and stats as JSON to this file
+judge_batch_size = 16      # judge forward batch, >= 1
+save = ''                  # write the samples (ids, text) and stats as JSON to this file (its folder must exist)
 seed = 1337
 device = 'auto'            # auto | cpu | cuda | cuda:1 | mps
-dtype = 'auto'             # auto (bfloat16 on CUDA, else float32) | float32 | bfloat16 | float16
+dtype = 'auto'             # auto (bfloat16 autocast on CUDA, float32 elsewhere) | float32 | bfloat16 | float16
 quiet = False              # do not print the samples
 # -----------------------------------------------------------------------------
 
@@ -537,30 +541,41 @@ def unigram_entropy(tokens):
 
 # ----------------------------------------------------------------------------- CLI helpers
 
+_BLANK = re.compile(r'\[BLANK(?::([^\[\]]*))?\]')
+
+
 def encode_template(text, codec, blank_len):
     """Template text -> ids with -1 for each position to fill. `[BLANK]` is blank_len tokens and
-    `[BLANK:k]` is k tokens. Whitespace before a blank is left to the blank: with GPT-2's BPE a word
-    carries its leading space, so "The [BLANK] sat" gives "The", k free tokens, " sat"."""
-    parts = re.split(r'\[BLANK(?::(\d+))?\]', text)  # text, k, text, k, ..., text
-    ids = []
-    for i in range(0, len(parts), 2):
-        piece = parts[i]
-        if i + 1 < len(parts):
-            piece = piece.rstrip()
-        ids += codec.encode(piece) if piece else []
-        if i + 1 < len(parts):
-            k = int(parts[i + 1]) if parts[i + 1] is not None else blank_len
-            if k < 1:
-                raise ValueError("a [BLANK:k] needs k >= 1")
-            ids += [-1] * k
-    return ids
+    `[BLANK:k]` is k tokens, k >= 1. Whitespace before a blank is left to the blank: with GPT-2's BPE a
+    word carries its leading space, so "The [BLANK] sat" gives "The", k free tokens, " sat". A malformed
+    blank ([BLANK:-2], [BLANK:x], an unclosed [BLANK) is an error, never kept as literal text."""
+    if blank_len < 1:
+        raise ValueError(f"--blank_len must be >= 1, got {blank_len}")
+    ids, at = [], 0
+    for m in _BLANK.finditer(text):
+        k = blank_len if m.group(1) is None else int(m.group(1)) if m.group(1).isdigit() else 0
+        if k < 1:
+            raise ValueError(f"{m.group(0)}: a blank is [BLANK] or [BLANK:k] with k >= 1 tokens")
+        piece = text[at:m.start()].rstrip()
+        ids += (codec.encode(piece) if piece else []) + [-1] * k
+        at = m.end()
+    if '[BLANK' in text[at:] or any('[BLANK' in text[a:b] for a, b in _gaps(text)):
+        raise ValueError("an unclosed or malformed [BLANK in the template: write [BLANK] or [BLANK:k]")
+    return ids + (codec.encode(text[at:]) if text[at:] else [])
+
+
+def _gaps(text):
+    """The stretches of text between blanks (where a stray '[BLANK' would be a typo)."""
+    at = 0
+    for m in _BLANK.finditer(text):
+        yield at, m.start()
+        at = m.end()
 
 
 def read_order_file(path, n):
     """A generation order from a file (.npy, or text of integers): a permutation of range(L), L >= n;
     positions >= n are dropped, the rest keep their order."""
     import numpy as np
-    from configurator import die
     if not os.path.exists(path):
         die(f"--order: {path!r} is not random|l2r|auto nor an existing file")
     try:
@@ -572,7 +587,6 @@ def read_order_file(path, n):
 
 
 def order_for_length(vals, n, what):
-    from configurator import die
     vals = [int(v) for v in vals]
     if sorted(vals) != list(range(len(vals))) or len(vals) < n:
         die(f"{what}: not a permutation of range(L) with L >= length {n}")
@@ -582,157 +596,199 @@ def order_for_length(vals, n, what):
 def load_judge(path, device):
     """A judge model and the name of its tokenizer: a local HF GPT-2 dir, or a checkpoint of ours."""
     from checkpoint import checkpoint_codec, load_model
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, 'config.json')):
+    cfg = os.path.join(path, 'config.json')
+    if os.path.isdir(path) and os.path.exists(cfg) and 'n_positions' in open(cfg).read():  # HF's GPT2Config
         return GPT.from_pretrained(path).to(device).eval(), 'gpt2', True
     model, ck, _ = load_model(path, device)
     return model, checkpoint_codec(ck).name, False
 
 
+def printable(text):
+    """Sample text for a terminal: control characters (an untrained model emits them) as escapes, so
+    they cannot move the cursor or clear the screen; newlines and tabs stay."""
+    return ''.join(ch if ch in '\n\t' or unicodedata.category(ch)[0] != 'C' else
+                   ch.encode('unicode_escape').decode('ascii') for ch in text)
+
+
 # ----------------------------------------------------------------------------- main
 
-def main():
-    from configurator import configure, print_config, die
-    from checkpoint import checkpoint_codec, load_model
-    cfg = configure(globals())
-    print_config(cfg)
-    torch.manual_seed(seed)
-
-    dev = ('cuda' if torch.cuda.is_available() else 'cpu') if device == 'auto' else device
-    dt = dtype
-    if dt == 'auto':
-        dt = 'bfloat16' if dev.startswith('cuda') and torch.cuda.is_bf16_supported() else 'float32'
-    if dt not in ('float32', 'bfloat16', 'float16'):
-        die(f"--dtype must be auto|float32|bfloat16|float16, got {dt!r}")
-    ptdtype = getattr(torch, dt)
-    if stepper == 'cuda_graph' and not dev.startswith('cuda'):
-        die(f"--stepper cuda_graph needs a CUDA device (got --device {dev}); use static or dynamic")
-    ctx = nullcontext() if dt == 'float32' or dev == 'cpu' else \
-        torch.autocast(device_type=dev.split(':')[0], dtype=ptdtype)
-    for key, ok in (('schedule', schedule in ('linear', 'cosine')), ('top_p', 0 < top_p <= 1),
-                    ('mdm_counts', mdm_counts in ('shared', 'independent')), ('temperature', temperature >= 0),
-                    ('gen_ppl_mode', gen_ppl_mode in ('auto', 'none', 'hf')), ('steps', steps >= 1),
-                    ('batch_size', batch_size >= 1), ('num_batches', num_batches >= 1),
-                    ('stepper', stepper in _STEPPERS)):
-        if not ok:
-            die(f"invalid --{key}={cfg[key]!r} (see --help)")
-
-    model, ck, used_ema = load_model(ckpt or out_dir, dev, use_ema)
-    mc = model.config
-    codec = checkpoint_codec(ck, dataset)
-    kind = 'mdm' if not mc.causal else ('ao' if model.any_order else 'ar')
-    print(f"model: {dict(mdm='encoder MDM', ao='any-order decoder', ar='L2R GPT')[kind]} "
-          f"(cond={mc.cond!r}), {model.get_num_params() / 1e6:.2f}M params, "
-          f"{'EMA' if used_ema else 'raw'} weights; codec {codec.name} (vocab {codec.vocab_size})")
-    if codec.vocab_size > mc.vocab_size:
-        die(f"codec vocab {codec.vocab_size} > model vocab {mc.vocab_size}: wrong --dataset?")
-
-    # the layout: given token ids, and -1 at the positions to generate
-    bs = mc.block_size
-    if template and (prompt or suffix):
-        die("use either --template or --prompt/--suffix, not both")
-    lay = encode_template(template, codec, blank_len) if template else []
-    n = (len(lay) if template else bs) if length == -1 else length
-    if n > bs:
-        die(f"length {n} exceeds the model's block_size {bs}" + (": the template is too long" if template
-                                                                  else ""))
-    if template:
-        if len(lay) > n:
-            die(f"the template is {len(lay)} tokens but --length is {n}")
-        lay += [-1] * (n - len(lay))  # free positions after the template
-    else:
-        p, s = codec.encode(prompt) if prompt else [], codec.encode(suffix) if suffix else []
-        if len(p) + len(s) >= n:
-            die(f"the prompt and suffix take {len(p) + len(s)} tokens of length {n}: no room left to "
-                f"generate; raise --length (at most block_size {bs}) or shorten them")
-        lay = p + [-1] * (n - len(p) - len(s)) + s
-    if n < 1 or all(v >= 0 for v in lay):
-        die("no position left to generate: add a [BLANK] or raise --length")
-    given = torch.tensor(lay)
-
-    # the generation order
-    o = order
-    if o == 'auto':  # the order the model was trained on, when it was trained on one
-        fixed = ck.get('order')
-        trained_l2r = (ck.get('config') or {}).get('order_mode') == 'l2r'
-        o = 'l2r' if kind == 'ar' or (trained_l2r and kind == 'ao') else 'random'
-        if fixed is not None and kind == 'ao':
-            o = order_for_length(torch.as_tensor(fixed).view(-1).tolist(), n, "the checkpoint's fixed order")
-            print("order: the checkpoint's fixed training order")
-    elif o not in ('random', 'l2r'):
-        o = read_order_file(o, n)
-    if kind == 'ar':
-        if isinstance(o, torch.Tensor) or o != 'l2r':
-            die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")
-        if suffix or template:
-            die("a GPT (cond='none') can only continue a prompt: --suffix/--template need an any-order "
-                "model or an encoder MDM")
-        print("note: a GPT decodes one token per forward call; --steps is not used")
-
-    g = torch.Generator().manual_seed(seed)
-    common = dict(temperature=temperature, top_p=top_p, vocab_size=codec.vocab_size, generator=g)
-    samples, stats = [], None
-    if dev.startswith('cuda'):
-        torch.cuda.synchronize()
-    t0 = time.time()
-    per_position = kind == 'mdm' and mdm_counts == 'independent'
-    if per_position and (fixed_counts or not isinstance(o, str) or o != 'random'):
-        die("--mdm_counts independent draws a reveal time per position: no --fixed_counts or --order")
-    with ctx:
-        stp = SlotStepper(model, batch_size, stepper) if kind != 'mdm' else None  # one for all batches
-        for _ in range(num_batches):
-            if kind == 'ao':
-                x, stats = generate_ao(model, n, batch_size, steps, order=o, fixed_counts=fixed_counts,
-                                       schedule=schedule, given=given, stepper=stp, **common)
-            elif kind == 'mdm':
-                x, stats = generate_mdm(model, n, batch_size, steps, cache_trick=cache_trick,
-                                        counts=mdm_counts, order=o, fixed_counts=fixed_counts,
-                                        schedule=schedule, given=given, **common)
-            else:
-                prefix = given[:int((given >= 0).sum())]
-                x, stats = generate_ar(model, n, batch_size, prompt=prefix, stepper=stp, **common)
-            samples.append(x.cpu())
-    if dev.startswith('cuda'):
-        torch.cuda.synchronize()
-    wall = time.time() - t0
-    samples = torch.cat(samples)
+def main(argv=None):
+    c = read_config(argv)
+    print_config(c.config)
+    model, ck, used_ema, codec, family = load_for_sampling(c)
+    given, n = layout(c, codec, model.config.block_size, family)
+    order = generation_order(c, ck, family, n)
+    judge = load_judge_for(c, codec) if c.gen_ppl else None  # before sampling: a bad judge costs seconds
+    samples, stats, wall = draw(c, model, family, n, given, order, codec)
     texts = [codec.decode(row.tolist()) for row in samples]
-
-    if not quiet:
+    if not c.quiet:
         for i, text in enumerate(texts):
-            print(f"---------- sample {i}")
-            print(text)
+            print(f"---------- sample {i}\n{printable(text)}")
         print("----------")
     N = samples.size(0)
     print(f"{N} samples x {n} tokens ({stats['tokens_generated']} generated each), {stats['steps']} steps: "
           f"{wall:.2f} s wall, {N * stats['tokens_generated'] / wall:.1f} tokens/s; per sample "
           f"{stats['token_passes']} token-passes ({stats['token_passes'] / n:.2f} n) in "
           f"{stats['forward_calls']} forward calls (last batch)")
-
-    result = dict(config=cfg, n=n, wall_s=wall, stats={k: v for k, v in stats.items() if k != 'order'},
+    result = dict(config=c.config, n=n, wall_s=wall, stats={k: v for k, v in stats.items() if k != 'order'},
                   samples=samples.tolist(), texts=texts)
-    if gen_ppl:
-        judge, judge_codec, is_hf = load_judge(gen_ppl, dev)
-        if judge_codec != codec.name or judge.config.vocab_size < codec.vocab_size:
-            die(f"judge {gen_ppl} uses the {judge_codec} tokenizer, the samples {codec.name}: "
-                "retokenisation is not supported, pick a judge trained on the same tokenizer")
-        mode = gen_ppl_mode if gen_ppl_mode != 'auto' else ('hf' if is_hf else 'none')
-        if mode == 'hf' and not is_hf:
-            die("--gen_ppl_mode hf is the HF GPT-2 recipe (no BOS); our checkpoints score from [None] (none)")
-        try:
-            nll = judge_nll(judge, samples, mode, judge_batch_size)
-        except ValueError as e:
-            die(f"--gen_ppl: {e}")
-        ppl = nll.exp()
-        H = unigram_entropy(samples)
-        std = ppl.std().item() if N > 1 else float('nan')
-        print(f"gen ppl ({gen_ppl}, mode {mode}): {ppl.mean().item():.3f} mean over {N} samples "
-              f"(std {std:.3f}); unigram entropy {H.mean().item():.3f} nats per sample")
-        result['gen_ppl'] = dict(judge=gen_ppl, mode=mode, mean=ppl.mean().item(), std=std,
-                                 per_sample=ppl.tolist(), unigram_entropy=H.mean().item())
-    if save:
-        with open(save, 'w') as f:
+    if judge is not None:
+        result['gen_ppl'] = score(c, judge, samples)
+    if c.save:
+        with open(c.save, 'w') as f:
             json.dump(result, f)
-        print(f"saved {save}")
+        print(f"saved {c.save}")
+
+
+def read_config(argv=None):
+    """The resolved config (a namespace; the module's defaults stay untouched), every value and every
+    destination checked before anything loads or samples."""
+    cfg = configure(dict(globals()), argv)
+    c = SimpleNamespace(**cfg, config=cfg)
+    for key, ok in (('schedule', c.schedule in ('linear', 'cosine')), ('top_p', 0 < c.top_p <= 1),
+                    ('mdm_counts', c.mdm_counts in ('shared', 'independent')), ('temperature', c.temperature >= 0),
+                    ('gen_ppl_mode', c.gen_ppl_mode in ('auto', 'none', 'hf')), ('steps', c.steps >= 1),
+                    ('batch_size', c.batch_size >= 1), ('num_batches', c.num_batches >= 1),
+                    ('stepper', c.stepper in _STEPPERS), ('blank_len', c.blank_len >= 1),
+                    ('judge_batch_size', c.judge_batch_size >= 1), ('length', c.length == -1 or c.length >= 1)):
+        if not ok:
+            die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
+    c.device = resolve_device(c.device)
+    c.ctx, c.precision = autocast(c.device, c.dtype)
+    if c.stepper == 'cuda_graph' and not c.device.startswith('cuda'):
+        die(f"--stepper cuda_graph needs a CUDA device (got --device {c.device}); use static or dynamic")
+    if c.save:
+        d = os.path.dirname(os.path.abspath(c.save))
+        if not os.path.isdir(d):
+            die(f"--save {c.save}: the folder {d} does not exist; create it first")
+        if not os.access(d, os.W_OK) or (os.path.exists(c.save) and not os.access(c.save, os.W_OK)):
+            die(f"--save {c.save}: not writable")
+    return c
+
+
+def load_for_sampling(c):
+    """The model (EMA weights by default), its checkpoint dict, its codec, and which sampler it takes:
+    'ao' (an any-order decoder), 'mdm' (an encoder) or 'ar' (a left-to-right GPT)."""
+    from checkpoint import checkpoint_codec, load_model
+    model, ck, used_ema = load_model(c.ckpt or c.out_dir, c.device, c.use_ema)
+    mc = model.config
+    codec = checkpoint_codec(ck, c.dataset)
+    family = 'mdm' if not mc.causal else ('ao' if model.any_order else 'ar')
+    print(f"model: {dict(mdm='encoder MDM', ao='any-order decoder', ar='L2R GPT')[family]} "
+          f"(cond={mc.cond!r}), {model.get_num_params() / 1e6:.2f}M params, "
+          f"{'EMA' if used_ema else 'raw'} weights; codec {codec.name} (vocab {codec.vocab_size})")
+    if codec.vocab_size > mc.vocab_size:
+        die(f"codec vocab {codec.vocab_size} > model vocab {mc.vocab_size}: the checkpoint's codec does not fit it")
+    return model, ck, used_ema, codec, family
+
+
+def layout(c, codec, block_size, family):
+    """(given (n,) LongTensor: the token ids given by --prompt/--suffix/--template, -1 where to generate; n)."""
+    if c.template and (c.prompt or c.suffix):
+        die("use either --template or --prompt/--suffix, not both")
+    try:
+        lay = encode_template(c.template, codec, c.blank_len) if c.template else []
+    except ValueError as e:
+        die(f"--template: {e}")
+    n = (len(lay) if c.template else block_size) if c.length == -1 else c.length
+    if n > block_size:
+        die(f"length {n} exceeds the model's block_size {block_size}" + (": the template is too long"
+                                                                         if c.template else ""))
+    if c.template:
+        if len(lay) > n:
+            die(f"the template is {len(lay)} tokens but --length is {n}")
+        lay += [-1] * (n - len(lay))  # free positions after the template
+    else:
+        p, s = codec.encode(c.prompt) if c.prompt else [], codec.encode(c.suffix) if c.suffix else []
+        if len(p) + len(s) >= n:
+            die(f"the prompt and suffix take {len(p) + len(s)} tokens of length {n}: no room left to "
+                f"generate; raise --length (at most block_size {block_size}) or shorten them")
+        lay = p + [-1] * (n - len(p) - len(s)) + s
+    if n < 1 or all(v >= 0 for v in lay):
+        die("no position left to generate: add a [BLANK] or raise --length")
+    if family == 'ar' and (c.suffix or c.template):
+        die("a GPT (cond='none') can only continue a prompt: --suffix/--template need an any-order "
+            "model or an encoder MDM")
+    return torch.tensor(lay), n
+
+
+def generation_order(c, ck, family, n):
+    """'random', 'l2r' or a (n,) permutation. auto: the order the model was trained on, when it was
+    trained on one (a fixed order saved in the checkpoint, or L2R)."""
+    o = c.order
+    if o == 'auto':
+        fixed = ck.get('order')
+        trained_l2r = (ck.get('config') or {}).get('order_mode') == 'l2r'
+        o = 'l2r' if family == 'ar' or (trained_l2r and family == 'ao') else 'random'
+        if fixed is not None and family == 'ao':
+            o = order_for_length(torch.as_tensor(fixed).view(-1).tolist(), n, "the checkpoint's fixed order")
+            print("order: the checkpoint's fixed training order")
+    elif o not in ('random', 'l2r'):
+        o = read_order_file(o, n)
+    if family == 'ar':
+        if isinstance(o, torch.Tensor) or o != 'l2r':
+            die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")
+        print("note: a GPT decodes one token per forward call; --steps is not used")
+    if family == 'mdm' and c.mdm_counts == 'independent' and (c.fixed_counts or not isinstance(o, str) or
+                                                            o != 'random'):
+        die("--mdm_counts independent draws a reveal time per position: no --fixed_counts or --order")
+    return o
+
+
+def load_judge_for(c, codec):
+    judge, judge_codec, is_hf = load_judge(c.gen_ppl, c.device)
+    if judge_codec != codec.name or judge.config.vocab_size < codec.vocab_size:
+        die(f"judge {c.gen_ppl} uses the {judge_codec} tokenizer, the samples {codec.name}: "
+            "retokenisation is not supported, pick a judge trained on the same tokenizer")
+    mode = c.gen_ppl_mode if c.gen_ppl_mode != 'auto' else ('hf' if is_hf else 'none')
+    if mode == 'hf' and not is_hf:
+        die("--gen_ppl_mode hf is the HF GPT-2 recipe (no BOS); our checkpoints score from [None] (none)")
+    judge.mode = mode
+    return judge
+
+
+def draw(c, model, family, n, given, order, codec):
+    """num_batches batches of batch_size samples: (tokens (N, n) on the CPU, the last batch's stats,
+    wall seconds). One CPU generator drives every draw, so a seed fixes the samples on any device."""
+    from tqdm import tqdm
+    g = torch.Generator().manual_seed(c.seed)
+    common = dict(temperature=c.temperature, top_p=c.top_p, vocab_size=codec.vocab_size, generator=g)
+    samples, stats = [], None
+    sync = torch.cuda.synchronize if c.device.startswith('cuda') else (lambda: None)
+    sync()
+    t0 = time.time()
+    with c.ctx:
+        stp = SlotStepper(model, c.batch_size, c.stepper) if family != 'mdm' else None  # one for all batches
+        for _ in tqdm(range(c.num_batches), desc='batches', unit='batch', disable=c.num_batches == 1,
+                      file=sys.stderr):
+            if family == 'ao':
+                x, stats = generate_ao(model, n, c.batch_size, c.steps, order=order, fixed_counts=c.fixed_counts,
+                                       schedule=c.schedule, given=given, stepper=stp, **common)
+            elif family == 'mdm':
+                x, stats = generate_mdm(model, n, c.batch_size, c.steps, cache_trick=c.cache_trick,
+                                        counts=c.mdm_counts, order=order, fixed_counts=c.fixed_counts,
+                                        schedule=c.schedule, given=given, **common)
+            else:
+                prefix = given[:int((given >= 0).sum())]
+                x, stats = generate_ar(model, n, c.batch_size, prompt=prefix, stepper=stp, **common)
+            samples.append(x.cpu())
+    sync()
+    return torch.cat(samples), stats, time.time() - t0
+
+
+def score(c, judge, samples):
+    """Generative perplexity of the samples under the judge, with their unigram entropy beside it."""
+    try:
+        nll = judge_nll(judge, samples, judge.mode, c.judge_batch_size)
+    except ValueError as e:
+        die(f"--gen_ppl: {e}")
+    ppl, N = nll.exp(), samples.size(0)
+    H = unigram_entropy(samples)
+    std = ppl.std().item() if N > 1 else float('nan')
+    print(f"gen ppl ({c.gen_ppl}, mode {judge.mode}): {ppl.mean().item():.3f} mean over {N} samples "
+          f"(std {std:.3f}); unigram entropy {H.mean().item():.3f} nats per sample")
+    return dict(judge=c.gen_ppl, mode=judge.mode, mean=ppl.mean().item(), std=std, per_sample=ppl.tolist(),
+                unigram_entropy=H.mean().item())
 
 
 if __name__ == '__main__':

@@ -613,12 +613,50 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     (['--stpes', '3'], 'steps'),
     (['--stepper', 'cuda_graph'], 'needs a CUDA device'),
     (['--stepper', 'graphs'], 'stepper'),
+    (['--blank_len', '0', '--template', 'a [BLANK] b'], 'invalid --blank_len=0'),
+    (['--template', 'a [BLANK:-3] b'], '[BLANK:-3]: a blank is [BLANK] or [BLANK:k] with k >= 1'),
+    (['--template', 'a [BLANK:-2]'], '[BLANK:-2]'),  # once kept as literal text, silently
+    (['--template', 'a [BLANK:x] b'], '[BLANK:x]'),
+    (['--template', 'a [BLANK b [BLANK]'], 'unclosed or malformed [BLANK'),
+    (['--template', 'a [BLANK:0] b'], '[BLANK:0]'),
+    (['--device', 'cuda'], 'CUDA is not available'),
+    (['--judge_batch_size', '0'], 'invalid --judge_batch_size=0'),
+    (['--length', '-5'], 'invalid --length=-5'),
+    (['--save', '/no/such/dir/s.json'], 'the folder /no/such/dir does not exist'),
+    (['--gen_ppl', '/no/such/judge'], 'checkpoint not found'),
+    (['--top_p', '1.5'], 'invalid --top_p=1.5'),
+    (['--temperature', '-1'], 'invalid --temperature=-1'),
+    (['--use_ema', 'nope'], 'use_ema must be True or False'),
 ])
 def test_cli_bad_input_is_one_line(tmp_path, cli, args, msg):
     write_ckpt(tmp_path / 'ckpt.pt')
     code, out, err = cli('--out_dir', str(tmp_path), *args)
     assert code != 0
     assert err.strip().startswith('error:') and len(err.strip().splitlines()) == 1 and msg in err, err
+
+
+def test_bad_destinations_and_judges_fail_before_any_sampling(tmp_path, cli, monkeypatch):
+    """--save to a missing folder and a judge that cannot load once failed only after all the sampling."""
+    write_ckpt(tmp_path / 'ckpt.pt')
+    calls = []
+    monkeypatch.setattr(sample, 'generate_ao', lambda *a, **k: calls.append(1))
+    for bad in (['--save', str(tmp_path / 'missing' / 's.json')], ['--gen_ppl', str(tmp_path / 'nojudge')]):
+        code, out, err = cli('--out_dir', str(tmp_path), *bad)
+        assert code != 0 and len(err.strip().splitlines()) == 1 and calls == [], err
+
+
+def test_samples_are_printed_with_control_characters_escaped():
+    assert sample.printable('a\x1b[2Jb\nc\td\x00\u200b') == 'a\\x1b[2Jb\nc\td\\x00\\u200b'
+    assert sample.printable('café ☃') == 'café ☃'
+
+
+def test_a_boolean_flag_alone_as_the_readme_types_it(tmp_path, cli):
+    """`--order l2r --fixed_counts --steps n`, as typed in the README, reproduces L2R decoding."""
+    write_ckpt(tmp_path / 'ckpt.pt')
+    code, out, err = cli('--out_dir', str(tmp_path), '--order', 'l2r', '--fixed_counts', '--steps', '16',
+                         '--batch_size', '2', '--save', str(tmp_path / 'a.json'))
+    assert code == 0, err
+    assert json.load(open(tmp_path / 'a.json'))['config']['fixed_counts'] is True
 
 
 def test_script_runs(tmp_path):
