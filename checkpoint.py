@@ -18,6 +18,7 @@ because model.py uses the paper's slot layout; only names, switches and the EMA 
 import os
 import re
 import sys
+import warnings
 from dataclasses import asdict
 
 import torch
@@ -65,28 +66,38 @@ def load_checkpoint(path):
     be mmapped and are read normally.
     """
     path = resolve_path(path)
-    try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
-    except Exception:
+    # torch warns while it fails on a foreign file (e.g. "pickle protocol 240"): a failure is our one
+    # line alone, and the warnings of a load that works are shown as usual
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
         try:
-            ckpt = torch.load(path, map_location='cpu', weights_only=True)
-        except Exception as e:
-            _die_unreadable(path, e)
+            ckpt = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
+        except Exception:
+            try:
+                ckpt = torch.load(path, map_location='cpu', weights_only=True)
+            except Exception as e:
+                _die_unreadable(path, e)
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if not isinstance(ckpt, dict):
         die(f"{path} holds a {type(ckpt).__name__}, not a checkpoint dict")
     return ckpt
 
 
 def _die_unreadable(path, e):
+    with open(path, 'rb') as f:
+        head = f.read(4)
+    if head[:2] != b'PK' and head[:1] != b'\x80':  # torch.save writes a zip archive, or (legacy) a pickle
+        die(f"{path} is not a checkpoint: torch files are zip archives (or legacy pickles), this one starts "
+            f"with the bytes {head!r}")
     text = str(e)
     m = re.search(r'Unsupported global: GLOBAL ([\w.]+)', text)
-    if 'Weights only load failed' in text or m:
-        what = m.group(1) if m else 'a Python object'
-        die(f"cannot read checkpoint {path} with weights_only=True: it pickles {what}, not just tensors, "
+    if m:
+        die(f"cannot read checkpoint {path} with weights_only=True: it pickles {m.group(1)}, not just tensors, "
             f"numbers, strings, lists and dicts (if you trust the file, allow that type with "
             f"torch.serialization.add_safe_globals, or re-save the checkpoint without it)")
     msg = text.strip().splitlines()[0] if text.strip() else type(e).__name__
-    die(f"cannot read checkpoint {path}: it is truncated, corrupt or not a torch file ({msg[:200]})")
+    die(f"cannot read checkpoint {path}: it is truncated or corrupt ({msg[:200]})")
 
 
 def strip_prefixes(sd):

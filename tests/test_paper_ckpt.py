@@ -7,6 +7,7 @@ written below from the documented semantics (n+1 slots, zero target on the last)
 """
 import math
 import pathlib
+import random
 
 import pytest
 import torch
@@ -295,7 +296,7 @@ def test_wrong_files_get_one_clear_line(tmp_path, capsys):
     one_line_error(capsys, save(tmp_path, nanogpt, 'nanogpt.pt'), 'neither', 'transformer.wte.weight')
     text = tmp_path / 'notes.txt'
     text.write_text('not a checkpoint\n')
-    one_line_error(capsys, str(text), 'cannot read')
+    one_line_error(capsys, str(text), 'is not a checkpoint', "b'not '")
     # a paper AO-GPT file with one block weight missing, and one whose EMA list is scrambled
     ckpt, _ = paper_file('paper-aogpt')
     del ckpt['model']['transformer.h.1.mlp.c_fc.bias']
@@ -312,6 +313,19 @@ def test_truncated_file_gets_one_clear_line(tmp_path, capsys):
     data = pathlib.Path(path).read_bytes()
     pathlib.Path(path).write_bytes(data[:len(data) // 2])
     one_line_error(capsys, path, 'truncated')
+
+
+def test_random_bytes_are_called_not_a_checkpoint(tmp_path, capsys):
+    """Random bytes once got the weights_only advice (add_safe_globals), as if they were a real checkpoint
+    with a foreign type in it: they are no checkpoint at all, and a file torch wrote is told apart."""
+    rng = random.Random(0)
+    for i in range(20):
+        p = tmp_path / f'r{i}.pt'
+        head = [b'', b'\x80', b'PK\x03\x04'][i % 3]  # also random bytes behind the two torch signatures
+        p.write_bytes(head + bytes(rng.randrange(256) for _ in range(3000)))
+        err = one_line_error(capsys, str(p))
+        assert 'add_safe_globals' not in err
+        assert ('is not a checkpoint' in err) == (head == b''), err
 
 
 def test_non_plain_object_gets_named(tmp_path, capsys):
