@@ -42,7 +42,7 @@ from torch.nn import functional as F
 from checkpoint import checkpoint_codec, load_model
 from configurator import configure, die, print_config
 from evalsets import load_eval_chunks
-from model import random_orders
+from model import random_orders, stratified_uniform
 from plot import plot_eval
 from runtime import autocast, resolve_device
 from tokenizer import DataError
@@ -102,17 +102,8 @@ def _require_any_order(model):
                          "any-order estimators need cond='adaln' or 'sigma'")
 
 
-def stratified_uniform(count, generator=None):
-    """count draws in (0, 1], each uniform marginally, jointly spread evenly (systematic sampling: one
-    uniform offset, `count` evenly spaced points, then shuffled). Stratifying the reveal count (or the
-    masking rate) across chunks and draws removes most of the variance that comes from it."""
-    u = torch.rand(1, generator=generator, dtype=torch.float64)
-    t = 1 - (torch.arange(count, dtype=torch.float64) + u) / count
-    return t[torch.randperm(count, generator=generator)]
-
-
 def stratified_counts(count, n, generator=None):
-    """count draws from {1..n}, each uniform marginally, stratified as above."""
+    """count draws from {1..n}, each uniform marginally, stratified (model.stratified_uniform)."""
     return (stratified_uniform(count, generator) * n).ceil().long().clamp(1, n)
 
 
@@ -307,36 +298,38 @@ def _queries_nll(model, x, ctx, tgt, batch_size):
 
 @torch.no_grad()
 def _ensemble_exact_per_chunk(model, chunks, M, generator=None, draws=1, batch_size=8, bar=None):
-    """The paper's per-token form: for each draw a base order sigma, and for every target index i the
-    M-member mixture over orderings of sigma_<i (member 0 = sigma's own). n*M full passes per draw
-    (only slot i of each is used), so it is the reference for small inputs. It uses model.forward, not
-    forward_queries, so the two modes check each other. Returns (ens, mean member) per chunk, as fast."""
+    """The paper's per-token form, the reference the fast estimator is checked against. For each draw a
+    base order sigma, and for every target index i the M-member mixture over orderings of the context
+    sigma_<i: member 0 is sigma's own ordering, the others uniform reshuffles of it. Each member is one
+    full forward pass in its order, of which only slot i is used: n*M passes per draw, so it is for
+    small inputs. It uses model.forward, not forward_queries, so the two modes check each other.
+    Returns (ens, mean member) per chunk, as the fast estimator does."""
     _require_any_order(model)
     _check_tokens(chunks)
     dev = _device(model)
     N, n = chunks.shape
     ens = torch.zeros(N, dtype=torch.float64)
     mean_member = torch.zeros(N, dtype=torch.float64)
-    ar = torch.arange(n)
-    # Row (i, m) of a draw is sigma with its first i entries reordered: sort keys in (-1, 0) put the
-    # prefix first in random order and the suffix keeps its sigma order; member 0 keeps sigma itself.
-    reorder = (ar[None, :] < ar[:, None])[:, None, :] & (torch.arange(M) > 0)[None, :, None]  # (n, M, n)
-    per_pass = max(1, batch_size // (n * M))                             # draws per group of passes
-    for s in range(0, N * draws, per_pass):
-        rows = torch.arange(s, min(s + per_pass, N * draws)) // draws    # chunk index of each draw
-        G = len(rows)
-        base = random_orders(G, n, generator=generator)                  # (G, n)
-        keys = torch.where(reorder, torch.rand(G, n, M, n, generator=generator) - 1.0, ar.float())
-        orders = base[:, None, None, :].expand(G, n, M, n).gather(-1, keys.argsort(-1))  # (G, n, M, n)
-        orders = orders.reshape(-1, n).to(dev)
-        xs = chunks[rows][:, None, None, :].expand(G, n, M, n).reshape(-1, n).to(dev)
-        nll = torch.cat([model(xs[i:i + batch_size], order=orders[i:i + batch_size],
-                               targets=xs[i:i + batch_size], reduction='none')[1]
-                         for i in range(0, len(xs), batch_size)])
-        member = nll.view(G, n, M, n).diagonal(dim1=1, dim2=3).permute(1, 0, 2)  # (M, G, n): slot i of row i
-        ens.index_add_(0, rows, _mixture_nll(member).sum(1).double().cpu() / draws)
-        mean_member.index_add_(0, rows, member.mean(0).sum(1).double().cpu() / draws)
-        _tick(bar, G / draws)
+    for d in range(N * draws):
+        chunk = d // draws
+        sigma = random_orders(1, n, generator=generator)[0]              # (n,)
+        keys = torch.rand(n, M, n, generator=generator)                  # keys[i, m, :i] shuffle sigma_<i
+        orders = []                                                      # member m of target index i
+        for i in range(n):
+            for m in range(M):
+                o = sigma.clone()
+                if m > 0:
+                    o[:i] = sigma[:i][keys[i, m, :i].argsort()]
+                orders.append(o)
+        orders = torch.stack(orders).to(dev)                             # (n*M, n)
+        x = chunks[chunk].to(dev).expand(n * M, n)
+        nll = torch.cat([model(x[a:a + batch_size], order=orders[a:a + batch_size], targets=x[a:a + batch_size],
+                               reduction='none')[1] for a in range(0, n * M, batch_size)])  # (n*M, n)
+        for i in range(n):
+            member = nll[i * M:(i + 1) * M, i]                           # (M,): slot i of target index i's passes
+            ens[chunk] += _mixture_nll(member).item() / draws
+            mean_member[chunk] += member.mean().item() / draws
+        _tick(bar, 1 / draws)
     return ens, mean_member
 
 

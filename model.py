@@ -1,11 +1,11 @@
 """
 AO-GPT: a decoder-only transformer that is a masked diffusion model (Xue et al., arXiv 2506.19935).
-One file, one model class, three formulations selected by switches in GPTConfig:
+One file, one model class; GPTConfig's switches select the formulation:
 
-  AO-GPT   causal=True,  cond='adaln'   any-order AR; target position enters through per-token AdaLN
-  sigma-GPT causal=True, cond='sigma'   any-order AR; target-position embedding added at the input
-  GPT      causal=True,  cond='none'    plain left-to-right GPT (order must be the identity)
-  MDM      causal=False, cond='none'    encoder-only masked diffusion model with a [MASK] token
+  AO-GPT     causal=True,  cond='adaln'   any-order AR; the target position enters through per-token AdaLN
+  sigma-GPT  causal=True,  cond='sigma'   any-order AR; a target-position embedding added at the input
+  GPT        causal=True,  cond='none'    plain left-to-right GPT (the order must be the identity)
+  MDM        causal=False, cond='none'    encoder-only masked diffusion model with a [MASK] token
 
 The GPT-2 switches (norm='layer', qk_norm=False, tie_head=True, head_bias=False, gelu='tanh') make the
 L2R mode reproduce Hugging Face GPT-2 exactly (see from_pretrained).
@@ -13,8 +13,8 @@ L2R mode reproduce Hugging Face GPT-2 exactly (see from_pretrained).
 Slot layout (the paper's, so its checkpoints load unchanged). A decoder sees n slots for n tokens:
   slot 0      the learned [None] start token:  wnonee + wpe[0]
   slot k>=1   the token revealed k-th, x[order[k-1]]:  wte[x] + wpe[order[k-1] + 1]
-Slot k must predict the token at position order[k] (its *target*); with cond='adaln' the target enters
-each block as shift/scale/gate of the norms, computed from a shared narrow table wtpe[order[k]].
+Slot k must predict the token at position order[k] (its *target*). With cond='adaln' the target enters
+each block as the shift/scale/gate of its norms, computed from a shared narrow table wtpe[order[k]].
 Attention is plain causal over slots, i.e. causal in the permuted order. With order = identity this is
 a GPT whose BOS is [None].
 
@@ -23,29 +23,25 @@ Public interface
       idx (B, n) tokens at their natural positions; order (B, n) a permutation per row (None = L2R).
       logits[:, i] is the distribution of the token at position order[:, i] given the tokens at
       order[:, :i]. targets (B, n) tokens at natural positions (usually idx; -1 = ignore); the loss is
-      the mean cross-entropy over all n predictions, the first one made from [None].
-      reduction='none' returns the per-slot NLL (B, n) instead of the mean.
-      Encoder (MDM): idx holds [MASK] ids, logits are at natural positions, and with t (B,) the loss is
-      the ELBO estimate (1/n) sum_{masked i} -log p(x_i | x_t) / t (see mdm_corrupt).
-  model.forward_slots(tok, pos, tgt, cache=None, n_parallel=0)
-      The slot-level pass everything else is built on. tok/pos/tgt (B, r): token id (-1 = [None]),
-      its own position (-1 for [None]) and its target position (-1 = none). With a KVCache the rows
-      attend to the cached slots first. The last n_parallel rows form a *parallel block*: each sees the
-      cache, the rows before the block and itself, never the other rows of the block. The cache then
-      keeps the rows before the block plus the block's first row; the other rows were throw-away
-      queries (copies of the last revealed token that carry other targets).
+      the mean cross-entropy over all n predictions, the first made from [None]. reduction='none'
+      returns the per-slot NLL (B, n). Encoder (MDM): idx holds [MASK] ids, logits are at natural
+      positions, and with t (B,) the loss is the ELBO estimate (1/n) sum_{masked i} -log p(x_i | x_t) / t.
+  model.forward_slots(tok, pos, tgt, mask=None, kv=None, n_logits=None)
+      The slot-level pass the rest is built on. tok/pos/tgt (B, r): token id (-1 = [None]), its own
+      position (-1 for [None]) and its target position (-1 = none). mask (r, K) or (B, 1, r, K), bool:
+      which keys each row sees; None = causal. kv is the hook for cached K/V (the sampler's cache, in
+      sample.py): an object with kv.update(layer, k, v) -> (K, V), the keys and values to attend over,
+      the cached slots followed by these rows, and kv.len, the cached slots (a causal mask then sees
+      them all).
   model.forward_queries(ctx, ctx_pos, query_pos)
-      A context in any order plus k query target positions -> k distributions, in one pass.
-  KVCache(model, batch_size)   a preallocated static cache (no copies of the cache per step).
-  model.forward_static(tok, pos, tgt, cache, L, blk, r)
-      forward_slots at a fixed shape for CUDA graphs: every row attends over the whole static cache
-      under a mask, with L (cached slots) as a device tensor (sample.py's SlotStepper uses it).
+      A context in any order plus k query target positions -> k distributions, in one pass: the copies
+      of the last context slot form a *parallel block* (parallel_mask) and cannot see each other.
 """
 
-import math
 import json
+import math
 import os
-from dataclasses import dataclass, asdict, fields
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
@@ -77,12 +73,14 @@ class GPTConfig:
     mask_token_id: int = 50257  # the encoder MDM's [MASK]: GPT-2's first padding id
 
 
+# ---------------------------------------------------------------------- the blocks
+
 class Norm(nn.Module):
     """RMSNorm (weight only) or LayerNorm (weight, optional bias); eps 1e-5 like GPT-2 and the paper."""
 
     def __init__(self, ndim, kind='rms', bias=False):
         super().__init__()
-        self.kind = kind
+        self.rms = kind == 'rms'
         self.weight = nn.Parameter(torch.ones(ndim))
         self.bias = nn.Parameter(torch.zeros(ndim)) if (kind == 'layer' and bias) else None
 
@@ -90,7 +88,7 @@ class Norm(nn.Module):
         # weights cast to the activations' dtype: under bf16 autocast a float32 weight would send
         # rms_norm down its slow unfused path
         w = self.weight.to(x.dtype)
-        if self.kind == 'rms':
+        if self.rms:
             return F.rms_norm(x, w.shape, w, 1e-5)
         return F.layer_norm(x, w.shape, w, None if self.bias is None else self.bias.to(x.dtype), 1e-5)
 
@@ -98,7 +96,7 @@ class Norm(nn.Module):
 class CausalSelfAttention(nn.Module):
     # named for nanoGPT/GPT-2 compatibility; with causal=False (the MDM) it is bidirectional
 
-    def __init__(self, config):
+    def __init__(self, config, layer_idx):
         super().__init__()
         assert config.n_embd % config.n_head == 0
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
@@ -109,11 +107,12 @@ class CausalSelfAttention(nn.Module):
             self.q_norm = Norm(self.head_dim, 'rms')
             self.k_norm = Norm(self.head_dim, 'rms')
         self.qk_norm = config.qk_norm
+        self.causal = config.causal
+        self.layer_idx = layer_idx  # which of the cache's layers this one reads and writes
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, attn, kv=None):
-        # attn: (mask, is_causal) shared by all layers; kv: (cache, layer index) or None
+    def forward(self, x, mask=None, kv=None):
         B, r, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.view(B, r, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, r, hd)
@@ -122,10 +121,9 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if kv is not None:
-            cache, i = kv
-            k, v = cache.append(i, k, v)  # (B, nh, L + r, hd): the cached slots, then these rows
-        mask, is_causal = attn
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+            k, v = kv.update(self.layer_idx, k, v)  # (B, nh, K, hd): the cached slots, then these rows
+        # no mask: causal (decoder) or full (encoder) attention; one row sees everything cached either way
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and self.causal and r > 1,
                                            dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, r, C)
         return self.resid_dropout(self.c_proj(y))
@@ -146,104 +144,67 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
 
-    def __init__(self, config):
+    def __init__(self, config, layer_idx):
         super().__init__()
         self.ln_1 = Norm(config.n_embd, config.norm, config.bias)
-        self.attn = CausalSelfAttention(config)
+        self.attn = CausalSelfAttention(config, layer_idx)
         self.ln_2 = Norm(config.n_embd, config.norm, config.bias)
         self.mlp = MLP(config)
         if config.cond == 'adaln':
             # SiLU -> Linear(target_dim -> 6 n_embd): shift/scale/gate for attention, then for the MLP
             self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(config.target_dim, 6 * config.n_embd))
 
-    def forward(self, x, mod, attn, kv=None):
-        if mod is None:  # plain pre-norm block (GPT, sigma-GPT, MDM)
-            x = x + self.attn(self.ln_1(x), attn, kv)
+    def forward(self, x, mod=None, mask=None, kv=None):
+        if mod is None:  # GPT, sigma-GPT, the encoder: nanoGPT's pre-norm block
+            x = x + self.attn(self.ln_1(x), mask, kv)
             return x + self.mlp(self.ln_2(x))
-        if isinstance(mod, tuple):  # adaln_table: (idx (B, r), table (block_size + 1, 6C))
-            idx, tab = mod
-            C = x.size(-1)
-            x = _gated_residual(x, self.attn(_modulated_norm(self.ln_1, x, idx, tab[:, :2 * C]), attn, kv),
-                                idx, tab[:, 2 * C:3 * C])
-            return _gated_residual(x, self.mlp(_modulated_norm(self.ln_2, x, idx, tab[:, 3 * C:5 * C])),
-                                   idx, tab[:, 5 * C:])
-        # mod: (B, r, 6C), per token, because every slot has its own target position
-        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = mod.chunk(6, dim=-1)
-        x = x + gate_a * self.attn(self.ln_1(x) * (1 + scale_a) + shift_a, attn, kv)
-        return x + gate_m * self.mlp(self.ln_2(x) * (1 + scale_m) + shift_m)
+        # AdaLN: slot i's shift, scale, gate (attention), shift, scale, gate (MLP) are table[idx[i]]
+        idx, table = mod
+        C = x.size(-1)
+        shift_scale_a, gate_a, shift_scale_m, gate_m = table.split([2 * C, C, 2 * C, C], dim=1)
+        x = _recompute(_gate, x, self.attn(_recompute(_modulate, self.ln_1, x, idx, shift_scale_a), mask, kv),
+                       idx, gate_a)
+        return _recompute(_gate, x, self.mlp(_recompute(_modulate, self.ln_2, x, idx, shift_scale_m)), idx, gate_m)
 
 
-def _mod_norm(norm, x, idx, tab):
-    shift, scale = F.embedding(idx, tab).chunk(2, dim=-1)   # (B, r, C) each, gathered by target
+def _modulate(norm, x, idx, table):
+    shift, scale = F.embedding(idx, table).chunk(2, dim=-1)   # (B, r, C) each, gathered per slot
     return norm(x) * (1 + scale) + shift
 
 
-def _gate_res(x, y, idx, tab):
-    return x + F.embedding(idx, tab) * y
+def _gate(x, y, idx, table):
+    return x + F.embedding(idx, table) * y
 
 
-# With adaln_table the modulation is a gather from a small table, so in training we recompute it in the
-# backward pass instead of storing shift/scale/gate and norm(x) per token: the per-token AdaLN then costs
-# about two (B, r, C) tensors per block over a plain GPT block (the branch outputs the gates multiply).
-def _modulated_norm(norm, x, idx, tab):
+def _recompute(fn, *args):
+    """fn(*args); in training its intermediates are recomputed in the backward pass instead of stored.
+    The modulation is a gather from a small table, so this costs little compute, and the per-token AdaLN
+    then stores about two (B, r, C) tensors per block over a plain GPT block (the branch outputs the
+    gates multiply), not the six gathered shift/scale/gate tensors and the normed input."""
     if torch.is_grad_enabled():
-        return torch.utils.checkpoint.checkpoint(_mod_norm, norm, x, idx, tab, use_reentrant=False)
-    return _mod_norm(norm, x, idx, tab)
+        return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
 
 
-def _gated_residual(x, y, idx, tab):
-    if torch.is_grad_enabled():
-        return torch.utils.checkpoint.checkpoint(_gate_res, x, y, idx, tab, use_reentrant=False)
-    return _gate_res(x, y, idx, tab)
+def _open_gates(linear):
+    """Set the bias of an AdaLN Linear so both gates start at 1 (a plain pre-norm block)."""
+    b = linear.bias.data.view(6, -1)  # shift, scale, gate for attention, then for the MLP
+    b[2].fill_(1.0)
+    b[5].fill_(1.0)
 
 
-class KVCache:
-    """Static per-layer K/V buffers of length block_size, written in place.
+def parallel_mask(r, n_parallel, L=0, device=None):
+    """(r, L + r) bool: which keys each of r rows sees after L cached slots, when the last n_parallel rows
+    form a parallel block. Every row sees the cache; a row before the block sees the rows up to itself
+    (causal); a row of the block sees the rows before the block and itself, never the block's others,
+    so each copy computes exactly the conditional it would compute alone."""
+    i = torch.arange(r, device=device)[:, None]
+    j = torch.arange(r, device=device)[None, :]
+    m = (j <= i) & ((j < r - n_parallel) | (j == i))                    # (r, r)
+    return torch.cat([m.new_ones(r, L), m], dim=1)
 
-    `len` counts the committed slots. A call writes its r rows at [len, len + r) and attends over
-    [0, len + r); afterwards only the committed rows count, so the throw-away parallel copies are simply
-    overwritten by the next call. The total live length never exceeds n: committed slots plus the rows
-    of one call is at most the number of tokens in the sequence.
 
-    static=True is the layout of model.forward_static (fixed shapes, for CUDA graphs): the buffers are
-    zeroed (every row attends over all of them under a mask, and a masked NaN would still poison the
-    output through 0 * NaN), a call writes at the positions in `write_idx` and attends over the whole
-    buffer, and the length is rounded up past block_size so that padding rows have a scratch row.
-    """
-
-    @staticmethod
-    def static_len(block_size):
-        """Slots of a static cache: past block_size (a scratch row), 16-aligned (mask rows for SDPA)."""
-        return (block_size // 16 + 1) * 16
-
-    def __init__(self, model, batch_size, device=None, dtype=None, static=False):
-        c = model.config
-        S = self.static_len(c.block_size) if static else c.block_size
-        self.shape = (batch_size, c.n_head, S, c.n_embd // c.n_head)
-        self.n_layer, self.device, self.dtype, self.static = c.n_layer, device, dtype, static
-        self.k = self.v = None
-        self.len = 0
-        self.write_idx = None  # static: (R,) cache rows of this call's R rows (set by forward_static)
-
-    def allocate(self, device, dtype):
-        new = torch.zeros if self.static else torch.empty
-        self.k = [new(self.shape, device=device, dtype=dtype) for _ in range(self.n_layer)]
-        self.v = [new(self.shape, device=device, dtype=dtype) for _ in range(self.n_layer)]
-
-    def append(self, i, k, v):
-        if self.k is None:  # allocate lazily, so the dtype follows autocast
-            self.allocate(k.device, k.dtype)
-        if self.write_idx is not None:  # static shapes: no slicing by a host-side length
-            self.k[i].index_copy_(2, self.write_idx, k.to(self.k[i].dtype))
-            self.v[i].index_copy_(2, self.write_idx, v.to(self.v[i].dtype))
-            return self.k[i], self.v[i]
-        L, r = self.len, k.size(2)
-        if L + r > self.shape[2]:
-            raise ValueError(f"KV cache overflow: {L} cached + {r} new rows > block_size {self.shape[2]}")
-        self.k[i][:, :, L:L + r] = k.to(self.k[i].dtype)
-        self.v[i][:, :, L:L + r] = v.to(self.v[i].dtype)
-        return self.k[i][:, :, :L + r], self.v[i][:, :, :L + r]
-
+# ---------------------------------------------------------------------- the model
 
 class GPT(nn.Module):
 
@@ -262,7 +223,7 @@ class GPT(nn.Module):
             wpe=nn.Embedding(config.block_size + 1, d),  # row 0: [None]; a token at position p uses row p+1
             wnonee=nn.Embedding(1, d),                      # the [None] start token (the paper's name)
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
             ln_f=Norm(d, config.norm, config.bias),
         ))
         if config.cond == 'adaln':
@@ -291,12 +252,10 @@ class GPT(nn.Module):
                 for lin in [b.adaLN[1] for b in self.transformer.h] + [self.transformer.adaLN_f[1]]:
                     nn.init.trunc_normal_(lin.weight, std=s, a=-3 * s, b=3 * s)
         if config.cond == 'adaln' and config.adaln_init == 'gate1':
-            # Gates start at 1 so each block starts as a plain pre-norm block (as the GPT baseline does);
-            # the paper's init has all biases 0, i.e. gates near 0, which trains more slowly at first.
+            # gates start at 1, so each block starts as a plain pre-norm block (as the GPT baseline does);
+            # the paper's init has all biases 0, i.e. gates near 0, which trains more slowly at first
             for block in self.transformer.h:
-                b = block.adaLN[1].bias.data.view(6, d)
-                b[2].fill_(1.0)
-                b[5].fill_(1.0)
+                _open_gates(block.adaLN[1])
 
     def _init_weights(self, module):
         # truncated normal (+-3 sigma) as in the paper's code; biases zero
@@ -307,12 +266,134 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.trunc_normal_(module.weight, std=0.02, a=-0.06, b=0.06)
 
-    # ------------------------------------------------------------------ sizes
     @property
     def any_order(self):
         """True if the model can condition on an arbitrary generation order."""
         return self.config.causal and self.config.cond != 'none'
 
+    # ------------------------------------------------------------------ the slots
+    def _embed(self, tok, pos, tgt):
+        """Slot inputs (B, r) -> the residual stream x (B, r, C), and AdaLN's conditioning (None without
+        AdaLN): (idx (B, r), rows (N, target_dim)), slot i's target embedding being rows[idx[i]]. Per
+        token, rows has one row per slot; with adaln_table, one per target position (+1 for "none"),
+        so each block applies its Linear to block_size + 1 rows instead of B * r, then gathers."""
+        cfg, tr = self.config, self.transformer
+        x = tr.wte(tok.clamp(min=0))                                      # (B, r, C)
+        x = torch.where((tok < 0).unsqueeze(-1), tr.wnonee.weight[0].to(x.dtype), x)
+        x = x + tr.wpe(pos + 1)
+        has_tgt = (tgt >= 0).unsqueeze(-1)
+        if cfg.cond == 'sigma':
+            x = x + tr.wtpe(tgt.clamp(min=0)) * has_tgt.to(x.dtype)
+        cond = None
+        if cfg.cond == 'adaln' and cfg.adaln_table:
+            rows = torch.cat([tr.wtpe.weight, tr.wtpe.weight.new_zeros(1, cfg.target_dim)])
+            cond = (torch.where(tgt >= 0, tgt, cfg.block_size), rows)
+        elif cfg.cond == 'adaln':
+            rows = tr.wtpe(tgt.clamp(min=0)) * has_tgt.to(tr.wtpe.weight.dtype)  # (B, r, td)
+            cond = (torch.arange(tgt.numel(), device=tgt.device).view(tgt.shape), rows.flatten(0, 1))
+        return tr.drop(x), cond
+
+    def forward_slots(self, tok, pos, tgt, mask=None, kv=None, n_logits=None):
+        """The slot-level decoder pass (see the module docstring): logits (B, n_logits or r, V) of the
+        last rows."""
+        return self.lm_head(self.hidden_slots(tok, pos, tgt, mask, kv, n_logits))
+
+    def hidden_slots(self, tok, pos, tgt, mask=None, kv=None, n_last=None):
+        """forward_slots without the head: final-norm hidden states (B, n_last or r, C) of the last rows."""
+        assert self.config.causal, "the slot pass is the decoder's; the encoder MDM uses forward(idx)"
+        r = tok.size(1)
+        x, cond = self._embed(tok, pos, tgt)
+        if mask is None and kv is not None and kv.len and r > 1:  # causal after the cached slots
+            mask = torch.ones(r, kv.len + r, dtype=torch.bool, device=tok.device).tril(kv.len)
+        for block in self.transformer.h:
+            mod = (cond[0], block.adaLN(cond[1])) if cond is not None else None
+            x = block(x, mod, mask, kv)
+        if n_last is not None:
+            x = x[:, -n_last:]
+            cond = (cond[0][:, -n_last:], cond[1]) if cond is not None else None
+        return self._final_norm(x, cond)
+
+    def _final_norm(self, x, cond):
+        """ln_f, and with AdaLN its target shift/scale."""
+        if cond is None:
+            return self.transformer.ln_f(x)
+        return _recompute(_modulate, self.transformer.ln_f, x, cond[0], self.transformer.adaLN_f(cond[1]))
+
+    # ------------------------------------------------------------------ training and likelihood
+    def forward(self, idx, order=None, targets=None, t=None, reduction='mean'):
+        cfg = self.config
+        B, n = idx.shape
+        if n > cfg.block_size:
+            raise ValueError(f"sequence length {n} > block_size {cfg.block_size}")
+        if not cfg.causal:
+            return self._forward_encoder(idx, targets, t, reduction)
+        if order is None:
+            xs, pos = idx, torch.arange(n, device=idx.device).expand(B, n)
+        else:
+            xs, pos = idx.gather(1, order), order                        # tokens in reveal order (B, n)
+        none = torch.full((B, 1), -1, dtype=torch.long, device=idx.device)
+        tok = torch.cat([none, xs[:, :-1]], dim=1)                       # [None], x_s0 .. x_s(n-2)
+        spos = torch.cat([none, pos[:, :-1]], dim=1)
+        logits = self.forward_slots(tok, spos, pos)                      # slot i predicts position pos[:, i]
+        if targets is None:
+            return logits, None
+        y = targets if order is None else targets.gather(1, order)
+        return logits, self._ce(logits, y, reduction)
+
+    @staticmethod
+    def _ce(logits, y, reduction):
+        nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1),
+                              ignore_index=-1, reduction='none').view(y.shape)
+        if reduction == 'none':
+            return nll
+        return nll.sum() / (y >= 0).sum().clamp(min=1)
+
+    def encoder_hidden(self, idx):
+        """The encoder MDM's trunk: final-norm hidden states (B, n, C) for idx (B, n). The sampler runs
+        lm_head only on the rows it reveals."""
+        n = idx.size(1)
+        tr = self.transformer
+        x = tr.drop(tr.wte(idx) + tr.wpe(torch.arange(1, n + 1, device=idx.device)))
+        for block in tr.h:
+            x = block(x)  # full attention: the encoder's blocks are not causal
+        return tr.ln_f(x)
+
+    def _forward_encoder(self, idx, targets, t, reduction):
+        cfg = self.config
+        B, n = idx.shape
+        logits = self.lm_head(self.encoder_hidden(idx))
+        # the model never predicts [MASK] (MDLM's "SUBS" parameterisation)
+        logits[..., cfg.mask_token_id] = torch.finfo(logits.dtype).min
+        if targets is None:
+            return logits, None
+        masked = (idx == cfg.mask_token_id) & (targets >= 0)
+        nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.clamp(min=0).view(-1),
+                              reduction='none').view(B, n) * masked
+        if reduction == 'none':
+            return logits, nll
+        if t is not None:  # ELBO: (1/n) sum_{masked} -log p / t, averaged over the batch
+            return logits, (nll.sum(1) / t / n).mean()
+        return logits, nll.sum() / masked.sum().clamp(min=1)
+
+    def forward_queries(self, ctx, ctx_pos, query_pos):
+        """p(x at query_pos[:, j] | the context) for j < k, in one pass: (B, k, V).
+
+        ctx (B, nc) tokens in the order they were revealed, at positions ctx_pos (B, nc); nc may be 0.
+        The context slots carry chained targets; the last context token (or [None] if nc = 0) is copied
+        k times, each copy conditioned on one query target, and the copies cannot see each other.
+        """
+        B, nc = ctx.shape
+        k = query_pos.size(1)
+        none = torch.full((B, 1), -1, dtype=torch.long, device=query_pos.device)
+        last_tok = ctx[:, -1:] if nc else none
+        last_pos = ctx_pos[:, -1:] if nc else none
+        tok = torch.cat([none, ctx[:, :-1], last_tok.expand(B, k)], dim=1) if nc else none.expand(B, k)
+        pos = torch.cat([none, ctx_pos[:, :-1], last_pos.expand(B, k)], dim=1) if nc else none.expand(B, k)
+        tgt = torch.cat([ctx_pos, query_pos], dim=1)
+        mask = parallel_mask(tok.size(1), k, device=tok.device) if k > 1 else None
+        return self.forward_slots(tok, pos, tgt, mask=mask, n_logits=k)
+
+    # ------------------------------------------------------------------ sizes and the optimizer
     def get_num_params(self, non_embedding=False):
         """All parameters (tied ones once). non_embedding drops the lookup tables, not the head."""
         n = sum(p.numel() for p in self.parameters())
@@ -331,200 +412,19 @@ class GPT(nn.Module):
         Counts every Linear a token passes through (blocks, per-token AdaLN, head), not the embedding
         lookups. The attention term counts the full T x T score matrix, as nanoGPT does.
         """
-        c = self.config
-        T = seq_len or c.block_size
-        d = c.n_embd
-        block = 12 * d * d + (13 * d if c.bias else 0)
+        cfg = self.config
+        T = seq_len or cfg.block_size
+        d = cfg.n_embd
+        block = 12 * d * d + (13 * d if cfg.bias else 0)
         adaln = 0
-        if c.cond == 'adaln' and not c.adaln_table:
-            adaln = c.n_layer * (c.target_dim * 6 * d) + c.target_dim * 2 * d
-        n_matmul = c.n_layer * block + adaln + d * c.vocab_size
-        return 6 * n_matmul + 12 * c.n_layer * d * T
+        if cfg.cond == 'adaln' and not cfg.adaln_table:
+            adaln = cfg.n_layer * (cfg.target_dim * 6 * d) + cfg.target_dim * 2 * d
+        n_matmul = cfg.n_layer * block + adaln + d * cfg.vocab_size
+        return 6 * n_matmul + 12 * cfg.n_layer * d * T
 
     def estimate_mfu(self, tokens_per_s, peak_flops, seq_len=None):
         return self.estimate_flops_per_token(seq_len) * tokens_per_s / peak_flops
 
-    # ------------------------------------------------------------------ forward passes
-    def _modulation(self, tgt):
-        """AdaLN inputs: ('token', None, (B, r, td) embeddings), or ('table', idx, (block_size + 1, td))."""
-        tr = self.transformer
-        if self.config.adaln_table:
-            # The modulation depends only on the target position: each block computes all block_size
-            # rows (+1 for "no target") once per pass and gathers them; the backward is an index_add.
-            idx = torch.where(tgt >= 0, tgt, self.config.block_size)
-            c = torch.cat([tr.wtpe.weight, tr.wtpe.weight.new_zeros(1, self.config.target_dim)])
-            return ('table', idx, c)
-        c = tr.wtpe(tgt.clamp(min=0)) * (tgt >= 0).unsqueeze(-1).to(tr.wtpe.weight.dtype)
-        return ('token', None, c)
-
-    @staticmethod
-    def _apply_mod(layer, mod):
-        """What a block takes: (B, r, 6C) per token, or (idx, table) in table mode."""
-        kind, idx, c = mod
-        if kind == 'token':
-            return layer(c)
-        return (idx, layer(c))
-
-    def _embed(self, tok, pos, tgt):
-        """Slot inputs (B, r) -> the residual stream x (B, r, C) and the AdaLN inputs (None without AdaLN)."""
-        c, tr = self.config, self.transformer
-        x = tr.wte(tok.clamp(min=0))                                      # (B, r, C)
-        x = torch.where((tok < 0).unsqueeze(-1), tr.wnonee.weight[0].to(x.dtype), x)
-        x = x + tr.wpe(pos + 1)
-        mod = None
-        if c.cond == 'sigma':
-            x = x + tr.wtpe(tgt.clamp(min=0)) * (tgt >= 0).unsqueeze(-1).to(x.dtype)
-        elif c.cond == 'adaln':
-            mod = self._modulation(tgt)
-        return tr.drop(x), mod
-
-    def _trunk(self, x, mod, attn, cache):
-        for li, block in enumerate(self.transformer.h):
-            m6 = self._apply_mod(block.adaLN, mod) if mod is not None else None
-            x = block(x, m6, attn, (cache, li) if cache is not None else None)
-        return x
-
-    def _final_norm(self, x, mod, n_logits=None):
-        """ln_f (and, with AdaLN, its target modulation) on the last n_logits rows (all if None)."""
-        tr = self.transformer
-        if n_logits is not None:
-            x = x[:, -n_logits:]
-        x = tr.ln_f(x)
-        if mod is not None:
-            kind, idx, cc = mod
-            if n_logits is not None:
-                idx = idx[:, -n_logits:] if idx is not None else None
-                cc = cc[:, -n_logits:] if kind == 'token' else cc
-            m2 = self._apply_mod(tr.adaLN_f, (kind, idx, cc))
-            if kind == 'table':
-                x = _modulated_norm(lambda h: h, x, *m2)
-            else:
-                shift, scale = m2.chunk(2, dim=-1)
-                x = x * (1 + scale) + shift
-        return x
-
-    def forward_slots(self, tok, pos, tgt, cache=None, n_parallel=0, n_logits=None):
-        """The slot-level decoder pass. Returns logits (B, n_logits or r, V) for the last rows."""
-        assert self.config.causal, "forward_slots is the decoder pass; the encoder MDM uses forward(idx)"
-        r = tok.size(1)
-        x, mod = self._embed(tok, pos, tgt)
-        L = cache.len if cache is not None else 0
-        if L == 0 and n_parallel <= 1:
-            attn = (None, r > 1)  # plain causal: the flash-attention fast path
-        elif r == 1:
-            attn = (None, False)  # one row sees the whole cache
-        else:
-            i = torch.arange(r, device=tok.device)[:, None]
-            j = torch.arange(r, device=tok.device)[None, :]
-            blk = r - n_parallel
-            m = (j <= i) & ((j < blk) | (j == i))                          # (r, r)
-            attn = (torch.cat([m.new_ones(r, L), m], dim=1), False)      # (r, L + r)
-        x = self._trunk(x, mod, attn, cache)
-        if cache is not None:
-            cache.len = L + (r - n_parallel + 1 if n_parallel > 0 else r)
-        return self.lm_head(self._final_norm(x, mod, n_logits))
-
-    def forward_static(self, tok, pos, tgt, cache, L, blk, r):
-        """forward_slots with a parallel block, at a fixed shape: what a CUDA graph can capture.
-
-        tok/pos/tgt (B, R): the call's r real rows (blk pending slots, then r - blk parallel copies),
-        then R - r padding rows (any valid slot; samplers repeat the last row). L, blk, r: 0-dim long
-        tensors on the device, so a captured graph reads their values at replay. cache: a
-        KVCache(static=True) holding L committed slots. Returns the final-norm hidden states (B, R, C);
-        the caller runs lm_head on the rows it needs and advances cache.len by blk + 1 itself.
-        Every row attends over the whole cache buffer under a boolean mask (no shape depends on L):
-        a pending row sees the cache and the pending rows up to itself, a copy sees the cache, the
-        pending rows and itself, a padding row the same plus slot 0: never an empty softmax, which some
-        kernels turn into 0 and others into NaN, and a NaN anywhere in the cache poisons every row
-        through 0 * NaN. Real rows are written at L + i; padding rows past the buffer share its last
-        (scratch) row, which no real row ever sees.
-        """
-        assert self.config.causal and cache.static, "forward_static needs a decoder and KVCache(static=True)"
-        R, S = tok.size(1), cache.shape[2]
-        x, mod = self._embed(tok, pos, tgt)
-        i = torch.arange(R, device=tok.device)[:, None]                  # (R, 1) row
-        j = torch.arange(S, device=tok.device)[None, :]                  # (1, S) cache slot
-        vis = (j < L + torch.minimum(i + 1, blk)) | (j == L + i) | ((i >= r) & (j == 0))   # (R, S)
-        cache.write_idx = (L + i[:, 0]).clamp(max=S - 1)                  # (R,)
-        try:
-            x = self._trunk(x, mod, (vis, False), cache)
-        finally:
-            cache.write_idx = None
-        return self._final_norm(x, mod)
-
-    def forward(self, idx, order=None, targets=None, t=None, reduction='mean'):
-        c = self.config
-        B, n = idx.shape
-        if n > c.block_size:
-            raise ValueError(f"sequence length {n} > block_size {c.block_size}")
-        if not c.causal:
-            return self._forward_encoder(idx, targets, t, reduction)
-        if order is None:
-            xs, pos = idx, torch.arange(n, device=idx.device).expand(B, n)
-        else:
-            xs, pos = idx.gather(1, order), order                        # tokens in reveal order (B, n)
-        none = torch.full((B, 1), -1, dtype=torch.long, device=idx.device)
-        tok = torch.cat([none, xs[:, :-1]], dim=1)                       # [None], x_s0 .. x_s(n-2)
-        spos = torch.cat([none, pos[:, :-1]], dim=1)
-        logits = self.forward_slots(tok, spos, pos)                      # slot i predicts position pos[:, i]
-        if targets is None:
-            return logits, None
-        y = targets if order is None else targets.gather(1, order)
-        return logits, self._ce(logits, y, reduction)
-
-    def encoder_hidden(self, idx):
-        """The encoder MDM's trunk: final-norm hidden states (B, n, C) for idx (B, n). The sampler runs
-        lm_head only on the rows it reveals."""
-        n = idx.size(1)
-        tr = self.transformer
-        x = tr.drop(tr.wte(idx) + tr.wpe(torch.arange(1, n + 1, device=idx.device)))
-        for block in tr.h:
-            x = block(x, None, (None, False))  # full attention: no mask, not causal
-        return tr.ln_f(x)
-
-    def _forward_encoder(self, idx, targets, t, reduction):
-        c = self.config
-        B, n = idx.shape
-        logits = self.lm_head(self.encoder_hidden(idx))
-        # the model never predicts [MASK] (MDLM's "SUBS" parameterisation)
-        logits[..., c.mask_token_id] = torch.finfo(logits.dtype).min
-        if targets is None:
-            return logits, None
-        masked = (idx == c.mask_token_id) & (targets >= 0)
-        nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.clamp(min=0).view(-1),
-                              reduction='none').view(B, n) * masked
-        if reduction == 'none':
-            return logits, nll
-        if t is not None:  # ELBO: (1/n) sum_{masked} -log p / t, averaged over the batch
-            return logits, (nll.sum(1) / t / n).mean()
-        return logits, nll.sum() / masked.sum().clamp(min=1)
-
-    @staticmethod
-    def _ce(logits, y, reduction):
-        nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1),
-                              ignore_index=-1, reduction='none').view(y.shape)
-        if reduction == 'none':
-            return nll
-        return nll.sum() / (y >= 0).sum().clamp(min=1)
-
-    def forward_queries(self, ctx, ctx_pos, query_pos):
-        """p(x at query_pos[:, j] | the context) for j < k, in one pass: (B, k, V).
-
-        ctx (B, c) tokens in the order they were revealed, at positions ctx_pos (B, c); c may be 0.
-        The context slots carry chained targets; the last context token (or [None] if c = 0) is copied k
-        times, each copy conditioned on one query target, and the copies cannot see each other.
-        """
-        B, cl = ctx.shape
-        k = query_pos.size(1)
-        none = torch.full((B, 1), -1, dtype=torch.long, device=query_pos.device)
-        last_tok = ctx[:, -1:] if cl else none
-        last_pos = ctx_pos[:, -1:] if cl else none
-        tok = torch.cat([none, ctx[:, :-1], last_tok.expand(B, k)], dim=1) if cl else none.expand(B, k)
-        pos = torch.cat([none, ctx_pos[:, :-1], last_pos.expand(B, k)], dim=1) if cl else none.expand(B, k)
-        tgt = torch.cat([ctx_pos, query_pos], dim=1)
-        return self.forward_slots(tok, pos, tgt, n_parallel=k, n_logits=k)
-
-    # ------------------------------------------------------------------ optimizer
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         # Decay every matrix (embeddings and AdaLN included, as in the paper's code); not biases or norms.
         params = [p for p in self.parameters() if p.requires_grad]
@@ -572,15 +472,11 @@ class GPT(nn.Module):
             if not model.config.tie_head:
                 sd['lm_head.weight'].copy_(sd['transformer.wte.weight'])
             if model.config.cond == 'adaln':
-                d = model.config.n_embd
+                for lin in [block.adaLN[1] for block in model.transformer.h] + [model.transformer.adaLN_f[1]]:
+                    lin.weight.zero_()
+                    lin.bias.zero_()
                 for block in model.transformer.h:
-                    block.adaLN[1].weight.zero_()
-                    b = block.adaLN[1].bias.view(6, d)
-                    b.zero_()
-                    b[2].fill_(1.0)
-                    b[5].fill_(1.0)
-                model.transformer.adaLN_f[1].weight.zero_()
-                model.transformer.adaLN_f[1].bias.zero_()
+                    _open_gates(block.adaLN[1])
         return model
 
 
@@ -599,14 +495,21 @@ def random_orders(B, n, device=None, generator=None):
     return torch.rand(B, n, device=device, generator=generator).argsort(dim=1)
 
 
+def stratified_uniform(count, generator=None, device=None, dtype=torch.float64):
+    """count draws in (0, 1], each uniform marginally, jointly spread evenly (systematic sampling: one
+    uniform offset, count evenly spaced points, then shuffled). Stratifying the masking rate (or the
+    reveal count) across a batch removes most of the variance that comes from it."""
+    u = torch.rand(1, device=device, generator=generator, dtype=dtype)
+    t = 1 - ((torch.arange(count, device=device, dtype=dtype) + u) / count) % 1.0  # % 1: rounding up to 1
+    return t[torch.randperm(count, device=device, generator=generator)]
+
+
 def mdm_corrupt(x, mask_token_id, generator=None, t=None):
-    """The MDM forward process: t ~ U(0, 1] per row (stratified over the batch to cut variance, still
-    uniform marginally), each token replaced by [MASK] with probability t. Returns (x_t, t)."""
+    """The MDM forward process: t ~ U(0, 1] per row (stratified over the batch), each token replaced by
+    [MASK] with probability t. Returns (x_t, t)."""
     B, n = x.shape
     if t is None:
-        u = torch.rand(1, device=x.device, generator=generator)
-        t = 1 - ((torch.arange(B, device=x.device) + u) / B) % 1.0  # in (0, 1]
-        t = t[torch.randperm(B, device=x.device, generator=generator)]
+        t = stratified_uniform(B, generator, x.device, torch.float32)
     masked = torch.rand(B, n, device=x.device, generator=generator) < t[:, None]
     return torch.where(masked, torch.full_like(x, mask_token_id), x), t
 

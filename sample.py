@@ -47,7 +47,7 @@ import torch
 from torch.nn import functional as F
 
 from configurator import configure, die, print_config
-from model import GPT, KVCache
+from model import GPT, parallel_mask
 from runtime import autocast, resolve_device
 
 # -----------------------------------------------------------------------------
@@ -232,14 +232,72 @@ def free_order(order, free, batch_size, generator=None):
 _STEPPERS = ('dynamic', 'static', 'cuda_graph')
 
 
+class KVCache:
+    """The sampler's K/V: per-layer buffers of block_size slots, preallocated and written in place (no copy
+    of the cache per step). It is the model's `kv` hook: update(layer, k, v) stores a call's rows and
+    returns what the call attends over.
+
+    `len` counts the committed slots. A call writes its r rows after them, at [len, len + r), and
+    attends over [0, len + r); keep(j) then commits the first j of those rows, and the rest (the
+    throw-away parallel copies) are simply overwritten by the next call. The live length never exceeds
+    n: committed slots plus the rows of one call is at most the number of tokens in the sequence.
+
+    static=True is the fixed-shape layout of SlotStepper's 'static' and 'cuda_graph' modes: a call
+    writes at the rows named in `write_idx` and attends over the whole buffer under a mask; the buffers
+    are zeroed (a masked NaN would still poison the output through 0 * NaN) and one slot longer than
+    block_size, so that padding rows have a scratch row to write.
+    """
+
+    @staticmethod
+    def static_len(block_size):
+        """Slots of a static cache: past block_size (a scratch row), 16-aligned (mask rows for SDPA)."""
+        return (block_size // 16 + 1) * 16
+
+    def __init__(self, model, batch_size, static=False):
+        cfg = model.config
+        S = self.static_len(cfg.block_size) if static else cfg.block_size
+        self.shape = (batch_size, cfg.n_head, S, cfg.n_embd // cfg.n_head)
+        self.n_layer, self.static = cfg.n_layer, static
+        self.k = self.v = None
+        self.len = 0
+        self.write_idx = None  # static: (R,) cache rows of the current call's R rows
+
+    def allocate(self, device, dtype):
+        new = torch.zeros if self.static else torch.empty
+        self.k = [new(self.shape, device=device, dtype=dtype) for _ in range(self.n_layer)]
+        self.v = [new(self.shape, device=device, dtype=dtype) for _ in range(self.n_layer)]
+
+    def update(self, layer, k, v):
+        """Store one call's K/V (B, nh, r, hd) for a layer; return the keys and values to attend over."""
+        if self.k is None:  # allocated lazily, so the dtype follows autocast
+            self.allocate(k.device, k.dtype)
+        K, V = self.k[layer], self.v[layer]
+        if self.static:  # no slicing by a host-side length: the whole buffer, under the call's mask
+            K.index_copy_(2, self.write_idx, k.to(K.dtype))
+            V.index_copy_(2, self.write_idx, v.to(V.dtype))
+            return K, V
+        L, r = self.len, k.size(2)
+        if L + r > self.shape[2]:
+            raise ValueError(f"KV cache overflow: {L} cached + {r} new rows > block_size {self.shape[2]}")
+        K[:, :, L:L + r] = k.to(K.dtype)
+        V[:, :, L:L + r] = v.to(V.dtype)
+        return K[:, :, :L + r], V[:, :, :L + r]
+
+    def keep(self, rows):
+        """Commit the first `rows` rows of the last call; rows=None empties the cache for a new run (the
+        slots are always written before anyone reads them)."""
+        self.len = 0 if rows is None else self.len + rows
+
+
 class SlotStepper:
-    """One decoder call of the KV-cached samplers: r slot rows in (blk = r - k pending slots, then k
-    copies of the last revealed slot, each with its own target), logits (B, k, V) of the copies out.
+    """One decoder call of the KV-cached samplers: r slot rows in (r - k pending slots, then k copies of
+    the last revealed slot, each with its own target), logits (B, k, V) of the copies out; the cache
+    then keeps the pending slots and the first copy.
 
     mode 'dynamic': model.forward_slots at the call's own shape (r rows attending over L + r slots).
-    'static': model.forward_static at a few fixed shapes: r padded up to two sizes per octave (1, 2, 3, 4,
-        6, 8, 12, 16, 24, ...; rows_for), every row attending over the whole cache under a mask. More
-        arithmetic (1-17% more rows for the plans in bench/sample_roofline.py); same samples. It exists for:
+    'static': a few fixed shapes: r padded up to two sizes per octave (1, 2, 3, 4, 6, 8, 12, 16, 24, ...;
+        rows_for), every row attending over the whole cache under a mask. More arithmetic (1-17% more
+        rows for the plans in bench/sample_roofline.py); the same samples. It exists for:
     'cuda_graph': static, and each padded shape is captured once as a CUDA graph and then replayed.
         A forward call of a deep model at a few rows per sample is launch-bound on a GPU (hundreds of
         small kernels issued from Python; BENCHMARKS.md), and every new (rows, cache length) shape pays
@@ -271,7 +329,7 @@ class SlotStepper:
             return cls(model, batch_size, stepper)
         if stepper.model is not model or stepper.B != batch_size:
             raise ValueError(f"this SlotStepper was built for another model or batch size ({stepper.B})")
-        stepper.cache.len = 0  # slots are always written before anyone sees them
+        stepper.cache.keep(None)
         return stepper
 
     @staticmethod
@@ -283,17 +341,19 @@ class SlotStepper:
         return R * 3 // 4 if R >= 4 and r <= R * 3 // 4 else R
 
     def __call__(self, tok, pos, tgt, k):
-        if self.mode == 'dynamic':
-            return self.model.forward_slots(tok, pos, tgt, cache=self.cache, n_parallel=k, n_logits=k)
         B, r = tok.shape
+        if self.mode == 'dynamic':
+            mask = parallel_mask(r, k, self.cache.len, tok.device) if k > 1 else None  # None: causal
+            logits = self.model.forward_slots(tok, pos, tgt, mask=mask, kv=self.cache, n_logits=k)
+            self.cache.keep(r - k + 1)
+            return logits
         R = self.rows_for(r)
         if R not in self.bufs:
             self.bufs[R] = torch.empty(3, B, R, dtype=torch.long, device=self.dev)
         buf = self.bufs[R]                                                # (3, B, R): tok, pos, tgt
         buf[:, :, :r] = torch.stack([tok, pos, tgt])
         buf[:, :, r:] = buf[:, :, r - 1:r]                                # padding: repeat the last row
-        L = self.cache.len
-        self.scalars.copy_(torch.tensor([L, r - k, r]))
+        self.scalars.copy_(torch.tensor([self.cache.len, r - k, r]))
         if self.mode == 'static':
             h = self._forward(R)
         else:
@@ -301,12 +361,27 @@ class SlotStepper:
                 self._capture(R)
             self.graphs[R].replay()
             h = self.outs[R]
-        self.cache.len = L + r - k + 1
+        self.cache.keep(r - k + 1)
         return self.model.lm_head(h[:, r - k:r])                          # (B, k, V)
 
     def _forward(self, R):
-        buf, (L, blk, r) = self.bufs[R], self.scalars
-        return self.model.forward_static(buf[0], buf[1], buf[2], self.cache, L, blk, r)
+        """The fixed-shape call: final-norm hidden states (B, R, C) of R rows (blk pending slots, then
+        r - blk copies, then padding), with L, blk and r read from device tensors, so that a captured
+        graph reads their values at replay. Every row attends over the whole cache buffer under a
+        mask (no shape depends on L): a pending row sees the cache and the pending rows up to itself, a
+        copy sees the cache, the pending rows and itself, a padding row the same plus slot 0: never an
+        empty softmax, which some kernels turn into 0 and others into NaN, and a NaN anywhere in the
+        cache poisons every row through 0 * NaN. Real rows are written at L + i; padding rows past the
+        buffer share its last (scratch) row, which no real row ever sees."""
+        buf, (L, blk, r), S = self.bufs[R], self.scalars, self.cache.shape[2]
+        i = torch.arange(R, device=self.dev)[:, None]                    # (R, 1) row
+        j = torch.arange(S, device=self.dev)[None, :]                    # (1, S) cache slot
+        vis = (j < L + torch.minimum(i + 1, blk)) | (j == L + i) | ((i >= r) & (j == 0))   # (R, S)
+        self.cache.write_idx = (L + i[:, 0]).clamp(max=S - 1)             # (R,)
+        try:
+            return self.model.hidden_slots(buf[0], buf[1], buf[2], mask=vis, kv=self.cache)
+        finally:
+            self.cache.write_idx = None
 
     def _capture(self, R):
         # Autocast's weight-cast cache would hand the graph tensors freed after capture: disable it.
@@ -328,6 +403,33 @@ class SlotStepper:
         self.graphs[R] = g
 
 
+def draw_plan(n, batch_size, steps, order='random', fixed_counts=False, schedule='linear', given=None,
+              generator=None):
+    """Everything generate_ao decides before its first forward pass, in its fixed order of draws: one
+    float64 uniform per token (consumed in reveal order by the token draws), the order, the counts.
+    Returns (u (B, n), reveal (B, n) positions in reveal order (the given ones first, ascending),
+    counts (T,) tokens revealed per step, the given positions, their tokens)."""
+    B = batch_size
+    gpos, gtok, free = split_given(given, n)
+    u = torch.rand(B, n, dtype=torch.float64, generator=generator)
+    reveal = torch.cat([gpos.expand(B, gpos.numel()), free_order(order, free, B, generator)], 1)
+    counts = reveal_counts(free.numel(), steps, schedule, fixed_counts, generator)
+    return u, reveal, counts, gpos, gtok
+
+
+def ao_calls(counts, n_given=0):
+    """The AO sampler's forward calls for per-step counts, as (r rows, L cached slots, k copies): a call
+    feeds the slots revealed at the previous step but the first (pending, their targets chained along
+    the order), then k copies of the last revealed slot; a step that reveals nothing makes no call. The
+    given tokens are pending at the first call."""
+    calls, c, m = [], 0, n_given
+    for k in counts:
+        if k:
+            calls.append((m - c + k, c, k))
+            c, m = m + 1, m + k
+    return calls
+
+
 @torch.no_grad()
 def generate_ao(model, n, batch_size, steps, order='random', fixed_counts=False, schedule='linear',
                 temperature=1.0, top_p=1.0, vocab_size=None, given=None, generator=None, stepper='dynamic'):
@@ -347,38 +449,30 @@ def generate_ao(model, n, batch_size, steps, order='random', fixed_counts=False,
         raise ValueError(f"n = {n} > block_size {model.config.block_size}")
     dev = next(model.parameters()).device
     B = batch_size
-    gpos, gtok, free = split_given(given, n)
+    u, reveal, counts, gpos, gtok = draw_plan(n, B, steps, order, fixed_counts, schedule, given, generator)
     g = gpos.numel()
-    u = torch.rand(B, n, dtype=torch.float64, generator=generator)      # one per token, in reveal order
-    reveal = torch.cat([gpos.expand(B, g), free_order(order, free, B, generator)], 1)  # (B, n)
-    counts = reveal_counts(n - g, steps, schedule, fixed_counts, generator)
-
-    # The whole plan as slot indices, precomputed: per step the pending slots c..m-1, then k copies of m.
-    rows, offs, ks, c, m = [], [0], [], 0, g
-    for k in counts.tolist():
-        if k == 0:
-            continue  # nothing revealed: no pass
-        rows += list(range(c, m)) + [m] * k
-        offs.append(len(rows))
-        ks.append(k)
-        c, m = m + 1, m + k
-    rows = torch.tensor(rows, device=dev)
+    calls = ao_calls(counts.tolist(), g)
     slot_tok = torch.full((B, n + 1), -1, dtype=torch.long)               # slot j: the j-th revealed token
     slot_tok[:, 1:g + 1] = gtok
     slot_tok = slot_tok.to(dev)
     slot_pos = torch.cat([torch.full((B, 1), -1), reveal], 1).to(dev)      # its position; [None] is -1
     reveal, u = reveal.to(dev), u.to(dev)
 
+    rows = []  # every call's slots (the pending ones, then k copies of the last), up front: one copy to
+    for r, L, k in calls:  # the device, not one per call
+        rows += list(range(L, L + r - k)) + [L + r - k] * k
+    rows = torch.tensor(rows, device=dev)
     step = SlotStepper.make(model, B, stepper)
-    c, m = 0, g
-    for i, k in enumerate(ks):
-        r = rows[offs[i]:offs[i + 1]]
-        logits = step(slot_tok[:, r], slot_pos[:, r], reveal[:, c:m + k], k)  # (B, k, V)
+    a = 0
+    for r, L, k in calls:
+        m = L + r - k                                                     # tokens revealed so far
+        slots = rows[a:a + r]
+        logits = step(slot_tok[:, slots], slot_pos[:, slots], reveal[:, L:m + k], k)  # (B, k, V)
         slot_tok[:, m + 1:m + k + 1] = sample_tokens(logits, u[:, m:m + k], temperature, top_p, vocab_size)
-        c, m = m + 1, m + k
+        a += r
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
-    stats = dict(steps=steps, forward_calls=len(ks), token_passes=len(rows), tokens_generated=n - g,
-                 counts=ks, order=reveal)
+    stats = dict(steps=steps, forward_calls=len(calls), token_passes=sum(r for r, _, _ in calls),
+                 tokens_generated=n - g, counts=[k for _, _, k in calls], order=reveal)
     return tokens, stats
 
 

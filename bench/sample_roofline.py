@@ -23,8 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from configurator import configure, print_config  # noqa: E402
-from model import KVCache  # noqa: E402
-from sample import SlotStepper, reveal_counts  # noqa: E402
+from sample import KVCache, SlotStepper, ao_calls, draw_plan  # noqa: E402
 
 n_layer = 24
 n_embd = 1024
@@ -70,16 +69,6 @@ def decoder_time(plan, adaln, fixed=False):
     return s, F, Y
 
 
-def ao_plan(counts):
-    """The AO sampler's calls: the previous step's k - 1 pending slots, then k copies (sample.generate_ao)."""
-    plan, c, m = [], 0, 0
-    for k in counts:
-        if k:
-            plan.append((m - c + k, c, k))
-            c, m = m + 1, m + k
-    return plan
-
-
 def encoder_time(counts, skip_empty):
     s = F = 0.0
     for k in counts:
@@ -98,11 +87,8 @@ cols = ['T', 'AO calls / token-passes', 'AO floor s', 'AO fixed-shape floor s', 
         'encoder+cache / AO', 'AO / AR', 'AO / AR, fixed shapes', 'AO: compute-bound calls']
 lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
 for T in [int(t) for t in steps.split(',')]:
-    g = torch.Generator().manual_seed(seed)  # generate_ao's draws: a uniform per token, the order, the counts
-    torch.rand(B, n, dtype=torch.float64, generator=g)
-    torch.rand(B, n, dtype=torch.float64, generator=g)
-    counts = reveal_counts(n, T, generator=g).tolist()
-    plan = ao_plan(counts)
+    counts = draw_plan(n, B, T, generator=torch.Generator().manual_seed(seed))[2].tolist()  # generate_ao's
+    plan = ao_calls(counts)                                                                  # own plan
     ao_s, _, _ = decoder_time(plan, adaln=True)
     bound = sum(1 for r, L, k in plan  # matmul time over weight-read time, as in the docstring's counts
                 if 2 * B * (r * (P_block + P_adaln) + k * d * V) / peak_flops >

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from helpers import tiny
-from model import GPT, GPTConfig, KVCache, mdm_corrupt, random_orders
+from model import GPT, GPTConfig, mdm_corrupt, parallel_mask, random_orders
+from sample import KVCache
 
 ATOL = 1e-5
 
@@ -96,8 +97,9 @@ def test_kv_cache_chunks_equal_full_forward():
     pos = torch.cat([none, order[:, :-1]], 1)
     cache = KVCache(model, B)
     out = []
-    for a, b in [(0, 1), (1, 4), (4, 5), (5, 8)]:
-        out.append(model.forward_slots(tok[:, a:b], pos[:, a:b], order[:, a:b], cache=cache))
+    for a, b in [(0, 1), (1, 4), (4, 5), (5, 8)]:  # no mask: causal over these rows, after the cached slots
+        out.append(model.forward_slots(tok[:, a:b], pos[:, a:b], order[:, a:b], kv=cache))
+        cache.keep(b - a)
     assert cache.len == n
     torch.testing.assert_close(torch.cat(out, 1), full, atol=ATOL, rtol=0)
 
@@ -134,7 +136,9 @@ def test_cached_sampler_call_pattern_equals_full_forward():
         tok = torch.cat([xs[:, a:m - 1] if m else xs[:, :0], last_tok.expand(B, k)], 1)
         pos = torch.cat([order[:, a:m - 1] if m else order[:, :0], last_pos.expand(B, k)], 1)
         tgt = torch.cat([order[:, a + 1:m] if m else order[:, :0], order[:, m:m + k]], 1)
-        logits = model.forward_slots(tok, pos, tgt, cache=cache, n_parallel=k, n_logits=k)
+        r = tok.size(1)
+        logits = model.forward_slots(tok, pos, tgt, mask=parallel_mask(r, k, cache.len), kv=cache, n_logits=k)
+        cache.keep(r - k + 1)  # the pending rows and the first copy
         assert cache.len == m + 1
         for j in range(k):
             o = torch.cat([order[:, :m], order[:, m + j:m + j + 1], order[:, m:m + j], order[:, m + j + 1:]], 1)

@@ -152,8 +152,8 @@ def test_step_logits_equal_full_forward(cond, monkeypatch):
 
     def spy(tok, pos, tgt, **kw):
         out = real(tok, pos, tgt, **kw)
-        if kw.get('cache') is not None:  # the sampler's calls, not the reference forwards below
-            calls.append((tok.size(1), tgt[:, -kw['n_parallel']:].clone(), out.clone()))
+        if kw.get('kv') is not None:  # the sampler's calls, not the reference forwards below
+            calls.append((tok.size(1), tgt[:, -kw['n_logits']:].clone(), out.clone()))
         return out
     monkeypatch.setattr(model, 'forward_slots', spy)
     x, st = generate_ao(model, n, B, steps=5, given=given, generator=gen(3))
@@ -670,14 +670,25 @@ def test_script_runs(tmp_path):
     assert 'encoder MDM' in r.stdout and 'token-passes' in r.stdout
 
 
-def test_roofline_counts_the_plan_generate_ao_runs():
-    """bench/sample_roofline.py rebuilds the AO sampler's calls from the seed; they must be the calls
-    generate_ao makes (bench/sample_speed.py's seed and batch), or its floor is for another plan."""
-    r = subprocess.run([sys.executable, 'bench/sample_roofline.py', '--n_layer=2', '--n_embd=64', '--n=32',
-                        '--batch_size=3', '--steps=4,9,32', '--seed=5'], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    rows = [line.split('|')[1:3] for line in r.stdout.splitlines() if line.startswith('| ') and 'T |' not in line]
+def test_the_plan_is_the_calls_generate_ao_makes(monkeypatch):
+    """draw_plan + ao_calls (what bench/sample_roofline.py counts FLOPs and bytes for) are the calls
+    generate_ao makes, call for call: (rows, cached slots, copies), given tokens included."""
     model = tiny(block_size=32)
-    for T, cell in ((4, rows[0]), (9, rows[1]), (32, rows[2])):
-        _, st = generate_ao(model, 32, 3, T, generator=gen(5))
-        assert int(cell[0]) == T and cell[1].strip() == f"{st['forward_calls']} / {st['token_passes']}"
+    given = torch.full((32,), -1)
+    given[[3, 9]] = torch.tensor([1, 2])
+    real, seen = sample.SlotStepper.__call__, []
+
+    def spy(self, tok, pos, tgt, k):
+        seen.append((tok.size(1), self.cache.len, k))
+        return real(self, tok, pos, tgt, k)
+    monkeypatch.setattr(sample.SlotStepper, '__call__', spy)
+    for T, giv in ((4, None), (9, given), (32, None), (32, given)):
+        seen.clear()
+        _, st = generate_ao(model, 32, 3, T, given=giv, generator=gen(5))
+        counts = sample.draw_plan(32, 3, T, given=giv, generator=gen(5))[2].tolist()
+        calls = sample.ao_calls(counts, 0 if giv is None else 2)
+        assert calls == seen and len(calls) == st['forward_calls']
+        assert sum(r for r, _, _ in calls) == st['token_passes']
+    r = subprocess.run([sys.executable, 'bench/sample_roofline.py', '--n_layer=2', '--n_embd=64', '--n=32',
+                        '--batch_size=3', '--steps=4,32'], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.count('\n| 4 | ') == 1, r.stderr
