@@ -1,6 +1,6 @@
 """The paper's released checkpoints (AO-GPT and sigma-GPT) load through checkpoint.load_model.
 
-Synthetic files are built here in the paper's layout (../shared/reference/paper-checkpoints.md):
+Synthetic files are built here in the paper's layout (docs/paper-checkpoints.md states it):
 the documented key order, tiny sizes, random values with non-trivial AdaLN weights, a real AdamW
 state dict, saved with plain torch.save. Our model's logits are compared with an independent forward
 written below from the documented semantics (n+1 slots, zero target on the last), not with model.py.
