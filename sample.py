@@ -7,6 +7,9 @@ model.config). EMA weights by default.
     python sample.py --prompt "The company said" --length 64 --steps 64  # a prefix
     python sample.py --template "The [BLANK] sat on the [BLANK:3] mat."  # infilling
     python sample.py --steps 256 --batch_size 32 --gen_ppl out-l2r      # + generative perplexity
+    python sample.py --order blocks:64 --steps 256                       # semi-AR: blocks left to right
+    python sample.py --order confidence --steps 64                       # the surest positions first
+    python sample.py --order confidence --threshold 0.9                  # all with top prob >= 0.9 per step
 
 The reverse process (paper eq. 8 and Lemma 1). Time runs over a grid t_0 = 1 > t_1 > ... > t_T = 0
 (linear, or cosine) where t is the fraction of positions still masked. From t to s each still-masked
@@ -26,6 +29,13 @@ block), so every copy computes exactly the conditional the model was trained on.
 the pending slots and the first copy (c becomes m + 1). A token goes through the network as a query (a
 copy carrying its target) and then as context; the first copy is both. So a run costs n + sum over all
 steps but the last of (k - 1) token-passes: n when every step reveals one token, under 2n for any T.
+
+Orders. random is the MDM reverse process above. l2r, blocks:K (semi-autoregressive: blocks of K
+positions left to right, a uniform order inside each) and a file of positions change only the order,
+so the sampler stays exact for the mixture over the orders they allow. confidence / margin / entropy
+(LLaDA's and Dream's) choose the positions from the model's own scores: each step queries every masked
+position (one copy each) and reveals the k surest, or every one whose top probability reaches
+--threshold; the cache stays exact, at about n T / 2 token-passes (generate_confident).
 
 Randomness, from one CPU torch.Generator in a fixed order (reproducible on any device): first one
 float64 uniform per token, consumed by inverse-CDF sampling in reveal order; then the order; then the
@@ -60,7 +70,8 @@ batch_size = 4             # samples per batch (they share the per-step counts, 
 num_batches = 1            # batches to draw (more samples for --gen_ppl)
 steps = 256                # T: diffusion steps (a GPT ignores it: one token per step)
 length = -1                # total length n; -1: block_size (with --template: the template's length)
-order = 'auto'             # auto | random | l2r | FILE of positions (.npy/text); auto: the training order
+order = 'auto'             # auto | random | l2r | blocks:K | confidence | margin | entropy | FILE of positions
+threshold = 0.0            # confidence orders: reveal every position whose top probability is >= this (0: counts)
 fixed_counts = False       # the paper code's deterministic counts instead of Binomial draws
 schedule = 'linear'        # linear | cosine (t = cos(pi/2 (1 - u))): fraction still masked per step
 temperature = 1.0          # softmax temperature, >= 0; 0 = greedy
@@ -128,13 +139,18 @@ def reveal_counts(n, steps, schedule='linear', fixed=False, generator=None):
 
 # ----------------------------------------------------------------------------- drawing tokens
 
-def sample_tokens(logits, u, temperature=1.0, top_p=1.0, vocab_size=None, ban=None):
+def sample_tokens(logits, u, temperature=1.0, top_p=1.0, vocab_size=None, ban=None, score=None):
     """One token per row of logits (..., V), by inverse-CDF sampling with the uniforms u (...).
 
     float64 throughout: low-precision (bf16/fp32) Gumbel noise lowers the effective temperature, this
     cannot. Ids >= vocab_size (the head's padding rows) and `ban` (the encoder's [MASK]) are never drawn.
     temperature 0 is greedy; top_p < 1 keeps the smallest set of most likely tokens whose mass reaches
     top_p (the HF convention: the token that crosses top_p is kept).
+    score: None, or how sure the model is of each row, for the confidence orders; then returns
+    (tokens, scores, top probabilities), each (...). Scores are computed on the distribution the token
+    was drawn from (after temperature and top_p; at temperature 0 the plain softmax): 'confidence' the
+    probability of the drawn token, 'margin' the top probability minus the second, 'entropy' the
+    negative entropy (higher is surer in every mode).
     """
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
@@ -145,20 +161,20 @@ def sample_tokens(logits, u, temperature=1.0, top_p=1.0, vocab_size=None, ban=No
     logits = logits.reshape(-1, logits.size(-1))[:, :V]
     u = u.reshape(-1).to(device=logits.device, dtype=torch.float64)
     rows = max(1, _CHUNK // V)
-    if logits.size(0) <= rows:
-        return _sample_rows(logits, u, temperature, top_p, ban).view(shape)
-    out = torch.empty(logits.size(0), dtype=torch.long, device=logits.device)
-    for a in range(0, logits.size(0), rows):
-        out[a:a + rows] = _sample_rows(logits[a:a + rows], u[a:a + rows], temperature, top_p, ban)
-    return out.view(shape)
+    parts = [_sample_rows(logits[a:a + rows], u[a:a + rows], temperature, top_p, ban, score)
+             for a in range(0, logits.size(0), rows)]  # bounded memory when a step draws many rows
+    if score is None:
+        return torch.cat(parts).view(shape)
+    return tuple(torch.cat(p).view(shape) for p in zip(*parts))
 
 
-def _sample_rows(logits, u, temperature, top_p, ban):
+def _sample_rows(logits, u, temperature, top_p, ban, score=None):
     logp = logits.double()
     if ban is not None and ban < logp.size(1):
         logp = logp.index_fill(1, torch.tensor([ban], device=logp.device), -math.inf)
     if temperature == 0:
-        return logp.argmax(1)
+        tok = logp.argmax(1)
+        return tok if score is None else (tok, *_scores(torch.softmax(logp, dim=1), tok[:, None], score))
     p = torch.softmax(logp if temperature == 1 else logp / temperature, dim=1)  # (R, V) float64
     idx = None
     if top_p < 1.0:
@@ -169,7 +185,23 @@ def _sample_rows(logits, u, temperature, top_p, ban):
     # last token with positive probability, and a zero-probability token can never be the first to exceed
     v = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
     j = torch.searchsorted(cdf, v, right=True)  # (R, 1)
-    return (idx.gather(1, j) if idx is not None else j).squeeze(1)
+    tok = (idx.gather(1, j) if idx is not None else j).squeeze(1)
+    return tok if score is None else (tok, *_scores(p / total, j, score))
+
+
+def _scores(p, j, score):
+    """(scores (R,), top probabilities (R,)) for rows of normalised probabilities p (R, V) whose drawn
+    tokens sit at columns j (R, 1) of p."""
+    top2 = p.topk(min(2, p.size(1)), dim=1).values
+    if score == 'confidence':
+        s = p.gather(1, j).squeeze(1)
+    elif score == 'margin':
+        s = top2[:, 0] - (top2[:, 1] if top2.size(1) > 1 else 0)
+    elif score == 'entropy':
+        s = (p * p.clamp(min=1e-300).log()).sum(1)
+    else:
+        raise ValueError(f"score must be confidence, margin or entropy, got {score!r}")
+    return s, top2[:, 0]
 
 
 def _sorted_nucleus(p, top_p):
@@ -206,9 +238,28 @@ def split_given(given, n):
     return pos, given[pos], free
 
 
+ORDERS = ('random', 'l2r', 'blocks:K', 'confidence', 'margin', 'entropy')
+_ADAPTIVE = ('confidence', 'margin', 'entropy')  # chosen step by step from the model's own scores
+
+
+def check_order(order):
+    """A generation order spec, checked: one of ORDERS (K a positive integer), or a permutation tensor.
+    Raises ValueError naming what is accepted."""
+    if not isinstance(order, str):
+        return order
+    if order in ('random', 'l2r') or order in _ADAPTIVE:
+        return order
+    if order.startswith('blocks:') and order[7:].isdigit() and int(order[7:]) >= 1:
+        return order
+    raise ValueError(f"unknown order {order!r}: use random, l2r, blocks:K (K >= 1: blocks of K positions "
+                     f"left to right, a random order inside each), confidence, margin or entropy")
+
+
 def free_order(order, free, batch_size, generator=None):
-    """(B, n_free) generation order of the free positions: 'random' (uniform per sample), 'l2r', or a
-    permutation (n,) / (B, n) of all positions, of which the free ones are taken in its order."""
+    """(B, n_free) generation order of the free positions: 'random' (uniform per sample), 'l2r',
+    'blocks:K' (positions in blocks of K, blocks left to right, a uniform order inside each block:
+    semi-autoregressive decoding), or a permutation (n,) / (B, n) of all positions, of which the free
+    ones are taken in its order."""
     B, nf = batch_size, free.numel()
     if isinstance(order, str):
         if order == 'random':
@@ -216,7 +267,11 @@ def free_order(order, free, batch_size, generator=None):
             return free[torch.rand(B, nf, dtype=torch.float64, generator=generator).argsort(dim=1)]
         if order == 'l2r':
             return free.expand(B, nf).clone()
-        raise ValueError(f"order must be 'random', 'l2r' or a permutation tensor, got {order!r}")
+        if check_order(order).startswith('blocks:'):
+            # block index + a uniform in [0, 1): sorting puts blocks in order and shuffles inside each
+            keys = (free // int(order[7:])).double() + torch.rand(B, nf, dtype=torch.float64, generator=generator)
+            return free[keys.argsort(dim=1)]
+        raise ValueError(f"free_order takes random, l2r, blocks:K or a permutation, not {order!r}")
     o = torch.as_tensor(order, dtype=torch.long).cpu()
     o = o.expand(B, -1) if o.dim() == 1 else o
     n = o.size(1)
@@ -283,16 +338,26 @@ class KVCache:
         V[:, :, L:L + r] = v.to(V.dtype)
         return K[:, :, :L + r], V[:, :, :L + r]
 
-    def keep(self, rows):
+    def keep(self, rows, chosen=None):
         """Commit the first `rows` rows of the last call; rows=None empties the cache for a new run (the
-        slots are always written before anyone reads them)."""
-        self.len = 0 if rows is None else self.len + rows
+        slots are always written before anyone reads them). chosen (B,): the last kept row is not the
+        call's row rows - 1 but, per sample, the parallel copy `chosen` places after it (the confidence
+        orders keep whichever copy the model was surest of)."""
+        if rows is None:
+            self.len = 0
+            return
+        if chosen is not None:
+            dst = self.len + rows - 1
+            b = torch.arange(self.shape[0], device=chosen.device)
+            for buf in self.k + self.v:
+                buf[b, :, dst] = buf[b, :, dst + chosen]
+        self.len += rows
 
 
 class SlotStepper:
     """One decoder call of the KV-cached samplers: r slot rows in (r - k pending slots, then k copies of
-    the last revealed slot, each with its own target), logits (B, k, V) of the copies out; the cache
-    then keeps the pending slots and the first copy.
+    the last revealed slot, each with its own target), logits (B, k, V) of the copies out. The caller
+    then commits what the cache keeps (stepper.cache.keep): the pending slots and one copy.
 
     mode 'dynamic': model.forward_slots at the call's own shape (r rows attending over L + r slots).
     'static': a few fixed shapes: r padded up to two sizes per octave (1, 2, 3, 4, 6, 8, 12, 16, 24, ...;
@@ -344,9 +409,7 @@ class SlotStepper:
         B, r = tok.shape
         if self.mode == 'dynamic':
             mask = parallel_mask(r, k, self.cache.len, tok.device) if k > 1 else None  # None: causal
-            logits = self.model.forward_slots(tok, pos, tgt, mask=mask, kv=self.cache, n_logits=k)
-            self.cache.keep(r - k + 1)
-            return logits
+            return self.model.forward_slots(tok, pos, tgt, mask=mask, kv=self.cache, n_logits=k)
         R = self.rows_for(r)
         if R not in self.bufs:
             self.bufs[R] = torch.empty(3, B, R, dtype=torch.long, device=self.dev)
@@ -361,7 +424,6 @@ class SlotStepper:
                 self._capture(R)
             self.graphs[R].replay()
             h = self.outs[R]
-        self.cache.keep(r - k + 1)
         return self.model.lm_head(h[:, r - k:r])                          # (B, k, V)
 
     def _forward(self, R):
@@ -432,9 +494,13 @@ def ao_calls(counts, n_given=0):
 
 @torch.no_grad()
 def generate_ao(model, n, batch_size, steps, order='random', fixed_counts=False, schedule='linear',
-                temperature=1.0, top_p=1.0, vocab_size=None, given=None, generator=None, stepper='dynamic'):
+                temperature=1.0, top_p=1.0, vocab_size=None, given=None, generator=None, stepper='dynamic',
+                threshold=0.0):
     """KV-cached any-order sampling from an AO-GPT / sigma-GPT. Returns (tokens (B, n), stats).
 
+    order: 'random' (the MDM reverse process), 'l2r', 'blocks:K' (semi-autoregressive) or a permutation,
+    all fixed before the first pass; or 'confidence' / 'margin' / 'entropy', chosen step by step from
+    the model's scores (generate_confident; threshold applies there).
     given: LongTensor (n,) with -1 at the positions to generate; the given tokens enter the cache first
     (ascending positions, in the first pass), the rest follow `order`. stats: steps, forward_calls,
     token_passes (rows through the network per sample), tokens_generated, counts (the per-step counts
@@ -447,6 +513,11 @@ def generate_ao(model, n, batch_size, steps, order='random', fixed_counts=False,
                          "use generate_ar for a GPT and generate_mdm for an encoder")
     if n > model.config.block_size:
         raise ValueError(f"n = {n} > block_size {model.config.block_size}")
+    if isinstance(check_order(order), str) and order in _ADAPTIVE:
+        return generate_confident(model, n, batch_size, steps, order, fixed_counts, schedule, threshold,
+                                  temperature, top_p, vocab_size, given, generator, stepper)
+    if threshold:
+        raise ValueError("threshold applies to the confidence orders (confidence, margin, entropy) only")
     dev = next(model.parameters()).device
     B = batch_size
     u, reveal, counts, gpos, gtok = draw_plan(n, B, steps, order, fixed_counts, schedule, given, generator)
@@ -468,11 +539,76 @@ def generate_ao(model, n, batch_size, steps, order='random', fixed_counts=False,
         m = L + r - k                                                     # tokens revealed so far
         slots = rows[a:a + r]
         logits = step(slot_tok[:, slots], slot_pos[:, slots], reveal[:, L:m + k], k)  # (B, k, V)
+        step.cache.keep(r - k + 1)                                        # the pending slots and the first copy
         slot_tok[:, m + 1:m + k + 1] = sample_tokens(logits, u[:, m:m + k], temperature, top_p, vocab_size)
         a += r
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
     stats = dict(steps=steps, forward_calls=len(calls), token_passes=sum(r for r, _, _ in calls),
                  tokens_generated=n - g, counts=[k for _, _, k in calls], order=reveal)
+    return tokens, stats
+
+
+@torch.no_grad()
+def generate_confident(model, n, batch_size, steps, score='confidence', fixed_counts=False, schedule='linear',
+                       threshold=0.0, temperature=1.0, top_p=1.0, vocab_size=None, given=None, generator=None,
+                       stepper='dynamic'):
+    """Confidence-ordered decoding (LLaDA's low-confidence remasking, Dream's margin and entropy) on the
+    exact KV cache. Each step scores every still-masked position in one pass (one query copy per masked
+    position, the parallel block), draws a candidate token for each, and reveals the k surest: k from
+    the Lemma-1 counts (as generate_ao), or with threshold > 0 every position whose top probability is
+    at least threshold (and at least one). The revealed tokens enter the cache in that order, surest
+    first, so the cache holds exactly what a cache-free pass over the same order would compute. A step
+    costs its pending slots plus one row per masked position: about n T / 2 token-passes for T equal
+    steps, against under 2n for the fixed orders (stats token_passes).
+    Randomness: the counts first (when used), then per step one float64 uniform per masked position.
+    With a threshold the number of steps differs between samples, so each sample is decoded on its own
+    (batch 1, one after another); stats then give the mean calls and token-passes per sample.
+    """
+    if threshold and batch_size > 1:
+        runs = [generate_confident(model, n, 1, steps, score, fixed_counts, schedule, threshold, temperature,
+                                   top_p, vocab_size, given, generator,
+                                   stepper if isinstance(stepper, str) else stepper.mode) for _ in range(batch_size)]
+        stats = dict(steps=None, tokens_generated=runs[0][1]['tokens_generated'],
+                     forward_calls=sum(st['forward_calls'] for _, st in runs) / batch_size,
+                     token_passes=sum(st['token_passes'] for _, st in runs) / batch_size,
+                     counts=[st['counts'] for _, st in runs], order=torch.cat([st['order'] for _, st in runs]))
+        return torch.cat([x for x, _ in runs]), stats
+    dev = next(model.parameters()).device
+    B = batch_size
+    gpos, gtok, free = split_given(given, n)
+    g = gpos.numel()
+    counts = [] if threshold else [k for k in reveal_counts(free.numel(), steps, schedule, fixed_counts,
+                                                              generator).tolist() if k]
+    reveal = torch.empty(B, n, dtype=torch.long, device=dev)             # positions in reveal order
+    reveal[:, :g] = gpos.to(dev)
+    slot_tok = torch.full((B, n + 1), -1, dtype=torch.long, device=dev)  # slot j: the j-th revealed token
+    slot_pos = torch.full((B, n + 1), -1, dtype=torch.long, device=dev)  # and its position
+    slot_tok[:, 1:g + 1], slot_pos[:, 1:g + 1] = gtok.to(dev), gpos.to(dev)
+    masked = torch.zeros(B, n, dtype=torch.bool, device=dev)
+    masked[:, free.to(dev)] = True
+    ar = torch.arange(n, device=dev)
+    step = SlotStepper.make(model, B, stepper)
+    m, passes, ks = g, 0, []
+    while m < n:
+        c, nm = step.cache.len, n - m                                    # cached slots, masked positions
+        qpos = torch.where(masked, ar, n).sort(dim=1).values[:, :nm]     # (B, nm) the masked positions
+        tok = torch.cat([slot_tok[:, c:m], slot_tok[:, m:m + 1].expand(B, nm)], 1)
+        pos = torch.cat([slot_pos[:, c:m], slot_pos[:, m:m + 1].expand(B, nm)], 1)
+        logits = step(tok, pos, torch.cat([reveal[:, c:m], qpos], 1), nm)  # (B, nm, V): one query each
+        u = torch.rand(B, nm, dtype=torch.float64, generator=generator)
+        cand, sure, top = sample_tokens(logits, u, temperature, top_p, vocab_size, score=score)
+        k = max(1, int((top >= threshold).sum())) if threshold else counts[len(ks)]
+        j = sure.topk(k, dim=1).indices                                  # (B, k), surest first
+        step.cache.keep(m - c + 1, chosen=j[:, 0])                       # pending slots, the surest copy
+        new = qpos.gather(1, j)
+        reveal[:, m:m + k], slot_pos[:, m + 1:m + k + 1] = new, new
+        slot_tok[:, m + 1:m + k + 1] = cand.gather(1, j)
+        masked.scatter_(1, new, False)
+        m, passes = m + k, passes + tok.size(1)
+        ks.append(k)
+    tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
+    stats = dict(steps=len(ks) if threshold else steps, forward_calls=len(ks), token_passes=passes,
+                 tokens_generated=n - g, counts=ks, order=reveal)
     return tokens, stats
 
 
@@ -503,9 +639,11 @@ def generate_ar(model, n, batch_size, temperature=1.0, top_p=1.0, vocab_size=Non
     tgt = torch.arange(0, n + 1, device=dev).expand(B, n + 1)               # and predicts position j
     step = SlotStepper.make(model, B, stepper)
     logits = step(tok[:, :g + 1], pos[:, :g + 1], tgt[:, :g + 1], 1)         # the prompt: a causal block
+    step.cache.keep(g + 1)
     for i in range(g, n):
         if i > g:
             logits = step(tok[:, i:i + 1], pos[:, i:i + 1], tgt[:, i:i + 1], 1)
+            step.cache.keep(1)
         tok[:, i + 1] = sample_tokens(logits[:, -1], u[:, i], temperature, top_p, vocab_size)
     stats = dict(steps=n - g, forward_calls=n - g, token_passes=n, tokens_generated=n - g)
     return tok[:, 1:], stats
@@ -670,8 +808,6 @@ def read_order_file(path, n):
     """A generation order from a file (.npy, or text of integers): a permutation of range(L), L >= n;
     positions >= n are dropped, the rest keep their order."""
     import numpy as np
-    if not os.path.exists(path):
-        die(f"--order: {path!r} is not random|l2r|auto nor an existing file")
     try:
         vals = np.load(path).reshape(-1).tolist() if path.endswith('.npy') else \
             [int(v) for v in re.split(r'[\s,]+', open(path).read().strip()) if v]
@@ -720,10 +856,11 @@ def main(argv=None):
             print(f"---------- sample {i}\n{printable(text)}")
         print("----------")
     N = samples.size(0)
-    print(f"{N} samples x {n} tokens ({stats['tokens_generated']} generated each), {stats['steps']} steps: "
+    steps = 'threshold-chosen' if stats['steps'] is None else stats['steps']
+    print(f"{N} samples x {n} tokens ({stats['tokens_generated']} generated each), {steps} steps: "
           f"{wall:.2f} s wall, {N * stats['tokens_generated'] / wall:.1f} tokens/s; per sample "
-          f"{stats['token_passes']} token-passes ({stats['token_passes'] / n:.2f} n) in "
-          f"{stats['forward_calls']} forward calls (last batch)")
+          f"{stats['token_passes']:g} token-passes ({stats['token_passes'] / n:.2f} n) in "
+          f"{stats['forward_calls']:g} forward calls (last batch)")
     result = dict(config=c.config, n=n, wall_s=wall, stats={k: v for k, v in stats.items() if k != 'order'},
                   samples=samples.tolist(), texts=texts)
     if judge is not None:
@@ -807,8 +944,8 @@ def layout(c, codec, block_size, family):
 
 
 def generation_order(c, ck, family, n):
-    """'random', 'l2r' or a (n,) permutation. auto: the order the model was trained on, when it was
-    trained on one (a fixed order saved in the checkpoint, or L2R)."""
+    """An order spec (see ORDERS) or a (n,) permutation. auto: the order the model was trained on, when
+    it was trained on one (a fixed order saved in the checkpoint, or L2R), else random."""
     o = c.order
     if o == 'auto':
         fixed = ck.get('order')
@@ -817,8 +954,20 @@ def generation_order(c, ck, family, n):
         if fixed is not None and family == 'ao':
             o = order_for_length(torch.as_tensor(fixed).view(-1).tolist(), n, "the checkpoint's fixed order")
             print("order: the checkpoint's fixed training order")
-    elif o not in ('random', 'l2r'):
+    elif os.path.exists(o):
         o = read_order_file(o, n)
+    else:
+        try:
+            check_order(o)
+        except ValueError as e:
+            die(f"--order: {e}, or a file of positions")
+    adaptive = isinstance(o, str) and o in _ADAPTIVE
+    if not 0 <= c.threshold <= 1 or (c.threshold and not adaptive):
+        die(f"invalid --threshold={c.threshold!r}: a probability in (0, 1], for --order confidence, margin or "
+            f"entropy (0: take the counts from the Lemma-1 schedule)")
+    if family == 'mdm' and adaptive:
+        die(f"--order {o} is the any-order decoder's (it scores every masked position on the exact KV cache); "
+            f"the encoder MDM takes random, l2r, blocks:K or a file")
     if family == 'ar':
         if isinstance(o, torch.Tensor) or o != 'l2r':
             die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")
@@ -857,7 +1006,8 @@ def draw(c, model, family, n, given, order, codec):
                       file=sys.stderr):
             if family == 'ao':
                 x, stats = generate_ao(model, n, c.batch_size, c.steps, order=order, fixed_counts=c.fixed_counts,
-                                       schedule=c.schedule, given=given, stepper=stp, **common)
+                                       schedule=c.schedule, given=given, stepper=stp, threshold=c.threshold,
+                                       **common)
             elif family == 'mdm':
                 x, stats = generate_mdm(model, n, c.batch_size, c.steps, cache_trick=c.cache_trick,
                                         counts=c.mdm_counts, order=order, fixed_counts=c.fixed_counts,

@@ -53,14 +53,15 @@ def probs_ref(logits, temperature=1.0, top_p=1.0, V=None):
     return p
 
 
-def ao_law(model, n, V, counts, **kw):
+def ao_law(model, n, V, counts, orders=None, **kw):
     """P(x) of the any-order sampler with a fixed composition `counts`, over all V^n x: the average over
-    the n! orders of the product of the conditionals, each query of a step seeing only earlier steps.
-    Every conditional is read off a full uncached forward in an order where the query comes right
-    after the context."""
+    the orders (all n! unless given) of the product of the conditionals, each query of a step seeing
+    only earlier steps. Every conditional is read off a full uncached forward in an order where the
+    query comes right after the context."""
     xs = torch.tensor(list(itertools.product(range(V), repeat=n)))  # (V^n, n)
     law = torch.zeros(len(xs), dtype=torch.float64)
-    for sigma in itertools.permutations(range(n)):
+    orders = list(itertools.permutations(range(n))) if orders is None else orders
+    for sigma in orders:
         p, m = torch.ones(len(xs), dtype=torch.float64), 0
         for k in counts:
             for j in range(k):
@@ -69,7 +70,7 @@ def ao_law(model, n, V, counts, **kw):
                 q = probs_ref(logits, V=V, **kw)
                 p *= q.gather(1, xs[:, sigma[m + j]][:, None]).squeeze(1)
             m += k
-        law += p / math.factorial(n)
+        law += p / len(orders)
     return xs, law
 
 
@@ -136,6 +137,152 @@ def test_one_step_draws_every_position_from_its_first_step_marginal(ao3):
     assert chi2_pvalue(x, xs, law) > 1e-3
     _, mix = ao_law(ao3, n, V, [1, 1, 1])
     assert chi2_pvalue(x, xs, mix) < 1e-6
+
+
+# --------------------------------------------------------------------------- semi-AR and confidence orders
+
+def test_blocks_order_matches_the_mixture_over_its_orders():
+    """blocks:2 on n = 4: blocks {0,1} then {2,3}, a uniform order inside each. The law of whole
+    sequences is the mixture over exactly those 2! x 2! orders: neither L2R alone nor all 4! orders."""
+    model = sharp(tiny(vocab_size=4, block_size=4, seed=4)).double()
+    n, V, N = 4, 3, 30000
+    x, st = generate_ao(model, n, N, steps=4000, order='blocks:2', vocab_size=V, generator=gen(6))
+    assert st['forward_calls'] == n
+    assert all(set(o[:2]) == {0, 1} for o in st['order'].tolist()[:200])
+    allowed = [a + b for a in itertools.permutations((0, 1)) for b in itertools.permutations((2, 3))]
+    xs, law = ao_law(model, n, V, [1] * n, orders=allowed)
+    assert chi2_pvalue(x, xs, law) > 1e-3
+    _, everything = ao_law(model, n, V, [1] * n)
+    _, l2r = ao_law(model, n, V, [1] * n, orders=[(0, 1, 2, 3)])
+    assert chi2_pvalue(x, xs, everything) < 1e-6 and chi2_pvalue(x, xs, l2r) < 1e-6
+
+
+def confident_without_cache(model, n, B, steps, score, given=None, generator=None, threshold=0.0, **kw):
+    """Confidence decoding recomputed from scratch at every step (forward_queries over the context in
+    reveal order: no cache), with generate_confident's draws. Returns (tokens, reveal order, each
+    step's logits)."""
+    from sample import split_given
+    gpos, gtok, free = split_given(given, n)
+    counts = [] if threshold else [k for k in reveal_counts(free.numel(), steps, generator=generator).tolist() if k]
+    tokens = torch.full((B, n), -1)
+    tokens[:, gpos] = gtok
+    order, seen = gpos.expand(B, -1).clone(), []
+    for step in itertools.count():
+        nm = n - order.size(1)
+        if nm == 0:
+            return tokens, order, seen
+        masked = torch.ones(B, n, dtype=torch.bool).scatter_(1, order, False)
+        qpos = torch.stack([row.nonzero().squeeze(1) for row in masked])          # (B, nm) ascending
+        logits = model.forward_queries(tokens.gather(1, order), order, qpos)
+        seen.append(logits)
+        u = torch.rand(B, nm, dtype=torch.float64, generator=generator)
+        cand, sure, top = sample_tokens(logits, u, score=score, **kw)
+        k = max(1, int((top >= threshold).sum())) if threshold else counts[step]
+        j = sure.topk(k, dim=1).indices
+        tokens.scatter_(1, qpos.gather(1, j), cand.gather(1, j))
+        order = torch.cat([order, qpos.gather(1, j)], 1)
+
+
+@pytest.mark.parametrize('score,stepper', [('confidence', 'dynamic'), ('margin', 'static'), ('entropy', 'dynamic')])
+def test_confidence_orders_on_the_cache_equal_a_cache_free_recomputation(score, stepper, monkeypatch):
+    """The chosen tokens enter the cache in the chosen order and each step keeps the surest copy: every
+    step's logits equal recomputing it from scratch, and so the tokens and positions, one for one."""
+    model = sharp(tiny(block_size=12, seed=5), 3.0).double()
+    given = torch.full((12,), -1)
+    given[[2, 7]] = torch.tensor([3, 5])
+    real, seen = sample.SlotStepper.__call__, []
+
+    def spy(self, *a):
+        seen.append(real(self, *a))
+        return seen[-1]
+    monkeypatch.setattr(sample.SlotStepper, '__call__', spy)
+    for T, giv in ((4, None), (5, given), (12, given)):
+        seen.clear()
+        x, st = generate_ao(model, 12, 3, T, order=score, given=giv, generator=gen(T), stepper=stepper, top_p=0.9)
+        ref, order, ref_logits = confident_without_cache(model, 12, 3, T, score, given=giv, generator=gen(T),
+                                                         top_p=0.9)
+        assert torch.equal(x, ref) and torch.equal(st['order'], order) and len(seen) == len(ref_logits)
+        for a, b in zip(seen, ref_logits):
+            torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+        if giv is not None:
+            assert (x[:, [2, 7]] == torch.tensor([3, 5])).all()
+        # every step queries every masked position: more token-passes than the fixed orders' < 2n
+        assert st['token_passes'] == sum(n_pending + (12 - m) for n_pending, m in _pending_and_revealed(st, giv))
+
+
+def _pending_and_revealed(st, given):
+    """(pending slots, tokens revealed) at each call of a confidence run, from its counts."""
+    g = 0 if given is None else int((given >= 0).sum())
+    out, pend, m = [], g, g
+    for k in st['counts']:
+        out.append((pend, m))
+        pend, m = k - 1, m + k
+    return out
+
+
+@pytest.mark.parametrize('score', ['confidence', 'margin', 'entropy'])
+def test_greedy_confidence_equals_brute_force(score):
+    """Temperature 0, one token per step: at each step every masked position's distribution is read off
+    a full forward pass in an order where it comes next; the surest position is revealed with its most
+    likely token. Also with a threshold (several per step) against the same brute force."""
+    model = sharp(tiny(block_size=8, seed=6), 10.0).double()  # top probabilities 0.2-0.3 at the start
+    n = 8
+    x = torch.randint(0, 11, (1, n), generator=gen(0))
+
+    def brute(threshold):
+        seq, order = x.clone(), []
+        while len(order) < n:
+            rest = [i for i in range(n) if i not in order]
+            rows = []
+            for i in rest:
+                o = torch.tensor(order + [i] + [j for j in rest if j != i])[None]
+                p = torch.softmax(model(seq, order=o)[0][0, len(order), :11], -1)
+                top2 = p.topk(2).values
+                sure = {'confidence': top2[0], 'margin': top2[0] - top2[1], 'entropy': (p * p.log()).sum()}[score]
+                rows.append((sure.item(), top2[0].item(), i, p.argmax().item()))
+            rows.sort(reverse=True)
+            take = [r for r in rows if threshold and r[1] >= threshold] or rows[:1]  # the surest, at least
+            for _, _, i, t in take:
+                seq[0, i] = t
+                order.append(i)
+        return seq, order
+
+    for threshold in (0.0, 0.22):
+        out, st = generate_ao(model, n, 1, n, order=score, fixed_counts=True, temperature=0, vocab_size=11,
+                              threshold=threshold, generator=gen(1))
+        ref, order = brute(threshold)
+        assert torch.equal(out, ref) and st['order'][0].tolist() == order
+        if threshold:
+            assert st['forward_calls'] < n  # some steps did reveal several positions
+
+
+def test_threshold_decodes_each_sample_on_its_own():
+    model = sharp(tiny(block_size=10, seed=7), 3.0)
+    x, st = generate_ao(model, 10, 3, 99, order='confidence', threshold=0.5, generator=gen(3))
+    g = gen(3)
+    ones = [generate_ao(model, 10, 1, 99, order='confidence', threshold=0.5, generator=g)[0] for _ in range(3)]
+    assert torch.equal(x, torch.cat(ones)) and len(st['counts']) == 3
+    assert st['forward_calls'] == sum(len(c) for c in st['counts']) / 3
+
+
+@pytest.mark.parametrize('order', ['random', 'l2r', 'blocks:3', 'confidence', 'margin'])
+def test_infilling_works_with_every_order(order):
+    model = tiny(block_size=12, seed=8)
+    given = torch.full((12,), -1)
+    given[[0, 5, 11]] = torch.tensor([4, 9, 1])
+    x, st = generate_ao(model, 12, 3, 5, order=order, given=given, generator=gen(0))
+    assert (x[:, [0, 5, 11]] == torch.tensor([4, 9, 1])).all() and (x >= 0).all()
+    assert st['order'][:, :3].tolist() == [[0, 5, 11]] * 3  # the given tokens enter first
+    if order == 'blocks:3':  # free positions block by block: {1, 2}, {3, 4}, {6, 7, 8}, {9, 10}
+        assert all(sorted(o[3:5]) == [1, 2] and sorted(o[7:10]) == [6, 7, 8] for o in st['order'].tolist())
+
+
+@pytest.mark.parametrize('spec', ['blocks:0', 'blocks:', 'blocks:x', 'sideways', 'confident'])
+def test_a_bad_order_spec_is_one_clear_error(spec):
+    with pytest.raises(ValueError, match='use random, l2r, blocks:K'):
+        generate_ao(tiny(), 8, 2, 4, order=spec)
+    with pytest.raises(ValueError, match='confidence orders'):
+        generate_ao(tiny(), 8, 2, 4, order='random', threshold=0.5)
 
 
 # --------------------------------------------------------------------------- the cache, step by step
@@ -627,6 +774,10 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     (['--top_p', '1.5'], 'invalid --top_p=1.5'),
     (['--temperature', '-1'], 'invalid --temperature=-1'),
     (['--use_ema', 'nope'], 'use_ema must be True or False'),
+    (['--order', 'blocks:0'], '--order: unknown order'),
+    (['--order', 'sideways'], 'blocks:K (K >= 1'),
+    (['--threshold', '0.5'], 'invalid --threshold=0.5'),
+    (['--order', 'confidence', '--threshold', '1.5'], 'invalid --threshold=1.5'),
 ])
 def test_cli_bad_input_is_one_line(tmp_path, cli, args, msg):
     write_ckpt(tmp_path / 'ckpt.pt')
@@ -648,6 +799,18 @@ def test_bad_destinations_and_judges_fail_before_any_sampling(tmp_path, cli, mon
 def test_samples_are_printed_with_control_characters_escaped():
     assert sample.printable('a\x1b[2Jb\nc\td\x00\u200b') == 'a\\x1b[2Jb\nc\td\\x00\\u200b'
     assert sample.printable('café ☃') == 'café ☃'
+
+
+@pytest.mark.parametrize('args', [['--order', 'blocks:4'], ['--order', 'confidence'],
+                                  ['--order', 'margin', '--threshold', '0.05', '--template', 'a [BLANK:3] b'],
+                                  ['--order', 'entropy', '--stepper', 'static']])
+def test_cli_new_orders(tmp_path, cli, args):
+    write_ckpt(tmp_path / 'ckpt.pt')
+    code, out, err = cli('--out_dir', str(tmp_path), '--steps', '4', '--batch_size', '2', '--length', '8', *args,
+                         '--save', str(tmp_path / 's.json'))
+    assert code == 0, err
+    res = json.load(open(tmp_path / 's.json'))
+    assert res['config']['order'] == args[1] and len(res['samples']) == 2 and 'token-passes' in out
 
 
 def test_a_boolean_flag_alone_as_the_readme_types_it(tmp_path, cli):
