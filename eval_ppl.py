@@ -54,7 +54,7 @@ use_ema: bool = None     # None: EMA weights when the checkpoint has them; True/
 dataset = ''             # a data dir or name to check the codec against ('' = the checkpoint's own codec)
 datasets = 'lambada,wikitext2,ptb,wikitext103,lm1b'  # comma list; also ag_news,pubmed,arxiv,owt
 data_path = ''           # local-file overrides, e.g. 'wikitext2=/data/wiki.test.raw,lambada=/data/l.jsonl'
-skip_missing = True      # a set that cannot be loaded (offline, not cached, no data_path) is skipped with a line; False: fail
+skip_missing = True      # skip a set that cannot be loaded (offline, not cached), with a line; False: fail
 split = ''               # '' = each set's default split (see evalsets.py)
 paper_split = False      # True: the paper's WikiText-2 *train* split (inherited from RADD), to match its tables
 block_size = 0           # chunk length, >= 1; 0 = the model's block_size
@@ -67,9 +67,9 @@ ensemble_draws = 1       # Monte Carlo draws (reveal counts) per chunk for ensem
 mdm_l2r = False          # encoder MDM: also compute exact L2R (n forward passes per chunk: slow)
 seed = 1337              # orders and reveal counts come from this seed (plus the DDP rank)
 device = 'auto'          # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
-dtype = 'auto'           # auto (bfloat16 autocast on CUDA, float16 without bf16; float32 elsewhere) | float32 | bfloat16 | float16
+dtype = 'auto'           # auto (bf16 autocast on CUDA, fp16 without bf16, fp32 elsewhere); float32 | bfloat16 | float16
 compile = False          # torch.compile the model
-json_out = ''            # results file; '' = eval_ppl.json next to the checkpoint (every run is also appended to eval_ppl.jsonl)
+json_out = ''            # results file; '' = eval_ppl.json beside the checkpoint (+ every run in eval_ppl.jsonl)
 plot = True              # also draw the table as a PNG next to the JSON
 progress = True          # tqdm bars (rank 0 only)
 

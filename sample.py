@@ -83,7 +83,7 @@ blank_len = 8              # tokens per [BLANK], >= 1
 stepper = 'dynamic'        # decoder calls: dynamic | static (fixed padded shapes) | cuda_graph
 cache_trick = True         # encoder MDM: a step that reveals nothing reuses the last pass (MDLM)
 mdm_counts = 'shared'      # encoder MDM: shared (one count per step for the batch) | independent (per sample)
-gen_ppl = ''               # judge: a checkpoint of ours (file/dir) or a local HF GPT-2 directory
+gen_ppl = ''               # judge: a checkpoint of ours (file/dir) or a local HF GPT-2 directory (any codec)
 gen_ppl_mode = 'auto'      # none: all n scored after [None]; hf: no BOS, token 0 unscored; auto: hf for HF
 judge_batch_size = 16      # judge forward batch, >= 1
 save = ''                  # write the samples (ids, text) and stats as JSON to this file (its folder must exist)
@@ -727,38 +727,89 @@ def generate_mdm(model, n, batch_size, steps, cache_trick=False, counts='shared'
 # ----------------------------------------------------------------------------- generative perplexity
 
 @torch.no_grad()
-def judge_nll(judge, tokens, mode='none', batch_size=16):
-    """Per-sample mean NLL (B,) of tokens (B, n) under a decoder judge, read left to right.
+def judge_token_nll(judge, seqs, mode='none', batch_size=16, windows=False):
+    """-log p of every token the judge scores, per sequence: a list of 1-D float tensors. seqs: id
+    sequences (lists or 1-D tensors) of any lengths, each read left to right.
 
-    mode 'none': every one of the n tokens is scored, the first from [None] (for a GPT-2 loaded with
-    GPT.from_pretrained, [None] is <|endoftext|>), so needs n <= judge block_size.
-    mode 'hf': the paper code's recipe (HF GPT-2 on the raw sample): no BOS, token 0 is only context,
-    tokens 1..n-1 are scored (n - 1 predictions), so n <= block_size + 1 (1024 for GPT-2).
+    mode 'none': every token is scored, the first from [None] (for a GPT-2 loaded with
+    GPT.from_pretrained, [None] is <|endoftext|>): up to block_size tokens in one pass.
+    mode 'hf': the paper code's recipe (HF GPT-2 on the raw sample): no BOS, the first token is only
+    context: up to block_size + 1 tokens (1024 for GPT-2).
+    A longer sequence is an error, or with windows=True is scored in consecutive windows, each read from
+    scratch (re-tokenized text has a length nobody chose).
     """
     cfg = judge.config
     if not cfg.causal:
         raise ValueError("the judge must be a decoder (an L2R GPT, GPT-2, or an AO-GPT read L2R)")
-    B, n = tokens.shape
+    if mode not in ('none', 'hf'):
+        raise ValueError(f"mode must be 'none' or 'hf', got {mode!r}")
+    W = cfg.block_size if mode == 'none' else cfg.block_size + 1
     dev = next(judge.parameters()).device
-    out = []
-    for a in range(0, B, batch_size):
-        x = tokens[a:a + batch_size].to(dev)
+    pieces = []  # (sequence index, ids of one pass)
+    for i, s in enumerate(seqs):
+        s = torch.as_tensor(s, dtype=torch.long).view(-1)
+        if len(s) > W and not windows:
+            raise ValueError(f"{len(s)} tokens do not fit the judge's context ({W} in mode {mode!r})")
+        pieces += [(i, s[a:a + W]) for a in range(0, len(s), W)]
+    out = [[] for _ in seqs]
+    for a in range(0, len(pieces), batch_size):
+        batch = pieces[a:a + batch_size]
+        n = max(len(p) for _, p in batch)
+        x = torch.zeros(len(batch), n, dtype=torch.long)                    # padded at the end: a causal
+        y = torch.full((len(batch), n), -1, dtype=torch.long)               # judge never reads the pads
+        for j, (_, p) in enumerate(batch):
+            x[j, :len(p)] = y[j, :len(p)] = p
+        x, y = x.to(dev), y.to(dev)
         if mode == 'none':
-            if n > cfg.block_size:
-                raise ValueError(f"n = {n} tokens + [None] exceed the judge's block_size {cfg.block_size}")
-            _, nll = judge(x, targets=x, reduction='none')                  # (b, n)
-        elif mode == 'hf':
-            if n > cfg.block_size + 1:
-                raise ValueError(f"n = {n} > the judge's {cfg.block_size + 1} positions")
-            b = x.size(0)
-            pos = torch.arange(-1, n - 1, device=dev).expand(b, n)  # token i at GPT-2's position i (wpe[i])
-            logits = judge.forward_slots(x, pos, pos + 1)[:, :-1]
-            nll = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1),
-                                  reduction='none').view(b, n - 1)
+            _, nll = judge(x, targets=y, reduction='none')                  # (b, n)
         else:
-            raise ValueError(f"mode must be 'none' or 'hf', got {mode!r}")
-        out.append(nll.float().mean(1).cpu())
-    return torch.cat(out)
+            pos = torch.arange(-1, n - 1, device=dev).expand(len(batch), n)  # token i at GPT-2's wpe[i]
+            logits = judge.forward_slots(x, pos, pos + 1)[:, :-1]
+            nll = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y[:, 1:].reshape(-1),
+                                  ignore_index=-1, reduction='none').view(len(batch), n - 1)
+        skip = 0 if mode == 'none' else 1                                   # hf: the first token is context
+        for j, (i, p) in enumerate(batch):
+            out[i].append(nll[j, :max(0, len(p) - skip)].float().cpu())
+    return [torch.cat(parts) if parts else torch.zeros(0) for parts in out]
+
+
+def judge_nll(judge, tokens, mode='none', batch_size=16):
+    """Per-sample mean NLL (B,) of tokens (B, n) under a decoder judge, each sample in one pass (the
+    paper code's protocol; see judge_token_nll for the modes)."""
+    return torch.stack([t.mean() for t in judge_token_nll(judge, list(tokens), mode, batch_size)])
+
+
+def generative_ppl(judge, judge_codec, samples, codec, mode='none', batch_size=16):
+    """Both generative perplexities of samples (N, n) under a judge, with the samples' unigram entropy:
+      per_sequence  the mean over samples of exp(mean NLL of the sample), read as the sampler's own ids
+                    (the paper's code and SEDD; with another judge codec, on the re-tokenized text);
+      token         one token-weighted exp(total NLL / total tokens), after decoding each sample,
+                    dropping what follows its first end of document, and re-tokenizing with the judge's
+                    codec (MDLM and DUO). A sample that ends early counts for fewer tokens, not for a
+                    perplexity as large as a full one.
+    Low-temperature and repetitive samples flatter both; the unigram entropy (nats, mean over samples
+    of the entropy of each sample's token histogram) shows it."""
+    from evalsets import doc_end
+    from tokenizer import DataError
+    eos, texts = doc_end(codec)[0], []
+    for row in samples.tolist():
+        cut = row.index(eos) if eos in row else None
+        texts.append((codec.decode(row[:cut]), cut is not None))
+    try:
+        retok = [judge_codec.encode(t) + (doc_end(judge_codec) if ended else []) for t, ended in texts]
+    except DataError as e:
+        raise ValueError(f"the judge's {judge_codec.name} codec cannot encode the samples: {e.msg}")
+    same = judge_codec.record() == codec.record()
+    per_seq = judge_token_nll(judge, list(samples) if same else retok, mode, batch_size, windows=not same)
+    tok = judge_token_nll(judge, retok, mode, batch_size, windows=True)
+    n_tok = sum(len(t) for t in tok)
+    seq_ppl = torch.stack([t.double().mean().exp() for t in per_seq if len(t)])
+    H = unigram_entropy(samples)
+    return dict(per_sequence=seq_ppl.mean().item(), per_sequence_std=seq_ppl.std().item() if len(seq_ppl) > 1 else 0.0,
+                per_sequence_tokens='sample ids' if same else 're-tokenized',
+                token=math.exp(sum(t.double().sum().item() for t in tok) / max(1, n_tok)), tokens_scored=n_tok,
+                ended_early=sum(ended for _, ended in texts), unigram_entropy=H.mean().item(), mode=mode,
+                per_sample=seq_ppl.tolist())
 
 
 def unigram_entropy(tokens):
@@ -824,13 +875,14 @@ def order_for_length(vals, n, what):
 
 
 def load_judge(path, device):
-    """A judge model and the name of its tokenizer: a local HF GPT-2 dir, or a checkpoint of ours."""
+    """A judge model, its codec, and whether it is an HF GPT-2 directory (else a checkpoint of ours)."""
     from checkpoint import checkpoint_codec, load_model
+    from tokenizer import gpt2_codec
     cfg = os.path.join(path, 'config.json')
     if os.path.isdir(path) and os.path.exists(cfg) and 'n_positions' in open(cfg).read():  # HF's GPT2Config
-        return GPT.from_pretrained(path).to(device).eval(), 'gpt2', True
+        return GPT.from_pretrained(path).to(device).eval(), gpt2_codec(), True
     model, ck, _ = load_model(path, device)
-    return model, checkpoint_codec(ck).name, False
+    return model, checkpoint_codec(ck), False
 
 
 def printable(text):
@@ -864,7 +916,7 @@ def main(argv=None):
     result = dict(config=c.config, n=n, wall_s=wall, stats={k: v for k, v in stats.items() if k != 'order'},
                   samples=samples.tolist(), texts=texts)
     if judge is not None:
-        result['gen_ppl'] = score(c, judge, samples)
+        result['gen_ppl'] = score(c, judge, samples, codec)
     if c.save:
         with open(c.save, 'w') as f:
             json.dump(result, f)
@@ -980,13 +1032,16 @@ def generation_order(c, ck, family, n):
 
 def load_judge_for(c, codec):
     judge, judge_codec, is_hf = load_judge(c.gen_ppl, c.device)
-    if judge_codec != codec.name or judge.config.vocab_size < codec.vocab_size:
-        die(f"judge {c.gen_ppl} uses the {judge_codec} tokenizer, the samples {codec.name}: "
-            "retokenisation is not supported, pick a judge trained on the same tokenizer")
+    if judge.config.vocab_size < judge_codec.vocab_size:
+        die(f"judge {c.gen_ppl}: its {judge_codec.name} codec has {judge_codec.vocab_size} symbols, the model "
+            f"only {judge.config.vocab_size}")
     mode = c.gen_ppl_mode if c.gen_ppl_mode != 'auto' else ('hf' if is_hf else 'none')
     if mode == 'hf' and not is_hf:
         die("--gen_ppl_mode hf is the HF GPT-2 recipe (no BOS); our checkpoints score from [None] (none)")
-    judge.mode = mode
+    judge.mode, judge.codec = mode, judge_codec
+    if judge_codec.record() != codec.record():
+        print(f"note: the judge reads {judge_codec.name}, the samples are {codec.name}: both perplexities are "
+              f"computed on the re-tokenized text")
     return judge
 
 
@@ -1020,19 +1075,17 @@ def draw(c, model, family, n, given, order, codec):
     return torch.cat(samples), stats, time.time() - t0
 
 
-def score(c, judge, samples):
-    """Generative perplexity of the samples under the judge, with their unigram entropy beside it."""
+def score(c, judge, samples, codec):
+    """Generative perplexity of the samples under the judge, both averages, with their unigram entropy."""
     try:
-        nll = judge_nll(judge, samples, judge.mode, c.judge_batch_size)
+        r = generative_ppl(judge, judge.codec, samples, codec, judge.mode, c.judge_batch_size)
     except ValueError as e:
         die(f"--gen_ppl: {e}")
-    ppl, N = nll.exp(), samples.size(0)
-    H = unigram_entropy(samples)
-    std = ppl.std().item() if N > 1 else float('nan')
-    print(f"gen ppl ({c.gen_ppl}, mode {judge.mode}): {ppl.mean().item():.3f} mean over {N} samples "
-          f"(std {std:.3f}); unigram entropy {H.mean().item():.3f} nats per sample")
-    return dict(judge=c.gen_ppl, mode=judge.mode, mean=ppl.mean().item(), std=std, per_sample=ppl.tolist(),
-                unigram_entropy=H.mean().item())
+    print(f"gen ppl ({c.gen_ppl}, mode {judge.mode}): per-sequence mean {r['per_sequence']:.3f} (the paper's "
+          f"code, SEDD), token-weighted {r['token']:.3f} after re-tokenizing and cutting at the first end of "
+          f"document (MDLM, DUO; {r['tokens_scored']} tokens, {r['ended_early']} samples ended early); "
+          f"unigram entropy {r['unigram_entropy']:.3f} nats per sample")
+    return dict(judge=c.gen_ppl, **r)
 
 
 if __name__ == '__main__':

@@ -683,6 +683,55 @@ def test_judge_nll_matches_hf_gpt2_both_modes(tmp_path):
             judge_nll(judge, x, 'none')  # 16 tokens + [None] do not fit
 
 
+def char_judge(block_size=16, seed=0):
+    from tokenizer import char_codec
+    codec = char_codec('abc \n')
+    return tiny(cond='none', vocab_size=5, block_size=block_size, seed=seed), codec
+
+
+def test_generative_ppl_both_averages_against_direct_sums():
+    """per_sequence: the mean of per-sample perplexities on the sample ids as drawn; token: one
+    token-weighted perplexity of the samples cut after their first end of document, re-tokenized."""
+    judge, codec = char_judge()
+    samples = torch.tensor([[0, 1, 2, 4, 0, 0, 1, 3],     # 'abc\n' then more: cut after the newline
+                            [3, 0, 3, 1, 3, 2, 3, 0],     # no newline: scored whole
+                            [4, 1, 1, 1, 1, 1, 1, 1]])    # ends at once: one token
+    r = sample.generative_ppl(judge, codec, samples, codec, 'none', batch_size=2)
+    with torch.no_grad():
+        per = judge(samples, targets=samples, reduction='none')[1].double()          # (3, 8)
+        assert r['per_sequence'] == pytest.approx(per.mean(1).exp().mean().item(), rel=1e-6)
+        cuts = [samples[0, :4], samples[1], samples[2, :1]]
+        tot = sum(judge(x[None], targets=x[None], reduction='none')[1].double().sum().item() for x in cuts)
+    assert r['tokens_scored'] == 4 + 8 + 1 and r['ended_early'] == 2
+    assert r['token'] == pytest.approx(math.exp(tot / 13), rel=1e-6)
+    assert r['per_sequence_tokens'] == 'sample ids' and len(r['per_sample']) == 3
+    assert r['unigram_entropy'] == pytest.approx(unigram_entropy(samples).mean().item())
+
+
+def test_generative_ppl_re_tokenizes_for_another_codec_and_windows_long_text():
+    """GPT-2 samples under a char-level judge: the text is re-tokenized into characters, and a sample
+    longer than the judge's context is scored in consecutive windows, each from scratch."""
+    from tokenizer import gpt2_codec
+    judge, codec = char_judge(block_size=8, seed=1)
+    g2 = gpt2_codec()
+    ids = g2.encode(' abc ab c abba cab')
+    samples = torch.tensor([ids, ids[::-1]])
+    r = sample.generative_ppl(judge, codec, samples, g2, 'none')
+    texts = [g2.decode(row) for row in samples.tolist()]
+    with torch.no_grad():
+        tot = n = 0
+        for t in texts:
+            x = torch.tensor(codec.encode(t))
+            for a in range(0, len(x), 8):
+                w = x[a:a + 8][None]
+                tot += judge(w, targets=w, reduction='none')[1].double().sum().item()
+            n += len(x)
+    assert r['per_sequence_tokens'] == 're-tokenized' and r['tokens_scored'] == n
+    assert r['token'] == pytest.approx(math.exp(tot / n), rel=1e-6)
+    with pytest.raises(ValueError, match='cannot encode'):
+        sample.generative_ppl(judge, codec, torch.tensor([g2.encode('xyz')]), g2)
+
+
 def test_unigram_entropy():
     x = torch.tensor([[1, 1, 1, 1], [0, 1, 2, 3], [5, 5, 6, 6]])
     torch.testing.assert_close(unigram_entropy(x), torch.tensor([0.0, math.log(4), math.log(2)],
