@@ -63,6 +63,21 @@ def xy(path, title, xs, series, xlabel, ylabel, logx=True, logy=False):
     finish(plt, fig, ax, path, title, xlabel, ylabel)
 
 
+def lines(path, title, series, xlabel, ylabel, logx=False, logy=False):
+    """series: [(label, xs, ys, style)], each line on its own xs."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for label, xs, ys, style in series:
+        ax.plot(xs, ys, style, label=label, lw=1.5, ms=4)
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    for on, axis, scale in ((logx, ax.xaxis, ax.set_xscale), (logy, ax.yaxis, ax.set_yscale)):
+        if on:  # plain numbers on the major ticks, none on the minor ones (they collide)
+            scale('log')
+            axis.set_major_formatter(ScalarFormatter())
+            axis.set_minor_formatter(NullFormatter())
+    finish(plt, fig, ax, path, title, xlabel, ylabel)
+
+
 def read_log(path):
     """train.py's log.jsonl as a list of dicts (a line cut short by a kill is skipped)."""
     out = []

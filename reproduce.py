@@ -1,7 +1,7 @@
 """
-Reproduce the paper's six qualitative findings at small scale, and judge each one from the data.
+Reproduce the paper's seven qualitative findings at small scale, and judge each one from the data.
 
-    python reproduce.py                  # everything: about 16 minutes on 2 CPU cores -> results/
+    python reproduce.py                  # everything: about 22 minutes on 2 CPU cores -> results/
     python reproduce.py --quick          # the pipeline end to end in a few minutes; judges nothing
     python reproduce.py --device=cuda    # the same runs on a GPU
 
@@ -17,7 +17,7 @@ results/README.md). A finished run in runs_dir is reused and an interrupted one 
 continues where it stopped.
 
 Runs, shared across findings (losses are nats per character on fixed val windows, EMA weights):
-  ao        random orders + 10% L2R, AdaLN, EMA      findings 1, 3, 4, 5
+  ao        random orders + 10% L2R, AdaLN, EMA      findings 1, 3, 4, 5, 7
   ao_noL2R  random orders only                       3
   l2r       the identity order, same architecture    1, 2
   fixed     one fixed random permutation             2
@@ -25,9 +25,12 @@ Runs, shared across findings (losses are nats per character on fixed val windows
   sigma     sigma-GPT input conditioning + 10% L2R   5
   ao_tstd1  `ao`, target table init std 1 (not 0.02)  5 (a follow-up of ours, not a paper claim)
   ao_init   `ao_tstd1` + AdaLN Linear init std 0.2    5 (ours: the init of the whole target pathway)
-  ao_seed2  `ao` with another seed: the run-to-run spread, the yardstick for findings 3 and 5
+  ao_seed2  `ao` with another seed: the run-to-run spread, the yardstick for findings 3, 5 and 7
+  mdm       the encoder MDM: same blocks, data, steps and tokens, the MDM ELBO     7
+  judge     an L2R GPT, twice as deep, another seed: finding 7's judge (not a model it compares)
 Finding 4 evaluates `ao` with eval_ppl's ensemble estimator; finding 6 times sample.py's samplers on
-random models (timing needs no training).
+random models (timing needs no training); finding 7 samples `ao`, `ao_seed2` and `mdm` and scores the
+samples with `judge`.
 
 Judging. "End" losses are the mean of the last 3 evals (less noisy than the last one). A difference
 smaller than the ao/ao_seed2 spread is reported as within noise, i.e. not reproduced.
@@ -66,6 +69,8 @@ sample_n = 128           # finding 6: tokens per sample
 sample_batch = 8         # finding 6: samples per batch
 sample_embd = 256        # finding 6: width of the random timing models (wide enough that compute, not
                          # per-call overhead, dominates on a CPU)
+gen_samples = 128        # finding 7: samples per sampler, setting and step count
+gen_batch = 64           # finding 7: samples per batch
 seed = 1337
 # -----------------------------------------------------------------------------
 _CONFIG_KEYS = [k for k in dict(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 're',
@@ -73,7 +78,7 @@ _CONFIG_KEYS = [k for k in dict(globals()) if not k.startswith('_') and k not in
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
 from configurator import configure, die, print_config  # noqa: E402
-from plot import curves, xy  # noqa: E402
+import plot  # noqa: E402
 
 DATASET = 'ptb_char'
 ENSEMBLE_M = (1, 2, 4, 8, 16)
@@ -88,7 +93,13 @@ RUNS = {  # name: (train.py overrides beyond the shared ones, what it is)
     'ao_init': ({'target_std': 1.0, 'adaln_std': 0.2},
                 'AO-GPT with the AdaLN target pathway initialised larger: table std 1, AdaLN Linear std 0.2'),
     'ao_seed2': ({'seed': 2}, 'AO-GPT, another seed (run-to-run spread)'),
+    'mdm': ({'causal': False, 'cond': 'none'}, 'the encoder MDM: the same blocks, trained on the MDM ELBO'),
+    'judge': ({'cond': 'none', 'order_mode': 'l2r', 'n_layer': 4, 'seed': 3},
+              "finding 7's judge: an L2R GPT, twice as deep, another seed"),
 }
+GEN_SETTINGS = ((1.0, 1.0), (0.95, 0.9), (0.95, 0.7))  # finding 7: (top-p, temperature), the paper's three
+GEN_STEPS = (2, 4, 8, 16, 32, 64)                      # the paper's claim is judged at T = 8 .. 64
+JUDGED_STEPS = (8, 16, 32, 64)
 
 
 # ----------------------------------------------------------------------------- training runs
@@ -110,13 +121,12 @@ def train_args(c, name):
 
 def read_log(out_dir):
     path = os.path.join(out_dir, 'log.jsonl')
-    if not os.path.exists(path):
-        return []
-    return [json.loads(l) for l in open(path) if l.strip()]
+    return plot.read_log(path) if os.path.exists(path) else []
 
 
 def run_training(c, name):
-    """Train one run (or reuse a finished one), streaming train.py's output to a log file and a bar."""
+    """Train one run (or reuse a finished one). train.py's console output goes to the run's train.log;
+    the progress bar follows its log.jsonl, the machine interface (console text is for people)."""
     from tqdm import tqdm
     args = train_args(c, name)
     out_dir = os.path.join(c['runs_dir'], name)
@@ -134,17 +144,14 @@ def run_training(c, name):
     t0 = time.time()
     bar = tqdm(total=c['max_iters'], desc=f"  {name}", unit='it', leave=True, dynamic_ncols=True)
     with open(os.path.join(out_dir, 'train.log'), 'a') as f:
-        p = subprocess.Popen([sys.executable, '-u'] + args, cwd=ROOT, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-        for line in p.stdout:
-            f.write(line)
-            m = re.match(r'iter (\d+)/\d+: loss ([\d.]+)', line)
-            if m:
-                bar.update(int(m.group(1)) - bar.n)
-                bar.set_postfix(loss=m.group(2))
-            elif line.startswith('resumed'):
-                bar.write(f"  {name}: {line.strip()}")
-        p.wait()
+        p = subprocess.Popen([sys.executable, '-u'] + args, cwd=ROOT, stdout=f,
+                             stderr=subprocess.STDOUT)
+        while p.poll() is None:
+            time.sleep(1.0)
+            log = read_log(out_dir)
+            if log:
+                bar.update(log[-1]['iter'] - bar.n)
+                bar.set_postfix(val_loss=f"{log[-1]['val_loss']:.3f}" if log[-1].get('val_loss') else '')
     bar.close()
     if p.returncode != 0:
         tail = ''.join(open(os.path.join(out_dir, 'train.log')).readlines()[-5:])
@@ -240,6 +247,25 @@ def judge_scaling(steps, t_dec, t_enc):
     return verdict([sd < 0.3, se > 0.7]), text
 
 
+def judge_annealing(ppl, noise):
+    """Finding 7: without annealing the decoder's generative perplexity is higher than the encoder MDM's;
+    with top-p 0.95 and temperature 0.7 the two are comparable. ppl[(model, setting)]: the geometric mean
+    gen PPL over the judged step counts, for model 'ao' and 'mdm' and the first and last of GEN_SETTINGS;
+    noise[setting]: |log| of the ao / ao_seed2 ratio (the run-to-run spread; None: sign only). Holds if
+    log(ao / mdm) exceeds the spread without annealing, and is within it with annealing."""
+    plain, hot = GEN_SETTINGS[0], GEN_SETTINGS[-1]
+    gap = {s: math.log(ppl[('ao', s)] / ppl[('mdm', s)]) for s in (plain, hot)}
+    if noise is None:
+        ok = [gap[plain] > 0, abs(gap[hot]) < abs(gap[plain])]
+        spread = {plain: '', hot: ''}
+    else:
+        ok = [gap[plain] > noise[plain], abs(gap[hot]) <= noise[hot]]
+        spread = {s: f", run-to-run spread {math.exp(noise[s]) - 1:.0%}" for s in (plain, hot)}
+    text = '; '.join(f"top-p {s[0]} / T {s[1]}: AO-GPT {ppl[('ao', s)]:.2f} vs encoder MDM {ppl[('mdm', s)]:.2f} "
+                     f"({math.exp(gap[s]) - 1:+.0%}{spread[s]})" for s in (plain, hot))
+    return verdict(ok), text
+
+
 # ----------------------------------------------------------------------------- evaluations
 
 def val_chunks(n_chunks, n):
@@ -330,9 +356,85 @@ def time_samplers(c):
     return rows
 
 
+def generation_study(c, names):
+    """Finding 7: samples from `ao` (and `ao_seed2`) and `mdm` at every (top-p, temperature) of
+    GEN_SETTINGS and every T in GEN_STEPS, scored by `judge` (both averages, with the unigram entropy);
+    and the new orders of the same `ao` model (blocks:8, confidence) on the same grid, for the plot of
+    gen PPL against token-passes. Returns a list of rows."""
+    import torch
+    from checkpoint import checkpoint_codec, load_model
+    from sample import generate_ao, generate_mdm, generative_ppl
+    judge, ck, _ = load_model(os.path.join(c['runs_dir'], 'judge'), c['device'])
+    codec = checkpoint_codec(ck)
+    models = {k: load_model(os.path.join(c['runs_dir'], k), c['device'])[0] for k in ('ao', 'ao_seed2', 'mdm')
+              if k in names}
+    samplers = [(k, k, 'random') for k in models] + [('ao, blocks:8', 'ao', 'blocks:8'),
+                                                      ('ao, confidence', 'ao', 'confidence')]
+    n, rows = c['block_size'], []
+    steps = GEN_STEPS[1:3] if c['quick'] else GEN_STEPS  # quick: one judged T and one below
+    for label, key, order in samplers:
+        model = models[key]
+        for top_p, temp in GEN_SETTINGS:
+            for T in steps:
+                g = torch.Generator().manual_seed(c['seed'] + T)  # every sampler: the same seeds
+                kw = dict(temperature=temp, top_p=top_p, vocab_size=codec.vocab_size, generator=g)
+                xs, passes = [], 0
+                for _ in range(c['gen_samples'] // c['gen_batch']):
+                    if key == 'mdm':
+                        x, st = generate_mdm(model, n, c['gen_batch'], T, cache_trick=True, order=order, **kw)
+                    else:
+                        x, st = generate_ao(model, n, c['gen_batch'], T, order=order, **kw)
+                    xs.append(x.cpu())
+                    passes += st['token_passes']
+                r = generative_ppl(judge, codec, torch.cat(xs), codec, 'none')
+                rows.append(dict(sampler=label, top_p=top_p, temperature=temp, T=T,
+                                 token_passes=passes / (c['gen_samples'] // c['gen_batch']),
+                                 **{k: r[k] for k in ('per_sequence', 'token', 'unigram_entropy', 'ended_early')}))
+        print(f"  {label}: " + ', '.join(f"{r['top_p']}/{r['temperature']}: {r['per_sequence']:.2f}"
+                                         for r in rows[-len(GEN_SETTINGS) * len(steps)::len(steps)])
+              + f" (gen PPL at T={steps[0]})")
+    return rows
+
+
+def gen_summary(rows, key='per_sequence'):
+    """{(sampler, setting): geometric mean gen PPL over JUDGED_STEPS}."""
+    out = {}
+    for r in rows:
+        if r['T'] in JUDGED_STEPS:
+            out.setdefault((r['sampler'], (r['top_p'], r['temperature'])), []).append(math.log(r[key]))
+    return {k: math.exp(sum(v) / len(v)) for k, v in out.items()}
+
+
 # ----------------------------------------------------------------------------- plots and the report
 
 def main(argv=None):
+    c, cmd = read_config(argv)
+    t_all, timing = time.time(), {}
+    prepare_data()
+    names = [k for k in RUNS if not (c['quick'] and k == 'ao_seed2')]
+    t0 = time.time()
+    print(f"training {len(names)} runs of {c['max_iters']} iterations ({DATASET}, {c['device']})")
+    for name in names:
+        run_training(c, name)
+    timing['training'] = time.time() - t0
+    logs = {k: read_log(os.path.join(c['runs_dir'], k)) for k in names}
+    t0 = time.time()
+    chunks, ema, ens = evaluate_runs(c, names)
+    timing['evaluation'] = time.time() - t0
+    t0 = time.time()
+    print(f"finding 6: sampling time vs steps T (n={c['sample_n']}, B={c['sample_batch']}, random models)")
+    samp = time_samplers(c)
+    timing['sampling'] = time.time() - t0
+    t0 = time.time()
+    print(f"finding 7: generative perplexity, {c['gen_samples']} samples per sampler, setting and T, judged by `judge`")
+    gen = generation_study(c, names)
+    timing['generation'] = time.time() - t0
+    figs = draw_plots(c, logs, ens, samp, gen)
+    findings = judge_findings(c, names, logs, ens, ema, samp, gen, figs)
+    write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, timing, time.time() - t_all)
+
+
+def read_config(argv):
     argv = sys.argv[1:] if argv is None else argv
     argv = ['--quick=True' if a == '--quick' else a for a in argv]  # allow the bare flag
     g = {k: globals()[k] for k in _CONFIG_KEYS}
@@ -340,35 +442,26 @@ def main(argv=None):
     c = configure(g, argv)
     if c['quick']:  # small everything; same code path
         c.update(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1, sample_n=32,
-                 sample_batch=4, sample_embd=c['n_embd'])
+                 sample_batch=4, sample_embd=c['n_embd'], gen_samples=8, gen_batch=8)
     c['runs_dir'] = c['runs_dir'] or ('out-reproduce-quick' if c['quick'] else 'out-reproduce')
     c['results_dir'] = c['results_dir'] or (os.path.join('out-reproduce-quick', 'results') if c['quick']
                                             else 'results')
     print_config(c)
     os.chdir(ROOT)
     os.makedirs(c['results_dir'], exist_ok=True)
-    res = c['results_dir']
-    t_all = time.time()
-    timing = {}
+    return c, 'python reproduce.py ' + ' '.join(argv) if argv else 'python reproduce.py'
 
-    # data
+
+def prepare_data():
     if not os.path.exists(os.path.join('data', DATASET, 'val.bin')):
         print("preparing character-level PTB (data/ptb_char)...")
         r = subprocess.run([sys.executable, 'data/ptb/prepare.py', '--char=True'], cwd=ROOT)
         if r.returncode:
             die("data/ptb/prepare.py --char=True failed (see above)")
 
-    # training
-    names = [k for k in RUNS if not (c['quick'] and k == 'ao_seed2')]
-    print(f"training {len(names)} runs of {c['max_iters']} iterations ({DATASET}, {c['device']})")
-    t0 = time.time()
-    for name in names:
-        run_training(c, name)
-    timing['training'] = time.time() - t0
-    logs = {k: read_log(os.path.join(c['runs_dir'], k)) for k in names}
 
-    # evaluations on the trained `ao` run, and sampler timing
-    t0 = time.time()
+def evaluate_runs(c, names):
+    """Findings 5b (EMA vs raw weights) and 4 (ensembles) on the trained `ao` run(s)."""
     chunks = val_chunks(c['eval_chunks'], c['block_size'])
     print(f"finding 5b: EMA vs raw weights of `ao` on {len(chunks)} val windows")
     ema = {k: eval_ema(c, k, chunks) for k in (['ao', 'ao_seed2'] if 'ao_seed2' in names else ['ao'])}
@@ -377,37 +470,33 @@ def main(argv=None):
     for r in ens:
         print(f"  M={r['M']:2d}: any-order NLL {r['nll']:.4f} (PPL {math.exp(r['nll']):.3f}); "
               f"gain over M=1 {r['gain']:.4f} ± {r['gain_se']:.4f}")
-    timing['evaluation'] = time.time() - t0
-    t0 = time.time()
-    print(f"finding 6: sampling time vs steps T (n={c['sample_n']}, B={c['sample_batch']}, random models)")
-    samp = time_samplers(c)
-    timing['sampling'] = time.time() - t0
+    return chunks, ema, ens
 
-    # ---- plots
-    tok = lambda k, key: curve(logs[k], key)
-    figs = {}
-    figs[1] = 'f1_ao_vs_l2r.png'
-    curves(os.path.join(res, figs[1]), 'Finding 1: AO-GPT converges more slowly than L2R', [
+
+FIGS = {1: 'f1_ao_vs_l2r.png', 2: 'f2_orders.png', 3: 'f3_l2r_mix.png', 4: 'f4_ensemble.png',
+        5: 'f5_adaln_sigma.png', 6: 'f6_sampling_time.png', 7: 'f7_gen_ppl.png', '7b': 'f7b_gen_ppl_annealed.png'}
+
+
+def draw_plots(c, logs, ens, samp, gen):
+    res, tok = c['results_dir'], lambda k, key: curve(logs[k], key)
+    path = lambda i: os.path.join(res, FIGS[i])  # noqa: E731
+    plot.curves(path(1), 'Finding 1: AO-GPT converges more slowly than L2R', [
         ('L2R run, L2R loss', *tok('l2r', 'val_l2r'), '-o'),
         ('AO run, any-order loss', *tok('ao', 'val_ao'), '-s'),
         ('AO run, L2R loss', *tok('ao', 'val_l2r'), '--')])
-    figs[2] = 'f2_orders.png'
-    curves(os.path.join(res, figs[2]), 'Finding 2: fixed orders (loss in the trained order)', [
+    plot.curves(path(2), 'Finding 2: fixed orders (loss in the trained order)', [
         ('left to right', *tok('l2r', 'val_l2r'), '-o'),
         ('block-wise random (4)', *tok('block', 'val_order'), '-^'),
         ('fixed random', *tok('fixed', 'val_order'), '-s')])
-    figs[3] = 'f3_l2r_mix.png'
-    curves(os.path.join(res, figs[3]), 'Finding 3: 10% L2R data', [
+    plot.curves(path(3), 'Finding 3: 10% L2R data', [
         ('10% L2R: L2R loss', *tok('ao', 'val_l2r'), '-o'),
         ('0% L2R: L2R loss', *tok('ao_noL2R', 'val_l2r'), '--o'),
         ('10% L2R: any-order loss', *tok('ao', 'val_ao'), '-s'),
         ('0% L2R: any-order loss', *tok('ao_noL2R', 'val_ao'), '--s')])
-    figs[4] = 'f4_ensemble.png'
-    xy(os.path.join(res, figs[4]), 'Finding 4: context-order ensemble', list(ENSEMBLE_M),
+    plot.xy(path(4), 'Finding 4: context-order ensemble', list(ENSEMBLE_M),
             [('ensemble of M orders', [math.exp(r['nll']) for r in ens], '-o')],
             'M (context orderings)', 'any-order PPL per char (<=)')
-    figs[5] = 'f5_adaln_sigma.png'
-    curves(os.path.join(res, figs[5]), 'Finding 5: AdaLN vs sigma-GPT input conditioning', [
+    plot.curves(path(5), 'Finding 5: AdaLN vs sigma-GPT input conditioning', [
         ('AdaLN: any-order loss', *tok('ao', 'val_ao'), '-s'),
         ('sigma-GPT: any-order loss', *tok('sigma', 'val_ao'), '--s'),
         ('AdaLN: L2R loss', *tok('ao', 'val_l2r'), '-o'),
@@ -415,19 +504,33 @@ def main(argv=None):
         ('AdaLN, table std 1: any-order', *tok('ao_tstd1', 'val_ao'), ':s'),
         ('AdaLN, table 1 + Linear 0.2: any-order', *tok('ao_init', 'val_ao'), '-.s'),
         ('AdaLN, table 1 + Linear 0.2: L2R', *tok('ao_init', 'val_l2r'), '-.o')])
-    figs[6] = 'f6_sampling_time.png'
     Ts = [r['T'] for r in samp]
-    xy(os.path.join(res, figs[6]), f"Finding 6: sampling {c['sample_batch']} x {c['sample_n']} tokens, "
-            f"{c['device']}", Ts, [('AO-GPT, KV-cached', [r['dec_s'] for r in samp], '-o'),
-                                   ('encoder MDM', [r['enc_s'] for r in samp], '-s')],
-            'steps T', 'wall time (s)', logy=True)
+    plot.xy(path(6), f"Finding 6: sampling {c['sample_batch']} x {c['sample_n']} tokens, {c['device']}", Ts,
+            [('AO-GPT, KV-cached', [r['dec_s'] for r in samp], '-o'),
+             ('encoder MDM', [r['enc_s'] for r in samp], '-s')], 'steps T', 'wall time (s)', logy=True)
+    styles = {'ao': '-o', 'ao_seed2': ':o', 'mdm': '-s', 'ao, blocks:8': '--^', 'ao, confidence': '-.d'}
+    for i, setting in ((7, GEN_SETTINGS[0]), ('7b', GEN_SETTINGS[-1])):
+        series = []
+        for label, style in styles.items():
+            pts = sorted((r['token_passes'], r['per_sequence']) for r in gen if r['sampler'] == label and
+                         (r['top_p'], r['temperature']) == setting)
+            if pts:
+                series.append((label, [p for p, _ in pts], [v for _, v in pts], style))
+        plot.lines(path(i), f"Finding 7: gen PPL (judge: L2R GPT), top-p {setting[0]}, T {setting[1]}", series,
+                   f"token-passes per sample (T = {gen[0]['T']} .. {gen[-1]['T']})", 'gen PPL per char',
+                   logx=True, logy=True)
+    return FIGS
 
-    # ---- judgments
-    noise = None
+
+def judge_findings(c, names, logs, ens, ema, samp, gen, figs):
+    """[(id, claim, figure, (verdict, evidence))], each judged from the data."""
+    tok = lambda k, key: curve(logs[k], key)  # noqa: E731
+    L = lambda k, key: end(curve(logs[k], key)[1])  # noqa: E731
+    noise, gen_noise = None, None
     if 'ao_seed2' in names:
-        a, b = logs['ao'], logs['ao_seed2']
-        noise = max(abs(end(curve(a, k)[1]) - end(curve(b, k)[1])) for k in ('val_l2r', 'val_ao'))
-    L = lambda k, key: end(curve(logs[k], key)[1])
+        noise = max(abs(L('ao', k) - L('ao_seed2', k)) for k in ('val_l2r', 'val_ao'))
+        g = gen_summary(gen)
+        gen_noise = {s: abs(math.log(g[('ao', s)] / g[('ao_seed2', s)])) for s in GEN_SETTINGS}
     findings = [
         ('1', 'AO-GPT converges more slowly than L2R GPT on the same architecture', figs[1],
          judge_slower(tok('l2r', 'val_l2r'), tok('ao', 'val_ao'))),
@@ -453,32 +556,36 @@ def main(argv=None):
          judge_better([(f"{k} {dict(ao='any-order', l2r='L2R')[m]}", ema[k]['ema'][m], ema[k]['raw'][m])
                        for k in ema for m in ('ao', 'l2r')], None)),
         ('6', "Decoder sampling time is flat in T while the encoder's grows linearly", figs[6],
-         judge_scaling(Ts, [r['dec_s'] for r in samp], [r['enc_s'] for r in samp])),
+         judge_scaling([r['T'] for r in samp], [r['dec_s'] for r in samp], [r['enc_s'] for r in samp])),
+        ('7', "Without annealing the decoder MDM's generative perplexity is higher than the encoder MDM's; with "
+         "top-p 0.95 and temperature 0.7 they are comparable", figs[7],
+         judge_annealing(gen_summary(gen), gen_noise)),
     ]
     if c['quick']:
         findings = [(i, claim, fig, ('not judged (--quick)', ev)) for i, claim, fig, (_, ev) in findings]
+    return findings
 
-    # ---- the report
-    total = time.time() - t_all
-    cmd = 'python reproduce.py ' + ' '.join(argv) if argv else 'python reproduce.py'
+
+def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, timing, total):
+    res = c['results_dir']
+    L = lambda k, key: end(curve(logs[k], key)[1])  # noqa: E731
     md = [f"# Paper findings at small scale{' (QUICK: smoke test, nothing judged)' if c['quick'] else ''}", '',
           f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c['device']}, in {total / 60:.1f} min "
-          f"(training {timing['training'] / 60:.1f}, evaluation {timing['evaluation'] / 60:.1f}, sampling "
-          f"{timing['sampling'] / 60:.1f}; runs reused from an earlier invocation cost nothing here). "
-          f"Setting: character-level PTB, context {c['block_size']}, {c['n_layer']} layers x {c['n_embd']}, "
-          f"{c['max_iters']} iterations of {c['batch_size']} x {c['block_size']} characters, LR "
-          f"{c['learning_rate']} nearly constant after warmup, EMA {c['ema_decay']}. Losses are nats per "
-          f"character on {c['eval_iters'] * c['batch_size']} fixed val windows (EMA weights); \"end\" = mean "
-          f"of the last 3 evals.", '',
+          f"(" + ', '.join(f"{k} {v / 60:.1f}" for k, v in timing.items()) + "; runs reused from an earlier "
+          f"invocation cost nothing here). Setting: character-level PTB, context {c['block_size']}, "
+          f"{c['n_layer']} layers x {c['n_embd']}, {c['max_iters']} iterations of {c['batch_size']} x "
+          f"{c['block_size']} characters, LR {c['learning_rate']} nearly constant after warmup, EMA "
+          f"{c['ema_decay']}. Losses are nats per character on {c['eval_iters'] * c['batch_size']} fixed val "
+          f"windows (EMA weights); \"end\" = mean of the last 3 evals.", '',
           '| # | claim | verdict | evidence |', '|---|---|---|---|']
     for i, claim, fig, (v, ev) in findings:
         figlink = f" ([plot]({fig}))" if fig else ''
         md.append(f"| {i} | {claim}{figlink} | **{v}** | {ev} |")
     md += ['', '## Runs', '', '| run | what | end L2R loss | end any-order loss | end loss in its order | '
-           'command |', '|---|---|---|---|---|---|']
+           'end ELBO | command |', '|---|---|---|---|---|---|---|']
     for k in names:
-        f = lambda key: (f"{L(k, key):.3f}" if curve(logs[k], key)[1] else '')
-        md.append(f"| {k} | {RUNS[k][1]} | {f('val_l2r')} | {f('val_ao')} | {f('val_order')} | "
+        f = lambda key: (f"{L(k, key):.3f}" if curve(logs[k], key)[1] else '')  # noqa: E731
+        md.append(f"| {k} | {RUNS[k][1]} | {f('val_l2r')} | {f('val_ao')} | {f('val_order')} | {f('val_elbo')} | "
                   f"`python {' '.join(train_args(c, k))}` |")
     md += ['', f"Finding 4 (`ao`, EMA, {len(chunks)} val windows of {c['block_size']}, {c['ens_draws']} "
            f"draws each, eval_ppl's fast estimator with nested members; gain = paired drop vs M = 1):", '',
@@ -494,21 +601,33 @@ def main(argv=None):
            '|---|---|---|---|---|']
     md += [f"| {r['T']} | {r['dec_s']:.3f} | {r['enc_s']:.3f} | {r['dec_passes']} | {r['enc_passes']} |"
            for r in samp]
-    md += ['', '![f1](f1_ao_vs_l2r.png) ![f2](f2_orders.png) ![f3](f3_l2r_mix.png)',
-           '![f4](f4_ensemble.png) ![f5](f5_adaln_sigma.png) ![f6](f6_sampling_time.png)', '']
+    steps = sorted({r['T'] for r in gen})
+    md += ['', f"Finding 7 ({c['gen_samples']} samples of {c['block_size']} characters per cell, judged by the "
+           f"`judge` run (an L2R GPT, {RUNS['judge'][0]['n_layer']} layers, not a compared model); gen PPL per "
+           f"character: the per-sequence mean (the paper's code, SEDD) / the token-weighted one after cutting "
+           f"at the first newline (MDLM, DUO); H = unigram entropy of a sample, nats; passes = token-passes "
+           f"per sample; the encoder uses the caching trick):", '',
+           '| sampler | top-p / T | ' + ' | '.join(f"T={T}: PPL seq / tok, H, passes" for T in steps) + ' |',
+           '|---|---|' + '---|' * len(steps)]
+    for label in dict.fromkeys(r['sampler'] for r in gen):
+        for setting in GEN_SETTINGS:
+            cells = {r['T']: r for r in gen if r['sampler'] == label and (r['top_p'], r['temperature']) == setting}
+            md.append(f"| {label} | {setting[0]} / {setting[1]} | " + ' | '.join(
+                f"{cells[T]['per_sequence']:.2f} / {cells[T]['token']:.2f}, {cells[T]['unigram_entropy']:.2f}, "
+                f"{cells[T]['token_passes']:.0f}" for T in steps) + ' |')
+    md += ['', ' '.join(f"![f{i}]({f})" for i, f in FIGS.items()), '']
     with open(os.path.join(res, 'README.md'), 'w') as f:
         f.write('\n'.join(md))
     with open(os.path.join(res, 'results.json'), 'w') as f:
-        json.dump(dict(config=c, command=cmd, logs=logs, ensemble=ens, ema=ema, sampling=samp, timing=timing,
-                       findings=[dict(id=i, claim=cl, verdict=v, evidence=ev) for i, cl, _, (v, ev) in findings]),
-                  f, indent=1)
-
+        json.dump(dict(config=c, command=cmd, logs=logs, ensemble=ens, ema=ema, sampling=samp, generation=gen,
+                       timing=timing, findings=[dict(id=i, claim=cl, verdict=v, evidence=ev)
+                                                for i, cl, _, (v, ev) in findings]), f, indent=1)
     print()
     for i, claim, _, (v, ev) in findings:
         print(f"[{i}] {claim}\n     {v}: {ev}")
     if c['quick']:
         print("\nQUICK MODE: tiny runs check that the pipeline works end to end; nothing above is judged.")
-    print(f"\nwrote {res}/README.md, {res}/results.json and 6 plots in {total / 60:.1f} min")
+    print(f"\nwrote {res}/README.md, {res}/results.json and {len(FIGS)} plots in {total / 60:.1f} min")
 
 
 if __name__ == '__main__':

@@ -1,5 +1,6 @@
 """reproduce.py's judging and plotting on synthetic logs: each verdict must follow the data, including
 the cases where the data contradicts the paper (those must come out 'not reproduced')."""
+import json
 import math
 import os
 import subprocess
@@ -76,6 +77,25 @@ def test_finding6_slopes():
     assert R.judge_scaling(T, [0.01 * t for t in T], [0.1 * t for t in T])[0] == 'partly reproduced'
 
 
+def test_finding7_annealing():
+    plain, hot = R.GEN_SETTINGS[0], R.GEN_SETTINGS[-1]
+    ppl = lambda ao1, mdm1, ao3, mdm3: {('ao', plain): ao1, ('mdm', plain): mdm1, ('ao', hot): ao3,  # noqa: E731
+                                        ('mdm', hot): mdm3}
+    noise = {plain: 0.05, hot: 0.05}
+    v, text = R.judge_annealing(ppl(12.0, 9.0, 3.0, 3.05), noise)
+    assert v == 'reproduced' and '+33%' in text and 'spread 5%' in text
+    assert R.judge_annealing(ppl(12.0, 9.0, 3.5, 3.0), noise)[0] == 'partly reproduced'  # still apart
+    assert R.judge_annealing(ppl(9.0, 9.2, 3.0, 3.0), noise)[0] == 'partly reproduced'   # never apart
+    assert R.judge_annealing(ppl(8.0, 9.0, 3.6, 3.0), noise)[0] == 'not reproduced'
+    assert R.judge_annealing(ppl(12.0, 9.0, 3.3, 3.0), None)[0] == 'reproduced'  # no yardstick: the gap shrinks
+
+
+def test_gen_summary_is_a_geometric_mean_over_the_judged_steps():
+    rows = [dict(sampler='ao', top_p=1.0, temperature=1.0, T=T, per_sequence=p, token=p)
+            for T, p in zip(R.GEN_STEPS, [100.0, 100.0, 2.0, 8.0, 4.0, 16.0])]
+    assert R.gen_summary(rows)[('ao', (1.0, 1.0))] == pytest.approx((2 * 8 * 4 * 16) ** 0.25)
+
+
 def test_runs_differ_only_in_what_they_test():
     """Every comparison must be like with like: two runs' train.py commands may differ only in out_dir
     and the overrides that define them (order mode, L2R fraction, conditioning, seed)."""
@@ -116,9 +136,11 @@ def test_quick_pipeline_runs_end_to_end(tmp_path):
                        env=dict(os.environ, HF_DATASETS_OFFLINE='1', WANDB_MODE='disabled'))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     md = (res / 'README.md').read_text()
-    for i in ('1', '2', '3', '4', '5a', '5a+', '5b', '6'):
+    for i in ('1', '2', '3', '4', '5a', '5a+', '5b', '6', '7'):
         assert f"| {i} | " in md and 'not judged (--quick)' in md
-    assert sorted(f.name for f in res.glob('*.png')) == sorted(
-        ['f1_ao_vs_l2r.png', 'f2_orders.png', 'f3_l2r_mix.png', 'f4_ensemble.png', 'f5_adaln_sigma.png',
-         'f6_sampling_time.png'])
+    assert sorted(f.name for f in res.glob('*.png')) == sorted(R.FIGS.values())
     assert sorted(d.name for d in runs.iterdir()) == sorted(k for k in R.RUNS if k != 'ao_seed2')
+    gen = json.loads((res / 'results.json').read_text())['generation']
+    assert {r['sampler'] for r in gen} == {'ao', 'mdm', 'ao, blocks:8', 'ao, confidence'}
+    assert len(gen) == 4 * len(R.GEN_SETTINGS) * 2  # quick: two step counts
+    assert all(r['per_sequence'] > 1 and r['token'] > 1 and r['unigram_entropy'] > 0 for r in gen)
