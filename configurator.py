@@ -1,11 +1,12 @@
 """
 nanoGPT's "poor man's configurator", with its sharp edges fixed. A script declares its defaults as
-plain module-level globals, then calls
+plain module-level globals (lowercase names), then calls
 
-    config = configure(globals())
+    config = configure(globals())        # a linear script (train.py): its globals become the config
+    c = namespace(globals(), argv)       # a script whose main() is also called from code: c.key
 
 which applies, in command-line order, Python config files (`python train.py config/x.py`) and
-`--key=value` / `--key value` overrides, then writes the results back into the script's globals.
+`--key=value` / `--key value` overrides, then writes the results back into the dict it was given.
 
 What nanoGPT did not do and this does:
   * an unknown key, in a config file or on the command line, is an error naming the nearest valid key;
@@ -23,6 +24,7 @@ import difflib
 import os
 import re
 import sys
+from types import SimpleNamespace
 
 _SIMPLE = (int, float, bool, str, tuple, list, type(None))
 
@@ -34,8 +36,9 @@ class ConfigError(SystemExit):
 
 
 def _keys(g):
-    return {k: v for k, v in g.items()
-            if not k.startswith('_') and isinstance(v, _SIMPLE) and not callable(v)}
+    """The config keys among a script's globals: lowercase names bound to simple values (UPPERCASE names
+    are the script's constants, _private ones its helpers)."""
+    return {k: v for k, v in g.items() if k[:1].islower() and isinstance(v, _SIMPLE) and not callable(v)}
 
 
 def _nearest(key, keys):
@@ -180,6 +183,14 @@ def configure(g, argv=None):
         raise SystemExit(2)
     g.update(cfg)
     return cfg
+
+
+def namespace(g, argv=None):
+    """configure() for a script whose main() may run more than once in a process (eval_ppl, sample,
+    reproduce: the tests call them): the module's defaults stay untouched, and the resolved config comes
+    back as a namespace, c.key, with the plain dict in c.config (for printing and saving)."""
+    cfg = configure(dict(g), argv)
+    return SimpleNamespace(**cfg, config=cfg)
 
 
 def print_config(cfg, file=None):

@@ -34,13 +34,12 @@ import math
 import os
 import sys
 import time
-from types import SimpleNamespace
 
 import torch
 from torch.nn import functional as F
 
 from checkpoint import checkpoint_codec, load_model
-from configurator import configure, die, print_config
+from configurator import die, namespace, print_config
 from evalsets import load_eval_chunks
 from model import random_orders, stratified_uniform
 from plot import plot_eval
@@ -416,8 +415,7 @@ def main(argv=None):
 
 def read_config(argv):
     """The resolved config (a namespace: main() may run more than once in one process), checked."""
-    cfg = configure(dict(globals()), argv)
-    c = SimpleNamespace(**cfg, config=cfg)
+    c = namespace(globals(), argv)
     for key, ok in (('orders', c.orders >= 1), ('ensemble', c.ensemble >= 0), ('batch_size', c.batch_size >= 1),
                     ('ensemble_draws', c.ensemble_draws >= 1), ('block_size', c.block_size >= 0),
                     ('max_chunks', c.max_chunks >= 0), ('ensemble_mode', c.ensemble_mode in ('fast', 'exact'))):

@@ -73,11 +73,9 @@ gen_samples = 128        # finding 7: samples per sampler, setting and step coun
 gen_batch = 64           # finding 7: samples per batch
 seed = 1337
 # -----------------------------------------------------------------------------
-_CONFIG_KEYS = [k for k in dict(globals()) if not k.startswith('_') and k not in ('json', 'math', 'os', 're',
-                                                                                  'subprocess', 'sys', 'time', 'np')]
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
-from configurator import configure, die, print_config  # noqa: E402
+from configurator import die, namespace, print_config  # noqa: E402
 import plot  # noqa: E402
 
 DATASET = 'ptb_char'
@@ -107,14 +105,14 @@ JUDGED_STEPS = (8, 16, 32, 64)
 def train_args(c, name):
     """The train.py command line for one run (a list, also written into the results)."""
     over, _ = RUNS[name]
-    a = dict(out_dir=os.path.join(c['runs_dir'], name), init_from='auto', dataset=DATASET,
-             device=c['device'], n_layer=c['n_layer'], n_head=c['n_head'], n_embd=c['n_embd'],
-             target_dim=c['target_dim'], block_size=c['block_size'], batch_size=c['batch_size'],
-             gradient_accumulation_steps=1, max_iters=c['max_iters'], warmup_iters=max(1, c['max_iters'] // 20),
-             lr_decay_iters=10 * c['max_iters'], learning_rate=c['learning_rate'],
-             min_lr=c['learning_rate'] / 10, weight_decay=0.1, ema_decay=c['ema_decay'],
-             eval_interval=c['eval_interval'], eval_iters=c['eval_iters'], eval_orders=c['eval_orders'],
-             log_interval=max(1, c['eval_interval'] // 5), seed=c['seed'])
+    a = dict(out_dir=os.path.join(c.runs_dir, name), init_from='auto', dataset=DATASET,
+             device=c.device, n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd,
+             target_dim=c.target_dim, block_size=c.block_size, batch_size=c.batch_size,
+             gradient_accumulation_steps=1, max_iters=c.max_iters, warmup_iters=max(1, c.max_iters // 20),
+             lr_decay_iters=10 * c.max_iters, learning_rate=c.learning_rate,
+             min_lr=c.learning_rate / 10, weight_decay=0.1, ema_decay=c.ema_decay,
+             eval_interval=c.eval_interval, eval_iters=c.eval_iters, eval_orders=c.eval_orders,
+             log_interval=max(1, c.eval_interval // 5), seed=c.seed)
     a.update(over)
     return ['train.py'] + [f'--{k}={v}' for k, v in a.items()]
 
@@ -129,20 +127,20 @@ def run_training(c, name):
     the progress bar follows its log.jsonl, the machine interface (console text is for people)."""
     from tqdm import tqdm
     args = train_args(c, name)
-    out_dir = os.path.join(c['runs_dir'], name)
+    out_dir = os.path.join(c.runs_dir, name)
     cmd_file = os.path.join(out_dir, 'command.json')
     if os.path.exists(cmd_file) and json.load(open(cmd_file)) != args:
         die(f"{out_dir} holds a run with other settings than these (see {cmd_file}): delete it, or pass "
             f"another --runs_dir")
     log = read_log(out_dir)
-    if log and log[-1]['iter'] >= c['max_iters'] and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
+    if log and log[-1]['iter'] >= c.max_iters and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
         print(f"  {name}: done already ({out_dir}, {log[-1]['iter']} iterations), reusing it")
         return
     os.makedirs(out_dir, exist_ok=True)
     with open(cmd_file, 'w') as f:
         json.dump(args, f)
     t0 = time.time()
-    bar = tqdm(total=c['max_iters'], desc=f"  {name}", unit='it', leave=True, dynamic_ncols=True)
+    bar = tqdm(total=c.max_iters, desc=f"  {name}", unit='it', leave=True, dynamic_ncols=True)
     with open(os.path.join(out_dir, 'train.log'), 'a') as f:
         p = subprocess.Popen([sys.executable, '-u'] + args, cwd=ROOT, stdout=f,
                              stderr=subprocess.STDOUT)
@@ -283,10 +281,10 @@ def eval_ema(c, name, chunks):
     from eval_ppl import nll_any_order, nll_l2r
     out = {}
     for use_ema in (True, False):
-        model, _, _ = load_model(os.path.join(c['runs_dir'], name), c['device'], use_ema=use_ema)
+        model, _, _ = load_model(os.path.join(c.runs_dir, name), c.device, use_ema=use_ema)
         l2r = nll_l2r(model, chunks, batch_size=32)
-        ao = nll_any_order(model, chunks, n_orders=c['eval_orders'],
-                           generator=torch.Generator().manual_seed(c['seed']), batch_size=32)
+        ao = nll_any_order(model, chunks, n_orders=c.eval_orders,
+                           generator=torch.Generator().manual_seed(c.seed), batch_size=32)
         out['ema' if use_ema else 'raw'] = dict(l2r=l2r[0] / l2r[1], ao=ao[0] / ao[1])
     return out
 
@@ -303,9 +301,9 @@ def eval_ensemble(c, name, chunks):
     """Finding 4 on a trained run: NLL per token for each M, and the paired gain over M = 1."""
     import torch
     from checkpoint import load_model
-    model, _, _ = load_model(os.path.join(c['runs_dir'], name), c['device'])
-    est = nested_ensemble(model, chunks, ENSEMBLE_M, torch.Generator().manual_seed(c['seed']),
-                          draws=c['ens_draws']) / chunks.size(1)         # (len(M), N) nats per token
+    model, _, _ = load_model(os.path.join(c.runs_dir, name), c.device)
+    est = nested_ensemble(model, chunks, ENSEMBLE_M, torch.Generator().manual_seed(c.seed),
+                          draws=c.ens_draws) / chunks.size(1)         # (len(M), N) nats per token
     out = []
     for i, M in enumerate(ENSEMBLE_M):
         d = est[0] - est[i]                                              # per-chunk gain over one member
@@ -320,25 +318,25 @@ def time_samplers(c):
     import torch
     from model import GPT, GPTConfig
     from sample import generate_ao, generate_mdm
-    n, B = c['sample_n'], c['sample_batch']
+    n, B = c.sample_n, c.sample_batch
     steps = [s for s in (8, 16, 32, 64, 128, 256, 512) if s <= n]
-    if c['quick']:
+    if c.quick:
         steps = steps[:3]
-    common = dict(block_size=n, vocab_size=64, n_layer=c['n_layer'], n_head=c['n_head'],
-                  n_embd=c['sample_embd'], target_dim=c['target_dim'])
+    common = dict(block_size=n, vocab_size=64, n_layer=c.n_layer, n_head=c.n_head,
+                  n_embd=c.sample_embd, target_dim=c.target_dim)
     torch.manual_seed(0)
-    dec = GPT(GPTConfig(**common)).to(c['device']).eval()
-    enc = GPT(GPTConfig(**common, causal=False, cond='none', mask_token_id=63)).to(c['device']).eval()
+    dec = GPT(GPTConfig(**common)).to(c.device).eval()
+    enc = GPT(GPTConfig(**common, causal=False, cond='none', mask_token_id=63)).to(c.device).eval()
 
     def best(fn, reps):
         """(the fastest wall time of reps calls, the stats of the last call)"""
         ts = []
         for _ in range(reps):
-            if c['device'].startswith('cuda'):
+            if c.device.startswith('cuda'):
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             _, stats = fn()
-            if c['device'].startswith('cuda'):
+            if c.device.startswith('cuda'):
                 torch.cuda.synchronize()
             ts.append(time.perf_counter() - t0)
         return min(ts), stats
@@ -364,31 +362,31 @@ def generation_study(c, names):
     import torch
     from checkpoint import checkpoint_codec, load_model
     from sample import generate_ao, generate_mdm, generative_ppl
-    judge, ck, _ = load_model(os.path.join(c['runs_dir'], 'judge'), c['device'])
+    judge, ck, _ = load_model(os.path.join(c.runs_dir, 'judge'), c.device)
     codec = checkpoint_codec(ck)
-    models = {k: load_model(os.path.join(c['runs_dir'], k), c['device'])[0] for k in ('ao', 'ao_seed2', 'mdm')
+    models = {k: load_model(os.path.join(c.runs_dir, k), c.device)[0] for k in ('ao', 'ao_seed2', 'mdm')
               if k in names}
     samplers = [(k, k, 'random') for k in models] + [('ao, blocks:8', 'ao', 'blocks:8'),
                                                       ('ao, confidence', 'ao', 'confidence')]
-    n, rows = c['block_size'], []
-    steps = GEN_STEPS[1:3] if c['quick'] else GEN_STEPS  # quick: one judged T and one below
+    n, rows = c.block_size, []
+    steps = GEN_STEPS[1:3] if c.quick else GEN_STEPS  # quick: one judged T and one below
     for label, key, order in samplers:
         model = models[key]
         for top_p, temp in GEN_SETTINGS:
             for T in steps:
-                g = torch.Generator().manual_seed(c['seed'] + T)  # every sampler: the same seeds
+                g = torch.Generator().manual_seed(c.seed + T)  # every sampler: the same seeds
                 kw = dict(temperature=temp, top_p=top_p, vocab_size=codec.vocab_size, generator=g)
                 xs, passes = [], 0
-                for _ in range(c['gen_samples'] // c['gen_batch']):
+                for _ in range(c.gen_samples // c.gen_batch):
                     if key == 'mdm':
-                        x, st = generate_mdm(model, n, c['gen_batch'], T, cache_trick=True, order=order, **kw)
+                        x, st = generate_mdm(model, n, c.gen_batch, T, cache_trick=True, order=order, **kw)
                     else:
-                        x, st = generate_ao(model, n, c['gen_batch'], T, order=order, **kw)
+                        x, st = generate_ao(model, n, c.gen_batch, T, order=order, **kw)
                     xs.append(x.cpu())
                     passes += st['token_passes']
                 r = generative_ppl(judge, codec, torch.cat(xs), codec, 'none')
                 rows.append(dict(sampler=label, top_p=top_p, temperature=temp, T=T,
-                                 token_passes=passes / (c['gen_samples'] // c['gen_batch']),
+                                 token_passes=passes / (c.gen_samples // c.gen_batch),
                                  **{k: r[k] for k in ('per_sequence', 'token', 'unigram_entropy', 'ended_early')}))
         print(f"  {label}: " + ', '.join(f"{r['top_p']}/{r['temperature']}: {r['per_sequence']:.2f}"
                                          for r in rows[-len(GEN_SETTINGS) * len(steps)::len(steps)])
@@ -411,22 +409,22 @@ def main(argv=None):
     c, cmd = read_config(argv)
     t_all, timing = time.time(), {}
     prepare_data()
-    names = [k for k in RUNS if not (c['quick'] and k == 'ao_seed2')]
+    names = [k for k in RUNS if not (c.quick and k == 'ao_seed2')]
     t0 = time.time()
-    print(f"training {len(names)} runs of {c['max_iters']} iterations ({DATASET}, {c['device']})")
+    print(f"training {len(names)} runs of {c.max_iters} iterations ({DATASET}, {c.device})")
     for name in names:
         run_training(c, name)
     timing['training'] = time.time() - t0
-    logs = {k: read_log(os.path.join(c['runs_dir'], k)) for k in names}
+    logs = {k: read_log(os.path.join(c.runs_dir, k)) for k in names}
     t0 = time.time()
     chunks, ema, ens = evaluate_runs(c, names)
     timing['evaluation'] = time.time() - t0
     t0 = time.time()
-    print(f"finding 6: sampling time vs steps T (n={c['sample_n']}, B={c['sample_batch']}, random models)")
+    print(f"finding 6: sampling time vs steps T (n={c.sample_n}, B={c.sample_batch}, random models)")
     samp = time_samplers(c)
     timing['sampling'] = time.time() - t0
     t0 = time.time()
-    print(f"finding 7: generative perplexity, {c['gen_samples']} samples per sampler, setting and T, judged by `judge`")
+    print(f"finding 7: generative perplexity, {c.gen_samples} samples per sampler, setting and T, judged by `judge`")
     gen = generation_study(c, names)
     timing['generation'] = time.time() - t0
     figs = draw_plots(c, logs, ens, samp, gen)
@@ -435,20 +433,20 @@ def main(argv=None):
 
 
 def read_config(argv):
+    """The resolved config (c.key), and the command line that produced it."""
     argv = sys.argv[1:] if argv is None else argv
-    argv = ['--quick=True' if a == '--quick' else a for a in argv]  # allow the bare flag
-    g = {k: globals()[k] for k in _CONFIG_KEYS}
-    g.update(__file__=__file__, __doc__=__doc__)  # --help reads the comments beside the defaults
-    c = configure(g, argv)
-    if c['quick']:  # small everything; same code path
-        c.update(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1, sample_n=32,
-                 sample_batch=4, sample_embd=c['n_embd'], gen_samples=8, gen_batch=8)
-    c['runs_dir'] = c['runs_dir'] or ('out-reproduce-quick' if c['quick'] else 'out-reproduce')
-    c['results_dir'] = c['results_dir'] or (os.path.join('out-reproduce-quick', 'results') if c['quick']
-                                            else 'results')
-    print_config(c)
+    c = namespace(globals(), argv)
+    if c.quick:  # small everything; same code path
+        for k, v in dict(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1, sample_n=32,
+                         sample_batch=4, sample_embd=c.n_embd, gen_samples=8, gen_batch=8).items():
+            setattr(c, k, v)
+            c.config[k] = v
+    c.runs_dir = c.config['runs_dir'] = c.runs_dir or ('out-reproduce-quick' if c.quick else 'out-reproduce')
+    c.results_dir = c.config['results_dir'] = c.results_dir or (
+        os.path.join('out-reproduce-quick', 'results') if c.quick else 'results')
+    print_config(c.config)
     os.chdir(ROOT)
-    os.makedirs(c['results_dir'], exist_ok=True)
+    os.makedirs(c.results_dir, exist_ok=True)
     return c, 'python reproduce.py ' + ' '.join(argv) if argv else 'python reproduce.py'
 
 
@@ -462,7 +460,7 @@ def prepare_data():
 
 def evaluate_runs(c, names):
     """Findings 5b (EMA vs raw weights) and 4 (ensembles) on the trained `ao` run(s)."""
-    chunks = val_chunks(c['eval_chunks'], c['block_size'])
+    chunks = val_chunks(c.eval_chunks, c.block_size)
     print(f"finding 5b: EMA vs raw weights of `ao` on {len(chunks)} val windows")
     ema = {k: eval_ema(c, k, chunks) for k in (['ao', 'ao_seed2'] if 'ao_seed2' in names else ['ao'])}
     print(f"finding 4: context-order ensembles M = {ENSEMBLE_M} on {len(chunks)} val windows")
@@ -478,7 +476,7 @@ FIGS = {1: 'f1_ao_vs_l2r.png', 2: 'f2_orders.png', 3: 'f3_l2r_mix.png', 4: 'f4_e
 
 
 def draw_plots(c, logs, ens, samp, gen):
-    res, tok = c['results_dir'], lambda k, key: curve(logs[k], key)
+    res, tok = c.results_dir, lambda k, key: curve(logs[k], key)
     path = lambda i: os.path.join(res, FIGS[i])  # noqa: E731
     plot.curves(path(1), 'Finding 1: AO-GPT converges more slowly than L2R', [
         ('L2R run, L2R loss', *tok('l2r', 'val_l2r'), '-o'),
@@ -505,7 +503,7 @@ def draw_plots(c, logs, ens, samp, gen):
         ('AdaLN, table 1 + Linear 0.2: any-order', *tok('ao_init', 'val_ao'), '-.s'),
         ('AdaLN, table 1 + Linear 0.2: L2R', *tok('ao_init', 'val_l2r'), '-.o')])
     Ts = [r['T'] for r in samp]
-    plot.xy(path(6), f"Finding 6: sampling {c['sample_batch']} x {c['sample_n']} tokens, {c['device']}", Ts,
+    plot.xy(path(6), f"Finding 6: sampling {c.sample_batch} x {c.sample_n} tokens, {c.device}", Ts,
             [('AO-GPT, KV-cached', [r['dec_s'] for r in samp], '-o'),
              ('encoder MDM', [r['enc_s'] for r in samp], '-s')], 'steps T', 'wall time (s)', logy=True)
     styles = {'ao': '-o', 'ao_seed2': ':o', 'mdm': '-s', 'ao, blocks:8': '--^', 'ao, confidence': '-.d'}
@@ -561,21 +559,21 @@ def judge_findings(c, names, logs, ens, ema, samp, gen, figs):
          "top-p 0.95 and temperature 0.7 they are comparable", figs[7],
          judge_annealing(gen_summary(gen), gen_noise)),
     ]
-    if c['quick']:
+    if c.quick:
         findings = [(i, claim, fig, ('not judged (--quick)', ev)) for i, claim, fig, (_, ev) in findings]
     return findings
 
 
 def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, timing, total):
-    res = c['results_dir']
+    res = c.results_dir
     L = lambda k, key: end(curve(logs[k], key)[1])  # noqa: E731
-    md = [f"# Paper findings at small scale{' (QUICK: smoke test, nothing judged)' if c['quick'] else ''}", '',
-          f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c['device']}, in {total / 60:.1f} min "
+    md = [f"# Paper findings at small scale{' (QUICK: smoke test, nothing judged)' if c.quick else ''}", '',
+          f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, in {total / 60:.1f} min "
           f"(" + ', '.join(f"{k} {v / 60:.1f}" for k, v in timing.items()) + "; runs reused from an earlier "
-          f"invocation cost nothing here). Setting: character-level PTB, context {c['block_size']}, "
-          f"{c['n_layer']} layers x {c['n_embd']}, {c['max_iters']} iterations of {c['batch_size']} x "
-          f"{c['block_size']} characters, LR {c['learning_rate']} nearly constant after warmup, EMA "
-          f"{c['ema_decay']}. Losses are nats per character on {c['eval_iters'] * c['batch_size']} fixed val "
+          f"invocation cost nothing here). Setting: character-level PTB, context {c.block_size}, "
+          f"{c.n_layer} layers x {c.n_embd}, {c.max_iters} iterations of {c.batch_size} x "
+          f"{c.block_size} characters, LR {c.learning_rate} nearly constant after warmup, EMA "
+          f"{c.ema_decay}. Losses are nats per character on {c.eval_iters * c.batch_size} fixed val "
           f"windows (EMA weights); \"end\" = mean of the last 3 evals.", '',
           '| # | claim | verdict | evidence |', '|---|---|---|---|']
     for i, claim, fig, (v, ev) in findings:
@@ -587,22 +585,22 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, tim
         f = lambda key: (f"{L(k, key):.3f}" if curve(logs[k], key)[1] else '')  # noqa: E731
         md.append(f"| {k} | {RUNS[k][1]} | {f('val_l2r')} | {f('val_ao')} | {f('val_order')} | {f('val_elbo')} | "
                   f"`python {' '.join(train_args(c, k))}` |")
-    md += ['', f"Finding 4 (`ao`, EMA, {len(chunks)} val windows of {c['block_size']}, {c['ens_draws']} "
+    md += ['', f"Finding 4 (`ao`, EMA, {len(chunks)} val windows of {c.block_size}, {c.ens_draws} "
            f"draws each, eval_ppl's fast estimator with nested members; gain = paired drop vs M = 1):", '',
            '| M | any-order NLL | PPL per char | gain (nats) |', '|---|---|---|---|']
     md += [f"| {r['M']} | {r['nll']:.4f} | {math.exp(r['nll']):.4f} | {r['gain']:.4f} ± {r['gain_se']:.4f} |"
            for r in ens]
-    md += ['', f"Finding 5b (the same {len(chunks)} val windows, {c['eval_orders']} orders each):", '',
+    md += ['', f"Finding 5b (the same {len(chunks)} val windows, {c.eval_orders} orders each):", '',
            '| run | weights | L2R NLL | any-order NLL |', '|---|---|---|---|']
     md += [f"| {k} | {w} | {ema[k][w]['l2r']:.4f} | {ema[k][w]['ao']:.4f} |" for k in ema for w in ('ema', 'raw')]
-    md += ['', f"Finding 6 (random models, {c['n_layer']} x {c['sample_embd']}, n = {c['sample_n']}, batch "
-           f"{c['sample_batch']}, {c['device']}; best of 3 runs (decoder), one run (encoder); encoder without the "
+    md += ['', f"Finding 6 (random models, {c.n_layer} x {c.sample_embd}, n = {c.sample_n}, batch "
+           f"{c.sample_batch}, {c.device}; best of 3 runs (decoder), one run (encoder); encoder without the "
            f"caching trick):", '', '| T | AO-GPT cached (s) | encoder MDM (s) | token-passes AO | token-passes MDM |',
            '|---|---|---|---|---|']
     md += [f"| {r['T']} | {r['dec_s']:.3f} | {r['enc_s']:.3f} | {r['dec_passes']} | {r['enc_passes']} |"
            for r in samp]
     steps = sorted({r['T'] for r in gen})
-    md += ['', f"Finding 7 ({c['gen_samples']} samples of {c['block_size']} characters per cell, judged by the "
+    md += ['', f"Finding 7 ({c.gen_samples} samples of {c.block_size} characters per cell, judged by the "
            f"`judge` run (an L2R GPT, {RUNS['judge'][0]['n_layer']} layers, not a compared model); gen PPL per "
            f"character: the per-sequence mean (the paper's code, SEDD) / the token-weighted one after cutting "
            f"at the first newline (MDLM, DUO); H = unigram entropy of a sample, nats; passes = token-passes "
@@ -619,13 +617,13 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, tim
     with open(os.path.join(res, 'README.md'), 'w') as f:
         f.write('\n'.join(md))
     with open(os.path.join(res, 'results.json'), 'w') as f:
-        json.dump(dict(config=c, command=cmd, logs=logs, ensemble=ens, ema=ema, sampling=samp, generation=gen,
+        json.dump(dict(config=c.config, command=cmd, logs=logs, ensemble=ens, ema=ema, sampling=samp, generation=gen,
                        timing=timing, findings=[dict(id=i, claim=cl, verdict=v, evidence=ev)
                                                 for i, cl, _, (v, ev) in findings]), f, indent=1)
     print()
     for i, claim, _, (v, ev) in findings:
         print(f"[{i}] {claim}\n     {v}: {ev}")
-    if c['quick']:
+    if c.quick:
         print("\nQUICK MODE: tiny runs check that the pipeline works end to end; nothing above is judged.")
     print(f"\nwrote {res}/README.md, {res}/results.json and {len(FIGS)} plots in {total / 60:.1f} min")
 

@@ -51,12 +51,11 @@ import re
 import sys
 import time
 import unicodedata
-from types import SimpleNamespace
 
 import torch
 from torch.nn import functional as F
 
-from configurator import configure, die, print_config
+from configurator import die, namespace, print_config
 from model import GPT, parallel_mask
 from runtime import autocast, resolve_device
 
@@ -926,8 +925,7 @@ def main(argv=None):
 def read_config(argv=None):
     """The resolved config (a namespace; the module's defaults stay untouched), every value and every
     destination checked before anything loads or samples."""
-    cfg = configure(dict(globals()), argv)
-    c = SimpleNamespace(**cfg, config=cfg)
+    c = namespace(globals(), argv)
     for key, ok in (('schedule', c.schedule in ('linear', 'cosine')), ('top_p', 0 < c.top_p <= 1),
                     ('mdm_counts', c.mdm_counts in ('shared', 'independent')), ('temperature', c.temperature >= 0),
                     ('gen_ppl_mode', c.gen_ppl_mode in ('auto', 'none', 'hf')), ('steps', c.steps >= 1),

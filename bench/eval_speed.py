@@ -32,7 +32,7 @@ vocab_size = 50304
 n = 64                       # chunk length
 chunks = 16                  # chunks timed for plain and fast
 exact_chunks = 2             # chunks timed for exact (n*M passes each)
-M = 8
+members = 8                  # M, the ensemble size
 batch_size = 16              # rows per forward pass
 seed = 0
 write = False
@@ -63,8 +63,8 @@ def timed(fn, x):
 
 per_chunk = {
     'plain': timed(lambda x, g: nll_any_order(model, x, 1, g, batch_size=batch_size), data),
-    f'fast x{M}': timed(lambda x, g: nll_ensemble(model, x, M, 'fast', g, batch_size=batch_size), data),
-    f'exact x{M}': timed(lambda x, g: nll_ensemble(model, x, M, 'exact', g, batch_size=batch_size),
+    f'fast x{members}': timed(lambda x, g: nll_ensemble(model, x, members, 'fast', g, batch_size=batch_size), data),
+    f'exact x{members}': timed(lambda x, g: nll_ensemble(model, x, members, 'exact', g, batch_size=batch_size),
                          data[:exact_chunks]),
 }
 base = per_chunk['plain']
@@ -76,5 +76,5 @@ print(table)
 
 if write:
     append_benchmark('Eval speed', cuda,
-                     f"{n_layer}L/{n_embd}d/{n_head}H, {n}-token chunks, M = {M}, {dtype if cuda else 'fp32'} "
+                     f"{n_layer}L/{n_embd}d/{n_head}H, {n}-token chunks, M = {members}, {dtype if cuda else 'fp32'} "
                      f"weights; exact timed on {exact_chunks} chunk(s).", table)

@@ -61,14 +61,24 @@ def test_help_lists_every_key(capsys):
         assert f'--{k}' in out
 
 
-@pytest.mark.parametrize('module', ['sample', 'eval_ppl'])
+@pytest.mark.parametrize('module', ['sample', 'eval_ppl', 'reproduce', 'train_speed'])
 def test_module_constants_are_not_config_keys(module):
-    """configure(globals()) takes every public simple global as a key, so a module constant must be private
-    (a public tuple once showed up in sample.py's printed config and as a --STEPPERS flag)."""
+    """Config keys are the lowercase simple globals; a module's UPPERCASE constants are not (a public tuple
+    once showed up in sample.py's printed config and as a --STEPPERS flag)."""
     import importlib
     from configurator import _keys
-    keys = _keys(vars(importlib.import_module(module)))
+    g = vars(importlib.import_module(module)) if module != 'train_speed' else {'ORDERS': ('a',), 'lr': 1.0,
+                                                                              'ROOT': '/x', '_hidden': 1}
+    keys = _keys(g)
     assert keys and all(k == k.lower() for k in keys), sorted(k for k in keys if k != k.lower())
+    assert not any(k.isupper() for k in keys)
+
+
+def test_namespace_leaves_the_defaults_alone():
+    from configurator import namespace
+    g = defaults()
+    c = namespace(g, ['--max_iters=7'])
+    assert c.max_iters == 7 and c.config['max_iters'] == 7 and g['max_iters'] == 100
 
 
 def typed_defaults():

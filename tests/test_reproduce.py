@@ -99,9 +99,10 @@ def test_gen_summary_is_a_geometric_mean_over_the_judged_steps():
 def test_runs_differ_only_in_what_they_test():
     """Every comparison must be like with like: two runs' train.py commands may differ only in out_dir
     and the overrides that define them (order mode, L2R fraction, conditioning, seed)."""
-    c = dict(runs_dir='r', device='cpu', n_layer=2, n_head=2, n_embd=32, target_dim=16, block_size=64,
-             batch_size=4, max_iters=100, learning_rate=1e-3, ema_decay=0.99, eval_interval=10,
-             eval_iters=2, eval_orders=2, seed=1)
+    from types import SimpleNamespace
+    c = SimpleNamespace(runs_dir='r', device='cpu', n_layer=2, n_head=2, n_embd=32, target_dim=16, block_size=64,
+                        batch_size=4, max_iters=100, learning_rate=1e-3, ema_decay=0.99, eval_interval=10,
+                        eval_iters=2, eval_orders=2, seed=1)
     parse = lambda name: dict(a[2:].split('=', 1) for a in R.train_args(c, name)[1:])
     base = parse('ao')
     assert base['max_iters'] == '100' and base['dataset'] == R.DATASET and base['init_from'] == 'auto'
