@@ -5,30 +5,42 @@ Data (evalsets.py, data/*/prepare.py) and checkpoints (checkpoint.py) go through
 """
 
 import os
-import socket
 import sys
 import threading
 
+_TRUE = ("1", "ON", "YES", "TRUE")
+
+
+# -------------------------------------------------------------------------------------- reachability
+
+def offline():
+    """Is offline mode on: HF_HUB_OFFLINE / HF_DATASETS_OFFLINE, or go_offline() earlier in this process?"""
+    if any(os.environ.get(v, "").upper() in _TRUE for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return True
+    hf = sys.modules.get("huggingface_hub")
+    return bool(hf is not None and hf.constants.HF_HUB_OFFLINE)
+
 
 def hub_reachable(timeout=1.5):
-    """Can we open a TCP connection to huggingface.co? Honours HF_HUB_OFFLINE / HF_DATASETS_OFFLINE.
-    The probe runs in a thread so that a slow DNS lookup cannot block us past the timeout either."""
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if os.environ.get(var, "").upper() in ("1", "ON", "YES", "TRUE"):
-            return False
+    """Does huggingface_hub's endpoint answer? huggingface_hub sends the request, so its endpoint
+    (HF_ENDPOINT: a mirror), its HTTP client's proxies (HTTPS_PROXY, ALL_PROXY, NO_PROXY) and its offline
+    flag all count. One HEAD request, no retries; it runs in a thread so that a slow DNS lookup cannot hold
+    us past the timeout either. Any answer but a 5xx (a gateway or proxy error) means reachable."""
+    if offline():
+        return False
+    from huggingface_hub import constants, get_session
     ok = []
 
     def probe():
         try:
-            socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-            ok.append(True)
-        except OSError:
+            ok.append(get_session().head(constants.ENDPOINT + "/", timeout=timeout).status_code < 500)
+        except Exception:  # connection refused, timeout, proxy error, offline mode: all mean "cannot reach"
             pass
 
     t = threading.Thread(target=probe, daemon=True)
     t.start()
     t.join(timeout + 0.5)
-    return bool(ok)
+    return bool(ok and ok[0])
 
 
 def go_offline():
