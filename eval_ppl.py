@@ -43,6 +43,7 @@ dataset = ''             # codec source: a data dir or a name under data/ ('' = 
 datasets = 'lambada,wikitext2,ptb,wikitext103,lm1b'  # comma list; also ag_news,pubmed,arxiv,owt
 data_path = ''           # local-file overrides, e.g. 'wikitext2=/data/wiki.test.raw,lambada=/data/l.jsonl'
 split = ''               # '' = each set's default split (see evalsets.py)
+revisions = ''           # HF hub revision per set instead of evalsets' pins, e.g. 'lambada=<commit>,lm1b=main'
 paper_split = False      # True: the paper's WikiText-2 *train* split (inherited from RADD), to match its tables
 block_size = 0           # chunk length; 0 = the model's block_size
 max_chunks = 0           # evaluate only the first max_chunks chunks of each set (0 = all)
@@ -427,7 +428,7 @@ def _fmt(col, bpc=False):
 def main(argv=None):
     from configurator import configure, print_config, die
     from checkpoint import load_model
-    from evalsets import load_eval_chunks
+    from evalsets import load_eval_chunks, parse_revisions
     from tokenizer import DataError
     from tqdm import tqdm
 
@@ -458,6 +459,13 @@ def main(argv=None):
         die(f"--ensemble_mode must be 'fast' or 'exact', got {c.ensemble_mode!r}")
     if c.dtype not in ('auto', 'bfloat16', 'float16', 'float32'):
         die(f"--dtype must be auto, bfloat16, float16 or float32, got {c.dtype!r}")
+    try:  # before the model loads: a typo here costs nothing
+        revisions = parse_revisions(c.revisions)
+    except DataError as e:
+        die(e.msg)
+    extra = sorted(set(revisions) - {s.strip() for s in c.datasets.split(',')})
+    if extra:
+        die(f"--revisions names {extra}, which are not in --datasets {c.datasets!r}")
 
     path = c.ckpt or c.out_dir
     model, ck, used_ema = load_model(path, dev, c.use_ema)
@@ -492,10 +500,13 @@ def main(argv=None):
 
     results = {}
     data = {}  # load every set first: a missing fifth set fails in seconds, not after four evaluations
+    sources = {}  # what each set was read from (hub repo and commit, or a local path), for the JSON
     for name in names:
         try:
+            sources[name] = {}
             chunks = load_eval_chunks(name, codec, n, split=c.split or None, path=paths.get(name),
-                                      paper_split=c.paper_split)
+                                      paper_split=c.paper_split, revision=revisions.get(name),
+                                      record=sources[name])
         except DataError as e:  # name our own flag for the local-file override
             die(f"{e.msg} [eval_ppl.py: --data_path {name}=PATH]")
         data[name] = chunks[:c.max_chunks] if c.max_chunks else chunks
@@ -533,7 +544,7 @@ def main(argv=None):
         if ddp:
             dist.all_reduce(t)
         mean = {k: t[2 * i].item() / t[2 * i + 1].item() for i, k in enumerate(keys)}
-        row = {'chunks': len(chunks), 'tokens': len(chunks) * n}
+        row = {'chunks': len(chunks), 'tokens': len(chunks) * n, 'source': sources[name]}
         for k in cols:
             row[k] = {'nll': mean[k], 'ppl': math.exp(mean[k])}
             if char:  # one token is one character

@@ -185,6 +185,22 @@ def test_hub_sets_read_offline_from_the_hf_cache(tmp_path):
     assert "ccdv/pubmed-summarization" in out["pubmed"]["error"] and "\n" not in out["pubmed"]["error"]
 
 
+def test_eval_ppl_json_records_the_commit_read(tmp_path):
+    from test_eval import make_ckpt
+    fill_cache(tmp_path / "hub")
+    make_ckpt(tmp_path / "out")
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "eval_ppl.py", "--out_dir", str(tmp_path / "out"), "--datasets", "lm1b,ag_news",
+           "--block_size", "8", "--revisions", "lm1b=main", "--progress", "False", "--json_out", str(out)]
+    r = subprocess.run(cmd, cwd=ROOT, env=offline_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sets = json.loads(out.read_text())["datasets"]
+    assert sets["lm1b"]["source"] == {"hub": "dvruette/lm1b", "config": None, "split": "test",
+                                      "revision": "main", "commit": commit("lm1b")}
+    assert sets["ag_news"]["source"]["commit"] == commit("ag_news")
+    assert sets["lm1b"]["tokens"] == len(stream(LM1B, lm1b_detokenize)) // 8 * 8
+
+
 def test_script_only_repos_name_their_replacement(tmp_path):
     """A repo that still holds only a loading script: one line on stderr naming what to read instead."""
     hub = tmp_path / "hub"
@@ -227,7 +243,7 @@ def test_split_files_follow_the_datasets_conventions(tmp_path):
 
 # ------------------------------------------------------------------------------------ revisions
 
-def test_revision_overrides_parse_and_bad_ones_are_one_line():
+def test_revision_overrides_parse_and_bad_ones_are_one_line(capsys):
     assert parse_revisions("") == {}
     assert parse_revisions(" lambada = abc123 ,lm1b=main") == {"lambada": "abc123", "lm1b": "main"}
     for bad, says in [("wikitext=abc", "'wikitext' is not an eval set read from the HF hub"),
@@ -235,6 +251,13 @@ def test_revision_overrides_parse_and_bad_ones_are_one_line():
                       ("lambada", "name=revision"), ("lambada=", "name=revision")]:
         with pytest.raises(DataError, match=says):
             parse_revisions(bad)
+    import eval_ppl as E
+    for argv, says in [(["--revisions", "wikitext=abc"], "--revisions: 'wikitext' is not an eval set"),
+                       (["--revisions", "lm1b=main", "--datasets", "ptb"], "not in --datasets")]:
+        with pytest.raises(SystemExit) as e:  # refused before any checkpoint is looked for
+            E.main(argv + ["--out_dir", "/no/such/dir", "--progress", "False"])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code != 0 and len(err.splitlines()) == 1 and says in err
     with pytest.raises(DataError, match="no revision"):
         evalsets.eval_documents("ptb", revision="main")
 
