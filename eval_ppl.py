@@ -40,7 +40,7 @@ from torch.nn import functional as F
 
 from checkpoint import checkpoint_codec, load_model
 from configurator import die, namespace, print_config
-from evalsets import load_eval_chunks
+from evalsets import load_eval_chunks, parse_revisions
 from model import random_orders, stratified_uniform
 from plot import plot_eval
 from runtime import autocast, resolve_device
@@ -55,6 +55,7 @@ datasets = 'lambada,wikitext2,ptb,wikitext103,lm1b'  # comma list; also ag_news,
 data_path = ''           # local-file overrides, e.g. 'wikitext2=/data/wiki.test.raw,lambada=/data/l.jsonl'
 skip_missing = True      # skip a set that cannot be loaded (offline, not cached), with a line; False: fail
 split = ''               # '' = each set's default split (see evalsets.py)
+revisions = ''           # HF hub revision per set instead of evalsets' pins, e.g. 'lambada=<commit>,lm1b=main'
 paper_split = False      # True: the paper's WikiText-2 *train* split (inherited from RADD), to match its tables
 block_size = 0           # chunk length, >= 1; 0 = the model's block_size
 max_chunks = 0           # evaluate only the first max_chunks chunks of each set, >= 1 (0 = all)
@@ -428,6 +429,14 @@ def read_config(argv):
     unused = sorted(set(c.paths) - set(c.names))
     if unused:
         die(f"--data_path names {unused} are not in --datasets {c.names}")
+    c.sources = {}
+    try:
+        c.revision_of = parse_revisions(c.revisions)
+    except DataError as e:
+        die(e.msg)
+    extra = sorted(set(c.revision_of) - set(c.names))
+    if extra:
+        die(f"--revisions names {extra}, which are not in --datasets {c.names}")
     c.device = resolve_device(c.device)
     autocast(c.device, c.dtype)  # a bad --dtype is an error before the model loads
     return c
@@ -475,9 +484,11 @@ def load_sets(c, codec, n, master):
     {skipped name: why})."""
     data, skipped = {}, {}
     for name in c.names:
+        c.sources[name] = {}  # what the set was read from (hub repo and commit, or a local path), for the JSON
         try:
             chunks = load_eval_chunks(name, codec, n, split=c.split or None, path=c.paths.get(name),
-                                      paper_split=c.paper_split)
+                                      paper_split=c.paper_split, revision=c.revision_of.get(name),
+                                      record=c.sources[name])
         except DataError as e:
             if not c.skip_missing or name in c.paths:  # a local file the user named must load
                 die(f"{e.msg} [eval_ppl.py: --data_path {name}=PATH]")
@@ -532,7 +543,7 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
     if world > 1:
         torch.distributed.all_reduce(t)
     mean = {k: t[2 * i].item() / t[2 * i + 1].item() for i, k in enumerate(keys)}
-    row = {'chunks': len(chunks), 'tokens': chunks.numel()}
+    row = {'chunks': len(chunks), 'tokens': chunks.numel(), 'source': c.sources.get(name)}
     for k in ('l2r', 'any_order', 'ensemble'):
         row[k] = {'nll': mean[k], 'ppl': math.exp(mean[k])} if k in cols and k != 'ensemble' else None
     if M:

