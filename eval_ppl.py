@@ -213,7 +213,7 @@ def _reorder_contexts(ctx, M, generator):
     in (the paper always includes it), members 1.. are uniform reshuffles of the same set. The base
     order is itself uniform, so the M orderings are M independent uniform orderings of the set."""
     R, c = ctx.shape
-    shuffles = [ctx.gather(1, torch.rand(R, c, generator=generator).argsort(1)) for _ in range(M - 1)]
+    shuffles = [ctx.gather(1, random_orders(R, c, generator=generator)) for _ in range(M - 1)]
     return torch.stack([ctx] + shuffles)
 
 
@@ -313,13 +313,12 @@ def _ensemble_exact_per_chunk(model, chunks, M, generator=None, draws=1, batch_s
     for d in range(N * draws):
         chunk = d // draws
         sigma = random_orders(1, n, generator=generator)[0]              # (n,)
-        keys = torch.rand(n, M, n, generator=generator)                  # keys[i, m, :i] shuffle sigma_<i
         orders = []                                                      # member m of target index i
         for i in range(n):
             for m in range(M):
                 o = sigma.clone()
-                if m > 0:
-                    o[:i] = sigma[:i][keys[i, m, :i].argsort()]
+                if m > 0:                                                # a uniform reshuffle of sigma_<i
+                    o[:i] = sigma[:i][random_orders(1, i, generator=generator)[0]]
                 orders.append(o)
         orders = torch.stack(orders).to(dev)                             # (n*M, n)
         x = chunks[chunk].to(dev).expand(n * M, n)
@@ -374,7 +373,7 @@ def _mdm_elbo_per_chunk(model, chunks, n_draws=1, generator=None, estimator='cou
         x = chunks[rows]
         v = ks[ids]
         if estimator == 'count':
-            rank = torch.rand(len(x), n, generator=generator).argsort(1).argsort(1)  # uniform ranks
+            rank = random_orders(len(x), n, generator=generator).argsort(1)  # uniform ranks
             masked = rank < v[:, None]                                   # a uniform subset of size k
             w = n / v
         else:

@@ -491,8 +491,11 @@ def _load_hf_state_dict(path):
 # ---------------------------------------------------------------------- helpers shared by the scripts
 
 def random_orders(B, n, device=None, generator=None):
-    """B independent uniform permutations of range(n): argsort of uniform noise, on the device."""
-    return torch.rand(B, n, device=device, generator=generator).argsort(dim=1)
+    """B independent uniform permutations of range(n): argsort of uniform noise, on the device. The one
+    place every order, shuffle and uniform subset is drawn (training, eval, sampling). float64 keys:
+    float32 ones take 2^24 values, so a row of 1024 holds a tie with probability ~3%, and argsort breaks
+    ties by index, a bias toward left to right; with 53 bits a tie is practically impossible."""
+    return torch.rand(B, n, device=device, generator=generator, dtype=torch.float64).argsort(dim=1)
 
 
 def stratified_uniform(count, generator=None, device=None, dtype=torch.float64):

@@ -56,7 +56,7 @@ import torch
 from torch.nn import functional as F
 
 from configurator import die, namespace, print_config
-from model import GPT, parallel_mask
+from model import GPT, parallel_mask, random_orders
 from runtime import autocast, resolve_device
 
 # -----------------------------------------------------------------------------
@@ -262,8 +262,7 @@ def free_order(order, free, batch_size, generator=None):
     B, nf = batch_size, free.numel()
     if isinstance(order, str):
         if order == 'random':
-            # float64 keys: ties (which would bias argsort) are practically impossible
-            return free[torch.rand(B, nf, dtype=torch.float64, generator=generator).argsort(dim=1)]
+            return free[random_orders(B, nf, generator=generator)]
         if order == 'l2r':
             return free.expand(B, nf).clone()
         if check_order(order).startswith('blocks:'):
