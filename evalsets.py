@@ -345,7 +345,7 @@ def load_eval_chunks(name, codec, block_size, split=None, path=None, keep_partia
 
 if __name__ == "__main__":
     import sys
-    from configurator import configure, print_config
+    from configurator import namespace, print_config
     from tokenizer import get_codec
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
         print(f"usage: python evalsets.py NAME [--block_size=1024 --split=test --path=... --paper_split=True "
@@ -353,12 +353,12 @@ if __name__ == "__main__":
         raise SystemExit(2)
     # '' means the default; data_dir: a data/<name> dir whose meta.json picks the codec (default GPT-2);
     # revision: a branch, tag or commit of the set's hub repo instead of its pin
-    cfg = dict(block_size=1024, split="", path="", paper_split=False, keep_partial=False, data_dir="", revision="")
-    print_config(configure(cfg, sys.argv[2:]))
-    c = get_codec(cfg["data_dir"] or None)
-    read = {}
-    x = load_eval_chunks(sys.argv[1], c, cfg["block_size"], cfg["split"] or None, cfg["path"] or None,
-                         cfg["keep_partial"], cfg["paper_split"], cfg["revision"] or None, read)
-    print(f"{sys.argv[1]}: {x.shape[0]} rows x {cfg['block_size']} tokens ({c.name}), "
+    c = namespace(dict(block_size=1024, split="", path="", paper_split=False, keep_partial=False, data_dir="",
+                       revision=""), sys.argv[2:])
+    print_config(c.config)
+    codec, read = get_codec(c.data_dir or None), {}
+    x = load_eval_chunks(sys.argv[1], codec, c.block_size, c.split or None, c.path or None, c.keep_partial,
+                         c.paper_split, c.revision or None, read)
+    print(f"{sys.argv[1]}: {x.shape[0]} rows x {c.block_size} tokens ({codec.name}), "
           f"{int((x >= 0).sum()):,} tokens kept")
     print("read: " + ", ".join(f"{k}={v}" for k, v in read.items() if v is not None))
