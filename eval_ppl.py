@@ -37,7 +37,7 @@ from model import random_orders
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
 out_dir = 'out'          # checkpoint directory (evaluates out_dir/ckpt.pt)
-ckpt = ''                # a checkpoint file or directory; overrides out_dir
+ckpt = ''                # checkpoint file or dir, export.py folder, or hf:owner/repo[/path.pt]; overrides out_dir
 use_ema: bool = None     # None: EMA weights when the checkpoint has them; True/False to force
 dataset = ''             # a data dir or name to check the codec against ('' = the checkpoint's own codec)
 datasets = 'lambada,wikitext2,ptb,wikitext103,lm1b'  # comma list; also ag_news,pubmed,arxiv,owt
@@ -565,13 +565,15 @@ def main(argv=None):
         for s in notes:
             print(f"note: {s}")
         out = c.json_out
-        if not out:  # beside the checkpoint; a file other than ckpt.pt gets its own name
-            stem = os.path.splitext(os.path.basename(path))[0]
-            out = (os.path.join(path, 'eval_ppl.json') if os.path.isdir(path) else
-                   os.path.join(os.path.dirname(path) or '.',
-                                'eval_ppl.json' if stem == 'ckpt' else f'{stem}.eval_ppl.json'))
-        record = {'checkpoint': os.path.abspath(path), 'model': kind, 'ema': used_ema, 'codec': codec.name,
-                  'block_size': n, 'precision': 'float32' if isinstance(ctx, nullcontext) else amp,
+        hub = path.startswith('hf:')
+        if not out:  # beside the checkpoint; a file other than ckpt.pt gets its own name; hub ones: here
+            stem = os.path.splitext(os.path.basename(path.rstrip('/')).split('@')[0])[0]
+            out = (f'{stem}.eval_ppl.json' if hub else
+                   os.path.join(path, 'eval_ppl.json') if os.path.isdir(path) else
+                   os.path.join(os.path.dirname(path) or '.', 'eval_ppl.json' if stem == 'ckpt' else
+                                f'{stem}.eval_ppl.json'))
+        record = {'checkpoint': path if hub else os.path.abspath(path), 'model': kind, 'ema': used_ema,
+                  'codec': codec.name, 'block_size': n, 'precision': 'float32' if isinstance(ctx, nullcontext) else amp,
                   'world_size': world, 'seed': c.seed, 'orders': c.orders,
                   'ensemble': c.ensemble if M else 0, 'ensemble_mode': c.ensemble_mode,
                   'ensemble_draws': c.ensemble_draws, 'paper_split': c.paper_split,

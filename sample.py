@@ -49,7 +49,7 @@ from model import GPT, KVCache
 # -----------------------------------------------------------------------------
 # CLI config (python sample.py --help lists these with their comments)
 out_dir = 'out'            # checkpoint directory (its ckpt.pt)
-ckpt = ''                  # a checkpoint file; overrides out_dir
+ckpt = ''                  # checkpoint file or dir, export.py folder, or hf:owner/repo[/path.pt]; overrides out_dir
 use_ema: bool = None       # None: the EMA weights if the checkpoint has them; True/False to force
 dataset = ''               # a data dir or name to check the codec against; '' = the checkpoint's codec
 batch_size = 4             # samples per batch (they share the per-step counts, see the docstring)
@@ -68,7 +68,7 @@ blank_len = 8              # tokens per [BLANK]
 stepper = 'dynamic'        # decoder calls: dynamic | static (fixed padded shapes) | cuda_graph
 cache_trick = True         # encoder MDM: a step that reveals nothing reuses the last pass (MDLM)
 mdm_counts = 'shared'      # encoder MDM: shared (one count per step for the batch) | independent (per sample)
-gen_ppl = ''               # judge: a checkpoint of ours (file/dir) or a local HF GPT-2 directory
+gen_ppl = ''               # judge: a checkpoint of ours (any --ckpt form), or HF GPT-2 (a dir or hf:owner/repo)
 gen_ppl_mode = 'auto'      # none: all n scored after [None]; hf: no BOS, token 0 unscored; auto: hf for HF
 judge_batch_size = 16      # judge forward batch
 save = ''                  # write the samples (ids, text) and stats as JSON to this file
@@ -580,11 +580,12 @@ def order_for_length(vals, n, what):
 
 
 def load_judge(path, device):
-    """A judge model and the name of its tokenizer: a local HF GPT-2 dir, or a checkpoint of ours."""
-    from checkpoint import checkpoint_codec, load_model
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, 'config.json')):
-        return GPT.from_pretrained(path).to(device).eval(), 'gpt2', True
-    model, ck, _ = load_model(path, device)
+    """A judge model and the name of its tokenizer: an HF GPT-2 folder (local or hf:), or a checkpoint of ours."""
+    from checkpoint import checkpoint_codec, is_export, load_model, resolve_path
+    where = resolve_path(path)
+    if os.path.isdir(where) and not is_export(where):
+        return GPT.from_pretrained(where).to(device).eval(), 'gpt2', True
+    model, ck, _ = load_model(where, device)
     return model, checkpoint_codec(ck).name, False
 
 
