@@ -61,7 +61,7 @@ def test_help_lists_every_key(capsys):
         assert f'--{k}' in out
 
 
-@pytest.mark.parametrize('module', ['sample', 'eval_ppl'])
+@pytest.mark.parametrize('module', ['sample', 'eval_ppl', 'export'])
 def test_module_constants_are_not_config_keys(module):
     """configure(globals()) takes every public simple global as a key, so a module constant must be private
     (a public tuple once showed up in sample.py's printed config and as a --STEPPERS flag)."""
