@@ -9,17 +9,29 @@ Our format (a plain dict, so `torch.load(weights_only=True)` reads it):
               (the paper's EMA is a positional list, which silently scrambles if modules are reordered)
   plus, from train.py: optimizer, scaler, iter_num, config, rng, data cursor, fixed order, ...
 
-The paper's released checkpoints (scxue/AO-GPT-MDM on Hugging Face: AO-GPT and sigma-GPT, Small and
+The paper's released checkpoints (Cauthyyy/AO-GPT-MDM on Hugging Face: AO-GPT and sigma-GPT, Small and
 Medium) load through the same `load_model`: the format is detected from the state-dict keys and the
 file is converted in memory to ours (see convert_paper_checkpoint). No second model class is needed,
 because model.py uses the paper's slot layout; only names, switches and the EMA list need mapping.
+
+Exported folders (export.py: config.json + model.safetensors + README.md, one set of weights) are the
+format for sharing: they load without unpickling anything. Where a checkpoint can be, resolve_path
+takes (the one resolver every script goes through):
+  FILE                          a torch checkpoint (ours or the paper's)
+  DIR                           DIR/ckpt.pt (a train.py run), else DIR as an exported folder
+  hf:owner/repo[@rev]           an exported folder on the Hugging Face hub (config.json + model.safetensors)
+  hf:owner/repo[@rev]/sub       the same, in the repo's folder sub
+  hf:owner/repo[@rev]/p/f.pt    one torch checkpoint in the repo (.pt, .pth, .ckpt, .bin)
+Hub files go through huggingface_hub into its cache (HF_HUB_CACHE), only the files named; offline the
+cache serves, and a file that is not cached fails at once in one line saying how to get it.
 """
 
+import json
 import os
 import re
 import sys
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 import torch
 
@@ -28,6 +40,10 @@ from model import GPT, GPTConfig
 from tokenizer import DataError, codec_from_record, get_codec
 
 CKPT_NAME = 'ckpt.pt'
+EXPORT_FORMAT, EXPORT_VERSION = 'aogpt-export', 1
+EXPORT_CONFIG, EXPORT_WEIGHTS = 'config.json', 'model.safetensors'
+HUB_PREFIX = 'hf:'
+TORCH_SUFFIXES = ('.pt', '.pth', '.ckpt', '.bin')  # what names a torch file inside a hub repo
 
 
 def save_checkpoint(obj, path):
@@ -49,12 +65,22 @@ def save_checkpoint(obj, path):
 
 
 def resolve_path(path):
-    """A checkpoint file, or a directory holding ckpt.pt."""
+    """Where a checkpoint lives on this machine: a torch file, or a folder holding an export (config.json
+    + model.safetensors, checked when read). hf: specs are fetched into the HF cache first."""
+    if path.startswith(HUB_PREFIX):
+        return fetch_from_hub(path)
     if os.path.isdir(path):
-        path = os.path.join(path, CKPT_NAME)
+        run, export = os.path.join(path, CKPT_NAME), os.path.join(path, EXPORT_CONFIG)
+        if os.path.exists(export) and not os.path.exists(run):  # a run's ckpt.pt wins over an export
+            return path
+        path = run
+    elif os.path.basename(path) in (EXPORT_CONFIG, EXPORT_WEIGHTS) and os.path.exists(path):
+        return os.path.dirname(path) or '.'  # a file of an export names its folder
     if not os.path.exists(path):
+        repo = re.fullmatch(r'[\w-][\w.-]*/[\w.-]+', path) and not path.endswith(TORCH_SUFFIXES)
         die(f"checkpoint not found: {path} (train one with `python train.py config/<name>.py`, "
-            f"or pass --ckpt FILE / --out_dir DIR)")
+            f"or pass --ckpt FILE / --out_dir DIR, an export.py folder or hf:owner/repo" +
+            (f"; for a Hugging Face repo write hf:{path})" if repo else ")"))
     return path
 
 
@@ -63,9 +89,11 @@ def load_checkpoint(path):
 
     Tries mmap first: tensors are then paged in only when used, so the optimizer state in a 7 GB
     paper checkpoint is never read when we only evaluate. Files in the legacy (non-zip) format cannot
-    be mmapped and are read normally.
+    be mmapped and are read normally. An exported folder is read by read_export (no torch.load at all).
     """
     path = resolve_path(path)
+    if os.path.isdir(path):
+        return read_export(path)
     # torch warns while it fails on a foreign file (e.g. "pickle protocol 240"): a failure is our one
     # line alone, and the warnings of a load that works are shown as usual
     with warnings.catch_warnings(record=True) as caught:
@@ -136,29 +164,40 @@ def load_model(path, device='cpu', use_ema=None):
     weights were used). For a paper file the dict also has 'source' ('paper-aogpt' | 'paper-sigma')
     and 'tokenizer': 'gpt2'.
     """
-    ckpt = load_checkpoint(path)
+    where = resolve_path(path)
+    ckpt = load_checkpoint(where)
     fmt = detect_format(ckpt)
     if fmt is None:
-        die(f"{resolve_path(path)} is neither an aogpt checkpoint (format='aogpt-v1') nor one of the "
+        die(f"{where} is neither an aogpt checkpoint (format='aogpt-v1') nor one of the "
             f"paper's AO-GPT / sigma-GPT checkpoints: {_describe(ckpt)}")
     if fmt != 'aogpt':
         ckpt = convert_paper_checkpoint(ckpt, fmt)
-    model = GPT(GPTConfig(**ckpt['model_args']))
+    try:
+        model = GPT(GPTConfig(**ckpt['model_args']))
+    except (AssertionError, ValueError, TypeError) as e:
+        die(f"{where}: its model_args do not describe a valid model ({_first_line(e)}): {ckpt['model_args']}")
     sd = strip_prefixes(ckpt['model'])
     try:
         missing, unexpected = model.load_state_dict(sd, strict=False)
     except RuntimeError as e:  # a size mismatch
-        die(f"checkpoint weights do not fit its model_args: {str(e).strip().splitlines()[-1].strip()[:300]}")
+        die(f"{where}: the weights do not fit its model_args: {str(e).strip().splitlines()[-1].strip()[:300]}")
     missing = [k for k in missing if not (model.config.tie_head and k == 'lm_head.weight')]
     if missing or unexpected:
-        die(f"checkpoint does not match its model_args: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    ema = ckpt.get('ema')
-    if use_ema is None:
-        use_ema = bool(ema)
-    if use_ema:
-        if not ema:
-            die("--use_ema=True but the checkpoint has no EMA weights")
-        apply_ema(model, ema['params'])
+        die(f"{where} does not match its model_args: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if ckpt.get('weights'):  # an export holds one set of weights, chosen when it was exported
+        held = ckpt['weights'] == 'ema'
+        if use_ema is not None and use_ema != held:
+            die(f"{path} holds only its {'EMA' if held else 'raw'} weights, so --use_ema={use_ema} cannot be "
+                f"honoured: leave --use_ema out, or export the original checkpoint with --use_ema={use_ema}")
+        use_ema = held
+    else:
+        ema = ckpt.get('ema')
+        if use_ema is None:
+            use_ema = bool(ema)
+        if use_ema:
+            if not ema:
+                die("--use_ema=True but the checkpoint has no EMA weights")
+            apply_ema(model, ema['params'])
     if ckpt.get('source') == 'paper-sigma' and use_ema:
         print("note: using sigma-GPT's EMA weights; the paper evaluated its sigma-GPT checkpoints with the "
               "raw weights (--use_ema=False; train.py: --init_ema=False)", file=sys.stderr)
@@ -242,6 +281,147 @@ def _describe(ckpt):
         if tensors:
             out += f", tensors like {tensors[:4]}"
     return out
+
+
+# ---------------------------------------------------------------------- exported folders (export.py)
+# config.json: {"format": "aogpt-export", "format_version": 1, "model_args": GPTConfig fields,
+#   "codec": Codec.record(), "weights": "ema" | "raw", "fixed_order": [...] or null, "train_config": {...},
+#   plus provenance (iter_num, tokens, source, ...)}; model.safetensors: the state dict, a tied lm_head
+#   stored once (as transformer.wte.weight). Nothing in the folder is pickled.
+
+def is_export(folder):
+    """Does `folder` hold an export of ours (rather than, say, a Hugging Face transformers model)?"""
+    try:
+        with open(os.path.join(folder, EXPORT_CONFIG)) as f:
+            return json.load(f).get('format') == EXPORT_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def read_export(folder):
+    """An exported folder -> a checkpoint dict in our format (one set of weights, no optimizer)."""
+    cfg_path, w_path = os.path.join(folder, EXPORT_CONFIG), os.path.join(folder, EXPORT_WEIGHTS)
+    try:
+        with open(cfg_path) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        die(f"cannot read {cfg_path} ({_first_line(e)}): an export.py folder holds config.json + model.safetensors")
+    if not isinstance(meta, dict) or meta.get('format') != EXPORT_FORMAT:
+        hf = isinstance(meta, dict) and 'model_type' in meta
+        die(f"{folder} is not an export.py folder: its {EXPORT_CONFIG} lacks \"format\": \"{EXPORT_FORMAT}\"" +
+            (f" (it is a Hugging Face transformers {meta['model_type']!r} model: train.py reads GPT-2 as "
+             f"--init_from=gpt2:DIR, sample.py as a --gen_ppl judge)" if hf else ""))
+    if meta.get('format_version') != EXPORT_VERSION:
+        die(f"{cfg_path} is export format version {meta.get('format_version')!r}; this aogpt reads version "
+            f"{EXPORT_VERSION} (update aogpt)")
+    _check_model_args(meta.get('model_args'), cfg_path)
+    try:
+        codec_from_record(meta.get('codec'))
+    except DataError as e:
+        die(f"{cfg_path}: {e.msg}")
+    if meta.get('weights') not in ('ema', 'raw'):
+        die(f"{cfg_path}: \"weights\" must be \"ema\" or \"raw\", got {meta.get('weights')!r}")
+    order = meta.get('fixed_order')
+    if order is not None and not (isinstance(order, list) and all(type(i) is int for i in order)):
+        die(f"{cfg_path}: \"fixed_order\" must be a list of positions or null")
+    if not os.path.exists(w_path):
+        die(f"{folder} has {EXPORT_CONFIG} but no {EXPORT_WEIGHTS}: copy the whole export.py folder")
+    from safetensors.torch import load_file
+    try:
+        sd = load_file(w_path, device='cpu')
+    except Exception as e:
+        die(f"cannot read {w_path}: it is truncated, corrupt or not a safetensors file ({_first_line(e)})")
+    return dict(format='aogpt-v1', source='export', model_args=meta['model_args'], codec=meta['codec'], model=sd,
+                weights=meta['weights'], iter_num=meta.get('iter_num'), tokens=meta.get('tokens'),
+                config=meta.get('train_config') or {}, order=None if order is None else torch.tensor(order),
+                export=meta)
+
+
+def _check_model_args(args, where):
+    """GPTConfig fields only, each of its type: a foreign or hand-edited config.json is one clear line."""
+    known = {f.name: f for f in fields(GPTConfig)}
+    if not isinstance(args, dict):
+        die(f"{where}: \"model_args\" must be an object of GPTConfig fields, got {type(args).__name__}")
+    unknown = sorted(set(args) - set(known))
+    if unknown:
+        die(f"{where}: unknown model_args {unknown} (exported by a newer aogpt?); GPTConfig has "
+            f"{', '.join(known)}")
+    for k, v in args.items():
+        want, default = known[k].type, known[k].default
+        ok = ((v is None and default is None) or (want is float and type(v) in (int, float)) or
+              type(v) is want)
+        if not ok:
+            die(f"{where}: model_args {k} must be {want.__name__}, got {v!r}")
+
+
+def _first_line(e):
+    text = str(e).strip()
+    return (text.splitlines()[0][:200] if text else type(e).__name__)
+
+
+# ---------------------------------------------------------------------- the Hugging Face hub
+def parse_hub_spec(spec):
+    """'hf:owner/repo[@revision][/path]' -> (repo id, revision or None, path inside the repo or '')."""
+    parts = spec[len(HUB_PREFIX):].rstrip('/').split('/')
+    name, at, rev = parts[1].partition('@') if len(parts) > 1 else ('', '', '')
+    if (len(parts) < 2 or not re.fullmatch(r'[\w.-]+', parts[0]) or not re.fullmatch(r'[\w.-]+', name)
+            or (at and not re.fullmatch(r'[\w.-]+', rev)) or '' in parts[2:]):
+        die(f"{spec!r} names no hub checkpoint: write hf:owner/repo (an export.py folder), hf:owner/repo/sub "
+            f"(one in a folder of the repo) or hf:owner/repo/path/to/ckpt.pt (one torch file); "
+            f"hf:owner/repo@revision/... picks a branch, tag or commit")
+    return f"{parts[0]}/{name}", rev or None, '/'.join(parts[2:])
+
+
+def hub_files(spec):
+    """(repo id, revision, the files in the repo a spec needs): one torch file, or an export's two."""
+    repo, rev, sub = parse_hub_spec(spec)
+    if sub.endswith(TORCH_SUFFIXES):
+        return repo, rev, [sub]
+    if sub.rpartition('/')[2] in (EXPORT_CONFIG, EXPORT_WEIGHTS):
+        sub = sub.rpartition('/')[0]  # a file of an export names its folder
+    return repo, rev, [f"{sub}/{n}" if sub else n for n in (EXPORT_CONFIG, EXPORT_WEIGHTS)]
+
+
+def fetch_from_hub(spec):
+    """The local path of what a hub spec names: the torch file, or the export's folder, both inside the
+    HF cache (downloaded once; offline, served from the cache)."""
+    import hub
+    repo, rev, names = hub_files(spec)
+    forced = os.environ.get('HF_HUB_OFFLINE', '').upper() in ('1', 'ON', 'YES', 'TRUE')
+    if not hub.hub_reachable():
+        hub.go_offline()  # cache only: a file the cache lacks fails now, not after retries
+    try:
+        from huggingface_hub import constants, errors, hf_hub_download
+    except ImportError:
+        die(f"{spec}: reading the Hugging Face hub needs huggingface_hub (pip install huggingface_hub)")
+    got, revision = [], rev
+    for name in names:
+        try:
+            path = hf_hub_download(repo, name, revision=revision)
+        except errors.LocalEntryNotFoundError:
+            why = "HF_HUB_OFFLINE is set" if forced else "huggingface.co cannot be reached"
+            local = f"DIR/{names[0]}" if len(names) == 1 else os.path.join('DIR', os.path.dirname(names[0]))
+            get = f"hf download {repo} {' '.join(names)}{f' --revision {rev}' if rev else ''} --local-dir DIR"
+            die(f"{spec}: {' and '.join(names)} not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and "
+                f"{why}: connect and rerun (it is then cached), or on a machine with internet run `{get}`, "
+                f"copy DIR here and pass {local.rstrip('/')}")
+        except errors.GatedRepoError:
+            die(f"{spec}: {repo} is gated: accept its terms on huggingface.co, then log in (`hf auth login`)")
+        except errors.RepositoryNotFoundError:
+            die(f"{spec}: no repository {repo} on the Hugging Face hub (a private one needs `hf auth login`)")
+        except errors.RevisionNotFoundError:
+            die(f"{spec}: {repo} has no revision {rev!r}")
+        except errors.EntryNotFoundError:
+            die(f"{spec}: {repo}{f'@{rev}' if rev else ''} has no file {name}" +
+                ("" if len(names) == 1 else " (hf:owner/repo[/sub] reads an export.py folder; name a torch "
+                                            f"checkpoint by its path, e.g. hf:{repo}/path/to/ckpt.pt)"))
+        except Exception as e:  # an invalid repo id, a network error mid-download, a full disk, ...
+            die(f"{spec}: fetching {name} from {repo} failed ({type(e).__name__}: {_first_line(e)})")
+        got.append(path)
+        commit = os.path.normpath(path).split(os.sep)[-len(name.split('/')) - 1]
+        if re.fullmatch(r'[0-9a-f]{40}', commit):
+            revision = commit  # the export's second file from the same commit as its first
+    return got[0] if len(names) == 1 else os.path.dirname(got[0])
 
 
 # ---------------------------------------------------------------------- the paper's released checkpoints

@@ -48,7 +48,7 @@ from tokenizer import DataError
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
 out_dir = 'out'          # checkpoint directory (evaluates out_dir/ckpt.pt)
-ckpt = ''                # a checkpoint file or directory; overrides out_dir
+ckpt = ''                # checkpoint file or dir, export.py folder, or hf:owner/repo[/path.pt]; overrides out_dir
 use_ema: bool = None     # None: EMA weights when the checkpoint has them; True/False to force
 dataset = ''             # a data dir or name to check the codec against ('' = the checkpoint's own codec)
 datasets = 'lambada,wikitext2,ptb,wikitext103,lm1b'  # comma list; also ag_news,pubmed,arxiv,owt
@@ -624,13 +624,15 @@ def print_table(model, c, results, skipped, used_ema, codec, n, world):
 
 def json_path(c):
     """Where the record goes: --json_out, else beside the checkpoint (a file other than ckpt.pt gets its
-    own name)."""
+    own name); for an hf: checkpoint, here (never into the HF cache)."""
     if c.json_out:
         return c.json_out
     path = c.ckpt or c.out_dir
+    stem = os.path.splitext(os.path.basename(path.rstrip('/')).split('@')[0])[0]
+    if path.startswith('hf:'):
+        return f'{stem}.eval_ppl.json'
     if os.path.isdir(path):
         return os.path.join(path, 'eval_ppl.json')
-    stem = os.path.splitext(os.path.basename(path))[0]
     return os.path.join(os.path.dirname(path) or '.', 'eval_ppl.json' if stem == 'ckpt' else f'{stem}.eval_ppl.json')
 
 

@@ -62,7 +62,7 @@ from runtime import autocast, resolve_device
 # -----------------------------------------------------------------------------
 # CLI config (python sample.py --help lists these with their comments)
 out_dir = 'out'            # checkpoint directory (its ckpt.pt)
-ckpt = ''                  # a checkpoint file; overrides out_dir
+ckpt = ''                  # checkpoint file or dir, export.py folder, or hf:owner/repo[/path.pt]; overrides out_dir
 use_ema: bool = None       # None: the EMA weights if the checkpoint has them; True/False to force
 dataset = ''               # a data dir or name to check the codec against; '' = the checkpoint's codec
 batch_size = 4             # samples per batch (they share the per-step counts, see the docstring)
@@ -82,7 +82,7 @@ blank_len = 8              # tokens per [BLANK], >= 1
 stepper = 'dynamic'        # decoder calls: dynamic | static (fixed padded shapes) | cuda_graph
 cache_trick = True         # encoder MDM: a step that reveals nothing reuses the last pass (MDLM)
 mdm_counts = 'shared'      # encoder MDM: shared (one count per step for the batch) | independent (per sample)
-gen_ppl = ''               # judge: a checkpoint of ours (file/dir) or a local HF GPT-2 directory (any codec)
+gen_ppl = ''               # judge: a checkpoint of ours (any --ckpt form), or HF GPT-2 (a dir or hf:owner/repo)
 gen_ppl_mode = 'auto'      # none: all n scored after [None]; hf: no BOS, token 0 unscored; auto: hf for HF
 judge_batch_size = 16      # judge forward batch, >= 1
 save = ''                  # write the samples (ids, text) and stats as JSON to this file (its folder must exist)
@@ -873,13 +873,13 @@ def order_for_length(vals, n, what):
 
 
 def load_judge(path, device):
-    """A judge model, its codec, and whether it is an HF GPT-2 directory (else a checkpoint of ours)."""
-    from checkpoint import checkpoint_codec, load_model
+    """A judge model, its codec, and whether it is an HF GPT-2 folder (local or hf:; else a checkpoint of ours)."""
+    from checkpoint import checkpoint_codec, is_export, load_model, resolve_path
     from tokenizer import gpt2_codec
-    cfg = os.path.join(path, 'config.json')
-    if os.path.isdir(path) and os.path.exists(cfg) and 'n_positions' in open(cfg).read():  # HF's GPT2Config
-        return GPT.from_pretrained(path).to(device).eval(), gpt2_codec(), True
-    model, ck, _ = load_model(path, device)
+    where = resolve_path(path)
+    if os.path.isdir(where) and not is_export(where):
+        return GPT.from_pretrained(where).to(device).eval(), gpt2_codec(), True
+    model, ck, _ = load_model(where, device)
     return model, checkpoint_codec(ck), False
 
 

@@ -54,8 +54,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import (CKPT_NAME as _CKPT, checkpoint_codec, load_checkpoint, load_model, save_checkpoint,
-                        strip_prefixes)
+from checkpoint import (CKPT_NAME as _CKPT, checkpoint_codec, load_checkpoint, load_model, parse_hub_spec,
+                        save_checkpoint, strip_prefixes)
 from configurator import configure, die, print_config
 from tokenizer import DataError, get_codec
 from model import GPT, GPTConfig, config_fields, mdm_corrupt, random_orders
@@ -64,7 +64,7 @@ from model import GPT, GPTConfig, config_fields, mdm_corrupt, random_orders
 # defaults: AO-GPT-Small (12/768/12, context 1024) on OpenWebText, as in the paper
 # I/O
 out_dir = 'out'  # checkpoint, log.jsonl
-init_from = 'scratch'  # scratch | resume | auto (resume if out_dir/ckpt.pt exists) | gpt2:<HF dir> | <ckpt file>
+init_from = 'scratch'  # scratch | resume | auto (resume if ckpt.pt exists) | gpt2:<HF dir> | <ckpt, export, hf:...>
 init_ema = True  # fine-tuning from a checkpoint file: start from its EMA weights when it has them
 eval_interval = 2500  # iterations between evals (and checkpoints)
 eval_iters = 96  # val batches per eval, split across ranks
@@ -174,10 +174,12 @@ if order_mode == 'block_random' and (block_size_order < 1 or block_size % block_
     fail(f"block_size ({block_size}) must be a multiple of block_size_order ({block_size_order})")
 if min(batch_size, block_size, gradient_accumulation_steps, eval_interval, log_interval) < 1:
     fail("batch_size, block_size, gradient_accumulation_steps, eval_interval and log_interval must be >= 1")
-if not (init_from in ('scratch', 'resume', 'auto') or init_from.startswith('gpt2:') or
+if not (init_from in ('scratch', 'resume', 'auto') or init_from.startswith(('gpt2:', 'hf:')) or
         init_from.endswith('.pt') or os.path.exists(init_from)):
-    fail(f"init_from must be scratch, resume, auto, gpt2:<local HF GPT-2 dir> or a checkpoint file, "
-         f"got {init_from!r}")
+    fail(f"init_from must be scratch, resume, auto, gpt2:<local HF GPT-2 dir>, a checkpoint file, an export.py "
+         f"folder or hf:owner/repo[/path/ckpt.pt], got {init_from!r}")
+if init_from.startswith('hf:'):
+    parse_hub_spec(init_from)  # a malformed hub id fails here, before any data is read
 
 # ------------------------------------------------------------------ devices and processes
 if device == 'auto':

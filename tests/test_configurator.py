@@ -61,7 +61,7 @@ def test_help_lists_every_key(capsys):
         assert f'--{k}' in out
 
 
-@pytest.mark.parametrize('module', ['sample', 'eval_ppl', 'reproduce', 'train_speed'])
+@pytest.mark.parametrize('module', ['sample', 'eval_ppl', 'reproduce', 'export', 'train_speed'])
 def test_module_constants_are_not_config_keys(module):
     """Config keys are the lowercase simple globals; a module's UPPERCASE constants are not (a public tuple
     once showed up in sample.py's printed config and as a --STEPPERS flag)."""

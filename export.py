@@ -1,0 +1,320 @@
+"""
+Export a checkpoint to a folder ready for the Hugging Face hub, then share it with one upload.
+
+    python export.py --ckpt out/ckpt.pt --dest hub/ao-gpt-ptb --repo_id me/ao-gpt-ptb
+    hf upload me/ao-gpt-ptb hub/ao-gpt-ptb
+    python sample.py --ckpt hf:me/ao-gpt-ptb          # anyone, anywhere (eval_ppl.py and train.py too)
+
+The folder holds three files, none of them pickled:
+  config.json        the model's GPTConfig, its codec (what its token ids mean), a format tag and version,
+                     which weights (EMA or raw), the training config and provenance (iter_num, tokens, source)
+  model.safetensors  one set of weights (EMA by default); a tied head is stored once, as the embedding
+  README.md          a model card: hub metadata, the model, its eval results (from eval_ppl.json files
+                     beside the checkpoint), the commands that sample and evaluate it, and how to upload
+The folder itself loads wherever a checkpoint does (--ckpt FOLDER), and so does its hub copy (hf:owner/repo).
+"""
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import asdict
+from types import SimpleNamespace
+
+import torch
+
+import checkpoint
+
+ckpt = ''                  # checkpoint file or dir, exported folder, or hf:owner/repo[/path.pt]; overrides out_dir
+out_dir = 'out'            # run directory (its ckpt.pt) when --ckpt is empty
+dest = ''                  # folder to write; '' = <checkpoint's folder>/<its name>-hub (hf: sources: ./<name>-hub)
+overwrite = False          # replace dest if it holds an earlier export
+use_ema: bool = None       # None: the EMA weights when the checkpoint has them; False: the raw weights
+dtype = 'float32'          # float32 | bfloat16 | float16: the stored weights (16-bit halves the size, logits shift)
+dataset = ''               # a data dir to check the codec against (or supply it, for checkpoints without one)
+repo_id = ''               # owner/name on the hub, for the card's commands ('' = <owner>/<repo> placeholders)
+license = ''               # the card's license, e.g. mit or apache-2.0 ('' = other: a placeholder to replace)
+evals = ''                 # eval_ppl.json files for the card (comma list); '' = those beside the checkpoint
+
+_KINDS = {('adaln', True): ('AO-GPT', 'an any-order decoder; the target position enters through AdaLN'),
+          ('sigma', True): ('sigma-GPT', 'an any-order decoder; the target position is embedded at the input'),
+          ('none', True): ('GPT', 'a left-to-right decoder'),
+          ('none', False): ('encoder MDM', 'a bidirectional masked diffusion model')}
+_HUB_DATASETS = {'openwebtext': 'Skylion007/openwebtext', 'ptb': 'ptb-text-only/ptb_text_only'}
+
+
+def main(argv=None):
+    from configurator import configure, die, print_config
+    cfg = configure(dict(globals()), argv)  # a copy: main() can run more than once in one process (tests)
+    print_config(cfg)
+    c = SimpleNamespace(**cfg)
+    if c.dtype not in ('float32', 'bfloat16', 'float16'):
+        die(f"--dtype must be float32, bfloat16 or float16, got {c.dtype!r}")
+    src = c.ckpt or c.out_dir
+    target = c.dest or default_dest(src)
+    check_dest(target, c.overwrite)  # before the (possibly long) load
+    model, ck, used_ema = checkpoint.load_model(src, 'cpu', c.use_ema)
+    codec = checkpoint.checkpoint_codec(ck, c.dataset)
+    config = export_config(model, ck, codec, used_ema, src, c.dtype)
+    results = find_evals(src, c.evals, ck.get('iter_num'), used_ema)
+    repo = c.repo_id or '<owner>/<repo>'
+    card = model_card(config, results, repo, c.license, os.path.basename(os.path.abspath(target)),
+                      c.repo_id.rpartition('/')[2])
+    write_folder(target, config, weights(model, c.dtype), card)
+    print(f"wrote {target}: {config['weights']} weights as {c.dtype}, a model card with {len(results)} eval "
+          f"result(s)\nupload: hf upload {repo} {target}")
+
+
+def default_dest(src):
+    """<folder>/<name>-hub beside a local checkpoint; ./<name>-hub for a hub one."""
+    if src.startswith(checkpoint.HUB_PREFIX):
+        return os.path.splitext(os.path.basename(src.rstrip('/')).split('@')[0])[0] + '-hub'
+    where = checkpoint.resolve_path(src)
+    stem = os.path.splitext(os.path.basename(os.path.abspath(where)))[0]
+    return os.path.join(os.path.dirname(os.path.abspath(where)), stem + '-hub')
+
+
+def check_dest(path, overwrite):
+    """Refuse to replace anything but an earlier export (--overwrite) or an empty folder."""
+    from configurator import die
+    if not os.path.exists(path):
+        return
+    if not os.path.isdir(path):
+        die(f"--dest {path} is a file, not a folder")
+    exported = checkpoint.is_export(path)
+    if os.listdir(path) and not (overwrite and exported):
+        die(f"--dest {path} already exists: pass --overwrite to replace an earlier export, or another --dest"
+            if exported else f"--dest {path} is a non-empty folder that holds no export; pick another --dest")
+
+
+def export_config(model, ck, codec, used_ema, src, dtype):
+    """config.json: what rebuilds the model and reads its ids, and where the weights came from."""
+    ema = ck.get('ema') or {}
+    order = ck.get('order')
+    prior = ck.get('export') or {}  # re-exporting an export keeps its provenance
+    source = {'checkpoint': src, 'format': ck.get('source', 'aogpt')}
+    if prior:
+        source['origin'] = prior.get('source')
+    return {
+        'format': checkpoint.EXPORT_FORMAT, 'format_version': checkpoint.EXPORT_VERSION,
+        'model_args': asdict(model.config),
+        'codec': codec.record(),
+        'weights': 'ema' if used_ema else 'raw',
+        'ema_decay': ema.get('decay', prior.get('ema_decay')) if used_ema else None,
+        'dtype': dtype,
+        'parameters': sum(p.numel() for p in model.parameters()),
+        'iter_num': ck.get('iter_num'),
+        'tokens': ck.get('tokens'),
+        'best_val_loss': ck.get('best_val_loss', prior.get('best_val_loss')),
+        'source': source,
+        'fixed_order': None if order is None else torch.as_tensor(order).view(-1).tolist(),
+        'train_config': json.loads(json.dumps(ck.get('config') or {}, default=str)),
+    }
+
+
+def weights(model, dtype):
+    """The state dict for safetensors: a tied lm_head dropped (it is wte; safetensors refuses shared
+    storage, and the loader re-ties it), every tensor contiguous in the requested float type."""
+    sd = model.state_dict()
+    if model.config.tie_head:
+        del sd['lm_head.weight']
+    dt = getattr(torch, dtype)
+    return {k: (v.to(dt) if v.is_floating_point() else v).contiguous().clone() for k, v in sd.items()}
+
+
+def write_folder(path, config, tensors, card):
+    """Write into a temp folder beside `path`, then rename it into place: no half-written export."""
+    from safetensors.torch import save_file
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f'.{os.path.basename(path)}.tmp.{os.getpid()}')
+    old = os.path.join(parent, f'.{os.path.basename(path)}.old.{os.getpid()}')
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        with open(os.path.join(tmp, checkpoint.EXPORT_CONFIG), 'w') as f:
+            json.dump(config, f, indent=2)
+            f.write('\n')
+        save_file(tensors, os.path.join(tmp, checkpoint.EXPORT_WEIGHTS), metadata={'format': 'pt'})
+        with open(os.path.join(tmp, 'README.md'), 'w') as f:
+            f.write(card)
+        # safetensors writes its file private (0600); an export is for sharing: the mode open() gave
+        os.chmod(os.path.join(tmp, checkpoint.EXPORT_WEIGHTS), os.stat(os.path.join(tmp, 'README.md')).st_mode)
+        if os.path.exists(path):  # an earlier export (check_dest): swap it out, then remove it
+            os.rename(path, old)
+        os.rename(tmp, path)
+    except Exception as e:  # a full disk, no permission, ...: leave things as they were
+        if os.path.exists(old) and not os.path.exists(path):
+            os.rename(old, path)
+        shutil.rmtree(tmp, ignore_errors=True)
+        from configurator import die
+        die(f"cannot write {path} ({getattr(e, 'strerror', None) or e}); nothing was changed there")
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------ eval results
+def find_evals(src, listed, iter_num, used_ema):
+    """[(file name, record)] of the eval_ppl.py results that describe exactly these weights: the listed
+    files, else every eval_ppl.json / *.eval_ppl.json beside the checkpoint. A result of another
+    iteration (ckpt.pt moves on as training runs) or of the other weight set is left out, with a note."""
+    if listed:
+        paths = [p.strip() for p in listed.split(',') if p.strip()]
+    elif src.startswith(checkpoint.HUB_PREFIX):
+        paths = []
+    else:
+        where = checkpoint.resolve_path(src)
+        d = where if os.path.isdir(where) else os.path.dirname(os.path.abspath(where))
+        paths = sorted(os.path.join(d, f) for f in os.listdir(d)
+                       if f == 'eval_ppl.json' or f.endswith('.eval_ppl.json'))
+    out = []
+    for p in paths:
+        try:
+            with open(p) as f:
+                rec = json.load(f)
+            if not isinstance(rec, dict) or not isinstance(rec.get('datasets'), dict):
+                raise ValueError("no 'datasets' table")
+        except (OSError, ValueError) as e:
+            if listed:
+                from configurator import die
+                die(f"--evals {p}: not an eval_ppl.py result ({type(e).__name__}: {e})")
+            print(f"note: {p} is not an eval_ppl.py result; left out of the card", file=sys.stderr)
+            continue
+        if rec.get('iter_num') != iter_num:
+            print(f"note: {p} evaluated iteration {rec.get('iter_num')}, this checkpoint is at {iter_num}; "
+                  f"left out of the card", file=sys.stderr)
+        elif bool(rec.get('ema')) != used_ema:
+            print(f"note: {p} evaluated the {'EMA' if rec.get('ema') else 'raw'} weights, the export holds the "
+                  f"{'EMA' if used_ema else 'raw'} ones; left out of the card", file=sys.stderr)
+        else:
+            out.append((os.path.basename(p), rec))
+    return out
+
+
+def _cell(col):
+    if not col:
+        return 'n/a'
+    return f"{col['ppl']:.2f}" + (f" ({col['bpc']:.4f} bpc)" if 'bpc' in col else '')
+
+
+def eval_table(name, rec):
+    head = ['dataset', 'tokens', 'L2R PPL', f"any-order PPL (<=, {rec.get('orders', 1)} order(s))"]
+    if rec.get('ensemble'):
+        head.append(f"ens x{rec['ensemble']} PPL (<=)")
+    rows = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for ds, r in rec['datasets'].items():
+        cells = [ds, f"{r.get('tokens', 0):,}", _cell(r.get('l2r')), _cell(r.get('any_order'))]
+        if rec.get('ensemble'):
+            cells.append(_cell(r.get('ensemble')))
+        rows.append('| ' + ' | '.join(cells) + ' |')
+    split = ("; WikiText-2 from its train split, as the paper's tables" if rec.get('paper_split') else "")
+    info = (f"From `{name}`: {'EMA' if rec.get('ema') else 'raw'} weights, block_size {rec.get('block_size')}, "
+            f"{rec.get('precision')}, seed {rec.get('seed')}" +
+            (f", ensemble mode {rec.get('ensemble_mode')}" if rec.get('ensemble') else "") +
+            (f", first {rec['max_chunks']} chunks of each set" if rec.get('max_chunks') else "") + split + ".")
+    return info + '\n\n' + '\n'.join(rows)
+
+
+def eval_command(spec, rec, block_size):
+    """The eval_ppl.py line that recomputes a result from the hub copy."""
+    args = [f"python eval_ppl.py --ckpt {spec} --datasets {','.join(rec['datasets'])}"]
+    if rec.get('block_size') and rec['block_size'] != block_size:
+        args.append(f"--block_size {rec['block_size']}")
+    if rec.get('orders', 1) != 1:
+        args.append(f"--orders {rec['orders']}")
+    if rec.get('ensemble'):
+        args.append(f"--ensemble {rec['ensemble']}")
+        if rec.get('ensemble_mode', 'fast') != 'fast':
+            args.append(f"--ensemble_mode {rec['ensemble_mode']}")
+        if rec.get('ensemble_draws', 1) != 1:
+            args.append(f"--ensemble_draws {rec['ensemble_draws']}")
+    if rec.get('paper_split'):
+        args.append("--paper_split True")
+    if rec.get('max_chunks'):
+        args.append(f"--max_chunks {rec['max_chunks']}")
+    if rec.get('seed', 1337) != 1337:
+        args.append(f"--seed {rec['seed']}")
+    return ' '.join(args)
+
+
+# ------------------------------------------------------------------------------------------ the model card
+def model_card(config, results, repo, license, folder, title=''):
+    ma, codec, cfg = config['model_args'], config['codec'], config['train_config']
+    spec = f"hf:{repo}"
+    kind, what = _KINDS.get((ma['cond'], ma['causal']), ('model', f"cond={ma['cond']}, causal={ma['causal']}"))
+    data = cfg.get('dataset') or cfg.get('train_dataset') or ''
+    tags = ['aogpt', 'masked-diffusion', 'any-order-autoregressive', 'text-generation']
+    front = ['---', 'library_name: aogpt', f"license: {license or 'other'}", 'pipeline_tag: text-generation',
+             'tags:'] + [f"- {t}" for t in tags]
+    if data in _HUB_DATASETS:
+        front += ['datasets:', f"- {_HUB_DATASETS[data]}"]
+    front.append('---')
+
+    tokens = f", {config['tokens']:,} tokens" if config.get('tokens') else ""
+    weights = ('EMA weights' + (f" (decay {config['ema_decay']})" if config.get('ema_decay') else '')
+               if config['weights'] == 'ema' else 'raw (non-EMA) weights')
+    vocab = (f"GPT-2 BPE ({codec['vocab_size']} tokens)" if codec['tokenizer'] == 'gpt2' else
+             f"character level ({codec['vocab_size']} symbols)")
+    lines = front + ['', f"# {title or folder}", '',
+                     f"**{kind}** ({what}): {config['parameters'] / 1e6:.2f}M parameters, {ma['n_layer']} layers, "
+                     f"{ma['n_head']} heads, width {ma['n_embd']}, context {ma['block_size']}; tokenizer {vocab}. "
+                     f"Trained {config['iter_num']} iterations{tokens}" + (f" on {data}" if data else "") +
+                     f"; these are its {weights}, stored as {config['dtype']}.", '']
+    if not license:
+        lines += ["**License: not set.** Replace `license: other` in the metadata above with the license of these "
+                  "weights before uploading.", '']
+
+    lines += ['## Use', '', 'With the aogpt code (`pip install -r requirements.txt` in its folder):', '', '```bash']
+    if ma['causal'] and ma['cond'] == 'none':
+        lines.append(f'python sample.py --ckpt {spec} --prompt "The" --length 64')
+    else:
+        lines.append(f"python sample.py --ckpt {spec} --steps 256 --batch_size 4")
+        if codec['tokenizer'] == 'gpt2':
+            lines.append(f'python sample.py --ckpt {spec} --template "The [BLANK] rose [BLANK:3] in October."')
+    if results:
+        lines += [eval_command(spec, rec, ma['block_size']) for _, rec in results]
+    elif codec['tokenizer'] == 'gpt2':
+        lines += [f"python eval_ppl.py --ckpt {spec} --datasets ptb --max_chunks 20   # a quick check, offline",
+                  f"python eval_ppl.py --ckpt {spec}" + (" --ensemble 8" if ma['cond'] != 'none' else "") +
+                  "   # LAMBADA, WikiText2, PTB, WikiText103, 1BW"]
+    else:
+        lines.append(f"python eval_ppl.py --ckpt {spec} --datasets ptb --data_path ptb=test.txt   "
+                     f"# test.txt: held-out text in the model's alphabet")
+    lines.append(f"python train.py --init_from={spec} --dataset <data>   # fine-tune (data in the same codec)")
+    lines += ['```', '', "Eval sets other than ptb come from the hub on first use, or from local copies with "
+              "`--data_path NAME=FILE`.", '', 'In Python:', '', '```python', 'from checkpoint import load_model',
+              f"model, ckpt, _ = load_model('{spec}')   # model.py's GPT, eval mode; ckpt['codec'] decodes its ids",
+              '```', '']
+
+    lines += ['## Evaluation', '']
+    if results:
+        lines.append("Zero-shot perplexity from `eval_ppl.py` (`<=`: an upper bound, the any-order ELBO).")
+        for fname, rec in results:
+            lines += ['', eval_table(fname, rec)]
+    else:
+        lines.append("No eval_ppl.py results were beside the checkpoint when it was exported.")
+    lines.append('')
+
+    lines += ['## Model', '', '| field | value |', '|---|---|'] + [f"| {k} | {v} |" for k, v in ma.items()] + ['']
+    prov = config['source'] or {}
+    lines += ['## Training', '', f"Exported from `{prov.get('checkpoint')}` ({prov.get('format')} format), "
+              f"iteration {config['iter_num']}" + (f", best val loss {config['best_val_loss']:.4f}"
+                                                   if config.get('best_val_loss') is not None else "") + '.', '']
+    if cfg:
+        lines += ['<details><summary>training config</summary>', '', '| key | value |', '|---|---|']
+        lines += [f"| {k} | `{json.dumps(v)}` |" for k, v in cfg.items()]
+        lines += ['', '</details>', '']
+
+    lines += ['## Files', '',
+              f"- `{checkpoint.EXPORT_CONFIG}`: the model config, its codec, which weights, the training "
+              f"config, provenance",
+              f"- `{checkpoint.EXPORT_WEIGHTS}`: the weights" +
+              (" (the tied output head is the token embedding)" if ma['tie_head'] else ""),
+              '- `README.md`: this card', '',
+              'Nothing here is pickled. Upload the folder with the `hf` CLI of huggingface_hub:', '', '```bash',
+              f"hf upload {repo} {folder}", '```', '']
+    return '\n'.join(lines)
+
+
+if __name__ == '__main__':
+    main()

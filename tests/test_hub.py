@@ -1,0 +1,426 @@
+"""Checkpoints to and from the Hugging Face hub: export.py's folder, and the hf: sources every script reads.
+
+The hub itself is never contacted. hf: ids are resolved by the real huggingface_hub, offline, from an HF
+cache this file lays out the way huggingface_hub does (blobs, snapshots/<commit>/ links, refs/<branch>),
+in subprocesses, since huggingface_hub reads HF_HUB_CACHE and HF_HUB_OFFLINE when it is imported.
+Exported weights are checked against the in-memory models the checkpoints were saved from.
+"""
+import hashlib
+import json
+import os
+import pickle
+import runpy
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import eval_ppl
+import export
+import sample
+from checkpoint import load_checkpoint, load_model, save_checkpoint, checkpoint_codec
+from helpers import tiny
+from model import GPT, GPTConfig, model_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEXT = ("the quick brown fox jumps over the lazy dog . " * 3 + "\n") * 40
+CHARS = ''.join(sorted(set(TEXT)))
+CODEC = {'tokenizer': 'char', 'vocab_size': len(CHARS), 'eot': None, 'chars': CHARS}
+EXPORT_FILES = ('config.json', 'model.safetensors')
+KINDS = {'adaln': {}, 'sigma': dict(cond='sigma', norm='layer', qk_norm=False, tie_head=True, head_bias=False),
+         'gpt': dict(cond='none', tie_head=True, head_bias=False)}
+
+
+def make_run(path, kind='adaln', seed=0, codec=CODEC, **extra):
+    """A train.py-style checkpoint whose EMA differs from its raw weights; returns (raw, ema) state dicts."""
+    model = tiny(seed=seed, block_size=16, vocab_size=32, **KINDS[kind])
+    raw = {k: v.clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(seed + 100)
+    ema = {k: v.detach() + 0.2 * torch.randn(v.shape, generator=g) for k, v in model.named_parameters()}
+    ckpt = dict(format='aogpt-v1', model_args=model_args(model.config), model=raw,
+                ema=dict(decay=0.99, num_updates=9, params=ema), iter_num=9, tokens=9 * 64,
+                config={'dataset': 'tinychars', 'learning_rate': 1e-3}, order=None, **extra)
+    if codec:
+        ckpt['codec'] = codec
+    save_checkpoint(ckpt, os.path.join(path, 'ckpt.pt'))
+    return raw, ema
+
+
+def reference(config, raw, ema=None):
+    """The model the checkpoint was saved from, with the EMA tensors put in place by name."""
+    model = GPT(GPTConfig(**config))
+    sd = dict(raw)
+    if ema is not None:
+        sd.update(ema)
+        if model.config.tie_head:  # both names are one tensor; the state dict lists lm_head last
+            sd['lm_head.weight'] = ema['transformer.wte.weight']
+    model.load_state_dict(sd)
+    return model.eval()
+
+
+def logits(model, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, len(CHARS), (4, 16), generator=g)
+    order = torch.stack([torch.arange(16)] + [torch.randperm(16, generator=g) for _ in range(3)])
+    with torch.no_grad():
+        return model(idx, order if model.any_order else None)[0]
+
+
+def run_export(*args):
+    export.main(list(args))
+
+
+def one_line(capsys, fn, *needles):
+    with pytest.raises(SystemExit) as e:
+        fn()
+    assert e.value.code not in (0, None)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith('error:') and len(err.splitlines()) == 1, err
+    for s in needles:
+        assert s in err, err
+    return err
+
+
+# ------------------------------------------------------------------------------------------ export, load
+@pytest.mark.parametrize('kind', ['adaln', 'sigma', 'gpt'])
+def test_export_loads_the_same_logits_without_pickle(tmp_path, kind, monkeypatch, capsys):
+    raw, ema = make_run(tmp_path / 'run', kind)
+    config = load_checkpoint(str(tmp_path / 'run'))['model_args']
+    want = {True: logits(reference(config, raw, ema)), False: logits(reference(config, raw))}
+    assert (want[True] - want[False]).abs().max() > 1e-2  # the two weight sets are told apart
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'ema'))
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'raw'), '--use_ema', 'False')
+    capsys.readouterr()
+    from safetensors.torch import load_file
+    for name, is_ema in (('ema', True), ('raw', False)):
+        folder = tmp_path / name
+        assert sorted(os.listdir(folder)) == ['README.md', 'config.json', 'model.safetensors']
+        stored = load_file(folder / 'model.safetensors')
+        assert ('lm_head.weight' in stored) == (kind == 'adaln')  # a tied head is stored once
+        with monkeypatch.context() as m:
+            for mod, fn in ((torch, 'load'), (pickle, 'load'), (pickle, 'loads')):
+                m.setattr(mod, fn, lambda *a, **k: pytest.fail('an export was read with pickle'))
+            model, ck, used = load_model(str(folder))
+        assert used is is_ema and ck['weights'] == name and 'optimizer' not in ck
+        assert torch.equal(logits(model), want[is_ema])
+        if model.config.tie_head:
+            assert model.lm_head.weight is model.transformer.wte.weight
+        # the export holds one weight set: asking for the other is one line, not a silent swap
+        one_line(capsys, lambda: load_model(str(folder), use_ema=not is_ema), 'holds only its')
+
+
+def test_export_in_16_bits_is_half_the_size_and_close(tmp_path, capsys):
+    raw, ema = make_run(tmp_path / 'run')
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'f32'))
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'bf16'), '--dtype', 'bfloat16')
+    size = lambda d: os.path.getsize(tmp_path / d / 'model.safetensors')
+    assert size('bf16') < 0.55 * size('f32')
+    model, _, _ = load_model(str(tmp_path / 'bf16'))
+    assert json.loads((tmp_path / 'bf16' / 'config.json').read_text())['dtype'] == 'bfloat16'
+    want = logits(reference(load_checkpoint(str(tmp_path / 'run'))['model_args'], raw, ema))
+    got = logits(model)
+    assert not torch.equal(got, want) and torch.allclose(got, want, atol=0.1, rtol=0.05)
+
+
+def test_config_json_carries_the_codec_and_provenance(tmp_path, capsys):
+    """The codec travels in config.json: the export decodes and scores the same after the data is gone,
+    also for a checkpoint from before codecs were stored (its codec then comes from its data dir)."""
+    data = tmp_path / 'tinychars'
+    data.mkdir()
+    (data / 'meta.json').write_text(json.dumps(CODEC))
+    make_run(tmp_path / 'run', codec=None)
+    ckpt = load_checkpoint(str(tmp_path / 'run'))
+    ckpt['config']['dataset'] = str(data)  # where an old checkpoint's codec is looked up
+    save_checkpoint(ckpt, str(tmp_path / 'run' / 'ckpt.pt'))
+    original = checkpoint_codec(ckpt)
+    assert original.record() == CODEC
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'hub'))
+    text = tmp_path / 'text.txt'
+    text.write_text(TEXT)
+    args = ['--datasets', 'ptb', '--data_path', f'ptb={text}', '--max_chunks', '3', '--progress', 'False']
+    eval_ppl.main(['--out_dir', str(tmp_path / 'run'), '--json_out', str(tmp_path / 'a.json')] + args)
+    (data / 'meta.json').unlink()  # the dataset is gone (or re-prepared): the export does not need it
+    cfg = json.loads((tmp_path / 'hub' / 'config.json').read_text())
+    assert cfg['codec'] == CODEC and cfg['format'] == 'aogpt-export' and cfg['format_version'] == 1
+    assert cfg['weights'] == 'ema' and cfg['iter_num'] == 9 and cfg['tokens'] == 9 * 64
+    assert cfg['source'] == {'checkpoint': str(tmp_path / 'run'), 'format': 'aogpt'}
+    assert cfg['model_args'] == ckpt['model_args'] and cfg['train_config']['learning_rate'] == 1e-3
+    _, ck, _ = load_model(str(tmp_path / 'hub'))
+    assert checkpoint_codec(ck).record() == original.record()
+    eval_ppl.main(['--ckpt', str(tmp_path / 'hub')] + args)  # writes hub/eval_ppl.json
+    out = capsys.readouterr().out
+    assert 'char codec' in out
+    a = json.loads((tmp_path / 'a.json').read_text())['datasets']['ptb']
+    b = json.loads((tmp_path / 'hub' / 'eval_ppl.json').read_text())['datasets']['ptb']
+    assert a['l2r']['nll'] == b['l2r']['nll'] and a['any_order']['nll'] == b['any_order']['nll']
+
+
+def test_model_card_has_metadata_eval_table_and_commands(tmp_path, capsys):
+    yaml = pytest.importorskip('yaml')
+    make_run(tmp_path / 'run')
+    text = tmp_path / 'text.txt'
+    text.write_text(TEXT)
+    eval_ppl.main(['--out_dir', str(tmp_path / 'run'), '--datasets', 'ptb', '--data_path', f'ptb={text}',
+                   '--max_chunks', '3', '--orders', '2', '--progress', 'False'])  # run/eval_ppl.json
+    res = json.loads((tmp_path / 'run' / 'eval_ppl.json').read_text())
+    # results the card must leave out: another iteration's, and the raw weights'
+    stale = dict(res, iter_num=3, datasets={'lambada': res['datasets']['ptb']})
+    (tmp_path / 'run' / 'ckpt_0000003.eval_ppl.json').write_text(json.dumps(stale))
+    raw = dict(res, ema=False, datasets={'wikitext2': res['datasets']['ptb']})
+    (tmp_path / 'run' / 'raw.eval_ppl.json').write_text(json.dumps(raw))
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'hub'), '--repo_id', 'me/tiny-ao')
+    err = capsys.readouterr().err
+    assert 'evaluated iteration 3' in err and 'evaluated the raw weights' in err
+    card = (tmp_path / 'hub' / 'README.md').read_text()
+    _, front, body = card.split('---\n', 2)
+    meta = yaml.safe_load(front)
+    assert meta['library_name'] == 'aogpt' and meta['license'] == 'other' and 'masked-diffusion' in meta['tags']
+    assert 'License: not set' in body and '# tiny-ao' in body
+    row = res['datasets']['ptb']
+    line = next(ln for ln in body.splitlines() if ln.startswith('| ptb |'))
+    assert f"{row['l2r']['ppl']:.2f}" in line and f"{row['any_order']['ppl']:.2f}" in line and 'bpc' in line
+    assert 'lambada' not in body and 'wikitext2' not in body
+    assert 'python sample.py --ckpt hf:me/tiny-ao' in body
+    assert 'python eval_ppl.py --ckpt hf:me/tiny-ao --datasets ptb --orders 2 --max_chunks 3' in body
+    assert 'hf upload me/tiny-ao hub' in body and 'learning_rate' in body
+    # a license given: no placeholder; a dataset with a hub id is listed in the metadata
+    ck = load_checkpoint(str(tmp_path / 'run'))
+    ck['config']['dataset'] = 'openwebtext'
+    save_checkpoint(ck, str(tmp_path / 'owt' / 'ckpt.pt'))
+    run_export('--out_dir', str(tmp_path / 'owt'), '--dest', str(tmp_path / 'hub2'), '--license', 'mit')
+    card = (tmp_path / 'hub2' / 'README.md').read_text()
+    meta = yaml.safe_load(card.split('---\n', 2)[1])
+    assert meta['license'] == 'mit' and meta['datasets'] == ['Skylion007/openwebtext']
+    assert 'License: not set' not in card and 'hf:<owner>/<repo>' in card
+
+
+# ------------------------------------------------------------------------------------------ export's output
+def test_export_never_leaves_a_half_written_folder(tmp_path, monkeypatch, capsys):
+    make_run(tmp_path / 'run')
+    dest = tmp_path / 'hub'
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(dest))
+    before = {f: (dest / f).read_bytes() for f in os.listdir(dest)}
+    # an existing export is replaced only with --overwrite; a folder of other things never
+    one_line(capsys, lambda: run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(dest)), '--overwrite')
+    (tmp_path / 'notes').mkdir()
+    (tmp_path / 'notes' / 'todo.txt').write_text('mine')
+    one_line(capsys, lambda: run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'notes'),
+                                        '--overwrite'), 'holds no export')
+    # the disk fills while writing: one line, the earlier export untouched, no temp folder left behind
+    import safetensors.torch
+
+    def full(*a, **k):
+        raise OSError(28, 'No space left on device')
+    monkeypatch.setattr(safetensors.torch, 'save_file', full)
+    one_line(capsys, lambda: run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(dest), '--overwrite',
+                                        '--use_ema', 'False'), 'No space left', 'nothing was changed')
+    assert {f: (dest / f).read_bytes() for f in os.listdir(dest)} == before
+    assert sorted(os.listdir(tmp_path)) == ['hub', 'notes', 'run']
+    monkeypatch.undo()
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(dest), '--overwrite', '--use_ema', 'False')
+    assert json.loads((dest / 'config.json').read_text())['weights'] == 'raw'
+    assert sorted(os.listdir(tmp_path)) == ['hub', 'notes', 'run']
+
+
+def _corrupt_weights(folder):
+    data = (folder / 'model.safetensors').read_bytes()
+    (folder / 'model.safetensors').write_bytes(data[:len(data) // 2])
+
+
+def _edit_config(**changes):
+    def edit(folder):
+        cfg = json.loads((folder / 'config.json').read_text())
+        for k, v in changes.items():
+            if k in GPTConfig.__dataclass_fields__ or k == 'n_layers':
+                cfg['model_args'][k] = v
+            else:
+                cfg[k] = v
+        (folder / 'config.json').write_text(json.dumps(cfg))
+    return edit
+
+
+@pytest.mark.parametrize('spoil,spec,needles', [
+    (_corrupt_weights, None, ['model.safetensors', 'corrupt']),
+    (lambda f: (f / 'model.safetensors').unlink(), None, ['no model.safetensors']),
+    (_edit_config(n_layers=3), None, ["unknown model_args ['n_layers']"]),
+    (_edit_config(n_layer='2'), None, ['n_layer must be int']),
+    (_edit_config(n_head=3), None, ['do not describe a valid model']),
+    (_edit_config(codec={'tokenizer': 'bpe', 'vocab_size': 12}), None, ['unreadable codec record']),
+    (_edit_config(codec={'tokenizer': 'char', 'vocab_size': 5, 'chars': 'ab'}), None, ['unreadable codec record']),
+    (_edit_config(format_version=2), None, ['export format version 2']),
+    (lambda f: (f / 'config.json').write_text('{"model_type": "gpt2", "n_layer": 2}'), None,
+     ['not an export.py folder', 'gpt2:DIR']),
+    (None, 'hf:owner', ["'hf:owner' names no hub checkpoint", 'hf:owner/repo']),
+    (None, 'hf:', ['names no hub checkpoint']),
+    (None, 'hf:owner/re po/x.pt', ['names no hub checkpoint']),
+    (None, 'me/no-such-model', ['checkpoint not found', 'write hf:me/no-such-model']),
+], ids=['corrupt-weights', 'no-weights', 'unknown-key', 'bad-type', 'bad-shape', 'bad-codec', 'short-codec',
+        'newer-format', 'transformers-folder', 'no-repo', 'empty', 'bad-repo', 'hub-id-without-hf'])
+def test_bad_exports_and_hub_ids_are_one_line(tmp_path, capsys, spoil, spec, needles):
+    if spec is None:
+        make_run(tmp_path / 'run')
+        run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'hub'))
+        spoil(tmp_path / 'hub')
+        spec = str(tmp_path / 'hub')
+    capsys.readouterr()
+    one_line(capsys, lambda: eval_ppl.main(['--ckpt', spec, '--datasets', 'ptb', '--progress', 'False']), *needles)
+
+
+# ------------------------------------------------------------------------------------------ hf: sources
+def hub_cache(root, repo, files, refs=('main',)):
+    """Lay out an HF cache entry as huggingface_hub does: blobs/<sha256> hold the bytes,
+    snapshots/<commit>/<path> link to them, refs/<branch> names the commit. Returns the commit."""
+    store = root / ('models--' + repo.replace('/', '--'))
+    commit = hashlib.sha1(repr(sorted(files.items())).encode()).hexdigest()
+    for path, src in files.items():
+        data = open(src, 'rb').read()
+        blob = store / 'blobs' / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = store / 'snapshots' / commit / path
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (store / 'refs').mkdir(exist_ok=True)
+    for ref in refs:
+        (store / 'refs' / ref).write_text(commit)  # no newline, as huggingface_hub writes it
+    return commit
+
+
+def hub_env(tmp_path, offline=True):
+    env = dict(os.environ, PYTHONPATH=ROOT, HF_HOME=str(tmp_path / 'hf'), HF_HUB_CACHE=str(tmp_path / 'hf' / 'hub'),
+               OMP_NUM_THREADS='1')
+    if offline:
+        env['HF_HUB_OFFLINE'] = '1'
+    else:  # left to find out for itself; any request that gets out goes to a closed local port
+        env.pop('HF_HUB_OFFLINE', None)
+        env.pop('HF_DATASETS_OFFLINE', None)
+        env['HF_ENDPOINT'] = 'http://127.0.0.1:9'
+    return env
+
+
+def python(tmp_path, env, *args, timeout=180):
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+PAPER_PATH = '124M/124M-AdaLN6_cond_128_drop_0.0_CL_0.1/ckpt_7.pt'  # dots in folder names, like the paper's
+
+
+def test_hf_ids_resolve_offline_from_the_cache_end_to_end(tmp_path, monkeypatch, capsys):
+    from test_paper_ckpt import gpt2_sized_paper_file
+    make_run(tmp_path / 'run')
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'hub'))
+    paper = gpt2_sized_paper_file(tmp_path, 'paper-aogpt')
+    cache = tmp_path / 'hf' / 'hub'
+    files = {f: tmp_path / 'hub' / f for f in ('config.json', 'model.safetensors', 'README.md')}
+    files.update({f'v2/{k}': v for k, v in files.items()})  # a second copy in a folder of the repo
+    ours = hub_cache(cache, 'me/tiny-ao', files, refs=('main', 'v1'))
+    theirs = hub_cache(cache, 'them/AO-GPT-MDM', {PAPER_PATH: paper})
+    env = hub_env(tmp_path)
+
+    # which local path each form resolves to
+    specs = ['hf:me/tiny-ao', 'hf:me/tiny-ao@v1', f'hf:me/tiny-ao@{ours}', 'hf:me/tiny-ao/v2',
+             'hf:me/tiny-ao/v2/model.safetensors', f'hf:them/AO-GPT-MDM/{PAPER_PATH}']
+    r = python(tmp_path, env, '-c', 'import json, sys; from checkpoint import resolve_path; '
+                                    'print(json.dumps([resolve_path(s) for s in sys.argv[1:]]))', *specs)
+    assert r.returncode == 0, r.stderr
+    snap = lambda repo, commit: str(cache / f'models--{repo.replace("/", "--")}' / 'snapshots' / commit)
+    ours_dir = snap('me/tiny-ao', ours)
+    assert json.loads(r.stdout) == [ours_dir] * 3 + [os.path.join(ours_dir, 'v2')] * 2 + \
+        [os.path.join(snap('them/AO-GPT-MDM', theirs), PAPER_PATH)]
+
+    # eval_ppl.py from our export on the hub: the numbers of the local folder; results land here
+    text = tmp_path / 'text.txt'
+    text.write_text(TEXT)
+    args = ['--datasets', 'ptb', '--data_path', f'ptb={text}', '--max_chunks', '3', '--progress', 'False']
+    eval_ppl.main(['--ckpt', str(tmp_path / 'hub'), '--json_out', str(tmp_path / 'local.json')] + args)
+    r = python(tmp_path, env, os.path.join(ROOT, 'eval_ppl.py'), '--ckpt', 'hf:me/tiny-ao', *args)
+    assert r.returncode == 0, r.stderr
+    local = json.loads((tmp_path / 'local.json').read_text())
+    remote = json.loads((tmp_path / 'tiny-ao.eval_ppl.json').read_text())
+    assert remote['checkpoint'] == 'hf:me/tiny-ao' and remote['ema'] is True
+    assert remote['datasets']['ptb']['l2r']['nll'] == pytest.approx(local['datasets']['ptb']['l2r']['nll'],
+                                                                     rel=1e-6)
+
+    # sample.py from the paper-format file inside the repo, judged by a (tiny) HF GPT-2 on the hub: the
+    # samples of the local file, and the judge's scores of the local GPT-2 folder
+    transformers = pytest.importorskip('transformers')
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32))
+    gpt2.save_pretrained(tmp_path / 'gpt2')
+    hub_cache(cache, 'openai-community/gpt2', {f: tmp_path / 'gpt2' / f for f in EXPORT_FILES})
+    common = ['--length', '8', '--steps', '3', '--batch_size', '2', '--device', 'cpu', '--seed', '1', '--quiet']
+    r = python(tmp_path, env, os.path.join(ROOT, 'sample.py'), '--ckpt', f'hf:them/AO-GPT-MDM/{PAPER_PATH}',
+               '--gen_ppl', 'hf:openai-community/gpt2', '--save', str(tmp_path / 'hub.json'), *common)
+    assert r.returncode == 0, r.stderr
+    r = python(tmp_path, env, os.path.join(ROOT, 'sample.py'), '--ckpt', paper, '--gen_ppl', str(tmp_path / 'gpt2'),
+               '--save', str(tmp_path / 'file.json'), *common)
+    assert r.returncode == 0, r.stderr
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ('hub.json', 'file.json'))
+    assert a['samples'] == b['samples'] and a['gen_ppl']['mode'] == b['gen_ppl']['mode'] == 'hf'
+    assert a['gen_ppl']['per_sample'] == pytest.approx(b['gen_ppl']['per_sample'], rel=1e-5)
+    judge = GPT.from_pretrained(str(tmp_path / 'gpt2')).eval()
+    want = sample.judge_nll(judge, torch.tensor(a['samples']), 'hf').exp()
+    assert a['gen_ppl']['per_sample'] == pytest.approx(want.tolist(), rel=1e-5)
+
+
+@pytest.mark.parametrize('forced', [True, False], ids=['HF_HUB_OFFLINE', 'unreachable'])
+def test_an_uncached_hf_id_offline_fails_at_once_in_one_line(tmp_path, forced):
+    code = ("import sys, time, eval_ppl\nt = time.time()\ntry:\n    eval_ppl.main(sys.argv[1:])\n"
+            "except SystemExit as e:\n    print(f'seconds {time.time() - t:.3f}')\n    raise\n")
+    for spec, download in [('hf:nobody/nothing/sub/ckpt_1.pt', 'hf download nobody/nothing sub/ckpt_1.pt'),
+                           ('hf:nobody/nothing@v2', 'hf download nobody/nothing config.json model.safetensors '
+                                                   '--revision v2 --local-dir DIR')]:
+        r = python(tmp_path, hub_env(tmp_path, offline=forced), '-c', code, '--ckpt', spec, '--progress', 'False')
+        err = r.stderr.strip()
+        assert r.returncode == 1 and len(err.splitlines()) == 1 and 'Traceback' not in r.stderr, r.stderr
+        assert err.startswith(f'error: {spec}: ') and 'not in the Hugging Face cache' in err and download in err
+        assert ('HF_HUB_OFFLINE is set' in err) == forced
+        assert float(r.stdout.split('seconds ')[1]) < 5  # no retries
+
+
+# ------------------------------------------------------------------------------------------ train.py
+def test_train_fine_tunes_from_an_exported_folder(tmp_path, monkeypatch, capsys):
+    data = tmp_path / 'data' / 'tinychars'
+    data.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split, n in (('train', 4000), ('val', 1000)):
+        np.repeat(rng.integers(0, len(CHARS), n // 4), 4).astype(np.uint16).tofile(data / f'{split}.bin')
+    (data / 'meta.json').write_text(json.dumps(CODEC))
+    tiny_run = ['--dataset=tinychars', f'--data_root={tmp_path / "data"}', '--n_layer=1', '--n_head=2',
+                '--n_embd=16', '--target_dim=8', '--block_size=16', '--batch_size=4', '--eval_iters=1',
+                '--gradient_accumulation_steps=1', '--eval_orders=1', '--warmup_iters=0', '--device=cpu',
+                '--ema_decay=0.5']
+
+    def train(*args):
+        monkeypatch.setattr(sys, 'argv', ['train.py', *tiny_run, *args])
+        runpy.run_path(os.path.join(ROOT, 'train.py'), run_name='__main__')
+
+    train(f'--out_dir={tmp_path / "src"}', '--max_iters=3', '--eval_interval=3', '--learning_rate=1e-2')
+    run_export('--out_dir', str(tmp_path / 'src'), '--dest', str(tmp_path / 'hub'))
+    from safetensors.torch import load_file
+    exported = load_file(tmp_path / 'hub' / 'model.safetensors')
+    src = load_checkpoint(str(tmp_path / 'src'))
+    assert not torch.equal(src['model']['lm_head.weight'], exported['lm_head.weight'])  # EMA, not raw
+    frozen = ['--max_iters=1', '--eval_interval=1', '--learning_rate=0', '--decay_lr=False']
+    train(f'--out_dir={tmp_path / "ft"}', f'--init_from={tmp_path / "hub"}', *frozen)
+    assert 'fine-tuning from' in capsys.readouterr().out
+    ft = load_checkpoint(str(tmp_path / 'ft'))
+    assert ft['model_args'] == src['model_args'] and ft['iter_num'] == 1 and ft['codec'] == CODEC
+    assert set(ft['model']) == set(exported)
+    for k, v in exported.items():  # lr 0: the fine-tuned run's weights are the exported ones
+        assert torch.equal(ft['model'][k], v), k
+    # the same export as a hub repo, offline from the cache
+    hub_cache(tmp_path / 'hf' / 'hub', 'me/tiny-ao', {f: tmp_path / 'hub' / f for f in EXPORT_FILES})
+    r = python(tmp_path, hub_env(tmp_path), os.path.join(ROOT, 'train.py'), *tiny_run, '--init_from=hf:me/tiny-ao',
+               f'--out_dir={tmp_path / "ft_hub"}', *frozen)
+    assert r.returncode == 0, r.stderr
+    ft_hub = load_checkpoint(str(tmp_path / 'ft_hub'))
+    assert all(torch.equal(ft_hub['model'][k], v) for k, v in exported.items())
+    # resume needs a train.py checkpoint; a malformed hub id fails before anything is read
+    one_line(capsys, lambda: train(f'--out_dir={tmp_path / "x"}', '--init_from=hf:owner'),
+             'names no hub checkpoint')
+    one_line(capsys, lambda: train(f'--out_dir={tmp_path / "y"}', f'--init_from={tmp_path / "hub"}',
+                                   '--init_ema=False', *frozen), 'holds only its EMA weights')
