@@ -78,10 +78,24 @@ def resolve_path(path):
         return os.path.dirname(path) or '.'  # a file of an export names its folder
     if not os.path.exists(path):
         repo = re.fullmatch(r'[\w-][\w.-]*/[\w.-]+', path) and not path.endswith(TORCH_SUFFIXES)
-        die(f"checkpoint not found: {path} (train one with `python train.py config/<name>.py`, "
-            f"or pass --ckpt FILE / --out_dir DIR, an export.py folder or hf:owner/repo" +
+        found = runs_here()
+        die(f"checkpoint not found: {path} (" +
+            (f"checkpoints here: {', '.join(found)}; pass one with --out_dir DIR or --ckpt" if found else
+             "train one with `python train.py config/<name>.py`, or pass --ckpt FILE / --out_dir DIR, an "
+             "export.py folder or hf:owner/repo") +
             (f"; for a Hugging Face repo write hf:{path})" if repo else ")"))
     return path
+
+
+def runs_here(root='.', limit=6):
+    """The folders under root (one level) that hold a checkpoint: a train.py run or an export."""
+    try:
+        dirs = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith('.'))
+    except OSError:
+        return []
+    found = [d for d in dirs if os.path.exists(os.path.join(root, d, CKPT_NAME)) or
+             is_export(os.path.join(root, d))]
+    return found[:limit] + (['...'] if len(found) > limit else [])
 
 
 def load_checkpoint(path):

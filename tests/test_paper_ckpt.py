@@ -415,3 +415,17 @@ def test_scripts_read_paper_files(tmp_path, capsys):
     assert r.returncode == 0 and os.path.exists(tmp_path / 'ft' / 'ckpt.pt'), (r.stdout + r.stderr)[-2000:]
     model, _, _ = load_model(str(tmp_path / 'ft'))
     assert model.config.cond == 'adaln' and model.config.n_embd == D and model.config.block_size == 16
+
+
+def test_a_missing_checkpoint_names_the_folders_that_hold_one(tmp_path, monkeypatch, capsys):
+    """`python sample.py` with no flags looks in out/; when that is empty, say where checkpoints are."""
+    from checkpoint import resolve_path
+    monkeypatch.chdir(tmp_path)
+    for d in ('out-ao', 'out-gpt', 'notes'):
+        (tmp_path / d).mkdir()
+    (tmp_path / 'out-ao' / 'ckpt.pt').write_bytes(b'x')
+    (tmp_path / 'out-gpt' / 'ckpt.pt').write_bytes(b'x')
+    with pytest.raises(SystemExit):
+        resolve_path('out')
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and 'checkpoints here: out-ao, out-gpt;' in err and 'notes' not in err
