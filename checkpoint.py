@@ -35,7 +35,7 @@ from dataclasses import asdict, fields
 
 import torch
 
-from configurator import die
+from configurator import die, first_line
 from model import GPT, GPTConfig
 from tokenizer import DataError, codec_from_record, get_codec
 
@@ -138,8 +138,7 @@ def _die_unreadable(path, e):
         die(f"cannot read checkpoint {path} with weights_only=True: it pickles {m.group(1)}, not just tensors, "
             f"numbers, strings, lists and dicts (if you trust the file, allow that type with "
             f"torch.serialization.add_safe_globals, or re-save the checkpoint without it)")
-    msg = text.strip().splitlines()[0] if text.strip() else type(e).__name__
-    die(f"cannot read checkpoint {path}: it is truncated or corrupt ({msg[:200]})")
+    die(f"cannot read checkpoint {path}: it is truncated or corrupt ({first_line(e)})")
 
 
 def strip_prefixes(sd):
@@ -189,7 +188,7 @@ def load_model(path, device='cpu', use_ema=None):
     try:
         model = GPT(GPTConfig(**ckpt['model_args']))
     except (AssertionError, ValueError, TypeError) as e:
-        die(f"{where}: its model_args do not describe a valid model ({_first_line(e)}): {ckpt['model_args']}")
+        die(f"{where}: its model_args do not describe a valid model ({first_line(e)}): {ckpt['model_args']}")
     sd = strip_prefixes(ckpt['model'])
     try:
         missing, unexpected = model.load_state_dict(sd, strict=False)
@@ -319,7 +318,7 @@ def read_export(folder):
         with open(cfg_path) as f:
             meta = json.load(f)
     except (OSError, ValueError) as e:
-        die(f"cannot read {cfg_path} ({_first_line(e)}): an export.py folder holds config.json + model.safetensors")
+        die(f"cannot read {cfg_path} ({first_line(e)}): an export.py folder holds config.json + model.safetensors")
     if not isinstance(meta, dict) or meta.get('format') != EXPORT_FORMAT:
         hf = isinstance(meta, dict) and 'model_type' in meta
         die(f"{folder} is not an export.py folder: its {EXPORT_CONFIG} lacks \"format\": \"{EXPORT_FORMAT}\"" +
@@ -344,7 +343,7 @@ def read_export(folder):
     try:
         sd = load_file(w_path, device='cpu')
     except Exception as e:
-        die(f"cannot read {w_path}: it is truncated, corrupt or not a safetensors file ({_first_line(e)})")
+        die(f"cannot read {w_path}: it is truncated, corrupt or not a safetensors file ({first_line(e)})")
     return dict(format='aogpt-v1', source='export', model_args=meta['model_args'], codec=meta['codec'], model=sd,
                 weights=meta['weights'], iter_num=meta.get('iter_num'), tokens=meta.get('tokens'),
                 config=meta.get('train_config') or {}, order=None if order is None else torch.tensor(order),
@@ -366,11 +365,6 @@ def _check_model_args(args, where):
               type(v) is want)
         if not ok:
             die(f"{where}: model_args {k} must be {want.__name__}, got {v!r}")
-
-
-def _first_line(e):
-    text = str(e).strip()
-    return (text.splitlines()[0][:200] if text else type(e).__name__)
 
 
 # ---------------------------------------------------------------------- the Hugging Face hub
@@ -430,7 +424,7 @@ def fetch_from_hub(spec):
                 ("" if len(names) == 1 else " (hf:owner/repo[/sub] reads an export.py folder; name a torch "
                                             f"checkpoint by its path, e.g. hf:{repo}/path/to/ckpt.pt)"))
         except Exception as e:  # an invalid repo id, a network error mid-download, a full disk, ...
-            die(f"{spec}: fetching {name} from {repo} failed ({type(e).__name__}: {_first_line(e)})")
+            die(f"{spec}: fetching {name} from {repo} failed ({type(e).__name__}: {first_line(e)})")
         got.append(path)
         commit = os.path.normpath(path).split(os.sep)[-len(name.split('/')) - 1]
         if re.fullmatch(r'[0-9a-f]{40}', commit):
@@ -446,7 +440,7 @@ def fetch_from_hub(spec):
 #               paper's model.parameters() (tied weights once); the paper's eval uses these weights
 #   optimizer   AdamW state dict, indices in the paper's configure_optimizers order
 #   model_args  {n_layer, n_head, n_embd, block_size, bias, vocab_size, dropout}; iter_num; config
-# Forward semantics (see ../shared/reference/paper-checkpoints.md and tests/test_paper_ckpt.py): n+1
+# Forward semantics (docs/paper-checkpoints.md; tests/test_paper_ckpt.py checks them): n+1
 # slots, [None] first, target of the last slot zero. Ours feeds n slots; the paper's last slot predicts
 # nothing and causal attention keeps it from touching the others, so the n logits are identical.
 
@@ -490,7 +484,8 @@ def _ours(name):
 
 
 def convert_paper_checkpoint(ckpt, fmt):
-    """A paper checkpoint dict -> our format: model_args, renamed state dict, name-keyed EMA, optimizer."""
+    """A paper checkpoint dict -> our format: model_args, renamed state dict, name-keyed EMA. The optimizer
+    state is not carried over: a paper checkpoint is evaluated, sampled or fine-tuned with a fresh AdamW."""
     label = {'paper-aogpt': "the paper's AO-GPT", 'paper-sigma': "the paper's sigma-GPT"}[fmt]
     sd = strip_prefixes(ckpt['model'])
     # the causal-mask buffer ('h.i.attn.bias') exists only when torch lacked SDPA; it is not a weight
@@ -541,40 +536,4 @@ def convert_paper_checkpoint(ckpt, fmt):
                     f"has shape {tuple(s.shape)}, the weight has {tuple(sd[n].shape)}")
         out['ema'] = dict(decay=ema.get('decay', ckpt.get('ema_rate')), num_updates=ema.get('num_updates'),
                           params={_ours(n): s for n, s in zip(names, shadow)})
-    if ckpt.get('optimizer'):
-        out['optimizer'] = _remap_optimizer(ckpt['optimizer'], names, config, sd)
     return out
-
-
-def _remap_optimizer(opt, names, config, sd):
-    """Renumber an AdamW state dict from the paper's parameter order to GPT.configure_optimizers'.
-
-    Both split the parameters the same way (matrices decayed, vectors not), each group in its model's
-    parameter order; the orders differ, so the indices must be renumbered by name. Returns None (with a
-    note) if the groups do not have the expected sizes: the weights still load, the moments start fresh.
-    """
-    def layout(order):  # flat optimizer index of each parameter name
-        decay = [n for n in order if sd[n].dim() >= 2]
-        no_decay = [n for n in order if sd[n].dim() < 2]
-        return decay, no_decay, {n: i for i, n in enumerate(decay + no_decay)}
-
-    to_paper = {_ours(n): n for n in names}
-    with torch.device('meta'):  # our parameter order, without allocating a model
-        ours = [to_paper[n] for n, _ in GPT(config).named_parameters()]
-    p_decay, p_no, p_idx = layout(names)
-    o_decay, o_no, o_idx = layout(ours)
-    groups = opt.get('param_groups', [])
-    if [len(g['params']) for g in groups] != [len(p_decay), len(p_no)]:
-        print(f"note: the paper checkpoint's optimizer has groups of {[len(g['params']) for g in groups]} "
-              f"parameters, expected {[len(p_decay), len(p_no)]}; its state is not carried over",
-              file=sys.stderr)
-        return None
-    flat = [i for g in groups for i in g['params']]  # the saved ids, in the paper's order
-    state = {}
-    for n, i in p_idx.items():
-        if flat[i] in opt['state']:
-            state[o_idx[n]] = opt['state'][flat[i]]
-    new_groups = [dict(groups[0], params=[o_idx[n] for n in o_decay]),
-                  dict(groups[1], params=[o_idx[n] for n in o_no])]
-    return {'state': state, 'param_groups': new_groups}
-

@@ -201,6 +201,13 @@ def print_config(cfg, file=None):
         print(f"  {k.ljust(width)} = {v!r}", file=file)
 
 
+def first_line(e, limit=200):
+    """An exception's message cut to its first line (or its type when it has none): what a one-line
+    error says of a failure deep inside a library."""
+    text = str(e).strip()
+    return text.splitlines()[0][:limit] if text else type(e).__name__
+
+
 def die(msg, code=1):
     """One clear line on stderr and a non-zero exit: how the scripts report bad input."""
     print(f"error: {msg}", file=sys.stderr)

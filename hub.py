@@ -17,6 +17,7 @@ import re
 import sys
 import threading
 
+from configurator import first_line
 from tokenizer import DataError
 
 _TRUE = ("1", "ON", "YES", "TRUE")
@@ -196,10 +197,6 @@ def _cached_listing(repo, commit, folder):
                 for d, _, fs in os.walk(folder) for f in fs]
 
 
-def _first_line(e):
-    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-
-
 def dataset_files(repo, config=None, split="train", revision=None, hint="pass a local copy"):
     """(local paths of the data files of one split of HF dataset `repo`, the commit they come from).
     revision: a branch, tag or commit (None = 'main'). Online only that split's files (and README.md) are
@@ -233,7 +230,7 @@ def dataset_files(repo, config=None, split="train", revision=None, hint="pass a 
     except DataError:
         raise
     except Exception as e:
-        raise DataError(f"cannot load {where}: {_first_line(e)}; {hint}")
+        raise DataError(f"cannot load {where}: {type(e).__name__}: {first_line(e)}; {hint}")
     if os.path.basename(folder) != info.sha:
         raise DataError(f"cannot load {where}: {rev} moved from {info.sha[:7]} to "
                         f"{os.path.basename(folder)[:7]} while it was read; run again")

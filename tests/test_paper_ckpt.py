@@ -265,17 +265,13 @@ def test_ema_list_maps_by_documented_order(tmp_path, fmt, name, ours):
 
 
 @pytest.mark.parametrize('fmt', ['paper-aogpt', 'paper-sigma'])
-def test_optimizer_loads_under_weights_only_and_is_renumbered(tmp_path, fmt):
-    ckpt, moments = paper_file(fmt)
+def test_the_whole_file_loads_under_weights_only(tmp_path, fmt):
+    ckpt, _ = paper_file(fmt)
     path = save(tmp_path, ckpt)
     raw = torch.load(path, weights_only=True)  # the optimizer and config dicts are plain data
-    assert raw['config']['train_dataset'] == 'openwebtext'
-    model, meta, _ = load_model(path)
-    opt = model.configure_optimizers(0.03, 6e-4, (0.9, 0.95), 'cpu')
-    opt.load_state_dict(meta['optimizer'])
-    for n, p in model.named_parameters():
-        assert torch.equal(opt.state[p]['exp_avg'], moments[paper_name(n, fmt)]), n
-    assert [g['weight_decay'] for g in opt.param_groups] == [0.03, 0.0]
+    assert raw['config']['train_dataset'] == 'openwebtext' and raw['optimizer']['state']
+    _, meta, _ = load_model(path)
+    assert 'optimizer' not in meta  # a paper file is evaluated or fine-tuned with a fresh optimizer
 
 
 def one_line_error(capsys, path, *needles):
