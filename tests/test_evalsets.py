@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import evalsets
+from helpers import hub_cache
 from evalsets import EVAL_SETS, lm1b_detokenize, load_eval_chunks, parse_revisions, scientific_detokenize
 from tokenizer import DataError, get_codec, gpt2_encoding
 
@@ -37,23 +38,6 @@ def parquet(**columns):
 
 def commit(tag):
     return hashlib.sha1(tag.encode()).hexdigest()
-
-
-def hub_cache(root, repo, sha, files, refs=("main",)):
-    """One dataset repo in an HF hub cache, as huggingface_hub writes it: blobs/<hash>, refs/<ref> holding
-    the commit, snapshots/<commit>/<path> as symlinks to the blobs."""
-    base = root / ("datasets--" + repo.replace("/", "--"))
-    for rel, data in files.items():
-        data = data.encode() if isinstance(data, str) else data
-        blob = base / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = base / "snapshots" / sha / rel
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-    for r in refs:
-        (base / "refs").mkdir(parents=True, exist_ok=True)
-        (base / "refs" / r).write_text(sha)
 
 
 def offline_env(tmp_path):
@@ -119,19 +103,19 @@ def fill_cache(hub):
     pin = EVAL_SETS["arxiv"].revision
     assert pin and len(pin) == 40  # the test below reads the pinned commit from the cache
     lm1b = README.format(config_yaml("default", ["train", "test"]))
-    hub_cache(hub, "dvruette/lm1b", commit("lm1b"), {
+    hub_cache(hub, "dvruette/lm1b", sha=commit("lm1b"), repo_type='dataset', files={
         "README.md": lm1b, "data/test-00000-of-00001.parquet": parquet(text=LM1B),
         "data/train-00000-of-00002.parquet": TRAP, "data/train-00001-of-00002.parquet": TRAP})
     ccdv = README.format(config_yaml("document", ["train", "validation", "test"]) +
                          config_yaml("section", ["train", "validation", "test"]))
     arxiv = {"README.md": ccdv, "document/train-00000-of-00015.parquet": TRAP,
              "document/validation-00000-of-00001.parquet": TRAP}  # section/ never downloaded
-    hub_cache(hub, "ccdv/arxiv-summarization", pin, dict(arxiv, **{
+    hub_cache(hub, "ccdv/arxiv-summarization", sha=pin, repo_type='dataset', files=dict(arxiv, **{
         "document/test-00000-of-00001.parquet": parquet(article=ARXIV_PIN, abstract=["x", "y"])}), refs=())
-    hub_cache(hub, "ccdv/arxiv-summarization", commit("arxiv main"), dict(arxiv, **{
-        "document/test-00000-of-00001.parquet": parquet(article=ARXIV_MAIN, abstract=["z"])}))
+    hub_cache(hub, "ccdv/arxiv-summarization", sha=commit("arxiv main"), repo_type='dataset', files=dict(
+        arxiv, **{"document/test-00000-of-00001.parquet": parquet(article=ARXIV_MAIN, abstract=["z"])}))
     # no README: splits come from the file names
-    hub_cache(hub, "fancyzhx/ag_news", commit("ag_news"), {
+    hub_cache(hub, "fancyzhx/ag_news", sha=commit("ag_news"), repo_type='dataset', files={
         "data/test-00000-of-00001.parquet": parquet(text=AG, label=[2, 1]),
         "data/train-00000-of-00001.parquet": TRAP, ".gitattributes": "*.parquet filter=lfs\n"})
 
@@ -204,9 +188,9 @@ def test_eval_ppl_json_records_the_commit_read(tmp_path):
 def test_script_only_repos_name_their_replacement(tmp_path):
     """A repo that still holds only a loading script: one line on stderr naming what to read instead."""
     hub = tmp_path / "hub"
-    hub_cache(hub, "armanc/scientific_papers", commit("sp"), {
+    hub_cache(hub, "armanc/scientific_papers", sha=commit("sp"), repo_type='dataset', files={
         "README.md": "# scientific papers\n", "scientific_papers.py": "import datasets\n"})
-    hub_cache(hub, "Skylion007/openwebtext", commit("owt"), {
+    hub_cache(hub, "Skylion007/openwebtext", sha=commit("owt"), repo_type='dataset', files={
         "openwebtext.py": "import datasets\n", "subsets/urlsf_subset00.tar": b"\0" * 512})
     for args, names in ([["arxiv", "--path=armanc/scientific_papers"], "ccdv/arxiv-summarization"],
                         [["owt", "--path=Skylion007/openwebtext", "--split=train"],

@@ -5,9 +5,9 @@ cache this file lays out the way huggingface_hub does (blobs, snapshots/<commit>
 in subprocesses, since huggingface_hub reads HF_HUB_CACHE and HF_HUB_OFFLINE when it is imported.
 Exported weights are checked against the in-memory models the checkpoints were saved from.
 """
-import hashlib
 import json
 import os
+import pathlib
 import pickle
 import runpy
 import subprocess
@@ -21,7 +21,7 @@ import eval_ppl
 import export
 import sample
 from checkpoint import load_checkpoint, load_model, save_checkpoint, checkpoint_codec
-from helpers import tiny
+from helpers import hub_cache, tiny
 from model import GPT, GPTConfig, model_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -269,25 +269,6 @@ def test_bad_exports_and_hub_ids_are_one_line(tmp_path, capsys, spoil, spec, nee
 
 
 # ------------------------------------------------------------------------------------------ hf: sources
-def hub_cache(root, repo, files, refs=('main',)):
-    """Lay out an HF cache entry as huggingface_hub does: blobs/<sha256> hold the bytes,
-    snapshots/<commit>/<path> link to them, refs/<branch> names the commit. Returns the commit."""
-    store = root / ('models--' + repo.replace('/', '--'))
-    commit = hashlib.sha1(repr(sorted(files.items())).encode()).hexdigest()
-    for path, src in files.items():
-        data = open(src, 'rb').read()
-        blob = store / 'blobs' / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = store / 'snapshots' / commit / path
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-    (store / 'refs').mkdir(exist_ok=True)
-    for ref in refs:
-        (store / 'refs' / ref).write_text(commit)  # no newline, as huggingface_hub writes it
-    return commit
-
-
 def hub_env(tmp_path, offline=True):
     env = dict(os.environ, PYTHONPATH=ROOT, HF_HOME=str(tmp_path / 'hf'), HF_HUB_CACHE=str(tmp_path / 'hf' / 'hub'),
                OMP_NUM_THREADS='1')
@@ -317,7 +298,7 @@ def test_hf_ids_resolve_offline_from_the_cache_end_to_end(tmp_path, monkeypatch,
     files = {f: tmp_path / 'hub' / f for f in ('config.json', 'model.safetensors', 'README.md')}
     files.update({f'v2/{k}': v for k, v in files.items()})  # a second copy in a folder of the repo
     ours = hub_cache(cache, 'me/tiny-ao', files, refs=('main', 'v1'))
-    theirs = hub_cache(cache, 'them/AO-GPT-MDM', {PAPER_PATH: paper})
+    theirs = hub_cache(cache, 'them/AO-GPT-MDM', {PAPER_PATH: pathlib.Path(paper)})
     env = hub_env(tmp_path)
 
     # which local path each form resolves to
