@@ -40,10 +40,12 @@ rng states, the data cursor and the fixed order. init_from=auto resumes it when 
 what `torchrun --max-restarts=N` needs on preemptible nodes.
 """
 
+import importlib.util
 import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from contextlib import nullcontext
@@ -152,28 +154,42 @@ def say(*a):
 
 
 # ------------------------------------------------------------------ validate the config
-if order_mode not in ORDER_MODES:
-    fail(f"order_mode must be one of {', '.join(ORDER_MODES)}, got {order_mode!r}")
-if dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
-    fail(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
-if cond not in ('adaln', 'sigma', 'none'):
-    fail(f"cond must be adaln, sigma or none, got {cond!r}")
-if norm not in ('rms', 'layer') or gelu not in ('exact', 'tanh') or adaln_init not in ('gate1', 'paper'):
-    fail(f"norm must be rms|layer, gelu exact|tanh, adaln_init gate1|paper; got {norm!r}, {gelu!r}, "
-         f"{adaln_init!r}")
-if not target_std > 0 or (adaln_std is not None and not adaln_std > 0):
-    fail(f"target_std and adaln_std are init stds and must be > 0 (adaln_std may be None), got {target_std}, "
-         f"{adaln_std}")
-if n_embd % n_head:
-    fail(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
-if not causal and cond != 'none':
-    fail("the encoder MDM (causal=False) takes no target conditioning: set cond='none'")
-if not 0.0 <= l2r_frac <= 1.0 or (l2r_frac_end is not None and not 0.0 <= l2r_frac_end <= 1.0):
-    fail(f"l2r_frac and l2r_frac_end must lie in [0, 1], got {l2r_frac}, {l2r_frac_end}")
-if order_mode == 'block_random' and (block_size_order < 1 or block_size % block_size_order):
-    fail(f"block_size ({block_size}) must be a multiple of block_size_order ({block_size_order})")
-if min(batch_size, block_size, gradient_accumulation_steps, eval_interval, log_interval) < 1:
-    fail("batch_size, block_size, gradient_accumulation_steps, eval_interval and log_interval must be >= 1")
+# Every key is checked here, before anything is read or written: a bad value costs one line, not a run.
+def need(ok, key, what):
+    if not ok:
+        fail(f"{key} must be {what}, got {globals()[key]!r}")
+
+
+for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters', 'eval_interval', 'eval_iters',
+          'eval_orders', 'log_interval', 'block_size_order'):
+    need(globals()[k] >= 1, k, "an integer >= 1")
+for k in ('ckpt_interval', 'keep_ckpt_every', 'warmup_iters', 'lr_decay_iters', 'l2r_frac_iters'):
+    need(globals()[k] >= 0, k, "an integer >= 0")
+for k in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'):
+    need(0 <= globals()[k] < math.inf, k, "a number >= 0")
+need(not decay_lr or min_lr <= learning_rate, 'min_lr', f"<= learning_rate ({learning_rate}), the peak the cosine "
+     f"decays from (or decay_lr=False)")
+for k in ('beta1', 'beta2', 'ema_decay'):
+    need(0 <= globals()[k] < 1, k, "in [0, 1)")
+need(0 <= l2r_frac <= 1, 'l2r_frac', "a probability in [0, 1]")
+need(l2r_frac_end is None or 0 <= l2r_frac_end <= 1, 'l2r_frac_end', "a probability in [0, 1], or None")
+need(0 <= seed < 2 ** 32, 'seed', "in [0, 2**32)")
+need(order_mode in ORDER_MODES, 'order_mode', f"one of {', '.join(ORDER_MODES)}")
+need(order_mode != 'block_random' or block_size % block_size_order == 0, 'block_size',
+     f"a multiple of block_size_order ({block_size_order}) for order_mode='block_random'")
+need(dtype in ('auto', 'float32', 'bfloat16', 'float16'), 'dtype', "auto, float32, bfloat16 or float16")
+need(re.fullmatch(r'auto|cpu|mps|cuda(:\d+)?', device), 'device', "auto, cpu, cuda, cuda:N or mps")
+need(out_dir.strip() != '', 'out_dir', "a directory")
+need(wandb_mode in ('offline', 'disabled', 'online'), 'wandb_mode', "offline, disabled or online")
+if wandb_log and importlib.util.find_spec('wandb') is None:
+    fail("wandb_log=True but wandb is not installed: pip install wandb, or leave wandb_log off")
+try:  # the model keys: GPTConfig checks them (a None vocab_size or [MASK] id is resolved from the data later)
+    _m = {k: cfg[k] for k in config_fields() if k in cfg}
+    _m['mask_token_id'] = 0 if _m['mask_token_id'] is None else _m['mask_token_id']
+    _m['vocab_size'] = max(_m['mask_token_id'], 0) + 1 if _m['vocab_size'] is None else _m['vocab_size']
+    GPTConfig(**_m)
+except ValueError as e:
+    fail(str(e))
 if not (init_from in ('scratch', 'resume', 'auto') or init_from.startswith('gpt2:') or
         init_from.endswith('.pt') or os.path.exists(init_from)):
     fail(f"init_from must be scratch, resume, auto, gpt2:<local HF GPT-2 dir> or a checkpoint file, "
@@ -336,8 +352,8 @@ else:
         model_args['mask_token_id'] = data_vocab  # the first padding id (50257 for GPT-2)
     try:
         model = GPT(GPTConfig(**model_args))
-    except (AssertionError, ValueError) as e:
-        fail(f"invalid model config: {e or 'see the asserts in model.py'} ({model_args})")
+    except ValueError as e:  # e.g. a mask_token_id beyond the vocab_size derived from the data
+        fail(f"{e} (vocab_size {model_args['vocab_size']} for the {data_vocab} ids of {data_dir})")
 
 if data_vocab > model_args['vocab_size']:
     fail(f"{dataset} has {data_vocab} token ids but the model only {model_args['vocab_size']}")

@@ -376,11 +376,13 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     (['--dataset=nothere'], "nothere/train.bin not found"),
     (['--cond=none'], "cannot train on random orders: use order_mode='l2r'"),
     (['--init_from=resume'], "does not exist: use init_from=scratch"),
-    (['--gradient_accumulation_steps=0'], "must be >= 1"),
+    (['--gradient_accumulation_steps=0'], "gradient_accumulation_steps must be an integer >= 1, got 0"),
     (['--order_mode=block_random', '--block_size_order=5'], "must be a multiple of block_size_order"),
-    (['--causal=False', '--cond=adaln'], "set cond='none'"),
+    (['--causal=False', '--cond=adaln'], "cond must be 'none' for the encoder MDM"),
     (['--init_from=gpt2:/no/such/dir'], "not a local Hugging Face GPT-2 directory"),
-    (['--adaln_std=-0.1'], "init stds and must be > 0"),
+    (['--adaln_std=-0.1'], "adaln_std must be an init std > 0"),
+    (['--causal=False', '--cond=none', '--mask_token_id=500'],  # beyond the vocab derived from the data
+     "mask_token_id must be a token id in [0, vocab_size=64) for the encoder MDM's [MASK], got 500 (vocab_size 64"),
 ])
 def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, argv, needle):
     with pytest.raises(SystemExit) as e:
@@ -388,6 +390,39 @@ def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, ar
     assert e.value.code != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+@pytest.mark.parametrize('bad', [
+    '--n_layer=-2', '--n_layer=0', '--n_head=0', '--n_head=-2', '--n_embd=0', '--n_embd=31', '--block_size=0',
+    '--target_dim=0', '--dropout=1.0', '--norm=batch', '--gelu=fast', '--adaln_init=zero', '--target_std=0',
+    '--vocab_size=0', '--learning_rate=-1', '--min_lr=-1', '--min_lr=0.1', '--weight_decay=-0.1', '--grad_clip=-1',
+    '--beta1=1.0', '--beta2=1.5', '--ema_decay=1.0', '--max_iters=-3', '--max_iters=0', '--eval_interval=0',
+    '--eval_iters=0', '--eval_orders=0', '--log_interval=0', '--batch_size=0', '--ckpt_interval=-1',
+    '--keep_ckpt_every=-1', '--warmup_iters=-1', '--lr_decay_iters=-1', '--l2r_frac_iters=-1', '--l2r_frac=1.5',
+    '--l2r_frac_end=-0.5', '--block_size_order=0', '--seed=-1', '--dtype=float8', '--device=tpu',
+    '--device=cuda:x', '--wandb_mode=maybe', '--out_dir=', '--peak_flops=-1',
+])
+def test_each_bad_value_is_one_line_naming_its_key(env, monkeypatch, capsys, tmp_path, bad):
+    """Checked before anything is read or written: out_dir is not even created."""
+    key = bad[2:].split('=')[0]
+    out = tmp_path / 'out'
+    argv = args(env, '', f'--out_dir={out}', '--max_iters=4', '--n_head=2') + [bad]
+    with pytest.raises(SystemExit) as e:
+        run_inprocess(monkeypatch, argv)
+    assert e.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {key} must be "), err
+    assert not out.exists()
+
+
+def test_wandb_log_without_wandb_is_one_line(env, monkeypatch, capsys, tmp_path):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'wandb' else find_spec(name, *a))
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "out"}', '--wandb_log=True'))
+    err = capsys.readouterr().err.strip()
+    assert err == "error: wandb_log=True but wandb is not installed: pip install wandb, or leave wandb_log off"
 
 
 def test_errors_from_the_command_line_have_no_traceback(env):
