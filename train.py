@@ -240,13 +240,19 @@ log_path = os.path.join(out_dir, 'log.jsonl')
 
 # ------------------------------------------------------------------ data
 data_dir = os.path.join(data_root, dataset)
+script = os.path.join('data', dataset, 'prepare.py')
 for split in ('train', 'val'):
     f = os.path.join(data_dir, f'{split}.bin')
+    fix = (f"run `python {script}`" if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), script))
+           else f"write {split}.bin (uint16 token ids) and meta.json into {data_dir}")
     if not os.path.exists(f):
-        script = os.path.join('data', dataset, 'prepare.py')
-        here = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
-        fail(f"{f} not found: run `python {script}` first" if os.path.exists(here) else
-             f"{f} not found: write {split}.bin (uint16 token ids) and meta.json into {data_dir}")
+        fail(f"{f} not found: {fix} first")
+    size = os.path.getsize(f)
+    if size == 0:
+        fail(f"{f} is empty: {fix} again")
+    if size % 2:
+        fail(f"{f} has {size:,} bytes, an odd number, so it is not a whole number of uint16 token ids (2 bytes "
+             f"each): it is truncated or not a token file; {fix} again")
 if not os.path.exists(os.path.join(data_dir, 'meta.json')) and not os.path.exists(os.path.join(data_dir, 'meta.pkl')):
     say(f"no {data_dir}/meta.json: assuming GPT-2 BPE token ids (vocab 50257)")
 try:

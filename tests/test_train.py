@@ -266,6 +266,21 @@ def test_kill_during_checkpoint_write_keeps_previous_checkpoint(env):
     assert not glob.glob(str(env / 'killsave' / '.ckpt.pt.tmp.*'))  # the stale temp file is cleaned up
 
 
+@pytest.mark.parametrize('split,size', [('train', 0), ('val', 7999)])
+def test_an_empty_or_odd_sized_token_file_is_one_line(env, monkeypatch, capsys, tmp_path, split, size):
+    import shutil
+    data = tmp_path / 'data' / 'runs'
+    shutil.copytree(env / 'data' / 'runs', data)
+    f = data / f'{split}.bin'
+    f.write_bytes(f.read_bytes()[:size])
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, [str(env / 'tiny.py'), f'--data_root={tmp_path / "data"}',
+                                    f'--out_dir={tmp_path / "out"}', '--max_iters=2'])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {f} "), err
+    assert ('is empty' if size == 0 else 'has 7,999 bytes, an odd number') in err
+
+
 def test_nonfinite_loss_stops_and_keeps_last_checkpoint(env, monkeypatch, tmp_path, capsys):
     calls = [0]
     digest = {}
