@@ -36,8 +36,8 @@ out_dir/log.jsonl holds one JSON object per eval (losses in nats per token, null
 
 out_dir/ckpt.pt (written atomically at evals, see checkpoint.py) holds everything for an exact
 continuation: model, ema (by name), optimizer, scaler, iter_num, best_val_loss, config, model_args,
-rng states, the data cursor and the fixed order. init_from=auto resumes it when it exists, which is
-what `torchrun --max-restarts=N` needs on preemptible nodes.
+rng states, the data cursor, the fixed order and the training losses since the last eval. init_from=auto
+resumes it when it exists, which is what `torchrun --max-restarts=N` needs on preemptible nodes.
 """
 
 import importlib.util
@@ -435,6 +435,7 @@ params = {n: p for n, p in model.named_parameters()}  # tied weights appear once
 ema = {n: p.detach().clone().float() for n, p in params.items()} if ema_decay > 0 else None
 ema_updates = 0
 iter_num, best_val_loss, elapsed = 0, float('inf'), 0.0
+train_losses = []  # the training losses since the last eval, averaged into its train_loss
 
 if ckpt is not None:
     optimizer.load_state_dict(ckpt['optimizer'])
@@ -446,6 +447,7 @@ if ckpt is not None:
         ema_updates = ckpt['ema']['num_updates']
     iter_num, best_val_loss = ckpt['iter_num'], ckpt.get('best_val_loss', float('inf'))
     elapsed = ckpt.get('elapsed', 0.0)
+    train_losses = list(ckpt.get('train_losses') or [])  # a checkpoint between evals carries them on
     r = ckpt.get('rng') or {}
     if r:  # the training stream is counter-based; these keep anything else reproducible too
         random.setstate(r['python'])
@@ -563,7 +565,7 @@ def write_checkpoint():
                 optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), iter_num=iter_num,
                 best_val_loss=best_val_loss, config=cfg, rng=rng_state(),
                 data=dict(seed=seed, cursor=iter_num, sampler='counter(seed, iter, micro_step)'),
-                order=fixed_order.cpu() if fixed_order is not None else None,
+                order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
                 tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
     save_checkpoint(ckpt, ckpt_path)
     if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
@@ -591,7 +593,7 @@ if master:
 
 # ------------------------------------------------------------------ the loop
 t_start = time.time()
-train_losses, interval_losses = [], []
+interval_losses = []
 t_interval, tokens_interval, t_eval_window, tokens_eval_window = 0.0, 0, 0.0, 0
 flops_per_token = raw_model.estimate_flops_per_token(block_size)
 if peak_flops <= 0 and device_type == 'cuda':

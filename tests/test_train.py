@@ -199,8 +199,12 @@ def test_orders_are_seeded(env, monkeypatch, tmp_path):
 
 
 def test_exact_resume_after_kill_is_bit_identical(env):
-    """8 iterations in one go == 4, SIGKILL mid-iteration 6, resume (init_from=auto) from the iter-4 checkpoint."""
-    common = ['--max_iters=8', '--eval_interval=4', '--dropout=0.1']  # dropout: its RNG must resume too
+    """8 iterations in one go == 6, SIGKILL mid-iteration 7, resume (init_from=auto) from the iter-6 checkpoint.
+
+    The checkpoint at 6 (ckpt_interval) lies between evals, so the eval at 8 must still average the training
+    losses of iterations 4..7, as the uninterrupted run does.
+    """
+    common = ['--max_iters=8', '--eval_interval=4', '--ckpt_interval=2', '--dropout=0.1']  # dropout: its RNG too
     run(env, args(env, 'whole', *common))
     kill = """
     import signal, torch
@@ -210,14 +214,14 @@ def test_exact_resume_after_kill_is_bit_identical(env):
     def forward(self, *a, **k):
         if torch.is_grad_enabled():
             calls[0] += 1
-            if calls[0] == 2 * 6 + 1:  # first micro-step of iteration 6 (2 per iteration)
+            if calls[0] == 2 * 7 + 1:  # first micro-step of iteration 7 (2 per iteration)
                 os.kill(os.getpid(), signal.SIGKILL)
         return orig(self, *a, **k)
     GPT.forward = forward
     """
     p = run(env, args(env, 'split', *common), pre=kill, check=False)
     assert p.returncode == -signal.SIGKILL
-    assert load_checkpoint(str(env / 'split'))['iter_num'] == 4
+    assert load_checkpoint(str(env / 'split'))['iter_num'] == 6
     p = run(env, args(env, 'split', *common, '--init_from=auto'))
     assert 'resumed' in p.stdout
     a, b = load_checkpoint(str(env / 'whole')), load_checkpoint(str(env / 'split'))
