@@ -315,7 +315,20 @@ if init_from == 'resume':
         fail(f"{ckpt_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
              f"with init_from={ckpt_path}")
     check_codec(ckpt, ckpt_path)
-    model_args = dict(ckpt['model_args'])
+    trained = asdict(GPTConfig(**ckpt['model_args']))  # keys older checkpoints lack take their defaults
+    # A resumed run goes on training its model, so a config that asks for another model is refused, not
+    # quietly overruled: the saved config must say what was trained. A value is accepted if it is the
+    # model's, or the one the run was started with (a fine-tune takes its shape from the source). dropout
+    # and adaln_table change how the same weights train and follow the config; block_size here is the
+    # training length, which may be shorter than the model's; None vocab_size / mask_token_id: the model's.
+    asked = {k: cfg[k] for k in trained if k in cfg and k not in ('dropout', 'adaln_table', 'block_size')
+             and not (cfg[k] is None and k in ('vocab_size', 'mask_token_id'))}
+    other = [k for k, v in asked.items() if v != trained[k] and v != ckpt['config'].get(k, trained[k])]
+    if other:
+        fail(f"{ckpt_path} holds a model with {', '.join(f'{k}={trained[k]!r}' for k in other)}, but this config "
+             f"asks for {', '.join(f'{k}={cfg[k]!r}' for k in other)}: a resumed run keeps its model. Resume "
+             f"with the config it was trained with, or train the new model in another out_dir")
+    model_args = dict(trained, dropout=dropout, adaln_table=adaln_table)
     model = GPT(GPTConfig(**model_args))
     model.load_state_dict(strip_prefixes(ckpt['model']))
     changed = {k: (ckpt['config'].get(k), v) for k, v in cfg.items()
@@ -323,9 +336,6 @@ if init_from == 'resume':
     if changed:
         say("resuming with changed keys (checkpoint -> now): " +
             ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
-    ignored = [k for k in config_fields() if k in cfg and cfg[k] is not None and cfg[k] != model_args.get(k)]
-    if ignored:
-        say(f"model shape comes from the checkpoint; ignoring config values of {', '.join(ignored)}")
 elif init_from.startswith('gpt2:'):
     hf_dir = init_from[len('gpt2:'):]
     if not os.path.exists(os.path.join(hf_dir, 'config.json')):
@@ -456,6 +466,8 @@ if ckpt is not None:
         if device_type == 'cuda' and r.get('cuda'):
             torch.cuda.set_rng_state(r['cuda'][min(local_rank, len(r['cuda']) - 1)])
     say(f"resumed {ckpt_path} at iteration {iter_num}")
+    if iter_num >= max_iters and not eval_only:
+        say(f"it has reached max_iters ({max_iters}): nothing to train (raise max_iters to train on)")
     del ckpt
 start_iter = iter_num
 

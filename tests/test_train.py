@@ -285,6 +285,30 @@ def test_an_empty_or_odd_sized_token_file_is_one_line(env, monkeypatch, capsys, 
     assert ('is empty' if size == 0 else 'has 7,999 bytes, an odd number') in err
 
 
+def test_a_resume_keeps_its_model_and_the_saved_config_says_so(env, monkeypatch, capsys, tmp_path):
+    """Resuming with another model shape is refused in one line (the checkpoint is untouched); dropout, which
+    changes how the same weights train, follows the config, and the saved config and model_args agree."""
+    argv = args(env, '', f'--out_dir={tmp_path}', '--eval_interval=2')
+    run_inprocess(monkeypatch, argv + ['--max_iters=2'])
+    before = (tmp_path / 'ckpt.pt').read_bytes()
+    capsys.readouterr()
+    for extra, needle in [(['--n_layer=3'], "holds a model with n_layer=2, but this config asks for n_layer=3"),
+                          (['--n_embd=64', '--cond=sigma'], "with n_embd=32, cond='adaln', but this config asks for "
+                                                            "n_embd=64, cond='sigma'")]:
+        with pytest.raises(SystemExit):
+            run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=resume', *extra])
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and needle in err and 'a resumed run keeps its model' in err, err
+    assert (tmp_path / 'ckpt.pt').read_bytes() == before
+    run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=resume', '--dropout=0.1', '--vocab_size=64'])
+    c = load_checkpoint(str(tmp_path))
+    assert c['iter_num'] == 4 and c['model_args']['dropout'] == c['config']['dropout'] == 0.1
+    assert all(c['config'][k] == v for k, v in c['model_args'].items() if k not in ('vocab_size', 'mask_token_id'))
+    capsys.readouterr()
+    run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=auto', '--dropout=0.1'])  # a finished run
+    assert 'it has reached max_iters (4): nothing to train' in capsys.readouterr().out
+
+
 def test_nonfinite_loss_stops_and_keeps_last_checkpoint(env, monkeypatch, tmp_path, capsys):
     calls = [0]
     digest = {}
@@ -375,6 +399,10 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     torch.testing.assert_close(c['model']['transformer.wte.weight'], hf.transformer.wte.weight, atol=0, rtol=0)
     torch.testing.assert_close(c['model']['transformer.h.1.mlp.c_fc.weight'],
                                hf.transformer.h[1].mlp.c_fc.weight.t(), atol=0, rtol=0)
+    # its own command resumes it: the config's norm='rms' is not the model's, but it is what the run started with
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "warm"}', '--init_from=resume', '--max_iters=2',
+                                    *frozen[1:]))
+    assert load_checkpoint(str(tmp_path / 'warm'))['iter_num'] == 2
     # fine-tune from a checkpoint file of a run that moved (so its EMA and raw weights differ)
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "src"}', '--max_iters=3', '--eval_interval=3'))
     src = load_checkpoint(str(tmp_path / 'src'))
