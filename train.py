@@ -37,7 +37,8 @@ out_dir/log.jsonl holds one JSON object per eval (losses in nats per token, null
 out_dir/ckpt.pt (written atomically at evals, see checkpoint.py) holds everything for an exact
 continuation: model, ema (by name), optimizer, scaler, iter_num, best_val_loss, config, model_args,
 rng states, the data cursor, the fixed order and the training losses since the last eval. init_from=auto
-resumes it when it exists, which is what `torchrun --max-restarts=N` needs on preemptible nodes.
+resumes it when it exists, which is what `torchrun --max-restarts=N` needs on preemptible nodes. While a
+run is live it holds an OS lock on out_dir/.lock, so a second run on the same out_dir is refused.
 """
 
 import importlib.util
@@ -46,6 +47,7 @@ import math
 import os
 import random
 import re
+import socket
 import sys
 import time
 from contextlib import nullcontext
@@ -55,6 +57,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+try:
+    import fcntl  # the out_dir lock; absent on Windows, where runs go unlocked
+except ImportError:
+    fcntl = None
 
 from checkpoint import (CKPT_NAME as _CKPT, checkpoint_codec, load_checkpoint, load_model, save_checkpoint,
                         strip_prefixes)
@@ -139,10 +146,12 @@ ORDER_MODES = ('random', 'l2r', 'fixed_random', 'block_random')
 ddp = int(os.environ.get('RANK', -1)) != -1
 rank = int(os.environ.get('RANK', 0))
 master = rank == 0
+lock_fd = None  # out_dir/.lock, held (rank 0) while the run is live
 
 
 def fail(msg):
     """One clear line (from rank 0 only) and exit: bad input must never cost a traceback."""
+    release_out_dir()
     if master:
         die(msg)
     raise SystemExit(1)
@@ -151,6 +160,13 @@ def fail(msg):
 def say(*a):
     if master:
         print(*a, flush=True)
+
+
+def release_out_dir():
+    global lock_fd
+    if lock_fd is not None:
+        os.close(lock_fd)  # closing the file releases the lock
+        lock_fd = None
 
 
 # ------------------------------------------------------------------ validate the config
@@ -232,9 +248,43 @@ if device_type == 'cuda':
 else:
     torch.set_flush_denormal(True)  # denormals in the CE gradient can make CPU matmuls 10x slower
 
+
+def claim_out_dir():
+    """Make out_dir, lock it, and prove it writable, all before the first step: a run must not learn at its
+    first checkpoint that it cannot save one, nor share its directory with another live run."""
+    global lock_fd
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        fail(f"out_dir {out_dir} is a file, not a directory: pick another out_dir")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        fd = os.open(os.path.join(out_dir, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        fail(f"cannot write in out_dir {out_dir} ({e.strerror}): pick a directory you can write to")
+    # flock: the OS drops it when the holder exits, however it dies, so a killed run never blocks a resume
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 200).decode(errors='replace').strip() or 'a process that has not said its pid yet'
+            os.close(fd)
+            fail(f"out_dir {out_dir} is in use by another training run ({holder}): wait for it to end, or pick "
+                 f"another out_dir")
+    lock_fd = fd
+    probe = os.path.join(out_dir, f'.write_test.{os.getpid()}')
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        with open(probe, 'wb') as f:
+            f.write(b'x')
+        os.remove(probe)
+    except OSError as e:
+        fail(f"cannot write in out_dir {out_dir} ({e.strerror}): checkpoints could not be saved there; pick a "
+             f"directory you can write to")
+
+
 if master:
+    claim_out_dir()
     print_config(cfg)
-    os.makedirs(out_dir, exist_ok=True)
 ckpt_path = os.path.join(out_dir, _CKPT)
 log_path = os.path.join(out_dir, 'log.jsonl')
 
@@ -588,6 +638,24 @@ def write_checkpoint():
     return ckpt_path
 
 
+def save():
+    """Write the checkpoint (rank 0). A failed write (a full disk) stops the run with one line and leaves the
+    previous checkpoint as it was."""
+    global last_saved
+    if master:
+        try:
+            write_checkpoint()
+        except OSError as e:
+            tmp = os.path.join(out_dir, f'.{_CKPT}.tmp.{os.getpid()}')
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            fail(f"could not write {ckpt_path} at iteration {iter_num} ({e}); "
+                 + (f"the previous one (iteration {last_saved[1]}) is intact" if last_saved else
+                    "no checkpoint was written"))
+        say(f"saved {ckpt_path} (iteration {iter_num})")
+    last_saved = (ckpt_path, iter_num)
+
+
 last_saved = (ckpt_path, start_iter) if start_iter > 0 else None
 if master:
     for f in os.listdir(out_dir):  # temp files of a save that was killed mid-write
@@ -645,15 +713,9 @@ while True:
         if improved:
             best_val_loss = res['val_loss']
         if iter_num > 0 and not eval_only and (always_save_checkpoint or improved):
-            if master:
-                write_checkpoint()
-                print(f"saved {ckpt_path} (iteration {iter_num})", flush=True)
-            last_saved = (ckpt_path, iter_num)
+            save()
     elif ckpt_interval and iter_num % ckpt_interval == 0 and iter_num > start_iter and not eval_only:
-        if master:
-            write_checkpoint()
-            print(f"saved {ckpt_path} (iteration {iter_num})", flush=True)
-        last_saved = (ckpt_path, iter_num)
+        save()
     if iter_num >= max_iters or eval_only:
         break
 
@@ -703,6 +765,7 @@ while True:
             f"lr {lr:.2e}{gn}, {tps:,.0f} tok/s{mfu}, {1000 * t_interval / len(interval_losses):.0f} ms/iter")
         interval_losses, t_interval, tokens_interval = [], 0.0, 0
 
+release_out_dir()  # the OS would at exit; a caller that runs train.py in-process may start another run here
 if master and wandb_log:
     wandb.finish()
 if ddp:

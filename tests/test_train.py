@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -72,9 +73,8 @@ def args(env, out, *extra):
     return [str(env / 'tiny.py'), f'--data_root={env / "data"}', f'--out_dir={env / out}', *extra]
 
 
-def run(env, argv, pre=None, torchrun=False, check=True, restarts=0):
-    """python train.py argv (optionally with `pre` code run first, in the same process) -> CompletedProcess."""
-    environ = dict(os.environ, OMP_NUM_THREADS='1', WANDB_MODE='disabled')
+def command(env, argv, pre=None, torchrun=False, restarts=0):
+    """The command line of `python train.py argv`, optionally with `pre` code run first in the same process."""
     script, script_args = TRAIN, list(argv)
     if pre is not None:
         script, script_args = str(env / f'wrapper_{abs(hash(pre))}.py'), []
@@ -85,6 +85,15 @@ def run(env, argv, pre=None, torchrun=False, check=True, restarts=0):
     if torchrun:
         cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
                f'--max-restarts={restarts}', script, *script_args]
+    return cmd
+
+
+ENVIRON = dict(os.environ, OMP_NUM_THREADS='1', WANDB_MODE='disabled')
+
+
+def run(env, argv, pre=None, torchrun=False, check=True, restarts=0):
+    """python train.py argv (optionally with `pre` code run first, in the same process) -> CompletedProcess."""
+    cmd, environ = command(env, argv, pre, torchrun, restarts), ENVIRON
     p = subprocess.run(cmd, capture_output=True, text=True, env=environ, cwd=ROOT, timeout=300)
     if torchrun and p.returncode != 0 and 'connectFullMesh' in p.stderr:
         # gloo's loopback connect occasionally races at start-up on a loaded machine ('Connection
@@ -202,7 +211,8 @@ def test_exact_resume_after_kill_is_bit_identical(env):
     """8 iterations in one go == 6, SIGKILL mid-iteration 7, resume (init_from=auto) from the iter-6 checkpoint.
 
     The checkpoint at 6 (ckpt_interval) lies between evals, so the eval at 8 must still average the training
-    losses of iterations 4..7, as the uninterrupted run does.
+    losses of iterations 4..7, as the uninterrupted run does. The killed run leaves its lock file behind, and
+    the resume must not be blocked by it.
     """
     common = ['--max_iters=8', '--eval_interval=4', '--ckpt_interval=2', '--dropout=0.1']  # dropout: its RNG too
     run(env, args(env, 'whole', *common))
@@ -222,6 +232,7 @@ def test_exact_resume_after_kill_is_bit_identical(env):
     p = run(env, args(env, 'split', *common), pre=kill, check=False)
     assert p.returncode == -signal.SIGKILL
     assert load_checkpoint(str(env / 'split'))['iter_num'] == 6
+    assert (env / 'split' / '.lock').read_text().startswith('pid ')  # the dead run's, still there
     p = run(env, args(env, 'split', *common, '--init_from=auto'))
     assert 'resumed' in p.stdout
     a, b = load_checkpoint(str(env / 'whole')), load_checkpoint(str(env / 'split'))
@@ -268,6 +279,110 @@ def test_kill_during_checkpoint_write_keeps_previous_checkpoint(env):
     run(env, args(env, 'killsave', *common, '--init_from=resume'))
     assert load_checkpoint(str(env / 'killsave'))['iter_num'] == 6
     assert not glob.glob(str(env / 'killsave' / '.ckpt.pt.tmp.*'))  # the stale temp file is cleaned up
+
+
+def test_a_second_trainer_on_a_live_out_dir_is_refused(env, tmp_path):
+    """While a run is live its out_dir is locked: a second trainer (here init_from=auto, which would otherwise
+    resume the first one's checkpoint and interleave its log) stops with one line naming the live run's pid."""
+    started, go = tmp_path / 'started', tmp_path / 'go'
+    hold = f"""
+    import time, torch
+    from model import GPT
+    orig = GPT.forward
+    def forward(self, *a, **k):
+        if torch.is_grad_enabled() and not os.path.exists({str(go)!r}):
+            open({str(started)!r}, 'w').close()
+            for _ in range(1200):  # hold the run, in its first step, until the test says go
+                if os.path.exists({str(go)!r}):
+                    break
+                time.sleep(0.1)
+        return orig(self, *a, **k)
+    GPT.forward = forward
+    """
+    first = subprocess.Popen(command(env, args(env, 'locked', '--max_iters=2', '--eval_interval=2'), pre=hold),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENVIRON, cwd=ROOT)
+    try:
+        for _ in range(1200):
+            if started.exists() or first.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert started.exists(), first.communicate()
+        second = run(env, args(env, 'locked', '--max_iters=2', '--eval_interval=2', '--init_from=auto'), check=False)
+        assert second.returncode == 1 and 'Traceback' not in second.stderr
+        err = second.stderr.strip()
+        assert len(err.splitlines()) == 1 and f"in use by another training run (pid {first.pid} on " in err, err
+    finally:
+        go.touch()
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert [r['iter'] for r in log(env, 'locked')] == [0, 2]  # the first run's evals, once each
+    assert load_checkpoint(str(env / 'locked'))['iter_num'] == 2
+
+
+def count_forwards(monkeypatch):
+    calls = []
+    orig = GPT.forward
+
+    def forward(self, *a, **k):
+        calls.append(torch.is_grad_enabled())
+        return orig(self, *a, **k)
+    monkeypatch.setattr(GPT, 'forward', forward)
+    return calls
+
+
+def read_only(path):
+    """Make a directory read-only, for root too (a read-only bind mount); returns how to undo it."""
+    if os.geteuid() != 0:
+        os.chmod(path, 0o555)
+        return lambda: os.chmod(path, 0o755)
+    if subprocess.run(['mount', '--bind', '-o', 'ro', str(path), str(path)], capture_output=True).returncode:
+        pytest.skip("running as root without permission to mount: cannot make a read-only directory")
+    return lambda: subprocess.run(['umount', str(path)], check=True)
+
+
+def test_an_out_dir_that_cannot_take_a_checkpoint_is_one_line_before_the_first_step(env, monkeypatch, capsys,
+                                                                                     tmp_path):
+    """A file, a path under a file, and a read-only directory: each is one line, before any forward pass (a
+    read-only out_dir used to train until its first checkpoint, then lose it all in an OSError traceback)."""
+    afile = tmp_path / 'afile'
+    afile.write_text('x')
+    ro = tmp_path / 'ro'
+    ro.mkdir()
+    undo = read_only(ro)
+    try:
+        for out, needle in [(afile, 'is a file, not a directory'), (afile / 'sub', 'cannot write in out_dir'),
+                            (ro, 'cannot write in out_dir')]:
+            calls = count_forwards(monkeypatch)
+            with pytest.raises(SystemExit) as e:
+                run_inprocess(monkeypatch, args(env, '', f'--out_dir={out}', '--max_iters=2', '--eval_interval=2'))
+            err = capsys.readouterr().err.strip()
+            assert e.value.code == 1 and len(err.splitlines()) == 1 and needle in err and str(out) in err, err
+            assert calls == []
+            monkeypatch.undo()
+        assert os.listdir(ro) == []
+    finally:
+        undo()
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_last_one_stays(env, monkeypatch, capsys, tmp_path):
+    """The disk fills up during the second save: one line, the first checkpoint as it was, no temp file."""
+    orig, calls = torch.save, [0]
+
+    def save(obj, f, *a, **k):
+        calls[0] += 1
+        if calls[0] == 2:
+            f.write(b'half a checkpoint')
+            raise OSError(28, 'No space left on device')
+        return orig(obj, f, *a, **k)
+    monkeypatch.setattr(torch, 'save', save)
+    with pytest.raises(SystemExit) as e:
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=8', '--eval_interval=4'))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: could not write {tmp_path / 'ckpt.pt'} at iteration 8 ([Errno 28] No space left on "
+                          f"device); the previous one (iteration 4) is intact"), err
+    assert load_checkpoint(str(tmp_path))['iter_num'] == 4 and sorted(os.listdir(tmp_path)) == ['.lock', 'ckpt.pt',
+                                                                                              'log.jsonl']
 
 
 @pytest.mark.parametrize('split,size', [('train', 0), ('val', 7999)])
