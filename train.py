@@ -47,6 +47,7 @@ import math
 import os
 import random
 import re
+import signal
 import socket
 import sys
 import time
@@ -147,6 +148,8 @@ ddp = int(os.environ.get('RANK', -1)) != -1
 rank = int(os.environ.get('RANK', 0))
 master = rank == 0
 lock_fd = None  # out_dir/.lock, held (rank 0) while the run is live
+iter_num, last_saved = 0, None  # optimizer steps done; (path, iteration) of the last checkpoint
+saving = interrupted = False  # a checkpoint is being written; Ctrl-C came meanwhile
 
 
 def fail(msg):
@@ -167,6 +170,25 @@ def release_out_dir():
     if lock_fd is not None:
         os.close(lock_fd)  # closing the file releases the lock
         lock_fd = None
+
+
+def on_interrupt(signum, frame):
+    global interrupted
+    if saving:
+        interrupted = True  # save() stops once the checkpoint is complete
+    else:
+        stop_interrupted()
+
+
+def stop_interrupted():
+    """Ctrl-C: one line, and exit status 130 as a shell expects; nothing half-written is left behind."""
+    if master:
+        print(f"interrupted at iteration {iter_num}: " +
+              (f"{last_saved[0]} (iteration {last_saved[1]}) is intact; continue with the same command and "
+               f"--init_from=auto" if last_saved and not eval_only else "no checkpoint was written"),
+              file=sys.stderr, flush=True)
+    release_out_dir()
+    raise SystemExit(130)
 
 
 # ------------------------------------------------------------------ validate the config
@@ -282,6 +304,7 @@ def claim_out_dir():
              f"directory you can write to")
 
 
+signal.signal(signal.SIGINT, on_interrupt)  # from here on, Ctrl-C is one line (see stop_interrupted)
 if master:
     claim_out_dir()
     print_config(cfg)
@@ -639,10 +662,11 @@ def write_checkpoint():
 
 
 def save():
-    """Write the checkpoint (rank 0). A failed write (a full disk) stops the run with one line and leaves the
-    previous checkpoint as it was."""
-    global last_saved
+    """Write the checkpoint (rank 0). A Ctrl-C meanwhile waits until it is complete; a failed write (a
+    full disk) stops the run with one line and leaves the previous checkpoint as it was."""
+    global saving, last_saved
     if master:
+        saving = True
         try:
             write_checkpoint()
         except OSError as e:
@@ -652,8 +676,12 @@ def save():
             fail(f"could not write {ckpt_path} at iteration {iter_num} ({e}); "
                  + (f"the previous one (iteration {last_saved[1]}) is intact" if last_saved else
                     "no checkpoint was written"))
+        finally:
+            saving = False
         say(f"saved {ckpt_path} (iteration {iter_num})")
     last_saved = (ckpt_path, iter_num)
+    if interrupted:
+        stop_interrupted()
 
 
 last_saved = (ckpt_path, start_iter) if start_iter > 0 else None

@@ -112,10 +112,12 @@ def run_inprocess(monkeypatch, argv):
     monkeypatch.setattr(sys, 'argv', [TRAIN] + argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: one thread is faster, and immune to a busy machine
+    handler = signal.getsignal(signal.SIGINT)  # train.py takes Ctrl-C over; pytest gets it back
     try:
         return runpy.run_path(TRAIN, run_name='__main__')
     finally:
         torch.set_num_threads(threads)
+        signal.signal(signal.SIGINT, handler)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -317,6 +319,59 @@ def test_a_second_trainer_on_a_live_out_dir_is_refused(env, tmp_path):
     assert first.returncode == 0, err
     assert [r['iter'] for r in log(env, 'locked')] == [0, 2]  # the first run's evals, once each
     assert load_checkpoint(str(env / 'locked'))['iter_num'] == 2
+
+
+SIGINT_AT_ITER_6 = """
+import signal, torch
+from model import GPT
+calls = [0]
+orig = GPT.forward
+def forward(self, *a, **k):
+    if torch.is_grad_enabled():
+        calls[0] += 1
+        if calls[0] == 2 * 6 + 1:  # first micro-step of iteration 6: Ctrl-C
+            os.kill(os.getpid(), signal.SIGINT)
+    return orig(self, *a, **k)
+GPT.forward = forward
+"""
+
+
+def test_ctrl_c_stops_with_one_line_and_status_130(env, monkeypatch):
+    """Ctrl-C mid-step: exit status 130, one line (the iteration, the intact checkpoint, how to go on), no
+    KeyboardInterrupt traceback; the checkpoint is the one from iteration 4, and the run then resumes."""
+    common = ['--max_iters=8', '--eval_interval=4']
+    p = run(env, args(env, 'sigint', *common), pre=SIGINT_AT_ITER_6, check=False)
+    assert p.returncode == 130, p.stderr
+    err = p.stderr.strip()
+    assert len(err.splitlines()) == 1 and err == (f"interrupted at iteration 6: {env / 'sigint' / 'ckpt.pt'} "
+                                                  f"(iteration 4) is intact; continue with the same command and "
+                                                  f"--init_from=auto"), err
+    assert load_checkpoint(str(env / 'sigint'))['iter_num'] == 4
+    assert not glob.glob(str(env / 'sigint' / '.ckpt.pt.tmp.*'))
+    run_inprocess(monkeypatch, args(env, 'sigint', *common, '--init_from=auto'))  # as the line says
+    assert load_checkpoint(str(env / 'sigint'))['iter_num'] == 8
+
+
+def test_ctrl_c_during_a_checkpoint_write_lets_it_finish(env):
+    """Ctrl-C halfway through writing the iteration-8 checkpoint: the write completes, then the run stops."""
+    interrupt = """
+    import signal, torch
+    orig = torch.save
+    calls = [0]
+    def save(obj, f, *a, **k):
+        calls[0] += 1
+        if calls[0] == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next Python line, inside the save
+        return orig(obj, f, *a, **k)
+    torch.save = save
+    """
+    p = run(env, args(env, 'sigsave', '--max_iters=12', '--eval_interval=4'), pre=interrupt, check=False)
+    assert p.returncode == 130, p.stderr
+    assert p.stderr.strip().startswith(f"interrupted at iteration 8: {env / 'sigsave' / 'ckpt.pt'} (iteration 8) "
+                                       f"is intact"), p.stderr
+    assert 'saved' in p.stdout.splitlines()[-1]
+    assert load_checkpoint(str(env / 'sigsave'))['iter_num'] == 8
+    assert not glob.glob(str(env / 'sigsave' / '.ckpt.pt.tmp.*'))
 
 
 def count_forwards(monkeypatch):
