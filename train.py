@@ -154,6 +154,16 @@ saving = interrupted = False  # a checkpoint is being written; Ctrl-C came meanw
 
 def fail(msg):
     """One clear line (from rank 0 only) and exit: bad input must never cost a traceback."""
+    if os.environ.get('TORCHELASTIC_ERROR_FILE'):
+        # torchrun prints this file as the root cause, the last entry of its failure report (without it: a
+        # pointer to its docs). The layout is its own error handler's, with our line as the traceback.
+        line = f"error: {msg}"
+        try:
+            with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
+                json.dump(dict(message=dict(message=line, extraInfo=dict(py_callstack=line,
+                                                                         timestamp=str(int(time.time()))))), f)
+        except OSError:
+            pass  # the line on stderr is what matters
     release_out_dir()
     if master:
         die(msg)

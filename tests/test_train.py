@@ -701,6 +701,17 @@ def test_shipped_configs_resolve_and_run(env, monkeypatch, tmp_path, path):
     assert ckpt['config']['order_mode'] == cfg['order_mode'] and ckpt['model_args']['cond'] == cfg['cond']
 
 
+def test_torchrun_ends_its_report_with_the_workers_line(env):
+    """torchrun's own traceback and failure report cannot be silenced by a worker, but the report's last entry
+    (the root cause) shows the worker's one line, instead of a pointer to torchrun's docs."""
+    p = run(env, args(env, 'trerr', '--order_mode=sideways'), torchrun=True, check=False)
+    assert p.returncode != 0
+    lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
+    assert lines[-1].startswith('=====') and lines[-2] == (
+        "  traceback : error: order_mode must be one of random, l2r, fixed_random, block_random, got 'sideways'"), \
+        p.stderr
+
+
 def test_a_checkpoint_keeps_its_codec_when_its_data_is_re_prepared(env, monkeypatch, capsys, tmp_path):
     """Re-preparing the data under a model (another text, or --char=True into the same folder) must not
     change what its ids decode to: the checkpoint's stored codec wins, a disagreeing --dataset is refused,
