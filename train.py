@@ -144,6 +144,7 @@ seed = 1337
 cfg = configure(globals())
 
 ORDER_MODES = ('random', 'l2r', 'fixed_random', 'block_random')
+PROGRESS_EVERY = 30.0  # seconds between progress lines of a long eval when there is no progress bar
 ddp = int(os.environ.get('RANK', -1)) != -1
 rank = int(os.environ.get('RANK', 0))
 master = rank == 0
@@ -602,6 +603,18 @@ def eval_seed(k, j):  # independent of `seed`: every run is scored on the same o
     return int(np.random.SeedSequence([20250619, k, j]).generate_state(1, np.uint64)[0]) >> 1
 
 
+def progress_of(items, what):
+    """Yield items, showing on rank 0 how far the loop has got: a line every PROGRESS_EVERY seconds (a long
+    eval on a CPU must not look like a hang)."""
+    t0 = t_line = time.monotonic()
+    for i, x in enumerate(items):
+        yield x
+        now = time.monotonic()
+        if now - t_line >= PROGRESS_EVERY and i + 1 < len(items):
+            say(f"{what}: {i + 1}/{len(items)} val batches, {now - t0:.0f} s")
+            t_line = now
+
+
 @torch.no_grad()
 def evaluate():
     """Token-weighted val NLLs: this rank's share of the fixed windows, then summed over ranks."""
@@ -611,7 +624,7 @@ def evaluate():
         swap_ema()
     s = torch.zeros(8, device=device, dtype=torch.float64)  # (nll, tokens) for l2r, ao, order, elbo
     gen = torch.Generator(device=device)
-    for k in range(rank, len(val_batches), world_size):
+    for k in progress_of(range(rank, len(val_batches), world_size), f"eval {iter_num}"):
         x = read_windows('val', val_batches[k])
         B, ntok = x.size(0), x.numel()
         with ctx:
@@ -709,16 +722,61 @@ if master:
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name, config=cfg, mode=wandb_mode, dir=out_dir)
 
-# ------------------------------------------------------------------ the loop
-t_start = time.time()
-interval_losses = []
-t_interval, tokens_interval, t_eval_window, tokens_eval_window = 0.0, 0, 0.0, 0
-flops_per_token = raw_model.estimate_flops_per_token(block_size)
+# ------------------------------------------------------------------ what the run will cost
+# Said before the first eval, which for a GPU-sized config on a CPU can take many silent minutes.
+flops_per_token = raw_model.estimate_flops_per_token(block_size)  # training: forward + backward
 if peak_flops <= 0 and device_type == 'cuda':
     name = torch.cuda.get_device_name()
     table = (('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('H800', 989e12), ('GH200', 989e12),
              ('A100', 312e12), ('A800', 312e12), ('L40S', 362e12), ('A10', 125e12), ('4090', 165e12))
     peak_flops = next((f for key, f in table if key in name), 0.0)
+passes = (eval_orders if not model_args['causal'] else
+          1 + (eval_orders if any_order else 0) + (fixed_order is not None))  # forward passes per val batch
+eval_flops = n_windows * block_size * passes * flops_per_token / 3  # a forward is a third of a training step
+step_flops = tokens_per_iter * flops_per_token
+between = max(1, min(eval_interval, max_iters - iter_num))  # training steps from one eval to the next
+
+
+def duration(sec):
+    return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.0f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
+
+
+if device_type == 'cpu' and (step_flops > 1e11 or eval_flops > 1e12):  # else a CPU takes it in seconds
+    a = torch.ones(512, 512)
+    t0 = time.perf_counter()
+    for _ in range(4):
+        a @ a
+    cpu_flops = 4 * 2 * 512 ** 3 / (time.perf_counter() - t0)  # rough: training reaches less; a busy CPU varies
+    if step_flops / cpu_flops > 10 or eval_flops / cpu_flops > 60:
+        say(f"warning: a GPU-sized run on a CPU: one step is {tokens_per_iter:,} tokens x "
+            f"{flops_per_token / 1e9:.2f} GFLOP, roughly {duration(step_flops / cpu_flops)} here (this CPU did "
+            f"{cpu_flops / 1e9:.0f} GFLOP/s on a matmul just now), and one eval roughly "
+            f"{duration(eval_flops / cpu_flops)}. For a CPU, shrink the run, e.g. to config/train_ptb_tiny.py's "
+            f"sizes: --n_layer=4 --n_head=4 --n_embd=128 --block_size=128 --batch_size=16 "
+            f"--gradient_accumulation_steps=1 --eval_iters=8 --eval_orders=2")
+if not eval_only and eval_flops > 0.25 * between * step_flops:
+    say(f"warning: one eval ({len(val_batches)} val batches x {passes} forward passes) costs about "
+        f"{eval_flops / (between * step_flops):.1f}x the {between} training steps before it; lower eval_iters "
+        f"(now {eval_iters})" + (f" or eval_orders (now {eval_orders})" if passes > 2 else "") +
+        ", or raise eval_interval")
+if decay_lr and not eval_only:
+    if warmup_iters >= max_iters:
+        say(f"warning: warmup_iters ({warmup_iters}) >= max_iters ({max_iters}): the learning rate never "
+            f"reaches learning_rate ({learning_rate:.1e}), only {get_lr(max_iters - 1):.1e}; lower warmup_iters, "
+            f"e.g. --warmup_iters={max_iters // 10}")
+    elif lr_decay_iters > 2 * max_iters:
+        say(f"warning: lr_decay_iters ({lr_decay_iters}) is far beyond max_iters ({max_iters}): the cosine ends "
+            f"at {get_lr(max_iters):.1e}, not min_lr ({min_lr:.1e}); set --lr_decay_iters={max_iters} to decay "
+            f"fully (or leave it, if a near-constant learning rate is the plan)")
+    elif lr_decay_iters < max_iters / 2:
+        say(f"warning: lr_decay_iters ({lr_decay_iters}) is well short of max_iters ({max_iters}): the last "
+            f"{max_iters - max(lr_decay_iters, warmup_iters)} iterations run at min_lr ({min_lr:.1e}); set "
+            f"--lr_decay_iters={max_iters} to decay over the whole run")
+
+# ------------------------------------------------------------------ the loop
+t_start = time.time()
+interval_losses = []
+t_interval, tokens_interval, t_eval_window, tokens_eval_window = 0.0, 0, 0.0, 0
 
 while True:
     lr = get_lr(iter_num)

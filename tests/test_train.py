@@ -701,6 +701,60 @@ def test_shipped_configs_resolve_and_run(env, monkeypatch, tmp_path, path):
     assert ckpt['config']['order_mode'] == cfg['order_mode'] and ckpt['model_args']['cond'] == cfg['cond']
 
 
+def stop_at_first_forward(monkeypatch):
+    class Stop(Exception):
+        pass
+
+    def forward(self, *a, **k):
+        raise Stop
+    monkeypatch.setattr(GPT, 'forward', forward)
+    return Stop
+
+
+def warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path, *extra):
+    Stop = stop_at_first_forward(monkeypatch)
+    with pytest.raises(Stop):
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', *extra))
+    return [l for l in capsys.readouterr().out.splitlines() if l.startswith('warning:')]
+
+
+def test_a_gpu_sized_run_on_a_cpu_says_so_before_its_first_eval(env, monkeypatch, capsys, tmp_path):
+    warn = warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path, '--n_layer=4', '--n_head=4',
+                                             '--n_embd=512', '--block_size=1024', '--batch_size=16',
+                                             '--gradient_accumulation_steps=32', '--max_iters=10')
+    gpu = [w for w in warn if 'GPU-sized run on a CPU' in w]
+    assert len(gpu) == 1 and 'one step is 524,288 tokens x ' in gpu[0] and '--n_layer=4 --n_head=4' in gpu[0], warn
+
+
+def test_an_eval_that_costs_more_than_the_training_around_it_is_named(env, monkeypatch, capsys, tmp_path):
+    """The tiny sizes with the paper's eval (96 batches x 10 orders) and warmup (2000) over 20 iterations."""
+    warn = warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path / 'a', '--max_iters=20',
+                                             '--eval_iters=96', '--eval_orders=10', '--warmup_iters=2000')
+    assert len(warn) == 2, warn
+    assert warn[0].startswith("warning: one eval (32 val batches x 11 forward passes) costs about 2.9x the 20 "
+                              "training steps before it; lower eval_iters (now 96) or eval_orders (now 10)"), warn
+    assert warn[1].startswith("warning: warmup_iters (2000) >= max_iters (20): the learning rate never reaches "
+                              "learning_rate (1.0e-02), only 1.0e-04"), warn
+    warn = warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path / 'b', '--max_iters=20',
+                                             '--eval_interval=20', '--batch_size=16', '--gradient_accumulation_steps=1',
+                                             '--lr_decay_iters=20')
+    assert warn == []
+    warn = warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path / 'c', '--max_iters=20',
+                                             '--eval_interval=20', '--lr_decay_iters=5')
+    assert len(warn) == 1 and 'the last 15 iterations run at min_lr' in warn[0], warn
+
+
+def test_a_long_eval_without_a_terminal_reports_its_progress(env, monkeypatch, capsys, tmp_path):
+    """No bar (stderr is not a terminal): a line every PROGRESS_EVERY seconds; a clock that jumps 31 s per look
+    makes every val batch one."""
+    clock = iter(range(0, 10 ** 6, 31))
+    monkeypatch.setattr(time, 'monotonic', lambda: next(clock))
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=1', '--eval_interval=1'))
+    out = capsys.readouterr().out
+    assert [l for l in out.splitlines() if l.startswith('eval 0: ')][:3] == [
+        'eval 0: 1/4 val batches, 31 s', 'eval 0: 2/4 val batches, 62 s', 'eval 0: 3/4 val batches, 93 s']
+
+
 def test_torchrun_ends_its_report_with_the_workers_line(env):
     """torchrun's own traceback and failure report cannot be silenced by a worker, but the report's last entry
     (the root cause) shows the worker's one line, instead of a pointer to torchrun's docs."""
