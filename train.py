@@ -58,6 +58,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
 
 try:
     import fcntl  # the out_dir lock; absent on Windows, where runs go unlocked
@@ -82,6 +83,7 @@ eval_orders = 10  # seeded random orders per val batch for the any-order loss (e
 eval_ema = True  # evaluate the EMA weights (when ema_decay > 0)
 eval_only = False  # evaluate once and exit
 log_interval = 10  # iterations between log lines
+progress = True  # a progress bar on stderr when it is a terminal (rank 0); False: log lines only
 ckpt_interval = 0  # also write ckpt.pt every this many iterations (0: only at evals)
 keep_ckpt_every = 0  # keep a copy ckpt_<iter>.pt whenever iter is a multiple of this (0: latest only)
 always_save_checkpoint = True  # False: write ckpt.pt at an eval only when val_loss improved
@@ -148,6 +150,8 @@ PROGRESS_EVERY = 30.0  # seconds between progress lines of a long eval when ther
 ddp = int(os.environ.get('RANK', -1)) != -1
 rank = int(os.environ.get('RANK', 0))
 master = rank == 0
+show_bar = progress and master and sys.stderr.isatty()
+bar = None  # the training progress bar, while it is shown
 lock_fd = None  # out_dir/.lock, held (rank 0) while the run is live
 iter_num, last_saved = 0, None  # optimizer steps done; (path, iteration) of the last checkpoint
 saving = interrupted = False  # a checkpoint is being written; Ctrl-C came meanwhile
@@ -165,6 +169,8 @@ def fail(msg):
                                                                          timestamp=str(int(time.time()))))), f)
         except OSError:
             pass  # the line on stderr is what matters
+    if bar is not None:
+        bar.close()
     release_out_dir()
     if master:
         die(msg)
@@ -173,7 +179,11 @@ def fail(msg):
 
 def say(*a):
     if master:
-        print(*a, flush=True)
+        if bar is not None:
+            tqdm.write(' '.join(map(str, a)), file=sys.stdout)  # above the bar
+            sys.stdout.flush()
+        else:
+            print(*a, flush=True)
 
 
 def release_out_dir():
@@ -193,6 +203,12 @@ def on_interrupt(signum, frame):
 
 def stop_interrupted():
     """Ctrl-C: one line, and exit status 130 as a shell expects; nothing half-written is left behind."""
+    global bar
+    if bar is not None:
+        bar.disable = True  # no redraw of the bar after the line (not closed: we may be inside its update)
+        bar = None
+        if master:
+            print(file=sys.stderr)
     if master:
         print(f"interrupted at iteration {iter_num}: " +
               (f"{last_saved[0]} (iteration {last_saved[1]}) is intact; continue with the same command and "
@@ -604,8 +620,11 @@ def eval_seed(k, j):  # independent of `seed`: every run is scored on the same o
 
 
 def progress_of(items, what):
-    """Yield items, showing on rank 0 how far the loop has got: a line every PROGRESS_EVERY seconds (a long
-    eval on a CPU must not look like a hang)."""
+    """Yield items, showing on rank 0 how far the loop has got: a bar on a terminal, else a line every
+    PROGRESS_EVERY seconds (a long eval on a CPU must not look like a hang)."""
+    if show_bar:
+        yield from tqdm(items, desc=what, unit='batch', leave=False, dynamic_ncols=True)
+        return
     t0 = t_line = time.monotonic()
     for i, x in enumerate(items):
         yield x
@@ -777,6 +796,8 @@ if decay_lr and not eval_only:
 t_start = time.time()
 interval_losses = []
 t_interval, tokens_interval, t_eval_window, tokens_eval_window = 0.0, 0, 0.0, 0
+if show_bar and not eval_only:
+    bar = tqdm(total=max_iters, initial=iter_num, desc='train', unit='it', dynamic_ncols=True, file=sys.stderr)
 
 while True:
     lr = get_lr(iter_num)
@@ -800,7 +821,7 @@ while True:
         if master:
             shown = ', '.join(f"{k[4:]} {v:.4f}" for k, v in rec.items() if k.startswith('val_') and v is not None)
             tl = f", train {rec['train_loss']:.4f}" if rec['train_loss'] is not None else ""
-            print(f"eval {iter_num}: {shown}{tl}{' (EMA)' if rec['ema'] else ''}", flush=True)
+            say(f"eval {iter_num}: {shown}{tl}{' (EMA)' if rec['ema'] else ''}")
             with open(log_path, 'a') as f:
                 f.write(json.dumps(rec) + '\n')
             if wandb_log:
@@ -853,14 +874,24 @@ while True:
     tokens_interval += tokens_per_iter
     t_eval_window += dt
     tokens_eval_window += tokens_per_iter
+    if bar is not None:  # the bar stands in for the log lines: the same numbers, since the last log_interval
+        tps = tokens_interval / t_interval
+        mfu = f", mfu {flops_per_token * tps / world_size / peak_flops:.1%}" if peak_flops > 0 else ""
+        bar.set_postfix_str(f"loss {sum(interval_losses) / len(interval_losses):.4f}, lr {lr:.2e}, "
+                            f"{tps:,.0f} tok/s{mfu}", refresh=False)
+        bar.update()
     if iter_num % log_interval == 0:
         tps = tokens_interval / t_interval
         mfu = f", mfu {flops_per_token * tps / world_size / peak_flops:.1%}" if peak_flops > 0 else ""
         gn = f", grad norm {gnorm.item():.2f}" if grad_clip > 0 else ""
-        say(f"iter {iter_num}/{max_iters}: loss {sum(interval_losses) / len(interval_losses):.4f}, "
-            f"lr {lr:.2e}{gn}, {tps:,.0f} tok/s{mfu}, {1000 * t_interval / len(interval_losses):.0f} ms/iter")
+        if bar is None:
+            say(f"iter {iter_num}/{max_iters}: loss {sum(interval_losses) / len(interval_losses):.4f}, "
+                f"lr {lr:.2e}{gn}, {tps:,.0f} tok/s{mfu}, {1000 * t_interval / len(interval_losses):.0f} ms/iter")
         interval_losses, t_interval, tokens_interval = [], 0.0, 0
 
+if bar is not None:
+    bar.close()
+    bar = None
 release_out_dir()  # the OS would at exit; a caller that runs train.py in-process may start another run here
 if master and wandb_log:
     wandb.finish()

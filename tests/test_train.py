@@ -5,8 +5,10 @@ run train.py in-process (runpy) so they can watch what the model is actually fed
 """
 import glob
 import hashlib
+import io
 import json
 import os
+import re
 import runpy
 import signal
 import subprocess
@@ -753,6 +755,31 @@ def test_a_long_eval_without_a_terminal_reports_its_progress(env, monkeypatch, c
     out = capsys.readouterr().out
     assert [l for l in out.splitlines() if l.startswith('eval 0: ')][:3] == [
         'eval 0: 1/4 val batches, 31 s', 'eval 0: 2/4 val batches, 62 s', 'eval 0: 3/4 val batches, 93 s']
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize('progress', [True, False])
+def test_a_terminal_gets_a_progress_bar_and_the_log_lines_stay_above_it(env, monkeypatch, capsys, tmp_path,
+                                                                        progress):
+    """On a terminal: a bar over the iterations (loss and tok/s in its postfix) on stderr, the eval and save
+    lines on stdout, no per-iteration lines; progress=False: the log lines, as without a terminal."""
+    tty = Terminal()
+    monkeypatch.setattr(sys, 'stderr', tty)
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=4', '--eval_interval=2',
+                                    f'--progress={progress}'))
+    out = capsys.readouterr().out
+    assert 'eval 2: ' in out and 'eval 4: ' in out and f"saved {tmp_path / 'ckpt.pt'} (iteration 4)" in out
+    if progress:
+        bar = r'train: 100%\S* 4/4 .*loss \d\.\d{4}, lr [\d.e+-]+, [\d,]+ tok/s'
+        assert re.search(bar, tty.getvalue()), tty.getvalue()
+        assert 'eval 0: ' in tty.getvalue()  # the eval's own bar
+        assert 'iter 1/4' not in out
+    else:
+        assert tty.getvalue() == '' and 'iter 1/4: loss ' in out
 
 
 def test_torchrun_ends_its_report_with_the_workers_line(env):
