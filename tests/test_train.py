@@ -703,6 +703,19 @@ def test_shipped_configs_resolve_and_run(env, monkeypatch, tmp_path, path):
     assert ckpt['config']['order_mode'] == cfg['order_mode'] and ckpt['model_args']['cond'] == cfg['cond']
 
 
+def test_the_cards_commands_meet_at_one_out_dir():
+    """`torchrun ... train.py config/train_ao_gpt_small.py`, then `python eval_ppl.py` and `python sample.py` with
+    no flags: the first writes where the others read by default. Every other config has a directory of its own."""
+    def default_out_dir(path):
+        return re.search(r"^out_dir\s*=\s*'([^']*)'", open(path).read(), re.M).group(1)
+    assert default_out_dir(TRAIN) == default_out_dir(os.path.join(ROOT, 'eval_ppl.py')) == \
+        default_out_dir(os.path.join(ROOT, 'sample.py')) == 'out'
+    outs = {os.path.basename(p): default_out_dir(p) if re.search(r"^out_dir", open(p).read(), re.M) else 'out'
+            for p in glob.glob(os.path.join(ROOT, 'config', 'train_*.py'))}
+    assert outs['train_ao_gpt_small.py'] == 'out'
+    assert len(set(outs.values())) == len(outs), outs
+
+
 def stop_at_first_forward(monkeypatch):
     class Stop(Exception):
         pass
