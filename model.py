@@ -40,6 +40,7 @@ Public interface
 
 import json
 import math
+import numbers
 import os
 from dataclasses import asdict, dataclass, fields
 
@@ -72,6 +73,43 @@ class GPTConfig:
     gelu: str = 'exact'        # 'exact' | 'tanh' (GPT-2's gelu_new)
     mask_token_id: int = 50257  # the encoder MDM's [MASK]: GPT-2's first padding id
 
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self):
+        """Raise ValueError naming the first field that cannot make a model, and the values it may take.
+
+        The one check of a model's shape and switches: every script builds its model through GPT(config),
+        which calls this again (a config may be edited after it was made). Errors, not asserts, so that
+        `python -O` keeps them and the scripts can turn them into one line.
+        """
+        def need(ok, key, what):
+            if not ok:
+                raise ValueError(f"{key} must be {what}, got {getattr(self, key)!r}")
+
+        def is_int(v):
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+        for k in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'target_dim'):
+            need(is_int(getattr(self, k)) and getattr(self, k) >= 1, k, "an integer >= 1")
+        for k in ('bias', 'causal', 'adaln_table', 'qk_norm', 'tie_head', 'head_bias'):
+            need(isinstance(getattr(self, k), bool), k, "True or False")
+        need(self.n_embd % self.n_head == 0, 'n_embd', f"a multiple of n_head ({self.n_head})")
+        need(isinstance(self.dropout, numbers.Real) and 0 <= self.dropout < 1, 'dropout', "in [0, 1)")
+        need(self.cond in ('adaln', 'sigma', 'none'), 'cond', "'adaln', 'sigma' or 'none'")
+        need(self.norm in ('rms', 'layer'), 'norm', "'rms' or 'layer'")
+        need(self.gelu in ('exact', 'tanh'), 'gelu', "'exact' or 'tanh'")
+        need(self.adaln_init in ('gate1', 'paper'), 'adaln_init', "'gate1' or 'paper'")
+        # init stds: trunc_normal_ with a negative std draws nonsense, and 0 makes the table constant
+        need(isinstance(self.target_std, numbers.Real) and 0 < self.target_std < math.inf, 'target_std',
+             "an init std > 0")
+        need(self.adaln_std is None or (isinstance(self.adaln_std, numbers.Real) and 0 < self.adaln_std < math.inf),
+             'adaln_std', "an init std > 0, or None (the generic 0.02 draw)")
+        if not self.causal:
+            need(self.cond == 'none', 'cond', "'none' for the encoder MDM (causal=False), which takes no target")
+            need(is_int(self.mask_token_id) and 0 <= self.mask_token_id < self.vocab_size, 'mask_token_id',
+                 f"a token id in [0, vocab_size={self.vocab_size}) for the encoder MDM's [MASK]")
+
 
 # ---------------------------------------------------------------------- the blocks
 
@@ -98,7 +136,6 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        assert config.n_embd % config.n_head == 0
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.n_head = config.n_head
@@ -210,12 +247,7 @@ class GPT(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        assert config.cond in ('adaln', 'sigma', 'none'), f"cond must be adaln|sigma|none, got {config.cond!r}"
-        assert config.norm in ('rms', 'layer') and config.gelu in ('exact', 'tanh')
-        assert config.adaln_init in ('gate1', 'paper')
-        if not config.causal:
-            assert config.cond == 'none', "the encoder MDM takes no target conditioning"
-            assert 0 <= config.mask_token_id < config.vocab_size, "mask_token_id must be a vocab id"
+        config.validate()
         self.config = config
         d = config.n_embd
         self.transformer = nn.ModuleDict(dict(

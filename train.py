@@ -36,14 +36,19 @@ out_dir/log.jsonl holds one JSON object per eval (losses in nats per token, null
 
 out_dir/ckpt.pt (written atomically at evals, see checkpoint.py) holds everything for an exact
 continuation: model, ema (by name), optimizer, scaler, iter_num, best_val_loss, config, model_args,
-rng states, the data cursor and the fixed order. init_from=auto resumes it when it exists, which is
-what `torchrun --max-restarts=N` needs on preemptible nodes.
+rng states, the data cursor, the fixed order and the training losses since the last eval. init_from=auto
+resumes it when it exists, which is what `torchrun --max-restarts=N` needs on preemptible nodes. While a
+run is live it holds an OS lock on out_dir/.lock, so a second run on the same out_dir is refused.
 """
 
+import importlib.util
 import json
 import math
 import os
 import random
+import re
+import signal
+import socket
 import sys
 import time
 from contextlib import nullcontext
@@ -53,6 +58,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+try:
+    import fcntl  # the out_dir lock; absent on Windows, where runs go unlocked
+except ImportError:
+    fcntl = None
 
 from checkpoint import (CKPT_NAME as _CKPT, checkpoint_codec, load_checkpoint, load_model, parse_hub_spec,
                         save_checkpoint, strip_prefixes)
@@ -72,6 +83,7 @@ eval_orders = 10  # seeded random orders per val batch for the any-order loss (e
 eval_ema = True  # evaluate the EMA weights (when ema_decay > 0)
 eval_only = False  # evaluate once and exit
 log_interval = 10  # iterations between log lines
+progress = True  # a progress bar on stderr when it is a terminal (rank 0); False: log lines only
 ckpt_interval = 0  # also write ckpt.pt every this many iterations (0: only at evals)
 keep_ckpt_every = 0  # keep a copy ckpt_<iter>.pt whenever iter is a multiple of this (0: latest only)
 always_save_checkpoint = True  # False: write ckpt.pt at an eval only when val_loss improved
@@ -134,13 +146,32 @@ seed = 1337
 cfg = configure(globals())
 
 ORDER_MODES = ('random', 'l2r', 'fixed_random', 'block_random')
+PROGRESS_EVERY = 30.0  # seconds between progress lines of a long eval when there is no progress bar
 ddp = int(os.environ.get('RANK', -1)) != -1
 rank = int(os.environ.get('RANK', 0))
 master = rank == 0
+show_bar = progress and master and sys.stderr.isatty()
+bar = None  # the training progress bar, while it is shown
+lock_fd = None  # out_dir/.lock, held (rank 0) while the run is live
+iter_num, last_saved = 0, None  # optimizer steps done; (path, iteration) of the last checkpoint
+saving = interrupted = False  # a checkpoint is being written; Ctrl-C came meanwhile
 
 
 def fail(msg):
     """One clear line (from rank 0 only) and exit: bad input must never cost a traceback."""
+    if os.environ.get('TORCHELASTIC_ERROR_FILE'):
+        # torchrun prints this file as the root cause, the last entry of its failure report (without it: a
+        # pointer to its docs). The layout is its own error handler's, with our line as the traceback.
+        line = f"error: {msg}"
+        try:
+            with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
+                json.dump(dict(message=dict(message=line, extraInfo=dict(py_callstack=line,
+                                                                         timestamp=str(int(time.time()))))), f)
+        except OSError:
+            pass  # the line on stderr is what matters
+    if bar is not None:
+        bar.close()
+    release_out_dir()
     if master:
         die(msg)
     raise SystemExit(1)
@@ -148,32 +179,82 @@ def fail(msg):
 
 def say(*a):
     if master:
-        print(*a, flush=True)
+        if bar is not None:
+            tqdm.write(' '.join(map(str, a)), file=sys.stdout)  # above the bar
+            sys.stdout.flush()
+        else:
+            print(*a, flush=True)
+
+
+def release_out_dir():
+    global lock_fd
+    if lock_fd is not None:
+        os.close(lock_fd)  # closing the file releases the lock
+        lock_fd = None
+
+
+def on_interrupt(signum, frame):
+    global interrupted
+    if saving:
+        interrupted = True  # save() stops once the checkpoint is complete
+    else:
+        stop_interrupted()
+
+
+def stop_interrupted():
+    """Ctrl-C: one line, and exit status 130 as a shell expects; nothing half-written is left behind."""
+    global bar
+    if bar is not None:
+        bar.disable = True  # no redraw of the bar after the line (not closed: we may be inside its update)
+        bar = None
+        if master:
+            print(file=sys.stderr)
+    if master:
+        print(f"interrupted at iteration {iter_num}: " +
+              (f"{last_saved[0]} (iteration {last_saved[1]}) is intact; continue with the same command and "
+               f"--init_from=auto" if last_saved and not eval_only else "no checkpoint was written"),
+              file=sys.stderr, flush=True)
+    release_out_dir()
+    raise SystemExit(130)
 
 
 # ------------------------------------------------------------------ validate the config
-if order_mode not in ORDER_MODES:
-    fail(f"order_mode must be one of {', '.join(ORDER_MODES)}, got {order_mode!r}")
-if dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
-    fail(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
-if cond not in ('adaln', 'sigma', 'none'):
-    fail(f"cond must be adaln, sigma or none, got {cond!r}")
-if norm not in ('rms', 'layer') or gelu not in ('exact', 'tanh') or adaln_init not in ('gate1', 'paper'):
-    fail(f"norm must be rms|layer, gelu exact|tanh, adaln_init gate1|paper; got {norm!r}, {gelu!r}, "
-         f"{adaln_init!r}")
-if not target_std > 0 or (adaln_std is not None and not adaln_std > 0):
-    fail(f"target_std and adaln_std are init stds and must be > 0 (adaln_std may be None), got {target_std}, "
-         f"{adaln_std}")
-if n_embd % n_head:
-    fail(f"n_embd ({n_embd}) must be divisible by n_head ({n_head})")
-if not causal and cond != 'none':
-    fail("the encoder MDM (causal=False) takes no target conditioning: set cond='none'")
-if not 0.0 <= l2r_frac <= 1.0 or (l2r_frac_end is not None and not 0.0 <= l2r_frac_end <= 1.0):
-    fail(f"l2r_frac and l2r_frac_end must lie in [0, 1], got {l2r_frac}, {l2r_frac_end}")
-if order_mode == 'block_random' and (block_size_order < 1 or block_size % block_size_order):
-    fail(f"block_size ({block_size}) must be a multiple of block_size_order ({block_size_order})")
-if min(batch_size, block_size, gradient_accumulation_steps, eval_interval, log_interval) < 1:
-    fail("batch_size, block_size, gradient_accumulation_steps, eval_interval and log_interval must be >= 1")
+# Every key is checked here, before anything is read or written: a bad value costs one line, not a run.
+def need(ok, key, what):
+    if not ok:
+        fail(f"{key} must be {what}, got {globals()[key]!r}")
+
+
+for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters', 'eval_interval', 'eval_iters',
+          'eval_orders', 'log_interval', 'block_size_order'):
+    need(globals()[k] >= 1, k, "an integer >= 1")
+for k in ('ckpt_interval', 'keep_ckpt_every', 'warmup_iters', 'lr_decay_iters', 'l2r_frac_iters'):
+    need(globals()[k] >= 0, k, "an integer >= 0")
+for k in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'):
+    need(0 <= globals()[k] < math.inf, k, "a number >= 0")
+need(not decay_lr or min_lr <= learning_rate, 'min_lr', f"<= learning_rate ({learning_rate}), the peak the cosine "
+     f"decays from (or decay_lr=False)")
+for k in ('beta1', 'beta2', 'ema_decay'):
+    need(0 <= globals()[k] < 1, k, "in [0, 1)")
+need(0 <= l2r_frac <= 1, 'l2r_frac', "a probability in [0, 1]")
+need(l2r_frac_end is None or 0 <= l2r_frac_end <= 1, 'l2r_frac_end', "a probability in [0, 1], or None")
+need(0 <= seed < 2 ** 32, 'seed', "in [0, 2**32)")
+need(order_mode in ORDER_MODES, 'order_mode', f"one of {', '.join(ORDER_MODES)}")
+need(order_mode != 'block_random' or block_size % block_size_order == 0, 'block_size',
+     f"a multiple of block_size_order ({block_size_order}) for order_mode='block_random'")
+need(dtype in ('auto', 'float32', 'bfloat16', 'float16'), 'dtype', "auto, float32, bfloat16 or float16")
+need(re.fullmatch(r'auto|cpu|mps|cuda(:\d+)?', device), 'device', "auto, cpu, cuda, cuda:N or mps")
+need(out_dir.strip() != '', 'out_dir', "a directory")
+need(wandb_mode in ('offline', 'disabled', 'online'), 'wandb_mode', "offline, disabled or online")
+if wandb_log and importlib.util.find_spec('wandb') is None:
+    fail("wandb_log=True but wandb is not installed: pip install wandb, or leave wandb_log off")
+try:  # the model keys: GPTConfig checks them (a None vocab_size or [MASK] id is resolved from the data later)
+    _m = {k: cfg[k] for k in config_fields() if k in cfg}
+    _m['mask_token_id'] = 0 if _m['mask_token_id'] is None else _m['mask_token_id']
+    _m['vocab_size'] = max(_m['mask_token_id'], 0) + 1 if _m['vocab_size'] is None else _m['vocab_size']
+    GPTConfig(**_m)
+except ValueError as e:
+    fail(str(e))
 if not (init_from in ('scratch', 'resume', 'auto') or init_from.startswith(('gpt2:', 'hf:')) or
         init_from.endswith('.pt') or os.path.exists(init_from)):
     fail(f"init_from must be scratch, resume, auto, gpt2:<local HF GPT-2 dir>, a checkpoint file, an export.py "
@@ -218,21 +299,62 @@ if device_type == 'cuda':
 else:
     torch.set_flush_denormal(True)  # denormals in the CE gradient can make CPU matmuls 10x slower
 
+
+def claim_out_dir():
+    """Make out_dir, lock it, and prove it writable, all before the first step: a run must not learn at its
+    first checkpoint that it cannot save one, nor share its directory with another live run."""
+    global lock_fd
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        fail(f"out_dir {out_dir} is a file, not a directory: pick another out_dir")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        fd = os.open(os.path.join(out_dir, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        fail(f"cannot write in out_dir {out_dir} ({e.strerror}): pick a directory you can write to")
+    # flock: the OS drops it when the holder exits, however it dies, so a killed run never blocks a resume
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 200).decode(errors='replace').strip() or 'a process that has not said its pid yet'
+            os.close(fd)
+            fail(f"out_dir {out_dir} is in use by another training run ({holder}): wait for it to end, or pick "
+                 f"another out_dir")
+    lock_fd = fd
+    probe = os.path.join(out_dir, f'.write_test.{os.getpid()}')
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        with open(probe, 'wb') as f:
+            f.write(b'x')
+        os.remove(probe)
+    except OSError as e:
+        fail(f"cannot write in out_dir {out_dir} ({e.strerror}): checkpoints could not be saved there; pick a "
+             f"directory you can write to")
+
+
+signal.signal(signal.SIGINT, on_interrupt)  # from here on, Ctrl-C is one line (see stop_interrupted)
 if master:
+    claim_out_dir()
     print_config(cfg)
-    os.makedirs(out_dir, exist_ok=True)
 ckpt_path = os.path.join(out_dir, _CKPT)
 log_path = os.path.join(out_dir, 'log.jsonl')
 
 # ------------------------------------------------------------------ data
 data_dir = os.path.join(data_root, dataset)
+script = os.path.join('data', dataset, 'prepare.py')
 for split in ('train', 'val'):
     f = os.path.join(data_dir, f'{split}.bin')
+    fix = (f"run `python {script}`" if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), script))
+           else f"write {split}.bin (uint16 token ids) and meta.json into {data_dir}")
     if not os.path.exists(f):
-        script = os.path.join('data', dataset, 'prepare.py')
-        here = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
-        fail(f"{f} not found: run `python {script}` first" if os.path.exists(here) else
-             f"{f} not found: write {split}.bin (uint16 token ids) and meta.json into {data_dir}")
+        fail(f"{f} not found: {fix} first")
+    size = os.path.getsize(f)
+    if size == 0:
+        fail(f"{f} is empty: {fix} again")
+    if size % 2:
+        fail(f"{f} has {size:,} bytes, an odd number, so it is not a whole number of uint16 token ids (2 bytes "
+             f"each): it is truncated or not a token file; {fix} again")
 if not os.path.exists(os.path.join(data_dir, 'meta.json')) and not os.path.exists(os.path.join(data_dir, 'meta.pkl')):
     say(f"no {data_dir}/meta.json: assuming GPT-2 BPE token ids (vocab 50257)")
 try:
@@ -295,7 +417,20 @@ if init_from == 'resume':
         fail(f"{ckpt_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
              f"with init_from={ckpt_path}")
     check_codec(ckpt, ckpt_path)
-    model_args = dict(ckpt['model_args'])
+    trained = asdict(GPTConfig(**ckpt['model_args']))  # keys older checkpoints lack take their defaults
+    # A resumed run goes on training its model, so a config that asks for another model is refused, not
+    # quietly overruled: the saved config must say what was trained. A value is accepted if it is the
+    # model's, or the one the run was started with (a fine-tune takes its shape from the source). dropout
+    # and adaln_table change how the same weights train and follow the config; block_size here is the
+    # training length, which may be shorter than the model's; None vocab_size / mask_token_id: the model's.
+    asked = {k: cfg[k] for k in trained if k in cfg and k not in ('dropout', 'adaln_table', 'block_size')
+             and not (cfg[k] is None and k in ('vocab_size', 'mask_token_id'))}
+    other = [k for k, v in asked.items() if v != trained[k] and v != ckpt['config'].get(k, trained[k])]
+    if other:
+        fail(f"{ckpt_path} holds a model with {', '.join(f'{k}={trained[k]!r}' for k in other)}, but this config "
+             f"asks for {', '.join(f'{k}={cfg[k]!r}' for k in other)}: a resumed run keeps its model. Resume "
+             f"with the config it was trained with, or train the new model in another out_dir")
+    model_args = dict(trained, dropout=dropout, adaln_table=adaln_table)
     model = GPT(GPTConfig(**model_args))
     model.load_state_dict(strip_prefixes(ckpt['model']))
     changed = {k: (ckpt['config'].get(k), v) for k, v in cfg.items()
@@ -303,9 +438,6 @@ if init_from == 'resume':
     if changed:
         say("resuming with changed keys (checkpoint -> now): " +
             ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
-    ignored = [k for k in config_fields() if k in cfg and cfg[k] is not None and cfg[k] != model_args.get(k)]
-    if ignored:
-        say(f"model shape comes from the checkpoint; ignoring config values of {', '.join(ignored)}")
 elif init_from.startswith('gpt2:'):
     hf_dir = init_from[len('gpt2:'):]
     if not os.path.exists(os.path.join(hf_dir, 'config.json')):
@@ -338,8 +470,8 @@ else:
         model_args['mask_token_id'] = data_vocab  # the first padding id (50257 for GPT-2)
     try:
         model = GPT(GPTConfig(**model_args))
-    except (AssertionError, ValueError) as e:
-        fail(f"invalid model config: {e or 'see the asserts in model.py'} ({model_args})")
+    except ValueError as e:  # e.g. a mask_token_id beyond the vocab_size derived from the data
+        fail(f"{e} (vocab_size {model_args['vocab_size']} for the {data_vocab} ids of {data_dir})")
 
 if data_vocab > model_args['vocab_size']:
     fail(f"{dataset} has {data_vocab} token ids but the model only {model_args['vocab_size']}")
@@ -415,6 +547,7 @@ params = {n: p for n, p in model.named_parameters()}  # tied weights appear once
 ema = {n: p.detach().clone().float() for n, p in params.items()} if ema_decay > 0 else None
 ema_updates = 0
 iter_num, best_val_loss, elapsed = 0, float('inf'), 0.0
+train_losses = []  # the training losses since the last eval, averaged into its train_loss
 
 if ckpt is not None:
     optimizer.load_state_dict(ckpt['optimizer'])
@@ -426,6 +559,7 @@ if ckpt is not None:
         ema_updates = ckpt['ema']['num_updates']
     iter_num, best_val_loss = ckpt['iter_num'], ckpt.get('best_val_loss', float('inf'))
     elapsed = ckpt.get('elapsed', 0.0)
+    train_losses = list(ckpt.get('train_losses') or [])  # a checkpoint between evals carries them on
     r = ckpt.get('rng') or {}
     if r:  # the training stream is counter-based; these keep anything else reproducible too
         random.setstate(r['python'])
@@ -434,6 +568,8 @@ if ckpt is not None:
         if device_type == 'cuda' and r.get('cuda'):
             torch.cuda.set_rng_state(r['cuda'][min(local_rank, len(r['cuda']) - 1)])
     say(f"resumed {ckpt_path} at iteration {iter_num}")
+    if iter_num >= max_iters and not eval_only:
+        say(f"it has reached max_iters ({max_iters}): nothing to train (raise max_iters to train on)")
     del ckpt
 start_iter = iter_num
 
@@ -485,6 +621,21 @@ def eval_seed(k, j):  # independent of `seed`: every run is scored on the same o
     return int(np.random.SeedSequence([20250619, k, j]).generate_state(1, np.uint64)[0]) >> 1
 
 
+def progress_of(items, what):
+    """Yield items, showing on rank 0 how far the loop has got: a bar on a terminal, else a line every
+    PROGRESS_EVERY seconds (a long eval on a CPU must not look like a hang)."""
+    if show_bar:
+        yield from tqdm(items, desc=what, unit='batch', leave=False, dynamic_ncols=True)
+        return
+    t0 = t_line = time.monotonic()
+    for i, x in enumerate(items):
+        yield x
+        now = time.monotonic()
+        if now - t_line >= PROGRESS_EVERY and i + 1 < len(items):
+            say(f"{what}: {i + 1}/{len(items)} val batches, {now - t0:.0f} s")
+            t_line = now
+
+
 @torch.no_grad()
 def evaluate():
     """Token-weighted val NLLs: this rank's share of the fixed windows, then summed over ranks."""
@@ -494,7 +645,7 @@ def evaluate():
         swap_ema()
     s = torch.zeros(8, device=device, dtype=torch.float64)  # (nll, tokens) for l2r, ao, order, elbo
     gen = torch.Generator(device=device)
-    for k in range(rank, len(val_batches), world_size):
+    for k in progress_of(range(rank, len(val_batches), world_size), f"eval {iter_num}"):
         x = read_windows('val', val_batches[k])
         B, ntok = x.size(0), x.numel()
         with ctx:
@@ -543,7 +694,7 @@ def write_checkpoint():
                 optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), iter_num=iter_num,
                 best_val_loss=best_val_loss, config=cfg, rng=rng_state(),
                 data=dict(seed=seed, cursor=iter_num, sampler='counter(seed, iter, micro_step)'),
-                order=fixed_order.cpu() if fixed_order is not None else None,
+                order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
                 tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
     save_checkpoint(ckpt, ckpt_path)
     if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
@@ -552,6 +703,29 @@ def write_checkpoint():
             os.remove(keep)
         os.link(ckpt_path, keep)  # the same bytes, no second write; survives the next os.replace
     return ckpt_path
+
+
+def save():
+    """Write the checkpoint (rank 0). A Ctrl-C meanwhile waits until it is complete; a failed write (a
+    full disk) stops the run with one line and leaves the previous checkpoint as it was."""
+    global saving, last_saved
+    if master:
+        saving = True
+        try:
+            write_checkpoint()
+        except OSError as e:
+            tmp = os.path.join(out_dir, f'.{_CKPT}.tmp.{os.getpid()}')
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            fail(f"could not write {ckpt_path} at iteration {iter_num} ({e}); "
+                 + (f"the previous one (iteration {last_saved[1]}) is intact" if last_saved else
+                    "no checkpoint was written"))
+        finally:
+            saving = False
+        say(f"saved {ckpt_path} (iteration {iter_num})")
+    last_saved = (ckpt_path, iter_num)
+    if interrupted:
+        stop_interrupted()
 
 
 last_saved = (ckpt_path, start_iter) if start_iter > 0 else None
@@ -569,16 +743,63 @@ if master:
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name, config=cfg, mode=wandb_mode, dir=out_dir)
 
-# ------------------------------------------------------------------ the loop
-t_start = time.time()
-train_losses, interval_losses = [], []
-t_interval, tokens_interval, t_eval_window, tokens_eval_window = 0.0, 0, 0.0, 0
-flops_per_token = raw_model.estimate_flops_per_token(block_size)
+# ------------------------------------------------------------------ what the run will cost
+# Said before the first eval, which for a GPU-sized config on a CPU can take many silent minutes.
+flops_per_token = raw_model.estimate_flops_per_token(block_size)  # training: forward + backward
 if peak_flops <= 0 and device_type == 'cuda':
     name = torch.cuda.get_device_name()
     table = (('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('H800', 989e12), ('GH200', 989e12),
              ('A100', 312e12), ('A800', 312e12), ('L40S', 362e12), ('A10', 125e12), ('4090', 165e12))
     peak_flops = next((f for key, f in table if key in name), 0.0)
+passes = (eval_orders if not model_args['causal'] else
+          1 + (eval_orders if any_order else 0) + (fixed_order is not None))  # forward passes per val batch
+eval_flops = n_windows * block_size * passes * flops_per_token / 3  # a forward is a third of a training step
+step_flops = tokens_per_iter * flops_per_token
+between = max(1, min(eval_interval, max_iters - iter_num))  # training steps from one eval to the next
+
+
+def duration(sec):
+    return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.0f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
+
+
+if device_type == 'cpu' and (step_flops > 1e11 or eval_flops > 1e12):  # else a CPU takes it in seconds
+    a = torch.ones(512, 512)
+    t0 = time.perf_counter()
+    for _ in range(4):
+        a @ a
+    cpu_flops = 4 * 2 * 512 ** 3 / (time.perf_counter() - t0)  # rough: training reaches less; a busy CPU varies
+    if step_flops / cpu_flops > 10 or eval_flops / cpu_flops > 60:
+        say(f"warning: a GPU-sized run on a CPU: one step is {tokens_per_iter:,} tokens x "
+            f"{flops_per_token / 1e9:.2f} GFLOP, roughly {duration(step_flops / cpu_flops)} here (this CPU did "
+            f"{cpu_flops / 1e9:.0f} GFLOP/s on a matmul just now), and one eval roughly "
+            f"{duration(eval_flops / cpu_flops)}. For a CPU, shrink the run, e.g. to config/train_ptb_tiny.py's "
+            f"sizes: --n_layer=4 --n_head=4 --n_embd=128 --block_size=128 --batch_size=16 "
+            f"--gradient_accumulation_steps=1 --eval_iters=8 --eval_orders=2")
+if not eval_only and eval_flops > 0.25 * between * step_flops:
+    say(f"warning: one eval ({len(val_batches)} val batches x {passes} forward passes) costs about "
+        f"{eval_flops / (between * step_flops):.1f}x the {between} training steps before it; lower eval_iters "
+        f"(now {eval_iters})" + (f" or eval_orders (now {eval_orders})" if passes > 2 else "") +
+        ", or raise eval_interval")
+if decay_lr and not eval_only:
+    if warmup_iters >= max_iters:
+        say(f"warning: warmup_iters ({warmup_iters}) >= max_iters ({max_iters}): the learning rate never "
+            f"reaches learning_rate ({learning_rate:.1e}), only {get_lr(max_iters - 1):.1e}; lower warmup_iters, "
+            f"e.g. --warmup_iters={max_iters // 10}")
+    elif lr_decay_iters > 2 * max_iters:
+        say(f"warning: lr_decay_iters ({lr_decay_iters}) is far beyond max_iters ({max_iters}): the cosine ends "
+            f"at {get_lr(max_iters):.1e}, not min_lr ({min_lr:.1e}); set --lr_decay_iters={max_iters} to decay "
+            f"fully (or leave it, if a near-constant learning rate is the plan)")
+    elif lr_decay_iters < max_iters / 2:
+        say(f"warning: lr_decay_iters ({lr_decay_iters}) is well short of max_iters ({max_iters}): the last "
+            f"{max_iters - max(lr_decay_iters, warmup_iters)} iterations run at min_lr ({min_lr:.1e}); set "
+            f"--lr_decay_iters={max_iters} to decay over the whole run")
+
+# ------------------------------------------------------------------ the loop
+t_start = time.time()
+interval_losses = []
+t_interval, tokens_interval, t_eval_window, tokens_eval_window = 0.0, 0, 0.0, 0
+if show_bar and not eval_only:
+    bar = tqdm(total=max_iters, initial=iter_num, desc='train', unit='it', dynamic_ncols=True, file=sys.stderr)
 
 while True:
     lr = get_lr(iter_num)
@@ -602,7 +823,7 @@ while True:
         if master:
             shown = ', '.join(f"{k[4:]} {v:.4f}" for k, v in rec.items() if k.startswith('val_') and v is not None)
             tl = f", train {rec['train_loss']:.4f}" if rec['train_loss'] is not None else ""
-            print(f"eval {iter_num}: {shown}{tl}{' (EMA)' if rec['ema'] else ''}", flush=True)
+            say(f"eval {iter_num}: {shown}{tl}{' (EMA)' if rec['ema'] else ''}")
             with open(log_path, 'a') as f:
                 f.write(json.dumps(rec) + '\n')
             if wandb_log:
@@ -611,15 +832,9 @@ while True:
         if improved:
             best_val_loss = res['val_loss']
         if iter_num > 0 and not eval_only and (always_save_checkpoint or improved):
-            if master:
-                write_checkpoint()
-                print(f"saved {ckpt_path} (iteration {iter_num})", flush=True)
-            last_saved = (ckpt_path, iter_num)
+            save()
     elif ckpt_interval and iter_num % ckpt_interval == 0 and iter_num > start_iter and not eval_only:
-        if master:
-            write_checkpoint()
-            print(f"saved {ckpt_path} (iteration {iter_num})", flush=True)
-        last_saved = (ckpt_path, iter_num)
+        save()
     if iter_num >= max_iters or eval_only:
         break
 
@@ -661,14 +876,25 @@ while True:
     tokens_interval += tokens_per_iter
     t_eval_window += dt
     tokens_eval_window += tokens_per_iter
+    if bar is not None:  # the bar stands in for the log lines: the same numbers, since the last log_interval
+        tps = tokens_interval / t_interval
+        mfu = f", mfu {flops_per_token * tps / world_size / peak_flops:.1%}" if peak_flops > 0 else ""
+        bar.set_postfix_str(f"loss {sum(interval_losses) / len(interval_losses):.4f}, lr {lr:.2e}, "
+                            f"{tps:,.0f} tok/s{mfu}", refresh=False)
+        bar.update()
     if iter_num % log_interval == 0:
         tps = tokens_interval / t_interval
         mfu = f", mfu {flops_per_token * tps / world_size / peak_flops:.1%}" if peak_flops > 0 else ""
         gn = f", grad norm {gnorm.item():.2f}" if grad_clip > 0 else ""
-        say(f"iter {iter_num}/{max_iters}: loss {sum(interval_losses) / len(interval_losses):.4f}, "
-            f"lr {lr:.2e}{gn}, {tps:,.0f} tok/s{mfu}, {1000 * t_interval / len(interval_losses):.0f} ms/iter")
+        if bar is None:
+            say(f"iter {iter_num}/{max_iters}: loss {sum(interval_losses) / len(interval_losses):.4f}, "
+                f"lr {lr:.2e}{gn}, {tps:,.0f} tok/s{mfu}, {1000 * t_interval / len(interval_losses):.0f} ms/iter")
         interval_losses, t_interval, tokens_interval = [], 0.0, 0
 
+if bar is not None:
+    bar.close()
+    bar = None
+release_out_dir()  # the OS would at exit; a caller that runs train.py in-process may start another run here
 if master and wandb_log:
     wandb.finish()
 if ddp:

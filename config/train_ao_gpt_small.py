@@ -1,7 +1,7 @@
 # AO-GPT-Small (paper Table 4): 12 layers, 12 heads, 768 wide, context 1024, OpenWebText, 10% L2R orders.
 # These are train.py's defaults, spelled out. One node of 8 GPUs:
 #   torchrun --standalone --nproc_per_node=8 train.py config/train_ao_gpt_small.py
-out_dir = 'out-ao-gpt-small'
+out_dir = 'out'  # train.py's default, where eval_ppl.py and sample.py look unless told otherwise
 wandb_run_name = 'ao-gpt-small'
 dataset = 'openwebtext'
 n_layer = 12

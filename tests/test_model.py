@@ -191,6 +191,37 @@ def test_adaln_std_sets_only_the_adaln_linear_weights():
     assert torch.equal(b.transformer.h[0].adaLN[1].bias.view(6, 64)[2], torch.ones(64))  # gate1 kept
 
 
+@pytest.mark.parametrize('kw,key', [
+    (dict(n_layer=-2), 'n_layer'), (dict(n_layer=0), 'n_layer'), (dict(n_head=0), 'n_head'),
+    (dict(n_head=-2), 'n_head'), (dict(n_embd=0), 'n_embd'), (dict(n_embd=30, n_head=4), 'n_embd'),
+    (dict(block_size=0), 'block_size'), (dict(vocab_size=0), 'vocab_size'), (dict(target_dim=0), 'target_dim'),
+    (dict(n_layer=2.5), 'n_layer'), (dict(bias='no'), 'bias'), (dict(dropout=1.0), 'dropout'),
+    (dict(dropout=-0.1), 'dropout'), (dict(cond='adaLN'), 'cond'), (dict(norm='batch'), 'norm'),
+    (dict(gelu='fast'), 'gelu'), (dict(adaln_init='zero'), 'adaln_init'), (dict(target_std=0.0), 'target_std'),
+    (dict(adaln_std=-0.1), 'adaln_std'), (dict(causal=False), 'cond'),
+    (dict(causal=False, cond='none', vocab_size=64, mask_token_id=64), 'mask_token_id'),
+    (dict(causal=False, cond='none', vocab_size=64, mask_token_id=-1), 'mask_token_id'),
+])
+def test_config_validation_names_the_field(kw, key):
+    """GPTConfig refuses a config no model can be made from, with a ValueError that names the field;
+    GPT() checks again, so a config edited after it was made is refused too."""
+    with pytest.raises(ValueError, match=f"^{key} must be "):
+        GPTConfig(**kw)
+    c = GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=64, block_size=8)
+    for k, v in kw.items():
+        setattr(c, k, v)
+    with pytest.raises(ValueError, match=f"^{key} must be "), torch.device('meta'):
+        GPT(c)
+
+
+def test_config_validation_accepts_every_formulation():
+    for kw in (dict(), dict(cond='sigma', norm='layer', qk_norm=False, tie_head=True),
+               dict(cond='none', tie_head=True, head_bias=False, gelu='tanh', bias=False),
+               dict(causal=False, cond='none', vocab_size=64, mask_token_id=63), dict(adaln_std=0.2, target_std=1)):
+        with torch.device('meta'):
+            GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, **kw))
+
+
 # --------------------------------------------------------------------------- encoder MDM
 
 def test_encoder_elbo_is_unbiased_for_exact_any_order_loss():

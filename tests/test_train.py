@@ -5,13 +5,16 @@ run train.py in-process (runpy) so they can watch what the model is actually fed
 """
 import glob
 import hashlib
+import io
 import json
 import os
+import re
 import runpy
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -72,9 +75,8 @@ def args(env, out, *extra):
     return [str(env / 'tiny.py'), f'--data_root={env / "data"}', f'--out_dir={env / out}', *extra]
 
 
-def run(env, argv, pre=None, torchrun=False, check=True, restarts=0):
-    """python train.py argv (optionally with `pre` code run first, in the same process) -> CompletedProcess."""
-    environ = dict(os.environ, OMP_NUM_THREADS='1', WANDB_MODE='disabled')
+def command(env, argv, pre=None, torchrun=False, restarts=0):
+    """The command line of `python train.py argv`, optionally with `pre` code run first in the same process."""
     script, script_args = TRAIN, list(argv)
     if pre is not None:
         script, script_args = str(env / f'wrapper_{abs(hash(pre))}.py'), []
@@ -85,6 +87,15 @@ def run(env, argv, pre=None, torchrun=False, check=True, restarts=0):
     if torchrun:
         cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
                f'--max-restarts={restarts}', script, *script_args]
+    return cmd
+
+
+ENVIRON = dict(os.environ, OMP_NUM_THREADS='1', WANDB_MODE='disabled')
+
+
+def run(env, argv, pre=None, torchrun=False, check=True, restarts=0):
+    """python train.py argv (optionally with `pre` code run first, in the same process) -> CompletedProcess."""
+    cmd, environ = command(env, argv, pre, torchrun, restarts), ENVIRON
     p = subprocess.run(cmd, capture_output=True, text=True, env=environ, cwd=ROOT, timeout=300)
     if torchrun and p.returncode != 0 and 'connectFullMesh' in p.stderr:
         # gloo's loopback connect occasionally races at start-up on a loaded machine ('Connection
@@ -103,10 +114,12 @@ def run_inprocess(monkeypatch, argv):
     monkeypatch.setattr(sys, 'argv', [TRAIN] + argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: one thread is faster, and immune to a busy machine
+    handler = signal.getsignal(signal.SIGINT)  # train.py takes Ctrl-C over; pytest gets it back
     try:
         return runpy.run_path(TRAIN, run_name='__main__')
     finally:
         torch.set_num_threads(threads)
+        signal.signal(signal.SIGINT, handler)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -199,8 +212,13 @@ def test_orders_are_seeded(env, monkeypatch, tmp_path):
 
 
 def test_exact_resume_after_kill_is_bit_identical(env):
-    """8 iterations in one go == 4, SIGKILL mid-iteration 6, resume (init_from=auto) from the iter-4 checkpoint."""
-    common = ['--max_iters=8', '--eval_interval=4', '--dropout=0.1']  # dropout: its RNG must resume too
+    """8 iterations in one go == 6, SIGKILL mid-iteration 7, resume (init_from=auto) from the iter-6 checkpoint.
+
+    The checkpoint at 6 (ckpt_interval) lies between evals, so the eval at 8 must still average the training
+    losses of iterations 4..7, as the uninterrupted run does. The killed run leaves its lock file behind, and
+    the resume must not be blocked by it.
+    """
+    common = ['--max_iters=8', '--eval_interval=4', '--ckpt_interval=2', '--dropout=0.1']  # dropout: its RNG too
     run(env, args(env, 'whole', *common))
     kill = """
     import signal, torch
@@ -210,14 +228,15 @@ def test_exact_resume_after_kill_is_bit_identical(env):
     def forward(self, *a, **k):
         if torch.is_grad_enabled():
             calls[0] += 1
-            if calls[0] == 2 * 6 + 1:  # first micro-step of iteration 6 (2 per iteration)
+            if calls[0] == 2 * 7 + 1:  # first micro-step of iteration 7 (2 per iteration)
                 os.kill(os.getpid(), signal.SIGKILL)
         return orig(self, *a, **k)
     GPT.forward = forward
     """
     p = run(env, args(env, 'split', *common), pre=kill, check=False)
     assert p.returncode == -signal.SIGKILL
-    assert load_checkpoint(str(env / 'split'))['iter_num'] == 4
+    assert load_checkpoint(str(env / 'split'))['iter_num'] == 6
+    assert (env / 'split' / '.lock').read_text().startswith('pid ')  # the dead run's, still there
     p = run(env, args(env, 'split', *common, '--init_from=auto'))
     assert 'resumed' in p.stdout
     a, b = load_checkpoint(str(env / 'whole')), load_checkpoint(str(env / 'split'))
@@ -264,6 +283,202 @@ def test_kill_during_checkpoint_write_keeps_previous_checkpoint(env):
     run(env, args(env, 'killsave', *common, '--init_from=resume'))
     assert load_checkpoint(str(env / 'killsave'))['iter_num'] == 6
     assert not glob.glob(str(env / 'killsave' / '.ckpt.pt.tmp.*'))  # the stale temp file is cleaned up
+
+
+def test_a_second_trainer_on_a_live_out_dir_is_refused(env, tmp_path):
+    """While a run is live its out_dir is locked: a second trainer (here init_from=auto, which would otherwise
+    resume the first one's checkpoint and interleave its log) stops with one line naming the live run's pid."""
+    started, go = tmp_path / 'started', tmp_path / 'go'
+    hold = f"""
+    import time, torch
+    from model import GPT
+    orig = GPT.forward
+    def forward(self, *a, **k):
+        if torch.is_grad_enabled() and not os.path.exists({str(go)!r}):
+            open({str(started)!r}, 'w').close()
+            for _ in range(1200):  # hold the run, in its first step, until the test says go
+                if os.path.exists({str(go)!r}):
+                    break
+                time.sleep(0.1)
+        return orig(self, *a, **k)
+    GPT.forward = forward
+    """
+    first = subprocess.Popen(command(env, args(env, 'locked', '--max_iters=2', '--eval_interval=2'), pre=hold),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENVIRON, cwd=ROOT)
+    try:
+        for _ in range(1200):
+            if started.exists() or first.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert started.exists(), first.communicate()
+        second = run(env, args(env, 'locked', '--max_iters=2', '--eval_interval=2', '--init_from=auto'), check=False)
+        assert second.returncode == 1 and 'Traceback' not in second.stderr
+        err = second.stderr.strip()
+        assert len(err.splitlines()) == 1 and f"in use by another training run (pid {first.pid} on " in err, err
+    finally:
+        go.touch()
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert [r['iter'] for r in log(env, 'locked')] == [0, 2]  # the first run's evals, once each
+    assert load_checkpoint(str(env / 'locked'))['iter_num'] == 2
+
+
+SIGINT_AT_ITER_6 = """
+import signal, torch
+from model import GPT
+calls = [0]
+orig = GPT.forward
+def forward(self, *a, **k):
+    if torch.is_grad_enabled():
+        calls[0] += 1
+        if calls[0] == 2 * 6 + 1:  # first micro-step of iteration 6: Ctrl-C
+            os.kill(os.getpid(), signal.SIGINT)
+    return orig(self, *a, **k)
+GPT.forward = forward
+"""
+
+
+def test_ctrl_c_stops_with_one_line_and_status_130(env, monkeypatch):
+    """Ctrl-C mid-step: exit status 130, one line (the iteration, the intact checkpoint, how to go on), no
+    KeyboardInterrupt traceback; the checkpoint is the one from iteration 4, and the run then resumes."""
+    common = ['--max_iters=8', '--eval_interval=4']
+    p = run(env, args(env, 'sigint', *common), pre=SIGINT_AT_ITER_6, check=False)
+    assert p.returncode == 130, p.stderr
+    err = p.stderr.strip()
+    assert len(err.splitlines()) == 1 and err == (f"interrupted at iteration 6: {env / 'sigint' / 'ckpt.pt'} "
+                                                  f"(iteration 4) is intact; continue with the same command and "
+                                                  f"--init_from=auto"), err
+    assert load_checkpoint(str(env / 'sigint'))['iter_num'] == 4
+    assert not glob.glob(str(env / 'sigint' / '.ckpt.pt.tmp.*'))
+    run_inprocess(monkeypatch, args(env, 'sigint', *common, '--init_from=auto'))  # as the line says
+    assert load_checkpoint(str(env / 'sigint'))['iter_num'] == 8
+
+
+def test_ctrl_c_during_a_checkpoint_write_lets_it_finish(env):
+    """Ctrl-C halfway through writing the iteration-8 checkpoint: the write completes, then the run stops."""
+    interrupt = """
+    import signal, torch
+    orig = torch.save
+    calls = [0]
+    def save(obj, f, *a, **k):
+        calls[0] += 1
+        if calls[0] == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next Python line, inside the save
+        return orig(obj, f, *a, **k)
+    torch.save = save
+    """
+    p = run(env, args(env, 'sigsave', '--max_iters=12', '--eval_interval=4'), pre=interrupt, check=False)
+    assert p.returncode == 130, p.stderr
+    assert p.stderr.strip().startswith(f"interrupted at iteration 8: {env / 'sigsave' / 'ckpt.pt'} (iteration 8) "
+                                       f"is intact"), p.stderr
+    assert 'saved' in p.stdout.splitlines()[-1]
+    assert load_checkpoint(str(env / 'sigsave'))['iter_num'] == 8
+    assert not glob.glob(str(env / 'sigsave' / '.ckpt.pt.tmp.*'))
+
+
+def count_forwards(monkeypatch):
+    calls = []
+    orig = GPT.forward
+
+    def forward(self, *a, **k):
+        calls.append(torch.is_grad_enabled())
+        return orig(self, *a, **k)
+    monkeypatch.setattr(GPT, 'forward', forward)
+    return calls
+
+
+def read_only(path):
+    """Make a directory read-only, for root too (a read-only bind mount); returns how to undo it."""
+    if os.geteuid() != 0:
+        os.chmod(path, 0o555)
+        return lambda: os.chmod(path, 0o755)
+    if subprocess.run(['mount', '--bind', '-o', 'ro', str(path), str(path)], capture_output=True).returncode:
+        pytest.skip("running as root without permission to mount: cannot make a read-only directory")
+    return lambda: subprocess.run(['umount', str(path)], check=True)
+
+
+def test_an_out_dir_that_cannot_take_a_checkpoint_is_one_line_before_the_first_step(env, monkeypatch, capsys,
+                                                                                     tmp_path):
+    """A file, a path under a file, and a read-only directory: each is one line, before any forward pass (a
+    read-only out_dir used to train until its first checkpoint, then lose it all in an OSError traceback)."""
+    afile = tmp_path / 'afile'
+    afile.write_text('x')
+    ro = tmp_path / 'ro'
+    ro.mkdir()
+    undo = read_only(ro)
+    try:
+        for out, needle in [(afile, 'is a file, not a directory'), (afile / 'sub', 'cannot write in out_dir'),
+                            (ro, 'cannot write in out_dir')]:
+            calls = count_forwards(monkeypatch)
+            with pytest.raises(SystemExit) as e:
+                run_inprocess(monkeypatch, args(env, '', f'--out_dir={out}', '--max_iters=2', '--eval_interval=2'))
+            err = capsys.readouterr().err.strip()
+            assert e.value.code == 1 and len(err.splitlines()) == 1 and needle in err and str(out) in err, err
+            assert calls == []
+            monkeypatch.undo()
+        assert os.listdir(ro) == []
+    finally:
+        undo()
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_last_one_stays(env, monkeypatch, capsys, tmp_path):
+    """The disk fills up during the second save: one line, the first checkpoint as it was, no temp file."""
+    orig, calls = torch.save, [0]
+
+    def save(obj, f, *a, **k):
+        calls[0] += 1
+        if calls[0] == 2:
+            f.write(b'half a checkpoint')
+            raise OSError(28, 'No space left on device')
+        return orig(obj, f, *a, **k)
+    monkeypatch.setattr(torch, 'save', save)
+    with pytest.raises(SystemExit) as e:
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=8', '--eval_interval=4'))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: could not write {tmp_path / 'ckpt.pt'} at iteration 8 ([Errno 28] No space left on "
+                          f"device); the previous one (iteration 4) is intact"), err
+    assert load_checkpoint(str(tmp_path))['iter_num'] == 4 and sorted(os.listdir(tmp_path)) == ['.lock', 'ckpt.pt',
+                                                                                              'log.jsonl']
+
+
+@pytest.mark.parametrize('split,size', [('train', 0), ('val', 7999)])
+def test_an_empty_or_odd_sized_token_file_is_one_line(env, monkeypatch, capsys, tmp_path, split, size):
+    import shutil
+    data = tmp_path / 'data' / 'runs'
+    shutil.copytree(env / 'data' / 'runs', data)
+    f = data / f'{split}.bin'
+    f.write_bytes(f.read_bytes()[:size])
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, [str(env / 'tiny.py'), f'--data_root={tmp_path / "data"}',
+                                    f'--out_dir={tmp_path / "out"}', '--max_iters=2'])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {f} "), err
+    assert ('is empty' if size == 0 else 'has 7,999 bytes, an odd number') in err
+
+
+def test_a_resume_keeps_its_model_and_the_saved_config_says_so(env, monkeypatch, capsys, tmp_path):
+    """Resuming with another model shape is refused in one line (the checkpoint is untouched); dropout, which
+    changes how the same weights train, follows the config, and the saved config and model_args agree."""
+    argv = args(env, '', f'--out_dir={tmp_path}', '--eval_interval=2')
+    run_inprocess(monkeypatch, argv + ['--max_iters=2'])
+    before = (tmp_path / 'ckpt.pt').read_bytes()
+    capsys.readouterr()
+    for extra, needle in [(['--n_layer=3'], "holds a model with n_layer=2, but this config asks for n_layer=3"),
+                          (['--n_embd=64', '--cond=sigma'], "with n_embd=32, cond='adaln', but this config asks for "
+                                                            "n_embd=64, cond='sigma'")]:
+        with pytest.raises(SystemExit):
+            run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=resume', *extra])
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and needle in err and 'a resumed run keeps its model' in err, err
+    assert (tmp_path / 'ckpt.pt').read_bytes() == before
+    run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=resume', '--dropout=0.1', '--vocab_size=64'])
+    c = load_checkpoint(str(tmp_path))
+    assert c['iter_num'] == 4 and c['model_args']['dropout'] == c['config']['dropout'] == 0.1
+    assert all(c['config'][k] == v for k, v in c['model_args'].items() if k not in ('vocab_size', 'mask_token_id'))
+    capsys.readouterr()
+    run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=auto', '--dropout=0.1'])  # a finished run
+    assert 'it has reached max_iters (4): nothing to train' in capsys.readouterr().out
 
 
 def test_nonfinite_loss_stops_and_keeps_last_checkpoint(env, monkeypatch, tmp_path, capsys):
@@ -356,6 +571,10 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     torch.testing.assert_close(c['model']['transformer.wte.weight'], hf.transformer.wte.weight, atol=0, rtol=0)
     torch.testing.assert_close(c['model']['transformer.h.1.mlp.c_fc.weight'],
                                hf.transformer.h[1].mlp.c_fc.weight.t(), atol=0, rtol=0)
+    # its own command resumes it: the config's norm='rms' is not the model's, but it is what the run started with
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "warm"}', '--init_from=resume', '--max_iters=2',
+                                    *frozen[1:]))
+    assert load_checkpoint(str(tmp_path / 'warm'))['iter_num'] == 2
     # fine-tune from a checkpoint file of a run that moved (so its EMA and raw weights differ)
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "src"}', '--max_iters=3', '--eval_interval=3'))
     src = load_checkpoint(str(tmp_path / 'src'))
@@ -376,11 +595,13 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     (['--dataset=nothere'], "nothere/train.bin not found"),
     (['--cond=none'], "cannot train on random orders: use order_mode='l2r'"),
     (['--init_from=resume'], "does not exist: use init_from=scratch"),
-    (['--gradient_accumulation_steps=0'], "must be >= 1"),
+    (['--gradient_accumulation_steps=0'], "gradient_accumulation_steps must be an integer >= 1, got 0"),
     (['--order_mode=block_random', '--block_size_order=5'], "must be a multiple of block_size_order"),
-    (['--causal=False', '--cond=adaln'], "set cond='none'"),
+    (['--causal=False', '--cond=adaln'], "cond must be 'none' for the encoder MDM"),
     (['--init_from=gpt2:/no/such/dir'], "not a local Hugging Face GPT-2 directory"),
-    (['--adaln_std=-0.1'], "init stds and must be > 0"),
+    (['--adaln_std=-0.1'], "adaln_std must be an init std > 0"),
+    (['--causal=False', '--cond=none', '--mask_token_id=500'],  # beyond the vocab derived from the data
+     "mask_token_id must be a token id in [0, vocab_size=64) for the encoder MDM's [MASK], got 500 (vocab_size 64"),
 ])
 def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, argv, needle):
     with pytest.raises(SystemExit) as e:
@@ -388,6 +609,39 @@ def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, ar
     assert e.value.code != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+@pytest.mark.parametrize('bad', [
+    '--n_layer=-2', '--n_layer=0', '--n_head=0', '--n_head=-2', '--n_embd=0', '--n_embd=31', '--block_size=0',
+    '--target_dim=0', '--dropout=1.0', '--norm=batch', '--gelu=fast', '--adaln_init=zero', '--target_std=0',
+    '--vocab_size=0', '--learning_rate=-1', '--min_lr=-1', '--min_lr=0.1', '--weight_decay=-0.1', '--grad_clip=-1',
+    '--beta1=1.0', '--beta2=1.5', '--ema_decay=1.0', '--max_iters=-3', '--max_iters=0', '--eval_interval=0',
+    '--eval_iters=0', '--eval_orders=0', '--log_interval=0', '--batch_size=0', '--ckpt_interval=-1',
+    '--keep_ckpt_every=-1', '--warmup_iters=-1', '--lr_decay_iters=-1', '--l2r_frac_iters=-1', '--l2r_frac=1.5',
+    '--l2r_frac_end=-0.5', '--block_size_order=0', '--seed=-1', '--dtype=float8', '--device=tpu',
+    '--device=cuda:x', '--wandb_mode=maybe', '--out_dir=', '--peak_flops=-1',
+])
+def test_each_bad_value_is_one_line_naming_its_key(env, monkeypatch, capsys, tmp_path, bad):
+    """Checked before anything is read or written: out_dir is not even created."""
+    key = bad[2:].split('=')[0]
+    out = tmp_path / 'out'
+    argv = args(env, '', f'--out_dir={out}', '--max_iters=4', '--n_head=2') + [bad]
+    with pytest.raises(SystemExit) as e:
+        run_inprocess(monkeypatch, argv)
+    assert e.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {key} must be "), err
+    assert not out.exists()
+
+
+def test_wandb_log_without_wandb_is_one_line(env, monkeypatch, capsys, tmp_path):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None if name == 'wandb' else find_spec(name, *a))
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "out"}', '--wandb_log=True'))
+    err = capsys.readouterr().err.strip()
+    assert err == "error: wandb_log=True but wandb is not installed: pip install wandb, or leave wandb_log off"
 
 
 def test_errors_from_the_command_line_have_no_traceback(env):
@@ -447,6 +701,109 @@ def test_shipped_configs_resolve_and_run(env, monkeypatch, tmp_path, path):
     run_inprocess(monkeypatch, [path, *shrink])
     ckpt = load_checkpoint(str(tmp_path / 'out'))
     assert ckpt['config']['order_mode'] == cfg['order_mode'] and ckpt['model_args']['cond'] == cfg['cond']
+
+
+def test_the_cards_commands_meet_at_one_out_dir():
+    """`torchrun ... train.py config/train_ao_gpt_small.py`, then `python eval_ppl.py` and `python sample.py` with
+    no flags: the first writes where the others read by default. Every other config has a directory of its own."""
+    def default_out_dir(path):
+        return re.search(r"^out_dir\s*=\s*'([^']*)'", open(path).read(), re.M).group(1)
+    assert default_out_dir(TRAIN) == default_out_dir(os.path.join(ROOT, 'eval_ppl.py')) == \
+        default_out_dir(os.path.join(ROOT, 'sample.py')) == 'out'
+    outs = {os.path.basename(p): default_out_dir(p) if re.search(r"^out_dir", open(p).read(), re.M) else 'out'
+            for p in glob.glob(os.path.join(ROOT, 'config', 'train_*.py'))}
+    assert outs['train_ao_gpt_small.py'] == 'out'
+    assert len(set(outs.values())) == len(outs), outs
+
+
+def stop_at_first_forward(monkeypatch):
+    class Stop(Exception):
+        pass
+
+    def forward(self, *a, **k):
+        raise Stop
+    monkeypatch.setattr(GPT, 'forward', forward)
+    return Stop
+
+
+def warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path, *extra):
+    Stop = stop_at_first_forward(monkeypatch)
+    with pytest.raises(Stop):
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', *extra))
+    return [l for l in capsys.readouterr().out.splitlines() if l.startswith('warning:')]
+
+
+def test_a_gpu_sized_run_on_a_cpu_says_so_before_its_first_eval(env, monkeypatch, capsys, tmp_path):
+    warn = warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path, '--n_layer=4', '--n_head=4',
+                                             '--n_embd=512', '--block_size=1024', '--batch_size=16',
+                                             '--gradient_accumulation_steps=32', '--max_iters=10')
+    gpu = [w for w in warn if 'GPU-sized run on a CPU' in w]
+    assert len(gpu) == 1 and 'one step is 524,288 tokens x ' in gpu[0] and '--n_layer=4 --n_head=4' in gpu[0], warn
+
+
+def test_an_eval_that_costs_more_than_the_training_around_it_is_named(env, monkeypatch, capsys, tmp_path):
+    """The tiny sizes with the paper's eval (96 batches x 10 orders) and warmup (2000) over 20 iterations."""
+    warn = warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path / 'a', '--max_iters=20',
+                                             '--eval_iters=96', '--eval_orders=10', '--warmup_iters=2000')
+    assert len(warn) == 2, warn
+    assert warn[0].startswith("warning: one eval (32 val batches x 11 forward passes) costs about 2.9x the 20 "
+                              "training steps before it; lower eval_iters (now 96) or eval_orders (now 10)"), warn
+    assert warn[1].startswith("warning: warmup_iters (2000) >= max_iters (20): the learning rate never reaches "
+                              "learning_rate (1.0e-02), only 1.0e-04"), warn
+    warn = warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path / 'b', '--max_iters=20',
+                                             '--eval_interval=20', '--batch_size=16', '--gradient_accumulation_steps=1',
+                                             '--lr_decay_iters=20')
+    assert warn == []
+    warn = warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path / 'c', '--max_iters=20',
+                                             '--eval_interval=20', '--lr_decay_iters=5')
+    assert len(warn) == 1 and 'the last 15 iterations run at min_lr' in warn[0], warn
+
+
+def test_a_long_eval_without_a_terminal_reports_its_progress(env, monkeypatch, capsys, tmp_path):
+    """No bar (stderr is not a terminal): a line every PROGRESS_EVERY seconds; a clock that jumps 31 s per look
+    makes every val batch one."""
+    clock = iter(range(0, 10 ** 6, 31))
+    monkeypatch.setattr(time, 'monotonic', lambda: next(clock))
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=1', '--eval_interval=1'))
+    out = capsys.readouterr().out
+    assert [l for l in out.splitlines() if l.startswith('eval 0: ')][:3] == [
+        'eval 0: 1/4 val batches, 31 s', 'eval 0: 2/4 val batches, 62 s', 'eval 0: 3/4 val batches, 93 s']
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize('progress', [True, False])
+def test_a_terminal_gets_a_progress_bar_and_the_log_lines_stay_above_it(env, monkeypatch, capsys, tmp_path,
+                                                                        progress):
+    """On a terminal: a bar over the iterations (loss and tok/s in its postfix) on stderr, the eval and save
+    lines on stdout, no per-iteration lines; progress=False: the log lines, as without a terminal."""
+    tty = Terminal()
+    monkeypatch.setattr(sys, 'stderr', tty)
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=4', '--eval_interval=2',
+                                    f'--progress={progress}'))
+    out = capsys.readouterr().out
+    assert 'eval 2: ' in out and 'eval 4: ' in out and f"saved {tmp_path / 'ckpt.pt'} (iteration 4)" in out
+    if progress:
+        bar = r'train: 100%\S* 4/4 .*loss \d\.\d{4}, lr [\d.e+-]+, [\d,]+ tok/s'
+        assert re.search(bar, tty.getvalue()), tty.getvalue()
+        assert 'eval 0: ' in tty.getvalue()  # the eval's own bar
+        assert 'iter 1/4' not in out
+    else:
+        assert tty.getvalue() == '' and 'iter 1/4: loss ' in out
+
+
+def test_torchrun_ends_its_report_with_the_workers_line(env):
+    """torchrun's own traceback and failure report cannot be silenced by a worker, but the report's last entry
+    (the root cause) shows the worker's one line, instead of a pointer to torchrun's docs."""
+    p = run(env, args(env, 'trerr', '--order_mode=sideways'), torchrun=True, check=False)
+    assert p.returncode != 0
+    lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
+    assert lines[-1].startswith('=====') and lines[-2] == (
+        "  traceback : error: order_mode must be one of random, l2r, fixed_random, block_random, got 'sideways'"), \
+        p.stderr
 
 
 def test_a_checkpoint_keeps_its_codec_when_its_data_is_re_prepared(env, monkeypatch, capsys, tmp_path):
