@@ -436,8 +436,11 @@ def read_config(argv):
     extra = sorted(set(c.revision_of) - set(c.names))
     if extra:
         die(f"--revisions names {extra}, which are not in --datasets {c.names}")
-    c.device = resolve_device(c.device)
-    autocast(c.device, c.dtype)  # a bad --dtype is an error before the model loads
+    try:  # a device this machine lacks, or a bad --dtype, is an error before the model loads
+        c.device = resolve_device(c.device)
+        autocast(c.device, c.dtype)
+    except ValueError as e:
+        die(f"--{e}")
     return c
 
 

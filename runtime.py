@@ -2,20 +2,20 @@
 Where the scripts run: the device and the precision, decided in one place so that `device='auto'` and
 `dtype='auto'` mean the same in train.py, eval_ppl.py and sample.py.
 
-    dev = resolve_device('auto')               # 'cuda' if available, else 'cpu'; 'cuda' without CUDA: one line
+    dev = resolve_device('auto')               # 'cuda' if available, else 'cpu'
     ctx, name = autocast('cuda', 'auto')       # bf16 autocast (fp16 where bf16 is unsupported)
 
 'auto' is bfloat16 autocast on CUDA (float16 on GPUs without bf16) and float32 on every other device:
 CPU autocast to bf16 is slower than fp32 on most CPUs and changes the numbers the CPU tests pin.
 Weights stay float32 under autocast; only the matmuls run in the lower precision. Sampling draws its
-tokens in float64 whatever this says (sample.sample_tokens).
+tokens in float64 whatever this says (sample.sample_tokens). A device or dtype this machine cannot run
+is a ValueError with a one-line message, which each script reports its own way (train.py from rank 0).
 """
 
 from contextlib import nullcontext
 
 import torch
 
-from configurator import die
 
 DEVICES = 'auto | cpu | cuda | cuda:N | mps'
 DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
@@ -27,21 +27,21 @@ def resolve_device(device):
         return 'cuda' if torch.cuda.is_available() else 'cpu'
     kind, _, index = device.partition(':')
     if kind not in ('cpu', 'cuda', 'mps') or (index and not index.isdigit()):
-        die(f"--device must be {DEVICES}, got {device!r}")
+        raise ValueError(f"device must be {DEVICES}, got {device!r}")
     if kind == 'cuda':
         if not torch.cuda.is_available():
-            die(f"--device {device}, but CUDA is not available on this machine: use --device cpu (or auto)")
+            raise ValueError(f"device {device}, but CUDA is not available on this machine: use device cpu (or auto)")
         if index and int(index) >= torch.cuda.device_count():
-            die(f"--device {device}, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+            raise ValueError(f"device {device}, but this machine has {torch.cuda.device_count()} CUDA device(s)")
     if kind == 'mps' and not torch.backends.mps.is_available():
-        die(f"--device {device}, but MPS is not available on this machine: use --device cpu (or auto)")
+        raise ValueError(f"device {device}, but MPS is not available on this machine: use device cpu (or auto)")
     return device
 
 
 def autocast(device, dtype='auto'):
     """(context manager, dtype name) for running the model on `device` at `dtype`."""
     if dtype not in DTYPES:
-        die(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     kind = device.split(':')[0]
     if dtype == 'auto':
         dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if kind == 'cuda' else 'float32'

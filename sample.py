@@ -933,8 +933,11 @@ def read_config(argv=None):
                     ('judge_batch_size', c.judge_batch_size >= 1), ('length', c.length == -1 or c.length >= 1)):
         if not ok:
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
-    c.device = resolve_device(c.device)
-    c.ctx, c.precision = autocast(c.device, c.dtype)
+    try:
+        c.device = resolve_device(c.device)
+        c.ctx, c.precision = autocast(c.device, c.dtype)
+    except ValueError as e:
+        die(f"--{e}")
     if c.stepper == 'cuda_graph' and not c.device.startswith('cuda'):
         die(f"--stepper cuda_graph needs a CUDA device (got --device {c.device}); use static or dynamic")
     if c.save:

@@ -34,24 +34,24 @@ out_dir/log.jsonl holds one JSON object per eval (losses in nats per token, null
   lr, l2r_frac  at this iteration;   ema  whether the val losses used the EMA weights
   time        wall-clock seconds of the run so far, summed over resumes;   tok_per_s  since last eval
 
-out_dir/ckpt.pt (written atomically at evals, see checkpoint.py) holds everything for an exact
-continuation: model, ema (by name), optimizer, scaler, iter_num, best_val_loss, config, model_args,
-rng states, the data cursor, the fixed order and the training losses since the last eval. init_from=auto
-resumes it when it exists, which is what `torchrun --max-restarts=N` needs on preemptible nodes. While a
-run is live it holds an OS lock on out_dir/.lock, so a second run on the same out_dir is refused.
+out_dir/ckpt.pt (written atomically at evals, see checkpoint.py) holds what an exact continuation
+needs: model, ema (by name), optimizer, scaler, iter_num, the training losses since the last eval,
+best_val_loss, the fixed order, and config, model_args and codec to check the resumed run against.
+Nothing else: every draw comes from (seed, iteration, micro-step), so no RNG state or data cursor is
+saved. init_from=auto resumes it when it exists, which is what `torchrun --max-restarts=N` needs on
+preemptible nodes. While a run is live it holds an OS lock on out_dir/.lock, so a second run on the same
+out_dir is refused. out_dir/loss.png is redrawn from log.jsonl at every eval.
 """
 
 import importlib.util
 import json
 import math
 import os
-import random
 import re
 import signal
 import socket
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict
 
 import numpy as np
@@ -70,6 +70,8 @@ from checkpoint import (CKPT_NAME as _CKPT, checkpoint_codec, load_checkpoint, l
 from configurator import configure, die, print_config
 from tokenizer import DataError, get_codec
 from model import GPT, GPTConfig, config_fields, mdm_corrupt, random_orders
+from plot import plot_log
+from runtime import autocast, resolve_device
 
 # -----------------------------------------------------------------------------
 # defaults: AO-GPT-Small (12/768/12, context 1024) on OpenWebText, as in the paper
@@ -263,11 +265,11 @@ if init_from.startswith('hf:'):
     parse_hub_spec(init_from)  # a malformed hub id fails here, before any data is read
 
 # ------------------------------------------------------------------ devices and processes
-if device == 'auto':
-    device = 'cuda' if torch.cuda.is_available() else 'cpu'
-device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
-if device_type == 'cuda' and not torch.cuda.is_available():
-    fail(f"device={device!r} but CUDA is not available: use --device=cpu")
+try:
+    device = resolve_device(device)
+except ValueError as e:
+    fail(str(e))
+device_type = device.split(':')[0]
 if ddp:
     local_rank, world_size = int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
     if device_type == 'cuda':
@@ -289,10 +291,7 @@ local_steps = gradient_accumulation_steps // world_size
 my_micro_steps = range(rank * local_steps, (rank + 1) * local_steps)  # global micro-step ids
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 
-if dtype == 'auto':
-    dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32'
-ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-ctx = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
+ctx, dtype = autocast(device, dtype)
 if device_type == 'cuda':
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -389,8 +388,6 @@ dev_gen = torch.Generator(device=device)
 
 # ------------------------------------------------------------------ model
 torch.manual_seed(seed)  # the initial weights (identical on every rank; DDP also broadcasts rank 0's)
-random.seed(seed)
-np.random.seed(seed)
 
 
 def check_codec(src, where):
@@ -402,76 +399,82 @@ def check_codec(src, where):
              f"Use the dataset it was trained on, or re-prepare the data with its codec")
 
 
-ckpt = None
 if init_from == 'auto':
     init_from = 'resume' if os.path.exists(ckpt_path) else 'scratch'
 if init_from == 'scratch' and os.path.exists(ckpt_path):
     fail(f"{ckpt_path} already exists: continue it with init_from=resume (or auto), or pick another "
          f"out_dir; starting from scratch here would overwrite it")
 
-if init_from == 'resume':
-    if not os.path.exists(ckpt_path):
-        fail(f"init_from=resume but {ckpt_path} does not exist: use init_from=scratch, or auto")
-    ckpt = load_checkpoint(ckpt_path)
-    if ckpt.get('format') != 'aogpt-v1' or 'optimizer' not in ckpt:
-        fail(f"{ckpt_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
-             f"with init_from={ckpt_path}")
-    check_codec(ckpt, ckpt_path)
-    trained = asdict(GPTConfig(**ckpt['model_args']))  # keys older checkpoints lack take their defaults
-    # A resumed run goes on training its model, so a config that asks for another model is refused, not
-    # quietly overruled: the saved config must say what was trained. A value is accepted if it is the
-    # model's, or the one the run was started with (a fine-tune takes its shape from the source). dropout
-    # and adaln_table change how the same weights train and follow the config; block_size here is the
-    # training length, which may be shorter than the model's; None vocab_size / mask_token_id: the model's.
-    asked = {k: cfg[k] for k in trained if k in cfg and k not in ('dropout', 'adaln_table', 'block_size')
-             and not (cfg[k] is None and k in ('vocab_size', 'mask_token_id'))}
-    other = [k for k, v in asked.items() if v != trained[k] and v != ckpt['config'].get(k, trained[k])]
-    if other:
-        fail(f"{ckpt_path} holds a model with {', '.join(f'{k}={trained[k]!r}' for k in other)}, but this config "
-             f"asks for {', '.join(f'{k}={cfg[k]!r}' for k in other)}: a resumed run keeps its model. Resume "
-             f"with the config it was trained with, or train the new model in another out_dir")
-    model_args = dict(trained, dropout=dropout, adaln_table=adaln_table)
+
+def model_source():
+    """Where the model comes from, by init_from: (its GPTConfig arguments, its weights or None, the
+    checkpoint being resumed or None). Only the shape comes from here; how the weights train (dropout,
+    adaln_table: the same function computed another way) always follows this run's config."""
+    if init_from == 'resume':
+        if not os.path.exists(ckpt_path):
+            fail(f"init_from=resume but {ckpt_path} does not exist: use init_from=scratch, or auto")
+        ck = load_checkpoint(ckpt_path)
+        if ck.get('format') != 'aogpt-v1' or 'optimizer' not in ck:
+            fail(f"{ckpt_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
+                 f"with init_from={ckpt_path}")
+        check_codec(ck, ckpt_path)
+        trained = asdict(GPTConfig(**ck['model_args']))  # keys older checkpoints lack take their defaults
+        # A resumed run goes on training its model, so a config that asks for another model is refused,
+        # not quietly overruled: the saved config must say what was trained. A value is accepted if it is
+        # the model's, or the one the run was started with (a fine-tune takes its shape from the source).
+        # block_size here is the training length, which may be shorter than the model's; None vocab_size /
+        # mask_token_id: the model's.
+        asked = {k: cfg[k] for k in trained if k in cfg and k not in ('dropout', 'adaln_table', 'block_size')
+                 and not (cfg[k] is None and k in ('vocab_size', 'mask_token_id'))}
+        other = [k for k, v in asked.items() if v != trained[k] and v != ck['config'].get(k, trained[k])]
+        if other:
+            fail(f"{ckpt_path} holds a model with {', '.join(f'{k}={trained[k]!r}' for k in other)}, but this "
+                 f"config asks for {', '.join(f'{k}={cfg[k]!r}' for k in other)}: a resumed run keeps its model. "
+                 f"Resume with the config it was trained with, or train the new model in another out_dir")
+        changed = {k: (ck['config'].get(k), v) for k, v in cfg.items()
+                   if k in ck['config'] and ck['config'][k] != v and k != 'init_from'}
+        if changed:
+            say("resuming with changed keys (checkpoint -> now): " +
+                ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+        return trained, strip_prefixes(ck['model']), ck
+    if init_from.startswith('gpt2:'):
+        hf_dir = init_from[len('gpt2:'):]
+        if not os.path.exists(os.path.join(hf_dir, 'config.json')):
+            fail(f"{hf_dir} is not a local Hugging Face GPT-2 directory (config.json + model.safetensors)")
+        n_pos = json.load(open(os.path.join(hf_dir, 'config.json')))['n_positions']
+        if block_size > n_pos - 1:
+            fail(f"GPT-2 has {n_pos} positions and the [None] start slot takes one: use block_size<={n_pos - 1}")
+        if not causal:
+            fail("init_from=gpt2:... warm-starts a decoder; the encoder MDM starts from scratch")
+        # GPT-2's own architecture (layer norm, tied head, ...) with our conditioning switches on top
+        src = GPT.from_pretrained(hf_dir, cond=cond, target_dim=target_dim, adaln_init=adaln_init,
+                                  block_size=block_size)
+        say(f"warm start from GPT-2 weights in {hf_dir}: model shape from its config.json")
+        return asdict(src.config), src.state_dict(), None
+    if init_from != 'scratch':  # fine-tune from a checkpoint (ours, an export, or the paper's released ones)
+        src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if init_ema else False)
+        check_codec(src_ckpt, init_from)
+        if src.config.block_size < block_size:
+            fail(f"{init_from} was trained with block_size {src.config.block_size}: use block_size<= that")
+        say(f"fine-tuning from {init_from} ({'EMA' if used_ema else 'raw'} weights); model shape from it")
+        return asdict(src.config), src.state_dict(), None
+    args = {k: cfg[k] for k in config_fields() if k in cfg}
+    if args['vocab_size'] is None:  # pad for fast matmuls; the MDM needs one id for [MASK]
+        args['vocab_size'] = -(-(data_vocab + (0 if causal else 1)) // 64) * 64
+    if args['mask_token_id'] is None:
+        args['mask_token_id'] = data_vocab  # the first padding id (50257 for GPT-2)
+    return args, None, None
+
+
+source_args, weights, ckpt = model_source()
+model_args = dict(source_args, dropout=dropout, adaln_table=adaln_table)
+try:
     model = GPT(GPTConfig(**model_args))
-    model.load_state_dict(strip_prefixes(ckpt['model']))
-    changed = {k: (ckpt['config'].get(k), v) for k, v in cfg.items()
-               if k in ckpt['config'] and ckpt['config'][k] != v and k != 'init_from'}
-    if changed:
-        say("resuming with changed keys (checkpoint -> now): " +
-            ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
-elif init_from.startswith('gpt2:'):
-    hf_dir = init_from[len('gpt2:'):]
-    if not os.path.exists(os.path.join(hf_dir, 'config.json')):
-        fail(f"{hf_dir} is not a local Hugging Face GPT-2 directory (config.json + model.safetensors)")
-    n_pos = json.load(open(os.path.join(hf_dir, 'config.json')))['n_positions']
-    if block_size > n_pos - 1:
-        fail(f"GPT-2 has {n_pos} positions and the [None] start slot takes one: use block_size<={n_pos - 1}")
-    if not causal:
-        fail("init_from=gpt2:... warm-starts a decoder; the encoder MDM starts from scratch")
-    # GPT-2's own architecture (layer norm, tied head, ...) with our conditioning switches on top
-    model = GPT.from_pretrained(hf_dir, cond=cond, target_dim=target_dim, adaln_table=adaln_table,
-                                adaln_init=adaln_init, dropout=dropout, block_size=block_size)
-    model_args = asdict(model.config)
-    say(f"warm start from GPT-2 weights in {hf_dir}: model shape from its config.json")
-elif init_from != 'scratch':  # fine-tune from a checkpoint file (ours, or the paper's released ones)
-    src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if init_ema else False)
-    check_codec(src_ckpt, init_from)
-    model_args = dict(asdict(src.config), dropout=dropout)
-    model = GPT(GPTConfig(**model_args))
-    model.load_state_dict(src.state_dict())
-    if model_args['block_size'] < block_size:
-        fail(f"{init_from} was trained with block_size {model_args['block_size']}: use block_size<= that")
-    say(f"fine-tuning from {init_from} ({'EMA' if used_ema else 'raw'} weights); model shape from it")
-    del src, src_ckpt
-else:
-    model_args = {k: cfg[k] for k in config_fields() if k in cfg}
-    if model_args['vocab_size'] is None:  # pad for fast matmuls; the MDM needs one id for [MASK]
-        model_args['vocab_size'] = -(-(data_vocab + (0 if causal else 1)) // 64) * 64
-    if model_args['mask_token_id'] is None:
-        model_args['mask_token_id'] = data_vocab  # the first padding id (50257 for GPT-2)
-    try:
-        model = GPT(GPTConfig(**model_args))
-    except ValueError as e:  # e.g. a mask_token_id beyond the vocab_size derived from the data
-        fail(f"{e} (vocab_size {model_args['vocab_size']} for the {data_vocab} ids of {data_dir})")
+except ValueError as e:  # e.g. a mask_token_id beyond the vocab_size derived from the data
+    fail(f"{e} (vocab_size {model_args['vocab_size']} for the {data_vocab} ids of {data_dir})")
+if weights is not None:
+    model.load_state_dict(weights)
+del weights
 
 if data_vocab > model_args['vocab_size']:
     fail(f"{dataset} has {data_vocab} token ids but the model only {model_args['vocab_size']}")
@@ -560,13 +563,6 @@ if ckpt is not None:
     iter_num, best_val_loss = ckpt['iter_num'], ckpt.get('best_val_loss', float('inf'))
     elapsed = ckpt.get('elapsed', 0.0)
     train_losses = list(ckpt.get('train_losses') or [])  # a checkpoint between evals carries them on
-    r = ckpt.get('rng') or {}
-    if r:  # the training stream is counter-based; these keep anything else reproducible too
-        random.setstate(r['python'])
-        np.random.set_state((r['numpy'][0], r['numpy'][1].numpy().astype(np.uint32), *r['numpy'][2:]))
-        torch.set_rng_state(r['torch'])
-        if device_type == 'cuda' and r.get('cuda'):
-            torch.cuda.set_rng_state(r['cuda'][min(local_rank, len(r['cuda']) - 1)])
     say(f"resumed {ckpt_path} at iteration {iter_num}")
     if iter_num >= max_iters and not eval_only:
         say(f"it has reached max_iters ({max_iters}): nothing to train (raise max_iters to train on)")
@@ -680,21 +676,11 @@ def evaluate():
 
 
 # ------------------------------------------------------------------ checkpoints and logs
-def rng_state():
-    np_state = np.random.get_state()
-    return dict(python=random.getstate(),
-                numpy=(np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
-                torch=torch.get_rng_state(),
-                cuda=torch.cuda.get_rng_state_all() if device_type == 'cuda' else None)
-
-
 def write_checkpoint():
     ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(), model=raw_model.state_dict(),
                 ema=dict(decay=ema_decay, num_updates=ema_updates, params=ema) if ema is not None else None,
                 optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), iter_num=iter_num,
-                best_val_loss=best_val_loss, config=cfg, rng=rng_state(),
-                data=dict(seed=seed, cursor=iter_num, sampler='counter(seed, iter, micro_step)'),
-                order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
+                best_val_loss=best_val_loss, config=cfg, order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
                 tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
     save_checkpoint(ckpt, ckpt_path)
     if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
@@ -826,6 +812,7 @@ while True:
             say(f"eval {iter_num}: {shown}{tl}{' (EMA)' if rec['ema'] else ''}")
             with open(log_path, 'a') as f:
                 f.write(json.dumps(rec) + '\n')
+            plot_log(log_path, os.path.join(out_dir, 'loss.png'))
             if wandb_log:
                 wandb.log({k: v for k, v in rec.items() if v is not None}, step=iter_num)
         improved = res['val_loss'] is not None and res['val_loss'] < best_val_loss
