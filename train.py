@@ -680,8 +680,8 @@ def write_checkpoint():
     ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(), model=raw_model.state_dict(),
                 ema=dict(decay=ema_decay, num_updates=ema_updates, params=ema) if ema is not None else None,
                 optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), iter_num=iter_num,
-                best_val_loss=best_val_loss, config=cfg, order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
-                tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
+                best_val_loss=best_val_loss, config=cfg, order=fixed_order.cpu() if fixed_order is not None else None,
+                train_losses=train_losses, tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
     save_checkpoint(ckpt, ckpt_path)
     if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
         keep = os.path.join(out_dir, f'ckpt_{iter_num:07d}.pt')
