@@ -1,9 +1,10 @@
 """data/openwebtext/prepare.py on OpenWebText's own archive layout, built here with tarfile + lzma: the bins
 equal a direct GPT-2 encoding of the documents in the documented order, for every source form and any
-num_proc; a SIGKILLed run resumes to the same bytes; the hub path reads a real HF cache layout offline;
-bad input is one line."""
+num_proc; a SIGKILLed run resumes to the same bytes; the hub path reads a real HF cache layout offline and
+downloads with huggingface_hub from a stand-in hub over HTTP; bad input is one line."""
 import errno
 import hashlib
+import http.server
 import io
 import json
 import lzma
@@ -14,7 +15,9 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
+import urllib.parse
 
 import numpy as np
 import pytest
@@ -115,10 +118,16 @@ def documented_bins(docs, val_fraction, seed=2357):
     return {s: np.array(v, dtype=np.uint16).tobytes() for s, v in out.items()}
 
 
-def run(*args, env=None, timeout=120):
-    e = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TQDM_DISABLE="1", **(env or {}))
-    return subprocess.run([sys.executable, PREPARE, *map(str, args)], cwd=ROOT, env=e, capture_output=True,
-                          text=True, timeout=timeout)
+def run(*args, env=None, timeout=120, hub_reachable=False):
+    """prepare.py in a subprocess, offline unless env says otherwise; hub_reachable=True overrides the
+    hub probe (huggingface.co itself is out of reach here), for a stand-in hub at HF_ENDPOINT."""
+    e = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1", **(env or {})}
+    cmd = [sys.executable, PREPARE]
+    if hub_reachable:
+        cmd = [sys.executable, "-c", "import hub, runpy, sys; hub.hub_reachable = lambda timeout=1.5: True; "
+               f"sys.argv[0] = {PREPARE!r}; runpy.run_path(sys.argv[0], run_name='__main__')"]
+    return subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, env=e, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def bins(out):
@@ -338,6 +347,73 @@ def test_hub_path_reads_the_hf_cache_offline(tmp_path):
     env["HF_HUB_CACHE"] = str(tmp_path / "gone")
     r = run(f"--out_dir={tmp_path / 'out'}", "--val_fraction=0.05", env=env)
     assert r.returncode == 0 and "already prepared" in r.stdout
+
+
+class StandInHub(http.server.BaseHTTPRequestHandler):
+    """Serves only what huggingface_hub asks the hub for here, over real HTTP: a revision's commit, the
+    sizes of paths (paths-info), and the files themselves (HEAD, GET)."""
+    files = {}
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, code, body=b"", headers=()):
+        self.send_response(code)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self):
+        path = self.path.split("?")[0]
+        m = re.fullmatch(r"/api/datasets/Skylion007/openwebtext/revision/(.+)", path)
+        if m and m.group(1) == "main":
+            return self._reply(200, json.dumps({"id": "Skylion007/openwebtext", "sha": COMMIT}).encode())
+        if m:
+            return self._reply(404, b"{}", [("X-Error-Code", "RevisionNotFound")])
+        m = re.fullmatch(rf"/datasets/Skylion007/openwebtext/resolve/{COMMIT}/(.+)", path)
+        if m and m.group(1) in self.files:
+            data = self.files[m.group(1)]
+            return self._reply(200, data, [("X-Repo-Commit", COMMIT),
+                                           ("ETag", f'"{hashlib.sha256(data).hexdigest()}"')])
+        self._reply(404, b"{}", [("X-Error-Code", "EntryNotFound")])
+
+    do_HEAD = do_GET
+
+    def do_POST(self):
+        form = urllib.parse.parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
+        paths = form["paths"]
+        self._reply(200, json.dumps([{"type": "file", "path": p, "size": len(self.files[p]), "oid": "0" * 40}
+                                     for p in paths if p in self.files]).encode())
+
+
+@pytest.fixture
+def stand_in_hub():
+    StandInHub.files = {f"subsets/{k}.tar": subset_tar(v) for k, v in tiny_21().items()}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StandInHub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_hub_path_downloads_with_huggingface_hub(tmp_path, stand_in_hub):
+    env = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": stand_in_hub, "HF_HUB_CACHE": str(tmp_path / "hub"),
+           "HF_HOME": str(tmp_path / "hf")}
+    r = run(f"--out_dir={tmp_path / 'out'}", "--val_fraction=0.05", env=env, hub_reachable=True)
+    assert r.returncode == 0, r.stderr
+    assert "downloading 21 archive(s) into the HF cache" in r.stdout
+    assert bins(tmp_path / "out") == documented_bins(documented_docs(tiny_21()), 0.05)
+    assert json.loads((tmp_path / "out" / "meta.json").read_text())["commit"] == COMMIT
+    # what it downloaded is an ordinary HF cache: offline, it is all a rebuild needs
+    r = run(f"--out_dir={tmp_path / 'out'}", "--val_fraction=0.05", "--force=True",
+            env=dict(env, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9"))
+    assert r.returncode == 0 and "downloading" not in r.stdout, r.stderr
+    assert bins(tmp_path / "out") == documented_bins(documented_docs(tiny_21()), 0.05)
+    line = one_error_line(run(f"--out_dir={tmp_path / 'out2'}", "--revision=v9", env=env, hub_reachable=True))
+    assert line.startswith("error: cannot resolve Skylion007/openwebtext@v9: RevisionNotFoundError")
+    assert "--source=" in line
 
 
 @pytest.mark.parametrize("cache", ["empty", "partial"])
