@@ -66,18 +66,18 @@ def clean_temporaries(shard_dir):
 
 
 # ------------------------------------------------------------------------ worker side (one per process)
-_W = {"progress": None, "parent": None}
+_W = {"progress": None, "stop": None, "parent": None}
 
 
-def _init_worker(progress, parent):
+def _init_worker(progress, stop, parent):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
-    _W.update(progress=progress, parent=parent)
+    _W.update(progress=progress, stop=stop, parent=parent)
 
 
 def advance(nbytes):
-    """Called by readers as they go: moves the parent's progress bar. A worker whose parent was killed
-    stops here, instead of finishing its archive for nobody."""
-    if _W["parent"] is not None and os.getppid() != _W["parent"]:
+    """Called by readers as they go: moves the parent's progress bar. A worker stops here, rather than
+    finish its archive for nobody, once the parent has stopped (bad input elsewhere, Ctrl-C) or died."""
+    if _W["parent"] is not None and (_W["stop"].value or os.getppid() != _W["parent"]):
         os._exit(1)
     if _W["progress"] is not None:
         with _W["progress"].get_lock():
@@ -125,28 +125,36 @@ def make_shards(jobs, work, num_proc, total_bytes, done_bytes=0, desc="tokenizin
     """Run work(*job) for every job on num_proc worker processes; each returns a shard record, or
     {"error": msg} for bad input, which stops everything with that one line. A progress bar counts the
     compressed bytes read (workers call advance()). Returns the records, in the order of jobs."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
     from tqdm import tqdm
     if not jobs:
         return []
     ctx = mp.get_context("fork")  # spawn would re-run the calling script in every worker
-    progress = ctx.Value("q", 0)
-    pool = ctx.Pool(min(num_proc, len(jobs)), _init_worker, (progress, os.getpid()))
+    progress, stop = ctx.Value("q", 0), ctx.Value("b", 0)
+    # not multiprocessing.Pool: it replaces a worker that dies (out of memory, kill -9) and waits forever
+    # for that worker's archive; the executor reports it
+    pool = ProcessPoolExecutor(min(num_proc, len(jobs)), ctx, _init_worker, (progress, stop, os.getpid()))
     bar = tqdm(total=total_bytes, initial=done_bytes, unit="B", unit_scale=True, desc=desc, mininterval=1.0)
     try:
-        pending = {i: pool.apply_async(work, job) for i, job in enumerate(jobs)}
-        recs = {}
+        futures = {pool.submit(work, *job): i for i, job in enumerate(jobs)}
+        pending, recs = set(futures), {}
         while pending:
-            time.sleep(0.05)
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             bar.update(done_bytes + progress.value - bar.n)
-            for i in [i for i, r in pending.items() if r.ready()]:
-                rec = pending.pop(i).get()  # a bug in a worker re-raises here, with its traceback
+            for f in done:
+                try:
+                    rec = f.result()  # a bug in a worker re-raises here, with its traceback
+                except BrokenProcessPool:
+                    raise DataError("a tokenizer process died (killed, or out of memory?); re-run to go on: "
+                                    "finished archives are kept")
                 if "error" in rec:
                     raise DataError(rec["error"])
-                recs[i] = rec
+                recs[futures[f]] = rec
                 bar.set_postfix(docs=f"{sum(r['docs'] for r in recs.values()):,}", refresh=False)
     finally:
-        pool.terminate()
-        pool.join()
+        stop.value = 1
+        pool.shutdown(wait=True, cancel_futures=True)
         bar.close()
     return [recs[i] for i in range(len(jobs))]
 

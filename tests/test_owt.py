@@ -225,6 +225,34 @@ def test_sigkill_mid_prepare_resumes_to_the_same_bins(tmp_path):
     assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
 
 
+def _children(pid):
+    kids = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if d.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(d))
+        except (OSError, ValueError, IndexError):
+            pass
+    return kids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the worker processes through /proc")
+def test_a_worker_killed_is_one_line_not_a_hang(tmp_path):
+    write_tars(tmp_path / "src", big_layout(n_subsets=4))
+    out = tmp_path / "out"
+    p = subprocess.Popen([sys.executable, PREPARE, f"--source={tmp_path / 'src'}", f"--out_dir={out}",
+                          "--num_proc=2"], cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not _children(p.pid) and p.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    os.kill(_children(p.pid)[0], signal.SIGKILL)  # as the out-of-memory killer would
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and err.strip().splitlines() == [
+        "error: a tokenizer process died (killed, or out of memory?); re-run to go on: finished archives are kept"]
+
+
 TEXTS = [[f"archive {a} document {d} " * (d + 1) for d in range(9)] for a in range(4)]
 IS_VAL = np.isin(np.arange(36), [0, 5, 9, 10, 22, 35])
 

@@ -224,6 +224,7 @@ def tokenize(archive, shard_dir, key):
     """An archive -> its token shard (prepare_shards.write_shard), run in a worker process. Bad input comes
     back as {"error": the one line for the user}, since an exception would not cross processes as one."""
     import prepare_shards as ps
+    from tokenizer import DataError
     stats = {"non_utf8": 0, "first_non_utf8": None}
     counted = [0]
 
@@ -242,6 +243,8 @@ def tokenize(archive, shard_dir, key):
         rec = ps.write_shard(shard_dir, archive.name, key, texts(), stats)
     except ArchiveError as e:
         return {"error": str(e)}
+    except DataError as e:  # a SystemExit: raised, it would end the worker and lose the message
+        return {"error": e.msg}
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

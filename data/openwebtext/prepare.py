@@ -55,7 +55,7 @@ import numpy as np  # noqa: E402
 
 import owt_archives as owt  # noqa: E402
 import prepare_shards as ps  # noqa: E402
-from tokenizer import GPT2_EOT, GPT2_VOCAB  # noqa: E402
+from tokenizer import GPT2_EOT, GPT2_VOCAB, gpt2_codec  # noqa: E402
 
 if not 0 < val_fraction < 1:
     die(f"val_fraction must be in (0, 1), got {val_fraction}")
@@ -144,6 +144,7 @@ if len(need) == 2 and ps.same_disk(*need):
 for folder, nbytes in need.items():
     ps.check_disk(folder, nbytes, "the token shards and bins" if folder == out_dir else "the HF cache downloads")
 
+gpt2_codec()  # a missing BPE is one line now, not one per worker later (and the workers inherit it)
 os.makedirs(shard_dir, exist_ok=True)
 if from_hub and any(a.files[0] is None for a in todo):
     print(f"downloading {sum(a.files[0] is None for a in todo)} archive(s) into the HF cache "
