@@ -1,0 +1,274 @@
+"""
+A corpus too big to hold in one process: one token shard per source archive, then the train/val bins.
+
+Each archive is tokenized by a worker process into a shard under <out_dir>/shards/:
+    <name>.ids   uint16 token ids, EOT (50256) after every document: the bins' own format
+    <name>.lens  uint32 tokens of each document, its EOT included
+    <name>.json  documents, tokens and the key the shard was made with (tokenizer, text rule, archive size)
+The .ids and .lens files are written under names unique to the writing process, then renamed, and the
+.json is written last: a shard is finished exactly when its .json is there. A killed worker leaves only
+temporary files, removed by the next run, which redoes just the archives that were in flight.
+
+assemble() then writes train.bin and val.bin from the shards, in order, splitting each shard by document
+ranges, and deletes each shard as soon as its tokens are in the bins: disk peaks at the bins plus one
+shard, not twice the bins. It appends to {split}.bin.partial and records its progress in .assemble.json
+after each shard (before deleting it), so a killed assembly resumes from that record. Either way the
+bins are byte-identical to an uninterrupted run's, and they do not depend on the number of processes.
+"""
+
+import errno
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import time
+
+import numpy as np
+
+from tokenizer import DataError, gpt2_codec
+
+STATE = ".assemble.json"
+
+
+def atomic_json(path, obj):
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _paths(shard_dir, name):
+    return {ext: os.path.join(shard_dir, f"{name}.{ext}") for ext in ("ids", "lens", "json")}
+
+
+def read_shard(shard_dir, name, key):
+    """The record of a finished shard made with this key, else None."""
+    p = _paths(shard_dir, name)
+    try:
+        with open(p["json"]) as f:
+            rec = json.load(f)
+        ok = (rec.get("key") == key and os.path.getsize(p["ids"]) == 2 * rec["tokens"]
+              and os.path.getsize(p["lens"]) == 4 * rec["docs"])
+    except (OSError, ValueError, KeyError):
+        return None
+    return rec if ok else None
+
+
+def clean_temporaries(shard_dir):
+    """Remove what killed workers left behind (their .tmp files); finished shards stay."""
+    if os.path.isdir(shard_dir):
+        for f in os.listdir(shard_dir):
+            if f.endswith(".tmp"):
+                os.remove(os.path.join(shard_dir, f))
+
+
+# ------------------------------------------------------------------------ worker side (one per process)
+_W = {"progress": None, "stop": None, "parent": None}
+
+
+def _init_worker(progress, stop, parent):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
+    _W.update(progress=progress, stop=stop, parent=parent)
+
+
+def advance(nbytes):
+    """Called by readers as they go: moves the parent's progress bar. A worker stops here, rather than
+    finish its archive for nobody, once the parent has stopped (bad input elsewhere, Ctrl-C) or died."""
+    if _W["parent"] is not None and (_W["stop"].value or os.getppid() != _W["parent"]):
+        os._exit(1)
+    if _W["progress"] is not None:
+        with _W["progress"].get_lock():
+            _W["progress"].value += nbytes
+
+
+def write_shard(shard_dir, name, key, texts, stats=None):
+    """Tokenize texts (an iterable of str, in order) into the shard `name`; returns its record. stats: a
+    dict the caller fills while texts is consumed; it is stored in the record."""
+    enc, eot = gpt2_codec().encode, gpt2_codec().eot
+    p = _paths(shard_dir, name)
+    tmp = {k: f"{v}.{os.getpid()}.tmp" for k, v in p.items()}
+    lens, buf, tokens = [], [], 0
+    try:
+        with open(tmp["ids"], "wb") as f:
+            for text in texts:
+                ids = enc(text)
+                ids.append(eot)
+                buf += ids
+                lens.append(len(ids))
+                if len(buf) >= 1 << 20:
+                    f.write(np.array(buf, dtype=np.uint16).tobytes())
+                    tokens += len(buf)
+                    buf = []
+            f.write(np.array(buf, dtype=np.uint16).tobytes())
+            tokens += len(buf)
+            f.flush()
+            os.fsync(f.fileno())
+        np.array(lens, dtype=np.uint32).tofile(tmp["lens"])
+    except BaseException:
+        for t in tmp.values():
+            if os.path.exists(t):
+                os.remove(t)
+        raise
+    rec = {"name": name, "key": key, "docs": len(lens), "tokens": tokens, **(stats or {})}
+    os.replace(tmp["ids"], p["ids"])
+    os.replace(tmp["lens"], p["lens"])
+    atomic_json(p["json"], rec)
+    return rec
+
+
+# ------------------------------------------------------------------------------------------ main side
+
+def make_shards(jobs, work, num_proc, total_bytes, done_bytes=0, desc="tokenizing"):
+    """Run work(*job) for every job on num_proc worker processes; each returns a shard record, or
+    {"error": msg} for bad input, which stops everything with that one line. A progress bar counts the
+    compressed bytes read (workers call advance()). Returns the records, in the order of jobs."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+    from tqdm import tqdm
+    if not jobs:
+        return []
+    ctx = mp.get_context("fork")  # spawn would re-run the calling script in every worker
+    progress, stop = ctx.Value("q", 0), ctx.Value("b", 0)
+    # not multiprocessing.Pool: it replaces a worker that dies (out of memory, kill -9) and waits forever
+    # for that worker's archive; the executor reports it
+    pool = ProcessPoolExecutor(min(num_proc, len(jobs)), ctx, _init_worker, (progress, stop, os.getpid()))
+    bar = tqdm(total=total_bytes, initial=done_bytes, unit="B", unit_scale=True, desc=desc, mininterval=1.0)
+    try:
+        futures = {pool.submit(work, *job): i for i, job in enumerate(jobs)}
+        pending, recs = set(futures), {}
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            bar.update(done_bytes + progress.value - bar.n)
+            for f in done:
+                try:
+                    rec = f.result()  # a bug in a worker re-raises here, with its traceback
+                except BrokenProcessPool:
+                    raise DataError("a tokenizer process died (killed, or out of memory?); re-run to go on: "
+                                    "finished archives are kept")
+                if "error" in rec:
+                    raise DataError(rec["error"])
+                recs[futures[f]] = rec
+                bar.set_postfix(docs=f"{sum(r['docs'] for r in recs.values()):,}", refresh=False)
+    finally:
+        stop.value = 1
+        pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
+    return [recs[i] for i in range(len(jobs))]
+
+
+def _resumable(out_dir, state, split):
+    """Does the split's file hold at least what state records? (.partial, or the bin once renamed)"""
+    path, need = os.path.join(out_dir, f"{split}.bin"), 2 * state[split][1]
+    if os.path.exists(path + ".partial"):
+        return os.path.getsize(path + ".partial") >= need
+    return state["next"] == len(state["records"]) and os.path.exists(path) and os.path.getsize(path) == need
+
+
+def load_state(out_dir, fingerprint):
+    """The assembly record of an interrupted run with this fingerprint, else None (and then any partial
+    bins of another run are removed)."""
+    try:
+        with open(os.path.join(out_dir, STATE)) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        state = {}
+    if state.get("fingerprint") == fingerprint and all(_resumable(out_dir, state, s) for s in ("train", "val")):
+        return state
+    for f in (STATE, "train.bin.partial", "val.bin.partial"):
+        if os.path.exists(os.path.join(out_dir, f)):
+            os.remove(os.path.join(out_dir, f))
+    return None
+
+
+def new_state(out_dir, fingerprint, records):
+    """Start an assembly over these shard records (in document order)."""
+    state = {"fingerprint": fingerprint, "records": records, "next": 0, "train": [0, 0], "val": [0, 0]}
+    atomic_json(os.path.join(out_dir, STATE), state)
+    return state
+
+
+def _copy(f, ids, a, b, step=1 << 24):
+    for i in range(a, b, step):
+        f.write(ids[i:min(b, i + step)].tobytes())
+
+
+def assemble(out_dir, shard_dir, state, is_val):
+    """Write train.bin (documents with is_val False, in order) and val.bin (the others, in order) from the
+    shards named in state, resuming where state says. Returns {split: (docs, tokens)}."""
+    from tqdm import tqdm
+    recs, k0 = state["records"], state["next"]
+    starts = np.concatenate([[0], np.cumsum([r["docs"] for r in recs])])
+    assert len(is_val) == starts[-1]
+    path = {s: os.path.join(out_dir, f"{s}.bin") for s in ("train", "val")}
+    files = {}
+    for s in path:
+        if k0 and not os.path.exists(path[s] + ".partial"):
+            continue  # renamed already: the run was killed between the last record and meta.json
+        files[s] = open(path[s] + ".partial", "r+b" if k0 else "wb")
+        files[s].truncate(2 * state[s][1])  # drop anything written after the last record
+        files[s].seek(2 * state[s][1])
+    bar = tqdm(total=len(recs), initial=k0, unit="shard", desc="train.bin / val.bin")
+    try:
+        for k in range(k0, len(recs)):
+            p = _paths(shard_dir, recs[k]["name"])
+            ids = np.memmap(p["ids"], dtype=np.uint16, mode="r") if recs[k]["tokens"] else np.zeros(0, np.uint16)
+            lens = np.fromfile(p["lens"], dtype=np.uint32).astype(np.int64)
+            ends = np.cumsum(lens)
+            begins = ends - lens
+            held = np.flatnonzero(is_val[starts[k]:starts[k + 1]])
+            a = 0  # train takes the runs between held-out documents, val takes each held-out one
+            for j in held:
+                _copy(files["train"], ids, a, begins[j])
+                _copy(files["val"], ids, begins[j], ends[j])
+                a = ends[j]
+            _copy(files["train"], ids, a, len(ids))
+            del ids
+            n_val, t_val = len(held), int(sum(ends[j] - begins[j] for j in held))
+            state["train"] = [state["train"][0] + recs[k]["docs"] - n_val,
+                              state["train"][1] + recs[k]["tokens"] - t_val]
+            state["val"] = [state["val"][0] + n_val, state["val"][1] + t_val]
+            state["next"] = k + 1
+            for f in files.values():
+                f.flush()
+                os.fsync(f.fileno())
+            atomic_json(os.path.join(out_dir, STATE), state)
+            for f in (p["json"], p["ids"], p["lens"]):  # the json first: without it a shard does not count
+                if os.path.exists(f):
+                    os.remove(f)
+            bar.update(1)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DataError(f"disk full while writing train.bin / val.bin in {out_dir}; free some space and "
+                        f"re-run: it resumes from its last record")
+    finally:
+        bar.close()
+        for f in files.values():
+            f.close()
+    for s in files:
+        os.replace(path[s] + ".partial", path[s])
+    return {s: tuple(state[s]) for s in path}
+
+
+def _existing(folder):
+    folder = os.path.abspath(folder)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    return folder
+
+
+def same_disk(a, b):
+    """Do folders a and b (or their nearest existing parents) live on one filesystem?"""
+    return os.stat(_existing(a)).st_dev == os.stat(_existing(b)).st_dev
+
+
+def check_disk(folder, need, what):
+    """DataError if the filesystem holding folder (or its nearest existing parent) has < need bytes free."""
+    folder = _existing(folder)
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise DataError(f"not enough disk for {what}: about {need / 1e9:.1f} GB needed in {folder}, "
+                        f"{free / 1e9:.1f} GB free; free space or choose another out_dir")
