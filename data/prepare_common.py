@@ -60,10 +60,13 @@ def _tokenize_range(ab):
 
 # ------------------------------------------------------------------------------------------ main side
 
-def _atomic_json(path, obj):
-    tmp = path + ".tmp"
+def atomic_json(path, obj):
+    """Write JSON to a temp file, fsync, rename: a reader (or a resumed run) never sees half a file."""
+    tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -73,10 +76,32 @@ def _text_bytes(ds):
     return int(table.nbytes * len(ds) / max(1, table.num_rows))
 
 
-def _check_disk(out_dir, need, what):
-    free = shutil.disk_usage(out_dir).free
+def disk_full(e, what):
+    """Re-raise an OSError from writing `what`; a full disk becomes one line (the run resumes from its last
+    record when re-run)."""
+    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        raise e
+    raise DataError(f"disk full while writing {what}; free some space and re-run: it resumes from its last record")
+
+
+def _existing(folder):
+    folder = os.path.abspath(folder)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    return folder
+
+
+def same_disk(a, b):
+    """Do folders a and b (or their nearest existing parents) live on one filesystem?"""
+    return os.stat(_existing(a)).st_dev == os.stat(_existing(b)).st_dev
+
+
+def check_disk(folder, need, what):
+    """DataError if the filesystem holding folder (or its nearest existing parent) has < need bytes free."""
+    folder = _existing(folder)
+    free = shutil.disk_usage(folder).free
     if free < need:
-        raise DataError(f"not enough disk for {what}: about {need / 1e9:.2f} GB needed in {out_dir}, "
+        raise DataError(f"not enough disk for {what}: about {need / 1e9:.2f} GB needed in {folder}, "
                         f"{free / 1e9:.2f} GB free; free space or choose another out_dir")
 
 
@@ -92,7 +117,7 @@ def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_doc
         st.update(docs=0, tokens=0)
     # ~2 bytes per 4 bytes of text (GPT-2 averages ~4 chars/token); char level writes 2 bytes per char
     per_byte = 2.0 if chars else 0.5
-    _check_disk(os.path.dirname(path), int(_text_bytes(ds) * (n - st["docs"]) / max(n, 1) * per_byte),
+    check_disk(os.path.dirname(path), int(_text_bytes(ds) * (n - st["docs"]) / max(n, 1) * per_byte),
                 os.path.basename(path))
     if num_proc > 1:  # small inputs: enough tasks to keep every process busy
         batch_docs = max(1, min(batch_docs, (n - st["docs"]) // (8 * num_proc)))
@@ -125,10 +150,7 @@ def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_doc
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise DataError(f"disk full while writing {partial}; free some space and re-run: it resumes "
-                        f"from its last record")
+        disk_full(e, partial)
     finally:
         bar.close()
         if pool is not None:
@@ -176,7 +198,7 @@ def prepare(out_dir, splits, source, chars=None, detok=None, num_proc=1, batch_d
         os.remove(meta_path)  # the bins are about to change: never leave a stale meta.json beside them
 
     def save_state():
-        _atomic_json(state_path, state)
+        atomic_json(state_path, state)
 
     counts = {}
     for k, ds in splits.items():
@@ -203,7 +225,7 @@ def prepare(out_dir, splits, source, chars=None, detok=None, num_proc=1, batch_d
             pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)),
                          "stoi": {ch: i for i, ch in enumerate(chars)}}, f)
     meta["fingerprint"] = fingerprint
-    _atomic_json(meta_path, meta)
+    atomic_json(meta_path, meta)
     os.remove(state_path)
     for k in splits:
         print(f"{k}.bin: {meta[k + '_tokens']:,} tokens from {meta[k + '_docs']:,} documents")

@@ -16,7 +16,6 @@ after each shard (before deleting it), so a killed assembly resumes from that re
 bins are byte-identical to an uninterrupted run's, and they do not depend on the number of processes.
 """
 
-import errno
 import json
 import multiprocessing as mp
 import os
@@ -26,18 +25,10 @@ import time
 
 import numpy as np
 
+from prepare_common import atomic_json, disk_full
 from tokenizer import DataError, gpt2_codec
 
 STATE = ".assemble.json"
-
-
-def atomic_json(path, obj):
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _paths(shard_dir, name):
@@ -240,10 +231,7 @@ def assemble(out_dir, shard_dir, state, is_val):
                     os.remove(f)
             bar.update(1)
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise DataError(f"disk full while writing train.bin / val.bin in {out_dir}; free some space and "
-                        f"re-run: it resumes from its last record")
+        disk_full(e, f"train.bin / val.bin in {out_dir}")
     finally:
         bar.close()
         for f in files.values():
@@ -251,24 +239,3 @@ def assemble(out_dir, shard_dir, state, is_val):
     for s in files:
         os.replace(path[s] + ".partial", path[s])
     return {s: tuple(state[s]) for s in path}
-
-
-def _existing(folder):
-    folder = os.path.abspath(folder)
-    while not os.path.exists(folder):
-        folder = os.path.dirname(folder)
-    return folder
-
-
-def same_disk(a, b):
-    """Do folders a and b (or their nearest existing parents) live on one filesystem?"""
-    return os.stat(_existing(a)).st_dev == os.stat(_existing(b)).st_dev
-
-
-def check_disk(folder, need, what):
-    """DataError if the filesystem holding folder (or its nearest existing parent) has < need bytes free."""
-    folder = _existing(folder)
-    free = shutil.disk_usage(folder).free
-    if free < need:
-        raise DataError(f"not enough disk for {what}: about {need / 1e9:.1f} GB needed in {folder}, "
-                        f"{free / 1e9:.1f} GB free; free space or choose another out_dir")

@@ -139,10 +139,10 @@ need = {out_dir: int(1.5 * (sum(a.size for a in todo) + max(a.size for a in arch
 if from_hub:
     from huggingface_hub import constants
     need[constants.HF_HUB_CACHE] = sum(a.size for a in todo if a.files[0] is None)
-if len(need) == 2 and ps.same_disk(*need):
+if len(need) == 2 and pc.same_disk(*need):
     need = {out_dir: sum(need.values())}
 for folder, nbytes in need.items():
-    ps.check_disk(folder, nbytes, "the token shards and bins" if folder == out_dir else "the HF cache downloads")
+    pc.check_disk(folder, nbytes, "the token shards and bins" if folder == out_dir else "the HF cache downloads")
 
 gpt2_codec()  # a missing BPE is one line now, not one per worker later (and the workers inherit it)
 os.makedirs(shard_dir, exist_ok=True)
@@ -178,7 +178,7 @@ for s in ("train", "val"):
 meta.update(source=origin, revision=revision if from_hub else None, commit=commit, detokenizer=None,
             text=owt.TEXT, archives=len(archives), source_documents=n, val_fraction=val_fraction, seed=seed,
             non_utf8_docs=bad, non_utf8="kept, invalid bytes replaced by U+FFFD", fingerprint=done_fp)
-ps.atomic_json(meta_path, meta)
+pc.atomic_json(meta_path, meta)
 os.remove(os.path.join(out_dir, ps.STATE))
 shutil.rmtree(shard_dir, ignore_errors=True)
 for s in ("train", "val"):
