@@ -196,12 +196,12 @@ class Block(nn.Module):
             x = x + self.attn(self.ln_1(x), mask, kv)
             return x + self.mlp(self.ln_2(x))
         # AdaLN: slot i's shift, scale, gate (attention), shift, scale, gate (MLP) are table[idx[i]]
-        idx, table = mod
+        idx, table, shared = mod
         C = x.size(-1)
         shift_scale_a, gate_a, shift_scale_m, gate_m = table.split([2 * C, C, 2 * C, C], dim=1)
-        x = _recompute(_gate, x, self.attn(_recompute(_modulate, self.ln_1, x, idx, shift_scale_a), mask, kv),
-                       idx, gate_a)
-        return _recompute(_gate, x, self.mlp(_recompute(_modulate, self.ln_2, x, idx, shift_scale_m)), idx, gate_m)
+        x = _run(shared, _gate, x, self.attn(_run(shared, _modulate, self.ln_1, x, idx, shift_scale_a), mask, kv),
+                 idx, gate_a)
+        return _run(shared, _gate, x, self.mlp(_run(shared, _modulate, self.ln_2, x, idx, shift_scale_m)), idx, gate_m)
 
 
 def _modulate(norm, x, idx, table):
@@ -213,12 +213,13 @@ def _gate(x, y, idx, table):
     return x + F.embedding(idx, table) * y
 
 
-def _recompute(fn, *args):
-    """fn(*args); in training its intermediates are recomputed in the backward pass instead of stored.
-    The modulation is a gather from a small table, so this costs little compute, and the per-token AdaLN
-    then stores about two (B, r, C) tensors per block over a plain GPT block (the branch outputs the
-    gates multiply), not the six gathered shift/scale/gate tensors and the normed input."""
-    if torch.is_grad_enabled():
+def _run(shared, fn, *args):
+    """fn(*args). With a shared table (adaln_table: one row per target position, gathered by every slot
+    that has it), training recomputes the gathered copies in the backward pass instead of storing them:
+    the AdaLN then stores about two (B, r, C) tensors per block over a plain GPT block (the branch outputs
+    the gates multiply), not six gathered shift/scale/gate tensors and the normed input. Per token each
+    slot has its own row anyway, and recomputing would cost time for no memory."""
+    if shared and torch.is_grad_enabled():
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
     return fn(*args)
 
@@ -306,9 +307,10 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------ the slots
     def _embed(self, tok, pos, tgt):
         """Slot inputs (B, r) -> the residual stream x (B, r, C), and AdaLN's conditioning (None without
-        AdaLN): (idx (B, r), rows (N, target_dim)), slot i's target embedding being rows[idx[i]]. Per
-        token, rows has one row per slot; with adaln_table, one per target position (+1 for "none"),
-        so each block applies its Linear to block_size + 1 rows instead of B * r, then gathers."""
+        AdaLN): (idx (B, r), rows (N, target_dim), shared), slot i's target embedding being rows[idx[i]].
+        Per token, rows has one row per slot; with adaln_table, one per target position (+1 for "none"),
+        shared by the slots with that target, so each block applies its Linear to block_size + 1 rows
+        instead of B * r, then gathers."""
         cfg, tr = self.config, self.transformer
         x = tr.wte(tok.clamp(min=0))                                      # (B, r, C)
         x = torch.where((tok < 0).unsqueeze(-1), tr.wnonee.weight[0].to(x.dtype), x)
@@ -319,10 +321,10 @@ class GPT(nn.Module):
         cond = None
         if cfg.cond == 'adaln' and cfg.adaln_table:
             rows = torch.cat([tr.wtpe.weight, tr.wtpe.weight.new_zeros(1, cfg.target_dim)])
-            cond = (torch.where(tgt >= 0, tgt, cfg.block_size), rows)
+            cond = (torch.where(tgt >= 0, tgt, cfg.block_size), rows, True)
         elif cfg.cond == 'adaln':
             rows = tr.wtpe(tgt.clamp(min=0)) * has_tgt.to(tr.wtpe.weight.dtype)  # (B, r, td)
-            cond = (torch.arange(tgt.numel(), device=tgt.device).view(tgt.shape), rows.flatten(0, 1))
+            cond = (torch.arange(tgt.numel(), device=tgt.device).view(tgt.shape), rows.flatten(0, 1), False)
         return tr.drop(x), cond
 
     def forward_slots(self, tok, pos, tgt, mask=None, kv=None, n_logits=None):
@@ -338,18 +340,19 @@ class GPT(nn.Module):
         if mask is None and kv is not None and kv.len and r > 1:  # causal after the cached slots
             mask = torch.ones(r, kv.len + r, dtype=torch.bool, device=tok.device).tril(kv.len)
         for block in self.transformer.h:
-            mod = (cond[0], block.adaLN(cond[1])) if cond is not None else None
+            mod = (cond[0], block.adaLN(cond[1]), cond[2]) if cond is not None else None
             x = block(x, mod, mask, kv)
         if n_last is not None:
             x = x[:, -n_last:]
-            cond = (cond[0][:, -n_last:], cond[1]) if cond is not None else None
+            cond = (cond[0][:, -n_last:], *cond[1:]) if cond is not None else None
         return self._final_norm(x, cond)
 
     def _final_norm(self, x, cond):
         """ln_f, and with AdaLN its target shift/scale."""
         if cond is None:
             return self.transformer.ln_f(x)
-        return _recompute(_modulate, self.transformer.ln_f, x, cond[0], self.transformer.adaLN_f(cond[1]))
+        idx, rows, shared = cond
+        return _run(shared, _modulate, self.transformer.ln_f, x, idx, self.transformer.adaLN_f(rows))
 
     # ------------------------------------------------------------------ training and likelihood
     def forward(self, idx, order=None, targets=None, t=None, reduction='mean'):
