@@ -1,0 +1,68 @@
+"""make demo, end to end with a shrunk config, and the unigram baseline its summary stands on."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import demo_summary
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_unigram_nll_of_a_sample_on_itself_is_its_entropy():
+    rng = np.random.default_rng(0)
+    x = rng.choice(5, size=2000, p=[0.5, 0.2, 0.15, 0.1, 0.05])
+    counts = np.bincount(x, minlength=5).astype(np.float64)
+    p = counts / counts.sum()
+    entropy = -(p * np.log(p)).sum()
+    assert demo_summary.unigram_nll(counts, 1e-12, x) == pytest.approx(entropy, rel=1e-9)
+    # smoothing moves mass to rarer symbols, so it can only cost on the sample it was counted on
+    assert demo_summary.unigram_nll(counts, 1.0, x) > entropy
+    # an unseen symbol gets alpha / (N + alpha * V), not zero
+    counts0 = np.array([3.0, 1.0, 0.0])
+    assert demo_summary.unigram_nll(counts0, 0.5, np.array([2])) == pytest.approx(-math.log(0.5 / 5.5))
+
+
+def test_make_demo_runs_end_to_end_and_reuses_its_work(tmp_path):
+    """demo.sh with the demo's config shrunk to seconds: every stage runs, the summary's numbers are the
+    evaluation's, and a second run trains and evaluates nothing."""
+    cfg = tmp_path / 'tiny.py'
+    cfg.write_text(open(os.path.join(ROOT, 'config', 'train_demo.py')).read() + "\n".join([
+        "", "n_layer = 1", "n_embd = 32", "target_dim = 16", "batch_size = 8", "max_iters = 20",
+        "lr_decay_iters = 20", "warmup_iters = 2", "eval_interval = 10", "eval_iters = 2", "log_interval = 10", ""]))
+    out = tmp_path / 'out'
+    env = dict(os.environ, PYTHON=sys.executable, DEMO_OUT=str(out), DEMO_CONFIG=str(cfg), DEMO_CHUNKS='12')
+    first = subprocess.run(['bash', 'demo.sh'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    text = first.stdout
+    for header in ('1/5', '2/5', '3/5', '4/5', '5/5'):
+        assert f"=== {header}" in text
+    assert 'config:' not in text and 'config:' in (out / 'train.log').read_text()  # shown in the log only
+    infill = text.split('=== 4/5')[1].split('=== 5/5')[0]
+    assert infill.count('the company said') >= 3 and infill.count('in the third quarter') >= 3
+
+    ev = json.load(open(out / 'eval_ppl.json'))['datasets']['ptb']
+    assert ev['chunks'] == 12 and ev['tokens'] == 12 * 64
+    summary = text.split('=== 5/5 summary')[1]
+    table = {line[:48].strip(): line[48:].split() for line in summary.splitlines() if line.startswith('  AO-GPT')
+             or line.startswith('  unigram')}
+    assert float(table['AO-GPT, left to right (exact)'][0]) == pytest.approx(ev['l2r']['nll'], abs=5e-4)
+    assert float(table['AO-GPT, any-order, ensemble x8 (bound)'][0]) == pytest.approx(ev['ensemble']['nll'], abs=5e-4)
+    uni = [v for k, v in table.items() if k.startswith('unigram')][0]
+    assert 2.5 < float(uni[0]) < 4.0  # characters of English: about 3 nats under a unigram
+    assert 'wall time: prepare' in summary and 'train' in summary
+
+    again = subprocess.run(['bash', 'demo.sh'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert 'nothing to train' in again.stdout and 'done already' in again.stdout
+    assert again.stdout.split('=== 5/5 summary')[1].splitlines()[:6] == summary.splitlines()[:6]
+
+
+def test_demo_summary_says_what_is_missing(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        demo_summary.main([f'--out_dir={tmp_path}'])
+    assert 'ckpt.pt not found' in capsys.readouterr().err
