@@ -66,3 +66,13 @@ def test_demo_summary_says_what_is_missing(tmp_path, capsys):
     with pytest.raises(SystemExit):
         demo_summary.main([f'--out_dir={tmp_path}'])
     assert 'ckpt.pt not found' in capsys.readouterr().err
+
+
+def test_summary_prints_the_measured_range(tmp_path):
+    rec = dict(date='2026-01-01', runs=[dict(name='a', l2r=1.9, any_order=2.4, ensemble=2.39),
+                                        dict(name='b', l2r=2.0, any_order=2.45, ensemble=2.41)])
+    (tmp_path / 'spread.json').write_text(json.dumps(rec))
+    lines = demo_summary.spread_lines(str(tmp_path / 'spread.json'), [('l2r', 'L2R'), ('ensemble', 'ens')])
+    assert '2 runs' in lines[0] and 'a, b' in lines[0]
+    assert lines[1].split()[-3:] == ['1.900', 'to', '2.000'] and lines[2].split()[-3:] == ['2.390', 'to', '2.410']
+    assert demo_summary.spread_lines(str(tmp_path / 'missing.json'), []) == []
