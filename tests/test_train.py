@@ -716,6 +716,34 @@ def test_the_cards_commands_meet_at_one_out_dir():
     assert len(set(outs.values())) == len(outs), outs
 
 
+def test_the_cards_chain_runs_as_written_with_only_the_sizes_shrunk(tmp_path):
+    """The card's three commands in one working directory: train with the card's config (only sizes, data and
+    length overridden), then `eval_ppl.py --ensemble 8` and `sample.py --steps 1024` find its checkpoint with
+    no --out_dir. Offline, the hub eval sets are skipped with a line and PTB (bundled) is still scored."""
+    data = tmp_path / 'data' / 'tiny'  # GPT-2 ids (no meta.json: GPT-2 is the default codec)
+    data.mkdir(parents=True)
+    runs_corpus(4000, 0).tofile(data / 'train.bin')
+    runs_corpus(1000, 1).tofile(data / 'val.bin')
+    shrink = [f'--data_root={tmp_path / "data"}', '--dataset=tiny', '--n_layer=1', '--n_head=2', '--n_embd=16',
+              '--target_dim=8', '--block_size=16', '--batch_size=4', '--gradient_accumulation_steps=1',
+              '--max_iters=4', '--warmup_iters=1', '--lr_decay_iters=4', '--eval_iters=2', '--eval_orders=1']
+    env = dict(ENVIRON, HF_DATASETS_OFFLINE='1', HF_HUB_OFFLINE='1', HF_HOME=str(tmp_path / 'hf'))
+
+    def run(*cmd):
+        p = subprocess.run([sys.executable, *cmd], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, f"{cmd[0]} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+        return p.stdout + p.stderr
+
+    run(TRAIN, os.path.join(ROOT, 'config', 'train_ao_gpt_small.py'), *shrink)
+    assert (tmp_path / 'out' / 'ckpt.pt').is_file()
+    ev = run(os.path.join(ROOT, 'eval_ppl.py'), '--ensemble', '8', '--max_chunks', '4')  # --max_chunks: CPU time
+    assert 'skipped' in ev and 'lambada' in ev
+    rec = json.load(open(tmp_path / 'out' / 'eval_ppl.json'))
+    assert list(rec['datasets']) == ['ptb'] and rec['datasets']['ptb']['chunks'] == 4
+    out = run(os.path.join(ROOT, 'sample.py'), '--steps', '1024')
+    assert '---------- sample 0' in out
+
+
 def stop_at_first_forward(monkeypatch):
     class Stop(Exception):
         pass
