@@ -254,24 +254,24 @@ def test_exact_resume_after_kill_is_bit_identical(env):
     assert strip(la) == strip(lb) and [r['iter'] for r in lb] == [0, 4, 8]
 
 
+def on_second_save(action):
+    """Wrapper code for run(pre=...): torch.save runs `action` (code over obj, f, a, k and orig, the real
+    save) at its second call, i.e. while the second checkpoint is being written, then saves as usual."""
+    return ("import io, os, signal, torch\norig = torch.save\ncalls = [0]\ndef save(obj, f, *a, **k):\n"
+            "    calls[0] += 1\n    if calls[0] == 2:\n" + textwrap.indent(textwrap.dedent(action), ' ' * 8)
+            + "    return orig(obj, f, *a, **k)\ntorch.save = save\n")
+
+
 def test_kill_during_checkpoint_write_keeps_previous_checkpoint(env):
     """SIGKILL halfway through writing the second checkpoint: the first stays loadable, resume finishes."""
-    kill = """
-    import io, signal, torch
-    orig = torch.save
-    calls = [0]
-    def save(obj, f, *a, **k):
-        calls[0] += 1
-        if calls[0] == 2:
-            buf = io.BytesIO()
-            orig(obj, buf, *a, **k)
-            f.write(buf.getvalue()[:len(buf.getvalue()) // 2])  # half the bytes reach the disk
-            f.flush()
-            os.fsync(f.fileno())
-            os.kill(os.getpid(), signal.SIGKILL)
-        return orig(obj, f, *a, **k)
-    torch.save = save
-    """
+    kill = on_second_save("""
+        buf = io.BytesIO()
+        orig(obj, buf, *a, **k)
+        f.write(buf.getvalue()[:len(buf.getvalue()) // 2])  # half the bytes reach the disk
+        f.flush()
+        os.fsync(f.fileno())
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
     common = ['--max_iters=6', '--eval_interval=3', '--gradient_accumulation_steps=1']
     p = run(env, args(env, 'killsave', *common), pre=kill, check=False)
     assert p.returncode == -signal.SIGKILL
@@ -356,17 +356,9 @@ def test_ctrl_c_stops_with_one_line_and_status_130(env, monkeypatch):
 
 def test_ctrl_c_during_a_checkpoint_write_lets_it_finish(env):
     """Ctrl-C halfway through writing the iteration-8 checkpoint: the write completes, then the run stops."""
-    interrupt = """
-    import signal, torch
-    orig = torch.save
-    calls = [0]
-    def save(obj, f, *a, **k):
-        calls[0] += 1
-        if calls[0] == 2:
-            os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next Python line, inside the save
-        return orig(obj, f, *a, **k)
-    torch.save = save
-    """
+    interrupt = on_second_save("""
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next Python line, inside the save
+    """)
     p = run(env, args(env, 'sigsave', '--max_iters=12', '--eval_interval=4'), pre=interrupt, check=False)
     assert p.returncode == 130, p.stderr
     assert p.stderr.strip().startswith(f"interrupted at iteration 8: {env / 'sigsave' / 'ckpt.pt'} (iteration 8) "
