@@ -24,7 +24,7 @@ test: $(STAMP)
 demo: $(STAMP)
 	PYTHON=$(BIN)/python bash demo.sh
 
-findings: $(STAMP)  # about 16 minutes on 2 CPU cores; writes results/ (plots + README.md)
+findings: $(STAMP)  # about 25 minutes on 2 CPU cores (2 runs at a time); writes results/ (plots + README.md)
 	$(BIN)/python reproduce.py
 
 findings-quick: $(STAMP)  # the same pipeline with tiny runs, a few minutes; judges nothing

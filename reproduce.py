@@ -50,6 +50,7 @@ import numpy as np
 quick = False            # tiny runs: the whole pipeline in a few minutes; nothing is judged
 device = 'cpu'           # cpu | cuda
 results_dir = ''         # '' = results/ (--quick: out-reproduce-quick/results)
+jobs = 0                 # training runs at once (0 = one per CPU core, or 1 on cuda)
 runs_dir = ''            # training runs ('' = out-reproduce, or out-reproduce-quick)
 max_iters = 6000         # per training run
 batch_size = 32
@@ -122,39 +123,58 @@ def read_log(out_dir):
     return plot.read_log(path) if os.path.exists(path) else []
 
 
-def run_training(c, name):
-    """Train one run (or reuse a finished one). train.py's console output goes to the run's train.log;
-    the progress bar follows its log.jsonl, the machine interface (console text is for people)."""
+def train_runs(c, names):
+    """Train the runs (reusing finished ones), `jobs` train.py processes at a time, each with its share of
+    the CPU's cores (OMP_NUM_THREADS): these models are too small for two threads to help one process much,
+    so two single-thread runs side by side finish in about 0.55x the time of one after the other (and at
+    one thread or two a run computes the same numbers here). Each run's console output goes to its
+    train.log; the progress bar follows the log.jsonl files, the machine interface."""
     from tqdm import tqdm
-    args = train_args(c, name)
-    out_dir = os.path.join(c.runs_dir, name)
-    cmd_file = os.path.join(out_dir, 'command.json')
-    if os.path.exists(cmd_file) and json.load(open(cmd_file)) != args:
-        die(f"{out_dir} holds a run with other settings than these (see {cmd_file}): delete it, or pass "
-            f"another --runs_dir")
-    log = read_log(out_dir)
-    if log and log[-1]['iter'] >= c.max_iters and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
-        print(f"  {name}: done already ({out_dir}, {log[-1]['iter']} iterations), reusing it")
-        return
-    os.makedirs(out_dir, exist_ok=True)
-    with open(cmd_file, 'w') as f:
-        json.dump(args, f)
-    t0 = time.time()
-    bar = tqdm(total=c.max_iters, desc=f"  {name}", unit='it', leave=True, dynamic_ncols=True)
-    with open(os.path.join(out_dir, 'train.log'), 'a') as f:
-        p = subprocess.Popen([sys.executable, '-u'] + args, cwd=ROOT, stdout=f,
-                             stderr=subprocess.STDOUT)
-        while p.poll() is None:
-            time.sleep(1.0)
-            log = read_log(out_dir)
-            if log:
-                bar.update(log[-1]['iter'] - bar.n)
-                bar.set_postfix(val_loss=f"{log[-1]['val_loss']:.3f}" if log[-1].get('val_loss') else '')
+    todo = []
+    for name in names:
+        args = train_args(c, name)
+        out_dir = os.path.join(c.runs_dir, name)
+        cmd_file = os.path.join(out_dir, 'command.json')
+        if os.path.exists(cmd_file) and json.load(open(cmd_file)) != args:
+            die(f"{out_dir} holds a run with other settings than these (see {cmd_file}): delete it, or pass "
+                f"another --runs_dir")
+        log = read_log(out_dir)
+        if log and log[-1]['iter'] >= c.max_iters and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
+            print(f"  {name}: done already ({out_dir}, {log[-1]['iter']} iterations), reusing it")
+        else:
+            os.makedirs(out_dir, exist_ok=True)
+            with open(cmd_file, 'w') as f:
+                json.dump(args, f)
+            todo.append((name, args, out_dir))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
+    jobs = c.jobs or (cores if c.device == 'cpu' else 1)
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, cores // jobs))) if c.device == 'cpu' else None
+    bar = tqdm(total=len(todo) * c.max_iters, desc='  training', unit='it', dynamic_ncols=True)
+    live = {}  # name: (process, its train.log, start time)
+    while todo or live:
+        while todo and len(live) < jobs:
+            name, args, out_dir = todo.pop(0)
+            f = open(os.path.join(out_dir, 'train.log'), 'a')
+            live[name] = (subprocess.Popen([sys.executable, '-u'] + args, cwd=ROOT, stdout=f,
+                                           stderr=subprocess.STDOUT, env=env), f, time.time())
+        time.sleep(1.0)
+        done_iters = sum((read_log(os.path.join(c.runs_dir, n)) or [{'iter': 0}])[-1]['iter'] for n in live)
+        bar.update(bar.total - len(todo) * c.max_iters - len(live) * c.max_iters + done_iters - bar.n)
+        bar.set_postfix_str(', '.join(live))
+        for name, (p, f, t0) in list(live.items()):
+            if p.poll() is None:
+                continue
+            f.close()
+            del live[name]
+            if p.returncode != 0:
+                for q, _, _ in live.values():
+                    q.kill()
+                bar.close()
+                log_path = os.path.join(c.runs_dir, name, 'train.log')
+                die(f"training run {name} failed (exit {p.returncode}); see {log_path}:\n"
+                    + ''.join(open(log_path).readlines()[-5:]))
+            bar.write(f"  {name}: {time.time() - t0:.0f} s")
     bar.close()
-    if p.returncode != 0:
-        tail = ''.join(open(os.path.join(out_dir, 'train.log')).readlines()[-5:])
-        die(f"training run {name} failed (exit {p.returncode}); see {out_dir}/train.log:\n{tail}")
-    print(f"  {name}: {time.time() - t0:.0f} s")
 
 
 # ----------------------------------------------------------------------------- judging (pure functions)
@@ -412,8 +432,7 @@ def main(argv=None):
     names = [k for k in RUNS if not (c.quick and k == 'ao_seed2')]
     t0 = time.time()
     print(f"training {len(names)} runs of {c.max_iters} iterations ({DATASET}, {c.device})")
-    for name in names:
-        run_training(c, name)
+    train_runs(c, names)
     timing['training'] = time.time() - t0
     logs = {k: read_log(os.path.join(c.runs_dir, k)) for k in names}
     t0 = time.time()
@@ -436,6 +455,8 @@ def read_config(argv):
     """The resolved config (c.key), and the command line that produced it."""
     argv = sys.argv[1:] if argv is None else argv
     c = namespace(globals(), argv)
+    if c.jobs < 0:
+        die(f"--jobs must be 0 (one per core) or more, not {c.jobs}")
     if c.quick:  # small everything; same code path
         for k, v in dict(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1, sample_n=32,
                          sample_batch=4, sample_embd=c.n_embd, gen_samples=8, gen_batch=8).items():
