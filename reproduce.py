@@ -146,6 +146,8 @@ def train_runs(c, names):
             with open(cmd_file, 'w') as f:
                 json.dump(args, f)
             todo.append((name, args, out_dir))
+    # the deepest runs first, so that no core idles at the end while one long run finishes alone
+    todo.sort(key=lambda t: -RUNS[t[0]][0].get('n_layer', c.n_layer))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
     jobs = c.jobs or (cores if c.device == 'cpu' else 1)
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, cores // jobs))) if c.device == 'cpu' else None
