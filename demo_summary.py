@@ -48,7 +48,7 @@ def spread_lines(path, names):
         return []
     rec = json.load(open(path))
     runs = rec['runs']
-    out = [f"on other machines ({len(runs)} runs of this demo by bench/demo_spread.py, {rec['date']}: "
+    out = [f"range over {len(runs)} runs of this demo (bench/demo_spread.py, {rec['date']}: "
            f"{', '.join(r['name'] for r in runs)}):"]
     for key, label in names:
         v = [r[key] for r in runs]
