@@ -1,8 +1,8 @@
 """
 Reproduce the paper's seven qualitative findings at small scale, and judge each one from the data.
 
-    python reproduce.py                  # everything: about 22 minutes on 2 CPU cores -> results/
-    python reproduce.py --quick          # the pipeline end to end in a few minutes; judges nothing
+    python reproduce.py                  # everything: 15-30 minutes on 2 CPU cores -> results/
+    python reproduce.py --quick          # the pipeline end to end in about a minute; judges nothing
     python reproduce.py --device=cuda    # the same runs on a GPU
 
 Setting. Character-level Penn Treebank (data/ptb_char, 49 symbols, prepared on first use), context 32,
