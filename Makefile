@@ -24,7 +24,7 @@ test: $(STAMP)
 demo: $(STAMP)
 	PYTHON=$(BIN)/python bash demo.sh
 
-findings: $(STAMP)  # 15-30 minutes on 2 CPU cores, by the machine (27 on 2026-11-23); writes results/ (plots + README.md)
+findings: $(STAMP)  # 15-25 minutes on 2 CPU cores, by the machine (23.6 on 2026-11-23); writes results/ (plots + README.md)
 	$(BIN)/python reproduce.py
 
 findings-quick: $(STAMP)  # the same pipeline with tiny runs, a few minutes; judges nothing

@@ -1,7 +1,7 @@
 """
 Reproduce the paper's seven qualitative findings at small scale, and judge each one from the data.
 
-    python reproduce.py                  # everything: 15-30 minutes on 2 CPU cores -> results/
+    python reproduce.py                  # everything: 15-25 minutes on 2 CPU cores -> results/
     python reproduce.py --quick          # the pipeline end to end in about a minute; judges nothing
     python reproduce.py --device=cuda    # the same runs on a GPU
 
