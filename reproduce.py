@@ -148,10 +148,12 @@ def train_runs(c, names):
             todo.append((name, args, out_dir))
     # the deepest runs first, so that no core idles at the end while one long run finishes alone
     todo.sort(key=lambda t: -RUNS[t[0]][0].get('n_layer', c.n_layer))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
+    from runtime import cpu_cores
+    cores = cpu_cores()
     jobs = c.jobs or (cores if c.device == 'cpu' else 1)
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, cores // jobs))) if c.device == 'cpu' else None
-    bar = tqdm(total=len(todo) * c.max_iters, desc='  training', unit='it', dynamic_ncols=True)
+    n_runs = len(todo)
+    bar = tqdm(total=n_runs * c.max_iters, desc='  training', unit='it', dynamic_ncols=True)
     live = {}  # name: (process, its train.log, start time)
     while todo or live:
         while todo and len(live) < jobs:
@@ -160,8 +162,9 @@ def train_runs(c, names):
             live[name] = (subprocess.Popen([sys.executable, '-u'] + args, cwd=ROOT, stdout=f,
                                            stderr=subprocess.STDOUT, env=env), f, time.time())
         time.sleep(1.0)
-        done_iters = sum((read_log(os.path.join(c.runs_dir, n)) or [{'iter': 0}])[-1]['iter'] for n in live)
-        bar.update(bar.total - len(todo) * c.max_iters - len(live) * c.max_iters + done_iters - bar.n)
+        finished = n_runs - len(todo) - len(live)
+        live_iters = sum((read_log(os.path.join(c.runs_dir, n)) or [{'iter': 0}])[-1]['iter'] for n in live)
+        bar.update(finished * c.max_iters + live_iters - bar.n)
         bar.set_postfix_str(', '.join(live))
         for name, (p, f, t0) in list(live.items()):
             if p.poll() is None:

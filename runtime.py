@@ -12,6 +12,7 @@ tokens in float64 whatever this says (sample.sample_tokens). A device or dtype t
 is a ValueError with a one-line message, which each script reports its own way (train.py from rank 0).
 """
 
+import os
 from contextlib import nullcontext
 
 import torch
@@ -19,6 +20,12 @@ import torch
 
 DEVICES = 'auto | cpu | cuda | cuda:N | mps'
 DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
+
+
+def cpu_cores():
+    """The CPU cores this process may run on: its affinity (what a container or taskset grants), not the
+    host's count. Scripts that run several CPU jobs at once give each cpu_cores() // jobs threads."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
 
 
 def resolve_device(device):

@@ -28,9 +28,10 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from configurator import configure, print_config  # noqa: E402
+from runtime import cpu_cores  # noqa: E402
 
 runs = 4                               # how many of VARIANTS to run, in order
-parallel = 2                           # demo runs at once (each then gets cpu_count // parallel threads)
+parallel = 2                           # demo runs at once (each then gets cpu_cores() // parallel threads)
 out = 'results/demo_spread.json'       # the record demo_summary.py reads
 keep = ''                              # a folder to keep each run's out-demo in ('' = a temporary one)
 print_config(configure(globals()))
@@ -51,7 +52,7 @@ def run_demo(variant, work):
     config = os.path.join(folder, 'config.py')
     with open(os.path.join(ROOT, 'config', 'train_demo.py')) as f, open(config, 'w') as g:
         g.write(f.read() + config_extra)
-    threads = str(max(1, (os.cpu_count() or 2) // parallel))
+    threads = str(max(1, cpu_cores() // parallel))
     env = dict(os.environ, DEMO_OUT=os.path.join(folder, 'out'), DEMO_CONFIG=config, PYTHON=sys.executable,
                OMP_NUM_THREADS=threads, **env_extra)
     t0 = time.time()
