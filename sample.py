@@ -79,7 +79,7 @@ prompt = ''                # text the samples start with
 suffix = ''                # text the samples end with
 template = ''              # text with [BLANK] (blank_len tokens) or [BLANK:k] (k tokens) spans to fill
 blank_len = 8              # tokens per [BLANK], >= 1
-stepper = 'dynamic'        # decoder calls: dynamic | static (fixed padded shapes) | cuda_graph
+stepper = 'dynamic'        # forward calls: dynamic | static (fixed padded shapes) | cuda_graph (static, replayed)
 cache_trick = True         # encoder MDM: a step that reveals nothing reuses the last pass (MDLM)
 mdm_counts = 'shared'      # encoder MDM: shared (one count per step for the batch) | independent (per sample)
 gen_ppl = ''               # judge: a checkpoint of ours (any --ckpt form), or HF GPT-2 (a dir or hf:owner/repo)
@@ -296,8 +296,9 @@ class KVCache:
     n: committed slots plus the rows of one call is at most the number of tokens in the sequence.
 
     static=True is the fixed-shape layout of SlotStepper's 'static' and 'cuda_graph' modes: a call
-    writes at the rows named in `write_idx` and attends over the whole buffer under a mask; the buffers
-    are zeroed (a masked NaN would still poison the output through 0 * NaN) and one slot longer than
+    writes at the rows named in `write_idx` and attends over the first `span` slots under a mask (span is
+    the live length rounded up to a bucket, so that it takes a few values per run); the buffers are
+    zeroed (a masked NaN would still poison the output through 0 * NaN) and one slot longer than
     block_size, so that padding rows have a scratch row to write.
     """
 
@@ -314,6 +315,7 @@ class KVCache:
         self.k = self.v = None
         self.len = 0
         self.write_idx = None  # static: (R,) cache rows of the current call's R rows
+        self.span = S          # static: the slots the current call attends over, [0, span)
 
     def allocate(self, device, dtype):
         new = torch.zeros if self.static else torch.empty
@@ -325,10 +327,10 @@ class KVCache:
         if self.k is None:  # allocated lazily, so the dtype follows autocast
             self.allocate(k.device, k.dtype)
         K, V = self.k[layer], self.v[layer]
-        if self.static:  # no slicing by a host-side length: the whole buffer, under the call's mask
+        if self.static:  # no slicing by a device-side length: a fixed span, under the call's mask
             K.index_copy_(2, self.write_idx, k.to(K.dtype))
             V.index_copy_(2, self.write_idx, v.to(V.dtype))
-            return K, V
+            return K[:, :, :self.span], V[:, :, :self.span]
         L, r = self.len, k.size(2)
         if L + r > self.shape[2]:
             raise ValueError(f"KV cache overflow: {L} cached + {r} new rows > block_size {self.shape[2]}")
@@ -352,6 +354,36 @@ class KVCache:
         self.len += rows
 
 
+def _stepper_device(model, mode):
+    """The model's device, after checking that a stepper can run there in this mode."""
+    if mode not in _STEPPERS:
+        raise ValueError(f"stepper must be one of {', '.join(_STEPPERS)}, got {mode!r}")
+    dev = next(model.parameters()).device
+    if mode == 'cuda_graph' and dev.type != 'cuda':
+        raise ValueError(f"stepper='cuda_graph' needs the model on a CUDA device (it is on {dev}); "
+                         "use 'static' or 'dynamic'")
+    return dev
+
+
+def capture_graph(fn, dev, pool):
+    """fn() captured as a CUDA graph: (graph, fn's output tensors, which each replay rewrites). fn must
+    read its inputs from, and write its outputs to, tensors that outlive the graph."""
+    # Autocast's weight-cast cache would hand the graph tensors freed after capture: disable it.
+    ac, adt = torch.is_autocast_enabled('cuda'), torch.get_autocast_dtype('cuda')
+    actx = lambda: torch.autocast('cuda', dtype=adt, enabled=ac, cache_enabled=False)  # noqa: E731
+    # Warm up on a side stream first (lazy inits, cuBLAS/attention setup): replays must find them done.
+    side = torch.cuda.Stream(device=dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side), actx():
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool), actx():
+        out = fn()
+    return g, out
+
+
 class SlotStepper:
     """One decoder call of the KV-cached samplers: r slot rows in (r - k pending slots, then k copies of
     the last revealed slot, each with its own target), logits (B, k, V) of the copies out. The caller
@@ -359,31 +391,42 @@ class SlotStepper:
 
     mode 'dynamic': model.forward_slots at the call's own shape (r rows attending over L + r slots).
     'static': a few fixed shapes: r padded up to two sizes per octave (1, 2, 3, 4, 6, 8, 12, 16, 24, ...;
-        rows_for), every row attending over the whole cache under a mask. More arithmetic (1-17% more
-        rows for the plans in bench/sample_roofline.py); the same samples. It exists for:
-    'cuda_graph': static, and each padded shape is captured once as a CUDA graph and then replayed.
-        A forward call of a deep model at a few rows per sample is launch-bound on a GPU (hundreds of
-        small kernels issued from Python; BENCHMARKS.md), and every new (rows, cache length) shape pays
-        kernel setup; a replayed graph pays neither. All graphs share one memory pool, which is safe
-        because one graph's output is consumed (lm_head) before any other graph is replayed.
+        rows_for), every row attending over the cache up to a span under a mask, the span being L + r
+        rounded up to a multiple of kv_bucket slots (0: the whole cache, one span). More arithmetic
+        (1-17% more rows for the plans in bench/sample_roofline.py, and up to kv_bucket more K/V slots
+        read per call); the same samples. It exists for:
+    'cuda_graph': static, and each (padded rows, span) shape is captured once as a CUDA graph and then
+        replayed. A forward call of a deep model at a few rows per sample is launch-bound on a GPU
+        (hundreds of small kernels issued from Python; BENCHMARKS.md), and every new (rows, cache length)
+        shape pays kernel setup; a replayed graph pays neither. All graphs share one memory pool, which is
+        safe because one graph's output is consumed (lm_head) before any other graph is replayed.
     lm_head and the token draws run outside the graph on just the k copies.
     A stepper can serve many runs (generate_ao/generate_ar take one for `stepper` and empty its cache,
     see make), so the graphs are captured once per padded shape, not once per batch.
+    Why spans: reading the whole cache in every call makes the fixed-shape floor 1.4-1.7x the dynamic
+    one at n = 1024, B = 32 (K/V reads dominate most calls, and most see a short live cache); with
+    128-slot buckets it is 1.08-1.16x, for 8-52 graphs per run instead of 1-9 (bench/sample_roofline.py
+    counts both).
     """
 
-    def __init__(self, model, batch_size, mode='dynamic'):
-        if mode not in _STEPPERS:
-            raise ValueError(f"stepper must be one of {', '.join(_STEPPERS)}, got {mode!r}")
-        dev = next(model.parameters()).device
-        if mode == 'cuda_graph' and dev.type != 'cuda':
-            raise ValueError(f"stepper='cuda_graph' needs the model on a CUDA device (it is on {dev}); "
-                             "use 'static' or 'dynamic'")
-        self.model, self.mode, self.B, self.dev = model, mode, batch_size, dev
+    def __init__(self, model, batch_size, mode='dynamic', kv_bucket=128):
+        dev = _stepper_device(model, mode)
+        if kv_bucket < 0 or kv_bucket % 16:
+            raise ValueError(f"kv_bucket must be 0 (the whole cache) or a positive multiple of 16 (the SDPA mask "
+                             f"alignment), got {kv_bucket}")
+        self.model, self.mode, self.B, self.dev, self.kv_bucket = model, mode, batch_size, dev, kv_bucket
         self.cache = KVCache(model, batch_size, static=mode != 'dynamic')
         if mode != 'dynamic':
             self.scalars = torch.zeros(3, dtype=torch.long, device=dev)  # L, blk, r: read at replay
             self.bufs, self.graphs, self.outs = {}, {}, {}
             self.pool = torch.cuda.graph_pool_handle() if mode == 'cuda_graph' else None
+        if mode == 'cuda_graph':
+            # A call's scalars go up from pinned buffers, asynchronously: a copy from pageable memory waits
+            # for the GPU to finish everything queued, so the host could never run ahead of the replays.
+            # Each buffer is rewritten only after the copy that last read it is done (its event).
+            self.staging = [(torch.zeros(3, dtype=torch.long, pin_memory=True), torch.cuda.Event())
+                            for _ in range(4)]
+            self.turn = 0
 
     @classmethod
     def make(cls, model, batch_size, stepper):
@@ -403,64 +446,102 @@ class SlotStepper:
         R = 1 << (r - 1).bit_length()
         return R * 3 // 4 if R >= 4 and r <= R * 3 // 4 else R
 
+    @staticmethod
+    def span_for(L, R, S, kv_bucket):
+        """The slots a fixed-shape call attends over: L cached + R padded rows, rounded up to kv_bucket,
+        at most the whole cache S (kv_bucket 0: always S). Every row a real row writes is inside it."""
+        return S if not kv_bucket else min(S, -(-(L + R) // kv_bucket) * kv_bucket)
+
     def __call__(self, tok, pos, tgt, k):
         B, r = tok.shape
         if self.mode == 'dynamic':
             mask = parallel_mask(r, k, self.cache.len, tok.device) if k > 1 else None  # None: causal
             return self.model.forward_slots(tok, pos, tgt, mask=mask, kv=self.cache, n_logits=k)
         R = self.rows_for(r)
+        key = R, self.span_for(self.cache.len, R, self.cache.shape[2], self.kv_bucket)
         if R not in self.bufs:
             self.bufs[R] = torch.empty(3, B, R, dtype=torch.long, device=self.dev)
         buf = self.bufs[R]                                                # (3, B, R): tok, pos, tgt
         buf[:, :, :r] = torch.stack([tok, pos, tgt])
         buf[:, :, r:] = buf[:, :, r - 1:r]                                # padding: repeat the last row
-        self.scalars.copy_(torch.tensor([self.cache.len, r - k, r]))
         if self.mode == 'static':
-            h = self._forward(R)
+            self.scalars.copy_(torch.tensor([self.cache.len, r - k, r]))
+            h = self._forward(*key)
         else:
-            if R not in self.graphs:
-                self._capture(R)
-            self.graphs[R].replay()
-            h = self.outs[R]
+            host, done = self.staging[self.turn % len(self.staging)]
+            self.turn += 1
+            done.synchronize()                                            # its last copy has finished
+            host[0], host[1], host[2] = self.cache.len, r - k, r
+            self.scalars.copy_(host, non_blocking=True)
+            done.record()
+            if key not in self.graphs:
+                self._capture(*key)
+            self.graphs[key].replay()
+            h = self.outs[key]
         return self.model.lm_head(h[:, r - k:r])                          # (B, k, V)
 
-    def _forward(self, R):
+    def _forward(self, R, span):
         """The fixed-shape call: final-norm hidden states (B, R, C) of R rows (blk pending slots, then
         r - blk copies, then padding), with L, blk and r read from device tensors, so that a captured
-        graph reads their values at replay. Every row attends over the whole cache buffer under a
-        mask (no shape depends on L): a pending row sees the cache and the pending rows up to itself, a
-        copy sees the cache, the pending rows and itself, a padding row the same plus slot 0: never an
-        empty softmax, which some kernels turn into 0 and others into NaN, and a NaN anywhere in the
-        cache poisons every row through 0 * NaN. Real rows are written at L + i; padding rows past the
-        buffer share its last (scratch) row, which no real row ever sees."""
+        graph reads their values at replay. Every row attends over the first `span` cache slots under a
+        mask (no shape depends on L itself): a pending row sees the cache and the pending rows up to
+        itself, a copy sees the cache, the pending rows and itself, a padding row the same plus slot 0:
+        never an empty softmax, which some kernels turn into 0 and others into NaN, and a NaN anywhere in
+        the cache poisons every row through 0 * NaN. Real rows are written at L + i; padding rows past
+        the buffer share its last (scratch) row, which no real row ever sees."""
         buf, (L, blk, r), S = self.bufs[R], self.scalars, self.cache.shape[2]
         i = torch.arange(R, device=self.dev)[:, None]                    # (R, 1) row
-        j = torch.arange(S, device=self.dev)[None, :]                    # (1, S) cache slot
-        vis = (j < L + torch.minimum(i + 1, blk)) | (j == L + i) | ((i >= r) & (j == 0))   # (R, S)
+        j = torch.arange(span, device=self.dev)[None, :]                 # (1, span) cache slot
+        vis = (j < L + torch.minimum(i + 1, blk)) | (j == L + i) | ((i >= r) & (j == 0))   # (R, span)
         self.cache.write_idx = (L + i[:, 0]).clamp(max=S - 1)             # (R,)
+        self.cache.span = span
         try:
             return self.model.hidden_slots(buf[0], buf[1], buf[2], mask=vis, kv=self.cache)
         finally:
-            self.cache.write_idx = None
+            self.cache.write_idx, self.cache.span = None, S
 
-    def _capture(self, R):
-        # Autocast's weight-cast cache would hand the graph tensors freed after capture: disable it.
-        ac, adt = torch.is_autocast_enabled('cuda'), torch.get_autocast_dtype('cuda')
-        actx = lambda: torch.autocast('cuda', dtype=adt, enabled=ac, cache_enabled=False)  # noqa: E731
+    def _capture(self, R, span):
         if self.cache.k is None:  # the K/V dtype is what c_attn returns: the autocast dtype or the weights'
-            self.cache.allocate(self.dev, adt if ac else next(self.model.parameters()).dtype)
-        # Warm up on a side stream first (lazy inits, cuBLAS/attention setup). The warm-up calls write the
-        # same K/V rows the replay will, so they change nothing.
-        side = torch.cuda.Stream(device=self.dev)
-        side.wait_stream(torch.cuda.current_stream(self.dev))
-        with torch.cuda.stream(side), actx():
-            for _ in range(2):
-                self._forward(R)
-        torch.cuda.current_stream(self.dev).wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool), actx():
-            self.outs[R] = self._forward(R)
-        self.graphs[R] = g
+            ac = torch.is_autocast_enabled('cuda')
+            self.cache.allocate(self.dev, torch.get_autocast_dtype('cuda') if ac
+                                else next(self.model.parameters()).dtype)
+        # The warm-up calls write the same K/V rows the replay will, so they change nothing.
+        self.graphs[R, span], self.outs[R, span] = capture_graph(lambda: self._forward(R, span), self.dev,
+                                                                 self.pool)
+
+
+class EncoderStepper:
+    """The encoder MDM's forward pass, (B, n) ids -> final-norm hidden states (B, n, C). Its shape never
+    changes, so 'cuda_graph' captures it once and replays it at every step: the graphed encoder is the
+    fair baseline for the graphed AO sampler (bench/sample_speed.py). 'static' runs the same plumbing
+    (a fixed input buffer) eagerly, which is what the CPU tests check."""
+
+    def __init__(self, model, batch_size, n, mode='dynamic'):
+        dev = _stepper_device(model, mode)
+        self.model, self.mode, self.B, self.n = model, mode, batch_size, n
+        self.x = torch.empty(batch_size, n, dtype=torch.long, device=dev) if mode != 'dynamic' else None
+        self.graph = self.out = None
+        self.pool = torch.cuda.graph_pool_handle() if mode == 'cuda_graph' else None
+        self.dev = dev
+
+    @classmethod
+    def make(cls, model, batch_size, n, stepper):
+        if not isinstance(stepper, EncoderStepper):
+            return cls(model, batch_size, n, stepper)
+        if stepper.model is not model or (stepper.B, stepper.n) != (batch_size, n):
+            raise ValueError(f"this EncoderStepper was built for another model or shape ({stepper.B}, {stepper.n})")
+        return stepper
+
+    def __call__(self, x):
+        if self.mode == 'dynamic':
+            return self.model.encoder_hidden(x)
+        self.x.copy_(x)
+        if self.mode == 'static':
+            return self.model.encoder_hidden(self.x)
+        if self.graph is None:
+            self.graph, self.out = capture_graph(lambda: self.model.encoder_hidden(self.x), self.dev, self.pool)
+        self.graph.replay()
+        return self.out
 
 
 def draw_plan(n, batch_size, steps, order='random', fixed_counts=False, schedule='linear', given=None,
@@ -650,7 +731,7 @@ def generate_ar(model, n, batch_size, temperature=1.0, top_p=1.0, vocab_size=Non
 @torch.no_grad()
 def generate_mdm(model, n, batch_size, steps, cache_trick=False, counts='shared', order='random',
                  fixed_counts=False, schedule='linear', temperature=1.0, top_p=1.0, vocab_size=None,
-                 given=None, generator=None):
+                 given=None, generator=None, stepper='dynamic'):
     """The encoder MDM's reverse process: a full pass over all n positions ([MASK] where not yet
     revealed) per step, the same Lemma-1 schedule as generate_ao. Returns (tokens (B, n), stats).
 
@@ -662,6 +743,7 @@ def generate_mdm(model, n, batch_size, steps, cache_trick=False, counts='shared'
     cache_trick (MDLM's ddpm_cache): a step whose input did not change since the last pass reuses it.
     The pass is deterministic, so this changes the cost, never the samples.
     The head runs only on the positions revealed at a step (the others' logits are never used).
+    stepper: 'dynamic', 'static' or 'cuda_graph' (the one pass captured once), or an EncoderStepper to reuse.
     """
     cfg = model.config
     if cfg.causal:
@@ -701,13 +783,14 @@ def generate_mdm(model, n, batch_size, steps, cache_trick=False, counts='shared'
     x = torch.full((B, n), cfg.mask_token_id, dtype=torch.long)
     x[:, gpos] = gtok
     x = x.to(dev)
+    encode = EncoderStepper.make(model, B, n, stepper)
     h, passes, stale = None, 0, True  # stale: x changed since the last pass
     for i in range(steps):
         lo, hi = bounds[i], bounds[i + 1]
         # without the trick every step runs the network; with it only a step that reveals something and
         # whose input differs from the last pass's (MDLM reuses the output; nothing else needs it)
         if not cache_trick or (hi > lo and stale):
-            h = model.encoder_hidden(x)                                     # (B, n, C)
+            h = encode(x)                                                   # (B, n, C)
             passes += 1
             stale = False
         if hi == lo:
@@ -1056,7 +1139,8 @@ def draw(c, model, family, n, given, order, codec):
     sync()
     t0 = time.time()
     with c.ctx:
-        stp = SlotStepper(model, c.batch_size, c.stepper) if family != 'mdm' else None  # one for all batches
+        stp = (EncoderStepper(model, c.batch_size, n, c.stepper) if family == 'mdm' else
+               SlotStepper(model, c.batch_size, c.stepper))  # one for all batches: its graphs are kept
         for _ in tqdm(range(c.num_batches), desc='batches', unit='batch', disable=c.num_batches == 1,
                       file=sys.stderr):
             if family == 'ao':
@@ -1066,7 +1150,7 @@ def draw(c, model, family, n, given, order, codec):
             elif family == 'mdm':
                 x, stats = generate_mdm(model, n, c.batch_size, c.steps, cache_trick=c.cache_trick,
                                         counts=c.mdm_counts, order=order, fixed_counts=c.fixed_counts,
-                                        schedule=c.schedule, given=given, **common)
+                                        schedule=c.schedule, given=given, stepper=stp, **common)
             else:
                 prefix = given[:int((given >= 0).sum())]
                 x, stats = generate_ar(model, n, c.batch_size, prompt=prefix, stepper=stp, **common)

@@ -333,52 +333,65 @@ def test_token_passes_about_2n_for_any_T():
 # --------------------------------------------------------------------------- fixed shapes (CUDA graphs)
 
 def run_steppers(monkeypatch, fn, modes=('dynamic', 'static')):
-    """fn(stepper) under each mode; per mode, the result and each call's (r, L, S, logits)."""
+    """fn(stepper) under each mode; per mode, the result and each call's (r, L, S, logits, span): S the
+    cache's slots, span those a fixed-shape call attends over."""
     real, out = sample.SlotStepper.__call__, {}
     for mode in modes:
         calls = []
 
         def spy(self, tok, pos, tgt, k):
-            L = self.cache.len
+            L, S = self.cache.len, self.cache.shape[2]
+            span = self.span_for(L, self.rows_for(tok.size(1)), S, self.kv_bucket)
             logits = real(self, tok, pos, tgt, k)
-            calls.append((tok.size(1), L, self.cache.shape[2], logits.clone()))
+            calls.append((tok.size(1), L, S, logits.clone(), span))
             return logits
         monkeypatch.setattr(sample.SlotStepper, '__call__', spy)
         out[mode] = fn(mode), calls
     return out
 
 
+def stepper(model, B, mode, kv_bucket=16):
+    """A mode name for 'dynamic', else a SlotStepper with kv_bucket-slot spans (16: several per tiny run)."""
+    return mode if mode == 'dynamic' else sample.SlotStepper(model, B, mode, kv_bucket=kv_bucket)
+
+
+@pytest.mark.parametrize('kv_bucket', [0, 16])
 @pytest.mark.parametrize('kw', [dict(cond='adaln'), dict(cond='adaln', adaln_table=True), dict(cond='sigma')])
-def test_static_stepper_equals_dynamic_call_for_call(kw, monkeypatch):
+def test_static_stepper_equals_dynamic_call_for_call(kw, kv_bucket, monkeypatch):
     """The fixed-shape path that a CUDA graph replays (rows padded by SlotStepper.rows_for, attention over
-    the whole zeroed cache under a mask, padding rows past the buffer sharing its scratch row) gives the
-    dynamic path's logits at every call, and so the same samples."""
+    the zeroed cache up to a span under a mask, padding rows past the buffer sharing its scratch row)
+    gives the dynamic path's logits at every call, and so the same samples; with the whole cache as the
+    span (kv_bucket 0) and with 16-slot buckets (spans 16, 32, 48 here)."""
     model = sharp(tiny(block_size=40, seed=8, **kw), 3.0)
     n, B = 40, 3
     given = torch.full((n,), -1)
     given[[0, 5, 17]] = torch.tensor([4, 9, 1])
+    spans = set()
     # T = 1 without given tokens: one call of 40 copies of [None], padded to 48 rows, and nothing cached
     # for the padding rows to see but slot 0
     for T, fixed, giv in ((2, True, given), (7, False, given), (40, False, given), (1, False, None)):
         res = run_steppers(monkeypatch, lambda mode: generate_ao(
-            model, n, B, T, fixed_counts=fixed, given=giv, top_p=0.9, generator=gen(T), stepper=mode)[0])
+            model, n, B, T, fixed_counts=fixed, given=giv, top_p=0.9, generator=gen(T),
+            stepper=stepper(model, B, mode, kv_bucket))[0])
         (xd, cd), (xs, cs) = res['dynamic'], res['static']
         assert torch.equal(xd, xs) and len(cd) == len(cs)
-        for (r, L, _, ld), (r2, L2, S, ls) in zip(cd, cs):
-            assert (r, L) == (r2, L2)
+        for (r, L, _, ld, _), (r2, L2, S, ls, span) in zip(cd, cs):
+            assert (r, L) == (r2, L2) and L + r <= span <= S
             torch.testing.assert_close(ls, ld, atol=ATOL, rtol=0)
+            spans.add(span)
         if T == 2:  # the second call's padding runs past the buffer: L + R > S
-            r, L, S, _ = cs[1]
+            r, L, S, _, _ = cs[1]
             assert L + sample.SlotStepper.rows_for(r) > S
+    assert spans == ({48} if kv_bucket == 0 else {16, 32, 48})
 
 
 def test_static_stepper_for_l2r_decoding(monkeypatch):
     model = sharp(tiny(cond='none', block_size=24, seed=9), 3.0)
     res = run_steppers(monkeypatch, lambda mode: generate_ar(model, 24, 2, prompt=[3, 1, 4], generator=gen(2),
-                                                             stepper=mode)[0])
+                                                             stepper=stepper(model, 2, mode))[0])
     (xd, cd), (xs, cs) = res['dynamic'], res['static']
     assert torch.equal(xd, xs) and len(cd) == len(cs) == 21
-    for (_, _, _, ld), (_, _, _, ls) in zip(cd, cs):
+    for (_, _, _, ld, _), (_, _, _, ls, _) in zip(cd, cs):
         torch.testing.assert_close(ls, ld, atol=ATOL, rtol=0)
 
 
@@ -394,13 +407,14 @@ def test_cuda_graph_stepper_equals_eager_on_gpu(how, monkeypatch):
     modes = ('dynamic', 'static', 'cuda_graph')
     with ctx:
         runs = [run_steppers(monkeypatch, lambda mode: generate_ao(model, 40, 3, T, generator=gen(T),
-                                                                   stepper=mode)[0], modes) for T in (1, 2, 7, 40)]
+                                                                   stepper=stepper(model, 3, mode))[0], modes)
+                for T in (1, 2, 7, 40)]
         runs.append(run_steppers(monkeypatch, lambda mode: generate_ar(model, 40, 3, prompt=[1, 2], generator=gen(0),
-                                                                       stepper=mode)[0], modes))
+                                                                       stepper=stepper(model, 3, mode))[0], modes))
     for res in runs:
         (xd, cd), (xs, cs), (xg, cg) = (res[m] for m in modes)
         assert len(cd) == len(cs) == len(cg)
-        for (_, _, _, ld), (_, _, _, ls), (_, _, _, lg) in zip(cd, cs, cg):
+        for (_, _, _, ld, _), (_, _, _, ls, _), (_, _, _, lg, _) in zip(cd, cs, cg):
             torch.testing.assert_close(lg, ls, atol=1e-6 if how == 'fp32' else 1e-2, rtol=0)
             torch.testing.assert_close(ls.float(), ld.float(), atol=tol, rtol=0)
         if how == 'fp32':
@@ -433,6 +447,12 @@ def test_stepper_bad_mode_and_cuda_graph_on_cpu_are_clear():
         generate_ao(model, 8, 2, 4, stepper='cuda_graph')
     with pytest.raises(ValueError, match='stepper must be one of'):
         generate_ar(model, 8, 2, stepper='graph')
+    enc = tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11)
+    with pytest.raises(ValueError, match='needs the model on a CUDA device'):
+        generate_mdm(enc, 8, 2, 4, stepper='cuda_graph')
+    for bad in (-16, 24):
+        with pytest.raises(ValueError, match='kv_bucket must be 0'):
+            sample.SlotStepper(model, 2, 'static', kv_bucket=bad)
 
 
 # --------------------------------------------------------------------------- counts
@@ -599,6 +619,24 @@ def test_encoder_cache_trick_gives_identical_samples_with_fewer_passes(counts):
     assert torch.equal(a, b)
     assert sa['forward_calls'] == 64 and sb['forward_calls'] < 64
     assert sb['token_passes'] == 8 * sb['forward_calls']
+
+
+@pytest.mark.parametrize('mode', ['static', 'cuda_graph'])
+def test_encoder_stepper_gives_the_eager_samples(mode):
+    """The encoder's fixed input buffer ('static'; 'cuda_graph' replays the same pass) gives the samples
+    of the plain pass, with and without the cache trick, and one stepper serves many runs."""
+    if mode == 'cuda_graph' and not torch.cuda.is_available():
+        pytest.skip('CUDA graphs need a GPU (bench/gpu_suite.sh graphs)')
+    dev = 'cuda' if mode == 'cuda_graph' else 'cpu'
+    enc = sharp(tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=9), 3.0).to(dev)
+    st = sample.EncoderStepper(enc, 6, 8, mode)
+    for T, trick in ((64, True), (5, False), (3, True)):
+        kw = dict(steps=T, cache_trick=trick, vocab_size=11, given=torch.tensor([3, -1, -1, -1, -1, -1, -1, -1]))
+        a, sa = generate_mdm(enc, 8, 6, generator=gen(T), **kw)
+        b, sb = generate_mdm(enc, 8, 6, generator=gen(T), stepper=st, **kw)
+        assert torch.equal(a, b) and sa['forward_calls'] == sb['forward_calls']
+    with pytest.raises(ValueError, match='another model or shape'):
+        generate_mdm(enc, 8, 5, steps=4, stepper=st)
 
 
 def test_encoder_head_on_rows_equals_full_forward():
