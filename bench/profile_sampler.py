@@ -1,9 +1,10 @@
 """
 Where the AO-GPT sampler's time goes: a per-call split of model pass vs. token drawing, and the torch
-profiler's top ops, for one setting. A diagnostic companion of bench/sample_speed.py.
+profiler's top ops, for one setting. A diagnostic companion of bench/sample_speed.py. The sampler runs
+once at the same T before anything is timed, so a --stepper cuda_graph run times replays, not captures.
 
     python bench/profile_sampler.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 \
-        --batch_size=32 --steps=128
+        --batch_size=32 --steps=128 [--stepper=cuda_graph]
 """
 import os
 import sys
@@ -23,6 +24,8 @@ n_embd = 128
 n = 128
 batch_size = 4
 steps = 16
+stepper = 'dynamic'          # dynamic | static | cuda_graph (sample.SlotStepper)
+kv_bucket = 128              # fixed shapes: attend over the cache up to a multiple of this (0: all of it)
 configure(globals())
 
 cuda = device.startswith('cuda')
@@ -37,7 +40,7 @@ def sync():
 
 
 # split each call's time between the model pass and the token draw (synchronising, so it is a diagnostic)
-spent = {'forward_slots': 0.0, 'sample_tokens': 0.0}
+spent = {'model pass': 0.0, 'sample_tokens': 0.0}
 
 
 def wrap(obj, name, key):
@@ -54,22 +57,30 @@ def wrap(obj, name, key):
     return f
 
 
-sample.generate_ao(model, n, batch_size, steps, generator=torch.Generator().manual_seed(0))  # warm-up
-orig_fs = wrap(GPT, 'forward_slots', 'forward_slots')
+step = sample.SlotStepper(model, batch_size, stepper, kv_bucket=kv_bucket)  # one for every run: its graphs
+
+
+def run():
+    return sample.generate_ao(model, n, batch_size, steps, generator=torch.Generator().manual_seed(0),
+                              vocab_size=50257, stepper=step)
+
+
+run()  # warm-up at this T: kernels, allocator, attention plans, and the graphs of every shape it uses
+orig_call = wrap(sample.SlotStepper, '__call__', 'model pass')  # the forward call (lm_head on the copies too)
 orig_st = wrap(sample, 'sample_tokens', 'sample_tokens')
 sync()
 t0 = time.perf_counter()
-_, st = sample.generate_ao(model, n, batch_size, steps, generator=torch.Generator().manual_seed(0), vocab_size=50257)
+_, st = run()
 sync()
 total = time.perf_counter() - t0
 calls = st['forward_calls']
-print(f"total {total:.2f} s over {calls} calls: forward_slots {spent['forward_slots']:.2f} s, "
+print(f"stepper {stepper}: total {total:.2f} s over {calls} calls: model pass {spent['model pass']:.2f} s, "
       f"sample_tokens {spent['sample_tokens']:.2f} s, other {total - sum(spent.values()):.2f} s")
-GPT.forward_slots, sample.sample_tokens = orig_fs, orig_st
+sample.SlotStepper.__call__, sample.sample_tokens = orig_call, orig_st
 
 acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
 with torch.profiler.profile(activities=acts) as prof:
-    sample.generate_ao(model, n, batch_size, steps, generator=torch.Generator().manual_seed(0), vocab_size=50257)
+    run()
     sync()
 key = 'self_cuda_time_total' if cuda else 'self_cpu_time_total'
 print(prof.key_averages().table(sort_by=key, row_limit=15, max_name_column_width=60))

@@ -3,7 +3,9 @@ The sampling floor on a GPU, counted before it is measured. For each sampler's e
 counts sample.py draws, same seed), every forward call's FLOPs and HBM bytes, and per call the larger of
 FLOPs / peak and bytes / bandwidth. The sum is the time no implementation of that plan can beat; the
 measured times in BENCHMARKS.md sit above it by what launch overhead and kernel efficiency cost. The
-fixed-shape column is the floor of the CUDA-graph path, which pads rows and attends over the whole cache.
+fixed-shape columns are the floors of the CUDA-graph path, which pads rows and attends over the cache up
+to a span (the live length rounded up to kv_bucket slots); a second table compares span buckets: the
+floor they cost and the graphs a run captures.
 
     python bench/sample_roofline.py                       # medium, n = 1024, B = 32, H100 SXM figures
 
@@ -16,6 +18,7 @@ Activations are not counted: in a call of a few rows per sample (most calls at l
 smaller than the weights, and the calls with many rows, like every encoder pass, are compute-bound even
 with them. Neither is the token draw (a float64 softmax over the k predicted rows).
 """
+import inspect
 import os
 import sys
 
@@ -35,6 +38,8 @@ steps = '64,128,256,512,1024'
 peak_flops = 792e12          # bf16 matmul FLOP/s: the H100 peak measured in BENCHMARKS.md (datasheet 989e12)
 hbm_bandwidth = 3.35e12      # bytes/s: H100 SXM HBM3 datasheet
 seed = 0                     # the sampler's seed: the same plans bench/sample_speed.py times
+kv_bucket = inspect.signature(SlotStepper).parameters['kv_bucket'].default  # the fixed-shape spans (sample.py)
+buckets = '0,64,128,256'     # span buckets to compare (0: attend over the whole cache)
 config = configure(globals())
 print_config(config)
 
@@ -57,16 +62,21 @@ def call_time(flops, nbytes):
     return max(flops / peak_flops, nbytes / hbm_bandwidth)
 
 
-def decoder_time(plan, adaln, fixed=False):
-    """plan: [(r rows, L cached, k predicted)] -> (seconds, FLOPs, bytes) summed over the calls.
+def decoder_time(plan, adaln, fixed=False, bucket=0):
+    """plan: [(r rows, L cached, k predicted)] -> (seconds, FLOPs, bytes, shapes) summed over the calls.
     fixed: the fixed-shape path (sample.SlotStepper 'static' / 'cuda_graph'): rows padded by rows_for,
-    every row attending over the whole static cache."""
+    every row attending over the cache up to the span of kv_bucket = bucket (0: the whole cache);
+    shapes: the distinct (rows, span) shapes, i.e. the CUDA graphs one run captures."""
     P = P_block + (P_adaln if adaln else 0)
     s = F = Y = 0.0
+    shapes = set()
     for r, L, k in plan:
-        f, y = call_cost(SlotStepper.rows_for(r), S, k, P) if fixed else call_cost(r, L + r, k, P)
+        R = SlotStepper.rows_for(r)
+        shape = (R, SlotStepper.span_for(L, R, S, bucket)) if fixed else (r, L + r)
+        f, y = call_cost(*shape, k, P)
         s, F, Y = s + call_time(f, y), F + f, Y + y
-    return s, F, Y
+        shapes.add(shape)
+    return s, F, Y, len(shapes)
 
 
 def encoder_time(counts, skip_empty):
@@ -80,27 +90,39 @@ def encoder_time(counts, skip_empty):
 
 
 ar_plan = [(1, L, 1) for L in range(n)]  # one row per call over L cached slots (the first call: [None])
-ar_s, ar_F, ar_Y = decoder_time(ar_plan, adaln=False)
-ar_fixed = decoder_time(ar_plan, adaln=False, fixed=True)[0]
+ar_s, ar_F, ar_Y, _ = decoder_time(ar_plan, adaln=False)
+ar_fixed = decoder_time(ar_plan, adaln=False, fixed=True, bucket=kv_bucket)[0]
 cols = ['T', 'AO calls / token-passes', 'AO floor s', 'AO fixed-shape floor s', 'AR floor s',
         'AR fixed-shape floor s', 'encoder floor s', 'encoder+cache floor s', 'encoder / AO',
         'encoder+cache / AO', 'AO / AR', 'AO / AR, fixed shapes', 'AO: compute-bound calls']
 lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
-for T in [int(t) for t in steps.split(',')]:
-    counts = draw_plan(n, B, T, generator=torch.Generator().manual_seed(seed))[2].tolist()  # generate_ao's
-    plan = ao_calls(counts)                                                                  # own plan
-    ao_s, _, _ = decoder_time(plan, adaln=True)
+Ts = [int(t) for t in steps.split(',')]
+plans = {T: (draw_plan(n, B, T, generator=torch.Generator().manual_seed(seed))[2].tolist(),)  # generate_ao's
+         for T in Ts}                                                                       # own counts
+plans = {T: (c, ao_calls(c)) for T, (c,) in plans.items()}                                  # and calls
+for T, (counts, plan) in plans.items():
+    ao_s = decoder_time(plan, adaln=True)[0]
     bound = sum(1 for r, L, k in plan  # matmul time over weight-read time, as in the docstring's counts
                 if 2 * B * (r * (P_block + P_adaln) + k * d * V) / peak_flops >
                 W * (P_block + P_adaln + d * V) / hbm_bandwidth)
     mdm_s, _ = encoder_time(counts, skip_empty=False)
     mdmc_s, _ = encoder_time(counts, skip_empty=True)
-    ao_fixed = decoder_time(plan, adaln=True, fixed=True)[0]
+    ao_fixed = decoder_time(plan, adaln=True, fixed=True, bucket=kv_bucket)[0]
     lines.append(f"| {T} | {len(plan)} / {sum(r for r, _, _ in plan)} | {ao_s:.3f} | {ao_fixed:.3f} | "
                  f"{ar_s:.3f} | {ar_fixed:.3f} | {mdm_s:.2f} | {mdmc_s:.2f} | {mdm_s / ao_s:.1f}x | "
                  f"{mdmc_s / ao_s:.1f}x | {ao_s / ar_s:.2f} | {ao_fixed / ar_fixed:.2f} | "
                  f"{bound} of {len(plan)} |")
-table = '\n'.join(lines)
-print(table)
+print(f"Fixed shapes with kv_bucket = {kv_bucket}:")
+print('\n'.join(lines))
 print(f"AR: {n} calls, each reading the {W * (P_block + d * V) / 1e9:.2f} GB of weights: "
       f"{ar_Y / 1e9:.0f} GB and {ar_F / 1e12:.1f} TFLOP in all")
+
+# What the span buckets buy: the fixed-shape floor over the dynamic one, and the graphs a run captures
+bks = [int(b) for b in buckets.split(',')]
+head = ['T'] + [f'kv_bucket {b}: floor / dynamic, graphs' for b in bks]
+lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+for name, plan, adaln in [(f'AO, T = {T}', p, True) for T, (_, p) in plans.items()] + [('AR', ar_plan, False)]:
+    dyn = decoder_time(plan, adaln)[0]
+    cells = [decoder_time(plan, adaln, fixed=True, bucket=b) for b in bks]
+    lines.append(f"| {name} | " + ' | '.join(f"{c[0] / dyn:.2f}x, {c[3]}" for c in cells) + ' |')
+print('\n'.join(lines))

@@ -6,12 +6,17 @@ Sampling wall time vs. the number of steps T, for one backbone size, measured si
   ar         plain L2R KV-cache decoding of a GPT, one token per call (independent of T)
   ao_static, ar_static   the same with fixed padded shapes (sample.SlotStepper 'static')
   ao_graph, ar_graph     those shapes captured once and replayed as CUDA graphs ('cuda_graph'; CUDA only)
-Speed does not depend on the weights, so the models are random. The ratios are the result.
+  mdm_graph, mdm_cache_graph   the encoder's one pass captured once and replayed (sample.EncoderStepper);
+             mdm_cache_graph is the best encoder baseline we can build: graphed, and skipping empty steps
+Speed does not depend on the weights, so the models are random. The ratios are the result. Each decoder
+sampler is warmed up at the smallest T and then run `repeats` times per T (the last one timed), so the
+graphs of the shapes a T uses are captured before the timed run; an encoder sampler has one shape, which
+its warm-up sees, so it runs once per T.
 
     python bench/sample_speed.py                                           # CPU, small defaults
     python bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 \
         --n=1024 --batch_size=32 --steps=64,128,256,512,1024              # the paper's setting, medium
-    python bench/sample_speed.py --device=cuda ... --samplers=ao,ao_graph,ar,ar_graph,mdm_cache
+    python bench/sample_speed.py --device=cuda ... --samplers=ao_graph,ar_graph,mdm,mdm_cache_graph --repeats=2
 """
 import os
 import sys
@@ -23,7 +28,7 @@ import torch  # noqa: E402
 from bench.common import append_benchmark  # noqa: E402
 from configurator import configure, print_config  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from sample import SlotStepper, generate_ao, generate_ar, generate_mdm  # noqa: E402
+from sample import EncoderStepper, SlotStepper, generate_ao, generate_ar, generate_mdm  # noqa: E402
 
 device = 'cpu'
 dtype = 'bfloat16'           # CUDA: weights cast to this dtype (no autocast casts per call); CPU: fp32
@@ -34,9 +39,10 @@ vocab_size = 50304
 n = 128                      # sequence length
 batch_size = 4
 steps = '16,32,64,128'       # comma-separated T values
-samplers = 'ao,mdm,mdm_cache,ar'  # also ao_static, ar_static, ao_graph, ar_graph (see above)
+samplers = 'ao,mdm,mdm_cache,ar'  # each optionally with _static or _graph (see above)
 seed = 0
-repeats = 1                  # run each setting this many times and time the last (2: shapes already seen)
+repeats = 1                  # decoders: run each T this many times and time the last (2: shapes already seen)
+kv_bucket = 128              # fixed-shape decoders: attend over the cache up to a multiple of this (0: all of it)
 sdpa = 'default'             # CUDA attention kernels: default (torch's choice) | nocudnn (flash, efficient, math)
 write = False                # append the table to BENCHMARKS.md
 config = configure(globals())
@@ -60,9 +66,9 @@ def build(**kw):
     return m.to(device=device, dtype=ptdtype).eval()
 
 
-def timed(fn):
-    """(seconds of the last of `repeats` runs, its stats)."""
-    for _ in range(repeats - 1):
+def timed(fn, reps):
+    """(seconds of the last of `reps` runs, its stats)."""
+    for _ in range(reps - 1):
         fn()
     if cuda:
         torch.cuda.synchronize()
@@ -78,22 +84,27 @@ def gen():
 
 
 res = {}  # (sampler, T) -> (seconds, stats)
-SUFFIX = {'': 'dynamic', '_static': 'static', '_graph': 'cuda_graph'}  # decoder samplers: ao*, ar*
-decoders = [(name, kind, SUFFIX[name[2:]]) for name in want for kind in ('ao', 'ar')
-            if name.startswith(kind) and name[2:] in SUFFIX]
-unknown = set(want) - {d[0] for d in decoders} - {'mdm', 'mdm_cache'}
+SUFFIX = {'': 'dynamic', '_static': 'static', '_graph': 'cuda_graph'}
+ENCODERS = {'mdm': False, 'mdm_cache': True}  # name -> MDLM's skip-empty-steps trick
+named = {}  # sampler -> (family, stepper mode): ao*/ar* decoders, mdm*/mdm_cache* encoders
+for name in want:
+    for base in ('ao', 'ar', 'mdm_cache', 'mdm'):
+        if name.startswith(base) and name[len(base):] in SUFFIX and name not in named:
+            named[name] = base, SUFFIX[name[len(base):]]
+unknown = [w for w in want if w not in named]
 if unknown:
-    sys.exit(f"error: unknown samplers {sorted(unknown)}; choose from ao, ar (each optionally with _static or "
-             f"_graph), mdm, mdm_cache")
-if not cuda and any(st == 'cuda_graph' for _, _, st in decoders):
+    sys.exit(f"error: unknown samplers {unknown}; choose from ao, ar, mdm, mdm_cache, each optionally with "
+             f"_static or _graph")
+if not cuda and any(mode == 'cuda_graph' for _, mode in named.values()):
     sys.exit("error: the _graph samplers need --device=cuda")
 for kind in ('ao', 'ar'):
-    mine = [(name, st) for name, k, st in decoders if k == kind]
+    mine = [(name, mode) for name, (k, mode) in named.items() if k == kind]
     if not mine:
         continue
     model = build(cond='adaln' if kind == 'ao' else 'none')
     for name, mode in mine:
-        st = SlotStepper(model, batch_size, mode)  # shared by the warm-up and the timed runs (its graphs)
+        # shared by the warm-up and the timed runs (its graphs)
+        st = SlotStepper(model, batch_size, mode, kv_bucket=kv_bucket)
         if kind == 'ao':
             def run(T, st=st):
                 return generate_ao(model, n, batch_size, T, generator=gen(), vocab_size=50257, stepper=st)
@@ -102,24 +113,28 @@ for kind in ('ao', 'ar'):
                 return generate_ar(model, n, batch_size, generator=gen(), vocab_size=50257, stepper=st)
         run(min(Ts))  # warm-up (kernels, allocator; the graphs of the shapes T = min(Ts) uses)
         for T in (Ts if kind == 'ao' else Ts[:1]):
-            res[name, T] = timed(lambda: run(T))
+            res[name, T] = timed(lambda: run(T), repeats)
         for T in Ts[1:] if kind == 'ar' else ():  # AR does not depend on T: one timing for every row
             res[name, T] = res[name, Ts[0]]
     del model
-if 'mdm' in want or 'mdm_cache' in want:
+mine = [(name, ENCODERS[k], mode) for name, (k, mode) in named.items() if k in ENCODERS]
+if mine:
     enc = build(cond='none', causal=False)
-    generate_mdm(enc, n, batch_size, min(Ts), generator=gen())
-    for T in Ts:
-        for name, trick in (('mdm', False), ('mdm_cache', True)):
-            if name in want:
-                res[name, T] = timed(lambda: generate_mdm(enc, n, batch_size, T, cache_trick=trick,
-                                                          generator=gen(), vocab_size=50257))
+    for name, trick, mode in mine:
+        st = EncoderStepper(enc, batch_size, n, mode)
+
+        def run(T, st=st, trick=trick):
+            return generate_mdm(enc, n, batch_size, T, cache_trick=trick, generator=gen(), vocab_size=50257,
+                                stepper=st)
+        run(min(Ts))  # warm-up: kernels, and the one shape (its graph)
+        for T in Ts:
+            res[name, T] = timed(lambda: run(T), 1)
     del enc
 
 cols = [c for c in want if any(c == k for k, _ in res)]
 aos = [c for c in cols if c.startswith('ao')]
 # the ratios: every encoder sampler over every AO variant, and every AO variant over its AR twin
-pairs = [(m, a) for a in aos for m in ('mdm', 'mdm_cache') if m in cols] + \
+pairs = [(m, a) for a in aos for m in cols if named[m][0] in ENCODERS] + \
         [(a, 'ar' + a[2:]) for a in aos if 'ar' + a[2:] in cols]
 head = ('| T | ' + ' | '.join(f'{c} s' for c in cols) + ' | ' + ' | '.join(f'{c} passes/calls' for c in cols)
         + ''.join(f' | {a} / {b}' for a, b in pairs) + ' |')
@@ -135,6 +150,8 @@ print(table)
 if write:
     append_benchmark('Sampling speed', cuda,
                      f"{n_layer}L/{n_embd}d/{n_head}H, n = {n}, batch {batch_size}, {dtype if cuda else 'fp32'} "
-                     f"weights, random init, sdpa={sdpa}, timing run {repeats} of {repeats}. passes = token-passes "
-                     f"per sample; calls = forward calls; _static = fixed padded shapes, _graph = the same "
-                     f"replayed as CUDA graphs (sample.SlotStepper).", table)
+                     f"weights, random init, sdpa={sdpa}; decoders: timing run {repeats} of {repeats} per T, "
+                     f"encoders: one run per T after a warm-up. passes = token-passes per sample; calls = forward "
+                     f"calls; _static = fixed padded shapes (decoders: spans of kv_bucket = {kv_bucket} slots), "
+                     f"_graph = the same replayed as CUDA graphs (sample.SlotStepper, sample.EncoderStepper).",
+                     table)

@@ -1,0 +1,72 @@
+"""The GPU suite's bench commands, run on the CPU at toy sizes. A device call is 10 minutes of a session's
+30, and a GPU comes to few sessions: none of it should go to a typo in a flag or a crash that a CPU
+could have found first. Only the device and the sizes change; every other flag is the suite's own."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+# per script, the sizes that make a run take seconds on a CPU (appended: the last value of a key wins)
+TOY = {
+    'bench/sample_speed.py': '--n_layer=1 --n_head=2 --n_embd=32 --n=32 --batch_size=2 --steps=4,16',
+    'bench/eval_speed.py': '--n_layer=1 --n_head=2 --n_embd=32 --n=16 --chunks=2 --exact_chunks=1 --batch_size=4',
+    'bench/train_speed.py': '--n_layer=1 --n_head=2 --n_embd=32 --block_size=32 --batch_size=2 --iters=1 '
+                            '--warmup=1',
+    'bench/profile_sampler.py': '--n_layer=1 --n_head=2 --n_embd=32 --n=32 --batch_size=2 --steps=4',
+}
+
+
+def suite_commands():
+    """Every `$PY bench/...` command in bench/gpu_suite.sh, as (group, argv) with the loops unrolled."""
+    text = open(os.path.join(ROOT, 'bench/gpu_suite.sh')).read().replace('\\\n', ' ')
+    out, group, loop = [], None, None
+    for line in text.splitlines():
+        line = line.strip()
+        if m := re.match(r'if \[\[ \$what == (\w+)', line):
+            group = m.group(1)
+        if m := re.match(r'for (\w+) in (.*); do', line):
+            loop = m.group(1), shlex.split(m.group(2))
+        if line.startswith('$PY bench/'):
+            cmd = line.split(' 2>&1')[0].removeprefix('$PY ')
+            for value in loop[1] if loop and f'${loop[0]}' in cmd else [None]:
+                out.append((group, shlex.split(cmd.replace(f'${loop[0]}', value) if value is not None else cmd)))
+        if line == 'done':
+            loop = None
+    return out
+
+
+def on_cpu(argv):
+    """The suite's command with the CPU as its device: _graph samplers become their eager fixed-shape twins
+    (the same code but the capture), no compile, no cuDNN, nothing written to BENCHMARKS.md."""
+    swap = {'--device=cuda': '--device=cpu', '--compile=True': '--compile=False', '--write=True': '--write=False',
+            '--stepper=cuda_graph': '--stepper=static', '--sdpa=cudnn': '--sdpa=default'}
+    args = [swap.get(a, a) for a in argv[1:]]
+    args = [re.sub(r'_graph\b', '_static', a) if a.startswith('--samplers=') else a for a in args]
+    return [sys.executable, argv[0]] + args + TOY[argv[0]].split()
+
+
+COMMANDS = suite_commands()
+
+
+def test_the_suite_is_read_whole():
+    groups = {g for g, _ in COMMANDS}
+    assert {'sample', 'graphs', 'spans', 'tune', 'train'} <= groups
+    assert sum(g == 'spans' for g, _ in COMMANDS) == 3 and sum(g == 'tune' for g, _ in COMMANDS) == 2
+    assert all(argv[0] in TOY for _, argv in COMMANDS)
+
+
+@pytest.mark.parametrize('group,argv', COMMANDS, ids=[f'{g}-{a[0][6:-3]}-{i}' for i, (g, a) in enumerate(COMMANDS)])
+def test_suite_command_runs_on_cpu(group, argv, tmp_path):
+    r = subprocess.run(on_cpu(argv), cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, 'PYTHONPATH': ROOT})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    if argv[0] != 'bench/profile_sampler.py':  # the others print a markdown table with a row per setting
+        rows = [ln for ln in r.stdout.splitlines() if ln.startswith('| ') and not ln.startswith('| T ')]
+        assert rows and all('nan' not in ln for ln in rows), r.stdout[-2000:]
+    else:
+        assert re.search(r'total [\d.]+ s over \d+ calls', r.stdout), r.stdout[-2000:]
