@@ -421,6 +421,25 @@ def test_cuda_graph_stepper_equals_eager_on_gpu(how, monkeypatch):
             assert torch.equal(xg, xs) and torch.equal(xs, xd)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU (bench/gpu_suite.sh graphs)')
+def test_bf16_logits_are_drawn_in_float64_on_gpu(monkeypatch):
+    """On the GPU, as on the CPU, tokens are drawn in float64 from the model's bf16 logits: every draw of a
+    graphed bf16 sampling run equals the CPU's draw from the same logits and uniforms."""
+    model = sharp(tiny(block_size=40, seed=8), 3.0).to('cuda', torch.bfloat16)
+    real, seen = sample.sample_tokens, []
+
+    def spy(logits, u, *a, **k):
+        out = real(logits, u, *a, **k)
+        seen.append((logits.cpu(), u.cpu(), out.cpu(), a, k))
+        return out
+    monkeypatch.setattr(sample, 'sample_tokens', spy)
+    generate_ao(model, 40, 3, 7, top_p=0.9, generator=gen(7), stepper='cuda_graph')
+    assert seen
+    for logits, u, out, a, k in seen:
+        assert logits.dtype == torch.bfloat16 and u.dtype == torch.float64
+        assert torch.equal(real(logits, u, *a, **k), out)
+
+
 def test_a_stepper_serves_many_runs():
     """A reused stepper (how the CLI and the bench keep their CUDA graphs across batches) starts each run
     from an empty cache: the same samples as a fresh one, whatever ran before."""
