@@ -10,7 +10,8 @@
 #                                    # whole cache (0), then the profile of graphed AO at T=128
 #   bash bench/gpu_suite.sh pytest   # the whole test suite on the GPU machine (missing packages listed first)
 #   bash bench/gpu_suite.sh tune     # the training levers not yet tried on the H100 (BENCHMARKS.md):
-#                                    # micro-batch 32, and cuDNN attention, for ao_table and gpt
+#                                    # micro-batch 32 (with a kernel profile by kind), and cuDNN attention,
+#                                    # for ao_table and gpt
 # Tables are appended to BENCHMARKS.md (copied to $OUT when set); logs go to ${OUT:-/tmp}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +52,7 @@ if [[ $what == pytest ]]; then
 fi
 
 if [[ $what == tune || $what == all ]]; then
-  for extra in "--batch_size=32" "--batch_size=16 --sdpa=cudnn"; do
+  for extra in "--batch_size=32 --profile=True" "--batch_size=16 --sdpa=cudnn"; do
     $PY bench/train_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 \
         --compile=True --iters=15 --warmup=3 --models=ao_table,gpt $extra --write=True 2>&1 | grep -v '^  '
   done

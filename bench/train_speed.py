@@ -42,6 +42,7 @@ models = 'ao,ao_table,gpt,mdm'
 peak_flops: float = None     # FLOP/s for MFU; None: measure a bf16 matmul on CUDA, skip MFU on CPU
 sdpa = 'default'             # attention kernel on CUDA: default | flash | cudnn | efficient
 write = False                # append the table to BENCHMARKS.md
+profile = False              # after timing, profile 3 steps of each model and print where the time goes
 seed = 0
 config = configure(globals())
 print_config(config)
@@ -84,6 +85,35 @@ def measure_matmul_peak():
 if peak_flops is None and cuda:
     peak_flops = measure_matmul_peak()
     print(f"measured bf16 matmul peak: {peak_flops / 1e12:.0f} TFLOP/s")
+
+# kernel (GPU) or op (CPU) names -> what they do; the first match wins, the rest is 'other'
+KINDS = [('matmul', ('gemm', 'cutlass', 'nvjet', 'xmma', 'aten::mm', 'aten::addmm', 'aten::bmm', 'matmul')),
+         ('attention', ('flash', 'fmha', 'attention', 'cudnn', 'scaled_dot_product')),
+         ('fused elementwise (triton)', ('triton',)),
+         ('softmax / cross-entropy', ('softmax', 'nll_loss', 'cross_entropy')),
+         ('optimizer', ('adam', 'foreach', 'multi_tensor')),
+         ('copy/cast', ('copy', 'cast', 'to_copy', 'memcpy'))]
+
+
+def where_time_goes(name, step, steps=3):
+    """Profile `steps` training steps: the share of kernel time (CPU: op time) by kind, and the top ops."""
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        sync()
+    key = 'self_device_time_total' if cuda else 'self_cpu_time_total'
+    evs = [(e.key, getattr(e, key)) for e in prof.key_averages() if getattr(e, key, 0) > 0]
+    total = sum(t for _, t in evs)
+    kinds = {}
+    for k, t in evs:
+        kind = next((kind for kind, words in KINDS if any(w in k.lower() for w in words)), 'other')
+        kinds[kind] = kinds.get(kind, 0) + t
+    print(f"profile {name}: {total / steps / 1e3:.1f} ms of {'GPU kernel' if cuda else 'CPU op'} time per step: "
+          + ', '.join(f"{kind} {100 * t / total:.0f}%" for kind, t in sorted(kinds.items(), key=lambda kv: -kv[1])))
+    for k, t in sorted(evs, key=lambda kv: -kv[1])[:10]:
+        print(f"profile {name}: {100 * t / total:5.1f}%  {k[:100]}")
+
 
 VARIANTS = {
     'ao': dict(cond='adaln'),
@@ -129,6 +159,8 @@ def bench(name):
     dt = (time.perf_counter() - t0) / iters
     if cuda:
         act_mem = torch.cuda.max_memory_allocated() - held
+    if profile:
+        where_time_goes(name, step)
     tok_s = batch_size * block_size / dt
     mfu = model.estimate_mfu(tok_s, peak_flops, block_size) if peak_flops else None
     row = dict(model=name, params=model.get_num_params(), ms=dt * 1e3, tok_s=tok_s, mfu=mfu, act_mem=act_mem,
