@@ -12,7 +12,8 @@
 #   bash bench/gpu_suite.sh tune     # the training levers not yet tried on the H100 (BENCHMARKS.md):
 #                                    # micro-batch 32 (with a kernel profile by kind), and cuDNN attention,
 #                                    # for ao_table and gpt
-# Tables are appended to BENCHMARKS.md (copied to $OUT when set); logs go to ${OUT:-/tmp}.
+# Tables are appended to BENCHMARKS.md (copied to $OUT when set); logs go to ${OUT:-/tmp}: every bench
+# command's whole output (tracebacks too; the console shows it without the config lines) to bench_full.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -22,22 +23,22 @@ what=${1:-all}
 
 if [[ $what == sample || $what == all ]]; then
   $PY bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
-      --steps=64,128,256,512,1024 --write=True 2>&1 | grep -v '^  '
+      --steps=64,128,256,512,1024 --write=True 2>&1 | tee -a $LOG/bench_full.log | grep -v '^  '
   $PY bench/eval_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --n=1024 --chunks=32 \
-      --exact_chunks=1 --batch_size=64 --write=True 2>&1 | grep -v '^  '
+      --exact_chunks=1 --batch_size=64 --write=True 2>&1 | tee -a $LOG/bench_full.log | grep -v '^  '
 fi
 
 if [[ $what == graphs || $what == all ]]; then
-  $PY -m pytest -q tests/test_sample.py -k "on_gpu or encoder_stepper" 2>&1 | tail -n 5
+  $PY -m pytest -q tests/test_sample.py -k "on_gpu or encoder_stepper" 2>&1 | tee $LOG/gpu_tests.log | tail -n 8
   $PY bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
       --steps=64,128,256,512,1024 --samplers=ao_graph,ar_graph,mdm,mdm_cache_graph --repeats=2 \
-      --write=True 2>&1 | grep -v '^  '
+      --write=True 2>&1 | tee -a $LOG/bench_full.log | grep -v '^  '
 fi
 
 if [[ $what == spans || $what == all ]]; then
   for kvb in 128 0; do
     $PY bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
-        --steps=64,256,1024 --samplers=ao_graph,ar_graph --repeats=2 --kv_bucket=$kvb --write=True 2>&1 | grep -v '^  '
+        --steps=64,256,1024 --samplers=ao_graph,ar_graph --repeats=2 --kv_bucket=$kvb --write=True 2>&1 | tee -a $LOG/bench_full.log | grep -v '^  '
   done
   $PY bench/profile_sampler.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
       --steps=128 --stepper=cuda_graph 2>&1 | tee $LOG/profile_graph.log | head -n 30
@@ -54,13 +55,13 @@ fi
 if [[ $what == tune || $what == all ]]; then
   for extra in "--batch_size=32 --profile=True" "--batch_size=16 --sdpa=cudnn"; do
     $PY bench/train_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 \
-        --compile=True --iters=15 --warmup=3 --models=ao_table,gpt $extra --write=True 2>&1 | grep -v '^  '
+        --compile=True --iters=15 --warmup=3 --models=ao_table,gpt $extra --write=True 2>&1 | tee -a $LOG/bench_full.log | grep -v '^  '
   done
 fi
 
 if [[ $what == train || $what == all ]]; then
   $PY bench/train_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 \
-      --batch_size=16 --compile=True --iters=15 --warmup=3 --write=True 2>&1 | grep -v '^  '
+      --batch_size=16 --compile=True --iters=15 --warmup=3 --write=True 2>&1 | tee -a $LOG/bench_full.log | grep -v '^  '
   # train.py on CUDA, on the embedded PTB bins: a 6L/384d AO-GPT, block 256
   common="config/train_ptb_tiny.py --device=cuda --n_layer=6 --n_head=6 --n_embd=384 --block_size=256
           --batch_size=32 --max_iters=300 --lr_decay_iters=300 --eval_interval=50 --eval_iters=8

@@ -21,6 +21,7 @@ its warm-up sees, so it runs once per T.
 import os
 import sys
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
@@ -97,38 +98,49 @@ if unknown:
              f"_static or _graph")
 if not cuda and any(mode == 'cuda_graph' for _, mode in named.values()):
     sys.exit("error: the _graph samplers need --device=cuda")
+failed = {}  # sampler -> its error: one sampler's crash (a capture that fails on a new GPU, say) must not
+#              cost the other samplers' numbers, which a device call of a few minutes went to measure
+
+
+def measure(name, setup, Ts_timed, reps):
+    """run = setup(); warm up at the smallest T, then time run(T) at each T. On an error, record it and drop
+    the sampler."""
+    try:
+        run = setup()
+        run(min(Ts))  # warm-up: kernels, allocator, and the graphs of the shapes T = min(Ts) uses
+        for T in Ts_timed:
+            res[name, T] = timed(lambda: run(T), reps)
+    except Exception as e:  # noqa: BLE001 (reported below the table, the traceback on stderr)
+        traceback.print_exc()
+        failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        for T in Ts:
+            res.pop((name, T), None)
+
+
 for kind in ('ao', 'ar'):
     mine = [(name, mode) for name, (k, mode) in named.items() if k == kind]
     if not mine:
         continue
     model = build(cond='adaln' if kind == 'ao' else 'none')
     for name, mode in mine:
-        # shared by the warm-up and the timed runs (its graphs)
-        st = SlotStepper(model, batch_size, mode, kv_bucket=kv_bucket)
-        if kind == 'ao':
-            def run(T, st=st):
-                return generate_ao(model, n, batch_size, T, generator=gen(), vocab_size=50257, stepper=st)
-        else:
-            def run(T, st=st):
-                return generate_ar(model, n, batch_size, generator=gen(), vocab_size=50257, stepper=st)
-        run(min(Ts))  # warm-up (kernels, allocator; the graphs of the shapes T = min(Ts) uses)
-        for T in (Ts if kind == 'ao' else Ts[:1]):
-            res[name, T] = timed(lambda: run(T), repeats)
-        for T in Ts[1:] if kind == 'ar' else ():  # AR does not depend on T: one timing for every row
+        def setup(mode=mode):
+            st = SlotStepper(model, batch_size, mode, kv_bucket=kv_bucket)  # one for all runs: its graphs
+            if kind == 'ao':
+                return lambda T: generate_ao(model, n, batch_size, T, generator=gen(), vocab_size=50257, stepper=st)
+            return lambda T: generate_ar(model, n, batch_size, generator=gen(), vocab_size=50257, stepper=st)
+        measure(name, setup, Ts if kind == 'ao' else Ts[:1], repeats)
+        for T in Ts[1:] if kind == 'ar' and name not in failed else ():  # AR does not depend on T
             res[name, T] = res[name, Ts[0]]
     del model
 mine = [(name, ENCODERS[k], mode) for name, (k, mode) in named.items() if k in ENCODERS]
 if mine:
     enc = build(cond='none', causal=False)
     for name, trick, mode in mine:
-        st = EncoderStepper(enc, batch_size, n, mode)
-
-        def run(T, st=st, trick=trick):
-            return generate_mdm(enc, n, batch_size, T, cache_trick=trick, generator=gen(), vocab_size=50257,
-                                stepper=st)
-        run(min(Ts))  # warm-up: kernels, and the one shape (its graph)
-        for T in Ts:
-            res[name, T] = timed(lambda: run(T), 1)
+        def setup(mode=mode, trick=trick):
+            st = EncoderStepper(enc, batch_size, n, mode)
+            return lambda T: generate_mdm(enc, n, batch_size, T, cache_trick=trick, generator=gen(),
+                                          vocab_size=50257, stepper=st)
+        measure(name, setup, Ts, 1)  # one shape, seen in the warm-up
     del enc
 
 cols = [c for c in want if any(c == k for k, _ in res)]
@@ -146,6 +158,8 @@ for T in Ts:
     lines.append(f"| {T} | {secs} | {work}{ratios} |")
 table = '\n'.join(lines)
 print(table)
+for name, err in failed.items():
+    print(f"FAILED {name}: {err} (traceback above)")
 
 if write:
     append_benchmark('Sampling speed', cuda,
@@ -154,4 +168,6 @@ if write:
                      f"encoders: one run per T after a warm-up. passes = token-passes per sample; calls = forward "
                      f"calls; _static = fixed padded shapes (decoders: spans of kv_bucket = {kv_bucket} slots), "
                      f"_graph = the same replayed as CUDA graphs (sample.SlotStepper, sample.EncoderStepper).",
-                     table)
+                     table + ''.join(f"\n\nFAILED {name}: {err}" for name, err in failed.items()))
+if failed:
+    sys.exit(1)

@@ -70,3 +70,14 @@ def test_suite_command_runs_on_cpu(group, argv, tmp_path):
         assert rows and all('nan' not in ln for ln in rows), r.stdout[-2000:]
     else:
         assert re.search(r'total [\d.]+ s over \d+ calls', r.stdout), r.stdout[-2000:]
+
+
+def test_one_failing_sampler_does_not_cost_the_others():
+    """A sampler that raises (here: a stepper refusing its kv_bucket) is reported in one line under the
+    table and the exit status is 1, but the other samplers are still measured and tabled."""
+    r = subprocess.run([sys.executable, 'bench/sample_speed.py', '--samplers=ao_static,mdm_cache', '--kv_bucket=24',
+                        *TOY['bench/sample_speed.py'].split()], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    assert re.search(r'^FAILED ao_static: ValueError: kv_bucket must be', r.stdout, re.M), r.stdout
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith('| ')]
+    assert 'mdm_cache s' in rows[0] and 'ao_static' not in rows[0] and len(rows) == 1 + 2, r.stdout  # the head, T = 4 and 16
