@@ -601,6 +601,7 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, tim
           f"{c.block_size} characters, LR {c.learning_rate} nearly constant after warmup, EMA "
           f"{c.ema_decay}. Losses are nats per character on {c.eval_iters * c.batch_size} fixed val "
           f"windows (EMA weights); \"end\" = mean of the last 3 evals.", '',
+          "Earlier runs, trials and other hosts: the lab notebook, [notes.md](notes.md) (written by hand).", '',
           '| # | claim | verdict | evidence |', '|---|---|---|---|']
     for i, claim, fig, (v, ev) in findings:
         figlink = f" ([plot]({fig}))" if fig else ''
