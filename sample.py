@@ -327,7 +327,7 @@ class KVCache:
         if self.k is None:  # allocated lazily, so the dtype follows autocast
             self.allocate(k.device, k.dtype)
         K, V = self.k[layer], self.v[layer]
-        if self.static:  # no slicing by a device-side length: a fixed span, under the call's mask
+        if self.static:  # not cut at the live length (new every call): a span of a few sizes, and a mask
             K.index_copy_(2, self.write_idx, k.to(K.dtype))
             V.index_copy_(2, self.write_idx, v.to(V.dtype))
             return K[:, :, :self.span], V[:, :, :self.span]
