@@ -110,6 +110,8 @@ def measure(name, setup, Ts_timed, reps):
         run(min(Ts))  # warm-up: kernels, allocator, and the graphs of the shapes T = min(Ts) uses
         for T in Ts_timed:
             res[name, T] = timed(lambda: run(T), reps)
+            secs, st = res[name, T]  # as it goes: a call cut off by its time limit keeps what it measured
+            print(f"{name} T={T}: {secs:.2f} s, {st['token_passes']}/{st['forward_calls']} passes/calls", flush=True)
     except Exception as e:  # noqa: BLE001 (reported below the table, the traceback on stderr)
         traceback.print_exc()
         failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
