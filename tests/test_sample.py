@@ -845,8 +845,9 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     code, out, err = cli('--ckpt', str(tmp_path / 'gpt.pt'), '--prompt', 'Hello', '--length', '6')
     assert code == 0, err
     assert 'L2R GPT' in out and out.count('---------- sample') == 4
-    # the fixed-shape stepper gives the same samples as the default
-    for ck in ('ao.pt', 'gpt.pt'):
+    # the fixed-shape stepper gives the same samples as the default, for the decoders and the encoder
+    write_ckpt(tmp_path / 'mdm.pt', cond='none', causal=False, seed=3)
+    for ck in ('ao.pt', 'gpt.pt', 'mdm.pt'):
         for st in ('dynamic', 'static'):
             code, out, err = cli('--ckpt', str(tmp_path / ck), '--length', '9', '--steps', '4', '--stepper', st,
                                  '--save', str(tmp_path / f'{st}.json'))
