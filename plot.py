@@ -23,13 +23,22 @@ def _pyplot():
 
 
 def finish(plt, fig, ax, path, title, xlabel, ylabel, legend=True):
-    """Labels, grid and legend, then write the PNG (atomically: a reader never sees half a file)."""
+    """Labels, grid and legend, then write the PNG."""
+    _label(ax, title, xlabel, ylabel, legend)
+    _save(plt, fig, path)
+
+
+def _label(ax, title, xlabel, ylabel, legend=True):
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     if legend:
         ax.legend(fontsize=8)
+
+
+def _save(plt, fig, path):
+    """Write the PNG atomically: a reader never sees half a file."""
     fig.tight_layout()
     tmp = f'{path}.tmp.png'
     fig.savefig(tmp, dpi=110)
@@ -63,19 +72,27 @@ def xy(path, title, xs, series, xlabel, ylabel, logx=True, logy=False):
     finish(plt, fig, ax, path, title, xlabel, ylabel)
 
 
-def lines(path, title, series, xlabel, ylabel, logx=False, logy=False):
-    """series: [(label, xs, ys, style)], each line on its own xs."""
+def lines(path, title, panels, ylabel, logy=False):
+    """panels: [(subtitle, series, xlabel, logx)] side by side, sharing the y axis; series: [(label, xs,
+    ys, style)], each line on its own xs. The legend is drawn in the first panel."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
-    for label, xs, ys, style in series:
-        ax.plot(xs, ys, style, label=label, lw=1.5, ms=4)
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
-    for on, axis, scale in ((logx, ax.xaxis, ax.set_xscale), (logy, ax.yaxis, ax.set_yscale)):
-        if on:  # plain numbers on the major ticks, none on the minor ones (they collide)
-            scale('log')
-            axis.set_major_formatter(ScalarFormatter())
-            axis.set_minor_formatter(NullFormatter())
-    finish(plt, fig, ax, path, title, xlabel, ylabel)
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), sharey=True, squeeze=False)
+    for i, (ax, (subtitle, series, xlabel, logx)) in enumerate(zip(axes[0], panels)):
+        for label, xs, ys, style in series:
+            ax.plot(xs, ys, style, label=label, lw=1.5, ms=4)
+        for on, axis, scale in ((logx, ax.xaxis, ax.set_xscale), (logy, ax.yaxis, ax.set_yscale)):
+            if on:  # plain numbers at 1, 2, 5 x 10^k (a range under a decade still gets labels), no minor ones
+                scale('log')
+                axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+                axis.set_major_formatter(ScalarFormatter())
+                axis.set_minor_formatter(NullFormatter())
+        ticks = sorted({x for _, xs, _, _ in series for x in xs})
+        if len(ticks) <= 8:  # a few shared x values (steps T, say): label each of them
+            ax.set_xticks(ticks, [f'{t:g}' for t in ticks])
+        _label(ax, subtitle, xlabel, ylabel if i == 0 else '', legend=i == 0)
+    fig.suptitle(title, fontsize=11)
+    _save(plt, fig, path)
 
 
 def read_log(path):

@@ -4,6 +4,7 @@ Reproduce the paper's seven qualitative findings at small scale, and judge each 
     python reproduce.py                  # everything: 15-25 minutes on 2 CPU cores -> results/
     python reproduce.py --quick          # the pipeline end to end in about a minute; judges nothing
     python reproduce.py --device=cuda    # the same runs on a GPU
+    python reproduce.py --replot         # only redraw results/*.png from results/results.json
 
 Setting. Character-level Penn Treebank (data/ptb_char, 49 symbols, prepared on first use), context 32,
 2 layers x 64 wide (~0.1M parameters), the same architecture for every decoder run. Why so small: an
@@ -48,6 +49,7 @@ import numpy as np
 
 # -----------------------------------------------------------------------------
 quick = False            # tiny runs: the whole pipeline in a few minutes; nothing is judged
+replot = False           # only redraw the plots from results_dir/results.json (nothing trained or evaluated)
 device = 'cpu'           # cpu | cuda
 results_dir = ''         # '' = results/ (--quick: out-reproduce-quick/results)
 jobs = 0                 # training runs at once (0 = one per CPU core, or 1 on cuda)
@@ -432,6 +434,8 @@ def gen_summary(rows, key='per_sequence'):
 
 def main(argv=None):
     c, cmd = read_config(argv)
+    if c.replot:
+        return redraw(c)
     t_all, timing = time.time(), {}
     prepare_data()
     names = [k for k in RUNS if not (c.quick and k == 'ao_seed2')]
@@ -501,6 +505,19 @@ FIGS = {1: 'f1_ao_vs_l2r.png', 2: 'f2_orders.png', 3: 'f3_l2r_mix.png', 4: 'f4_e
         5: 'f5_adaln_sigma.png', 6: 'f6_sampling_time.png', 7: 'f7_gen_ppl.png', '7b': 'f7b_gen_ppl_annealed.png'}
 
 
+def redraw(c):
+    """The plots again from results.json, as the run that wrote it would draw them now: a change to a
+    plot needs no rerun of the findings."""
+    path = os.path.join(c.results_dir, 'results.json')
+    if not os.path.exists(path):
+        die(f"no {path}: run `python reproduce.py` (or --quick) first")
+    d = json.load(open(path))
+    for k in ('sample_batch', 'sample_n', 'device'):  # what the plots' titles say of that run
+        setattr(c, k, d['config'][k])
+    figs = draw_plots(c, d['logs'], d['ensemble'], d['sampling'], d['generation'])
+    print(f"redrew {len(figs)} plots in {c.results_dir} from {path}")
+
+
 def draw_plots(c, logs, ens, samp, gen):
     res, tok = c.results_dir, lambda k, key: curve(logs[k], key)
     path = lambda i: os.path.join(res, FIGS[i])  # noqa: E731
@@ -534,15 +551,17 @@ def draw_plots(c, logs, ens, samp, gen):
              ('encoder MDM', [r['enc_s'] for r in samp], '-s')], 'steps T', 'wall time (s)', logy=True)
     styles = {'ao': '-o', 'ao_seed2': ':o', 'mdm': '-s', 'ao, blocks:8': '--^', 'ao, confidence': '-.d'}
     for i, setting in ((7, GEN_SETTINGS[0]), ('7b', GEN_SETTINGS[-1])):
-        series = []
-        for label, style in styles.items():
-            pts = sorted((r['token_passes'], r['per_sequence']) for r in gen if r['sampler'] == label and
-                         (r['top_p'], r['temperature']) == setting)
-            if pts:
-                series.append((label, [p for p, _ in pts], [v for _, v in pts], style))
-        plot.lines(path(i), f"Finding 7: gen PPL (judge: L2R GPT), top-p {setting[0]}, T {setting[1]}", series,
-                   f"token-passes per sample (T = {gen[0]['T']} .. {gen[-1]['T']})", 'gen PPL per char',
-                   logx=True, logy=True)
+        cells = {label: sorted((r['T'], r['token_passes'], r['per_sequence']) for r in gen if r['sampler'] == label
+                               and (r['top_p'], r['temperature']) == setting) for label in styles}
+        # the same points twice: against the steps T, and against what they cost (the Lemma-1 samplers do
+        # under 2n token-passes for every T, so there they bunch up; the lines follow T either way)
+        by_T = [(label, [T for T, _, _ in c], [v for _, _, v in c], styles[label]) for label, c in cells.items() if c]
+        by_cost = [(label, [p for _, p, _ in c], [v for _, _, v in c], styles[label])
+                   for label, c in cells.items() if c]
+        plot.lines(path(i), f"Finding 7: gen PPL (judge: L2R GPT), top-p {setting[0]}, temperature {setting[1]}",
+                   [('against the steps', by_T, 'steps T', True),
+                    ('against the cost (in order of T)', by_cost, 'token-passes per sample', True)],
+                   'gen PPL per char', logy=True)
     return FIGS
 
 

@@ -3,6 +3,7 @@ the cases where the data contradicts the paper (those must come out 'not reprodu
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -145,3 +146,16 @@ def test_quick_pipeline_runs_end_to_end(tmp_path):
     assert {r['sampler'] for r in gen} == {'ao', 'mdm', 'ao, blocks:8', 'ao, confidence'}
     assert len(gen) == 4 * len(R.GEN_SETTINGS) * 2  # quick: two step counts
     assert all(r['per_sequence'] > 1 and r['token'] > 1 and r['unigram_entropy'] > 0 for r in gen)
+    # --replot redraws every plot from results.json alone (the runs gone), and leaves the record as it was
+    record = (res / 'results.json').read_bytes()
+    for f in res.glob('*.png'):
+        f.unlink()
+    shutil.rmtree(runs)
+    p = subprocess.run([sys.executable, 'reproduce.py', '--replot', f'--results_dir={res}'], cwd=R.ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and 'redrew' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    assert sorted(f.name for f in res.glob('*.png')) == sorted(R.FIGS.values())
+    assert (res / 'results.json').read_bytes() == record
+    p = subprocess.run([sys.executable, 'reproduce.py', '--replot', f'--results_dir={tmp_path / "none"}'],
+                       cwd=R.ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and p.stderr.count('\n') == 1 and 'run `python reproduce.py`' in p.stderr, p.stderr
