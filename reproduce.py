@@ -555,9 +555,10 @@ def draw_plots(c, logs, ens, samp, gen):
                                and (r['top_p'], r['temperature']) == setting) for label in styles}
         # the same points twice: against the steps T, and against what they cost (the Lemma-1 samplers do
         # under 2n token-passes for every T, so there they bunch up; the lines follow T either way)
-        by_T = [(label, [T for T, _, _ in c], [v for _, _, v in c], styles[label]) for label, c in cells.items() if c]
-        by_cost = [(label, [p for _, p, _ in c], [v for _, _, v in c], styles[label])
-                   for label, c in cells.items() if c]
+        by_T = [(label, [T for T, _, _ in pts], [v for _, _, v in pts], styles[label])
+                for label, pts in cells.items() if pts]
+        by_cost = [(label, [p for _, p, _ in pts], [v for _, _, v in pts], styles[label])
+                   for label, pts in cells.items() if pts]
         plot.lines(path(i), f"Finding 7: gen PPL (judge: L2R GPT), top-p {setting[0]}, temperature {setting[1]}",
                    [('against the steps', by_T, 'steps T', True),
                     ('against the cost (in order of T)', by_cost, 'token-passes per sample', True)],

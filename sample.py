@@ -283,6 +283,7 @@ def free_order(order, free, batch_size, generator=None):
 # ----------------------------------------------------------------------------- the samplers
 
 _STEPPERS = ('dynamic', 'static', 'cuda_graph')
+KV_BUCKET = 128  # fixed-shape calls attend over the cache up to a multiple of this many slots (SlotStepper)
 
 
 class KVCache:
@@ -409,7 +410,7 @@ class SlotStepper:
     counts both).
     """
 
-    def __init__(self, model, batch_size, mode='dynamic', kv_bucket=128):
+    def __init__(self, model, batch_size, mode='dynamic', kv_bucket=KV_BUCKET):
         dev = _stepper_device(model, mode)
         if kv_bucket < 0 or kv_bucket % 16:
             raise ValueError(f"kv_bucket must be 0 (the whole cache) or a positive multiple of 16 (the SDPA mask "

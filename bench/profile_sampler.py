@@ -25,7 +25,7 @@ n = 128
 batch_size = 4
 steps = 16
 stepper = 'dynamic'          # dynamic | static | cuda_graph (sample.SlotStepper)
-kv_bucket = 128              # fixed shapes: attend over the cache up to a multiple of this (0: all of it)
+kv_bucket = sample.KV_BUCKET  # fixed shapes: attend over the cache up to a multiple of this (0: all of it)
 configure(globals())
 
 cuda = device.startswith('cuda')

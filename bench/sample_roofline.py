@@ -18,7 +18,6 @@ Activations are not counted: in a call of a few rows per sample (most calls at l
 smaller than the weights, and the calls with many rows, like every encoder pass, are compute-bound even
 with them. Neither is the token draw (a float64 softmax over the k predicted rows).
 """
-import inspect
 import os
 import sys
 
@@ -26,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from configurator import configure, print_config  # noqa: E402
-from sample import KVCache, SlotStepper, ao_calls, draw_plan  # noqa: E402
+from sample import KV_BUCKET, KVCache, SlotStepper, ao_calls, draw_plan  # noqa: E402
 
 n_layer = 24
 n_embd = 1024
@@ -38,7 +37,7 @@ steps = '64,128,256,512,1024'
 peak_flops = 792e12          # bf16 matmul FLOP/s: the H100 peak measured in BENCHMARKS.md (datasheet 989e12)
 hbm_bandwidth = 3.35e12      # bytes/s: H100 SXM HBM3 datasheet
 seed = 0                     # the sampler's seed: the same plans bench/sample_speed.py times
-kv_bucket = inspect.signature(SlotStepper).parameters['kv_bucket'].default  # the fixed-shape spans (sample.py)
+kv_bucket = KV_BUCKET         # the fixed-shape spans: the sampler's own default
 buckets = '0,64,128,256'     # span buckets to compare (0: attend over the whole cache)
 config = configure(globals())
 print_config(config)
@@ -97,9 +96,10 @@ cols = ['T', 'AO calls / token-passes', 'AO floor s', 'AO fixed-shape floor s', 
         'encoder+cache / AO', 'AO / AR', 'AO / AR, fixed shapes', 'AO: compute-bound calls']
 lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
 Ts = [int(t) for t in steps.split(',')]
-plans = {T: (draw_plan(n, B, T, generator=torch.Generator().manual_seed(seed))[2].tolist(),)  # generate_ao's
-         for T in Ts}                                                                       # own counts
-plans = {T: (c, ao_calls(c)) for T, (c,) in plans.items()}                                  # and calls
+plans = {}  # T -> generate_ao's own counts and calls
+for T in Ts:
+    counts = draw_plan(n, B, T, generator=torch.Generator().manual_seed(seed))[2].tolist()
+    plans[T] = counts, ao_calls(counts)
 for T, (counts, plan) in plans.items():
     ao_s = decoder_time(plan, adaln=True)[0]
     bound = sum(1 for r, L, k in plan  # matmul time over weight-read time, as in the docstring's counts

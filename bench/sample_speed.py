@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from bench.common import append_benchmark  # noqa: E402
 from configurator import configure, print_config  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from sample import EncoderStepper, SlotStepper, generate_ao, generate_ar, generate_mdm  # noqa: E402
+from sample import KV_BUCKET, EncoderStepper, SlotStepper, generate_ao, generate_ar, generate_mdm  # noqa: E402
 
 device = 'cpu'
 dtype = 'bfloat16'           # CUDA: weights cast to this dtype (no autocast casts per call); CPU: fp32
@@ -43,7 +43,7 @@ steps = '16,32,64,128'       # comma-separated T values
 samplers = 'ao,mdm,mdm_cache,ar'  # each optionally with _static or _graph (see above)
 seed = 0
 repeats = 1                  # decoders: run each T this many times and time the last (2: shapes already seen)
-kv_bucket = 128              # fixed-shape decoders: attend over the cache up to a multiple of this (0: all of it)
+kv_bucket = KV_BUCKET         # fixed-shape decoders: attend over the cache up to a multiple of this (0: all of it)
 sdpa = 'default'             # CUDA attention kernels: default (torch's choice) | nocudnn (flash, efficient, math)
 write = False                # append the table to BENCHMARKS.md
 config = configure(globals())
@@ -90,7 +90,7 @@ ENCODERS = {'mdm': False, 'mdm_cache': True}  # name -> MDLM's skip-empty-steps 
 named = {}  # sampler -> (family, stepper mode): ao*/ar* decoders, mdm*/mdm_cache* encoders
 for name in want:
     for base in ('ao', 'ar', 'mdm_cache', 'mdm'):
-        if name.startswith(base) and name[len(base):] in SUFFIX and name not in named:
+        if name.startswith(base) and name[len(base):] in SUFFIX:  # mdm_cache*: never mdm + a suffix
             named[name] = base, SUFFIX[name[len(base):]]
 unknown = [w for w in want if w not in named]
 if unknown:
