@@ -29,10 +29,10 @@ Public interface
   model.forward_slots(tok, pos, tgt, mask=None, kv=None, n_logits=None)
       The slot-level pass the rest is built on. tok/pos/tgt (B, r): token id (-1 = [None]), its own
       position (-1 for [None]) and its target position (-1 = none). mask (r, K) or (B, 1, r, K), bool:
-      which keys each row sees; None = causal. kv is the hook for cached K/V (the sampler's cache, in
-      sample.py): an object with kv.update(layer, k, v) -> (K, V), the keys and values to attend over,
-      the cached slots followed by these rows, and kv.len, the cached slots (a causal mask then sees
-      them all).
+      which keys each row sees; None = causal over these rows (and with a cache, a single row sees all of
+      it). kv = (cache, input_pos, span) is the hook for cached K/V (engine.KVCache): each layer calls
+      cache.update(layer, input_pos, k, v, span), which writes these rows' K/V at the slots input_pos (r,)
+      and returns the keys and values of the slots [0, span) to attend over.
   model.forward_queries(ctx, ctx_pos, query_pos)
       A context in any order plus k query target positions -> k distributions, in one pass: the copies
       of the last context slot form a *parallel block* (parallel_mask) and cannot see each other.
@@ -157,8 +157,11 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, r, self.n_head, self.head_dim).transpose(1, 2)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        if kv is not None:
-            k, v = kv.update(self.layer_idx, k, v)  # (B, nh, K, hd): the cached slots, then these rows
+        if kv is not None:  # write these rows at input_pos; attend over the cache's first `span` slots
+            cache, input_pos, span = kv
+            k, v = cache.update(self.layer_idx, input_pos, k, v, span)  # (B, nh, span, hd)
+            if mask is None and 1 < r < span:  # is_causal would align the rows with the first keys
+                raise ValueError("rows after cached slots need a mask: model.parallel_mask(r, k, cached)")
         # no mask: causal (decoder) or full (encoder) attention; one row sees everything cached either way
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and self.causal and r > 1,
                                            dropout_p=self.dropout if self.training else 0.0)
@@ -335,10 +338,7 @@ class GPT(nn.Module):
     def hidden_slots(self, tok, pos, tgt, mask=None, kv=None, n_last=None):
         """forward_slots without the head: final-norm hidden states (B, n_last or r, C) of the last rows."""
         assert self.config.causal, "the slot pass is the decoder's; the encoder MDM uses forward(idx)"
-        r = tok.size(1)
         x, cond = self._embed(tok, pos, tgt)
-        if mask is None and kv is not None and kv.len and r > 1:  # causal after the cached slots
-            mask = torch.ones(r, kv.len + r, dtype=torch.bool, device=tok.device).tril(kv.len)
         for block in self.transformer.h:
             mod = (cond[0], block.adaLN(cond[1]), cond[2]) if cond is not None else None
             x = block(x, mod, mask, kv)

@@ -344,7 +344,7 @@ def time_samplers(c):
     for T steps, on random models with the same backbone (timing needs no training)."""
     import torch
     from model import GPT, GPTConfig
-    from sample import generate_ao, generate_mdm
+    from generate import generate_ao, generate_mdm
     n, B = c.sample_n, c.sample_batch
     steps = [s for s in (8, 16, 32, 64, 128, 256, 512) if s <= n]
     if c.quick:
@@ -388,7 +388,8 @@ def generation_study(c, names):
     gen PPL against token-passes. Returns a list of rows."""
     import torch
     from checkpoint import checkpoint_codec, load_model
-    from sample import generate_ao, generate_mdm, generative_ppl
+    from generate import generate_ao, generate_mdm
+    from genppl import generative_ppl
     judge, ck, _ = load_model(os.path.join(c.runs_dir, 'judge'), c.device)
     codec = checkpoint_codec(ck)
     models = {k: load_model(os.path.join(c.runs_dir, k), c.device)[0] for k in ('ao', 'ao_seed2', 'mdm')

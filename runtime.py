@@ -8,7 +8,7 @@ Where the scripts run: the device and the precision, decided in one place so tha
 'auto' is bfloat16 autocast on CUDA (float16 on GPUs without bf16) and float32 on every other device:
 CPU autocast to bf16 is slower than fp32 on most CPUs and changes the numbers the CPU tests pin.
 Weights stay float32 under autocast; only the matmuls run in the lower precision. Sampling draws its
-tokens in float64 whatever this says (sample.sample_tokens). A device or dtype this machine cannot run
+tokens in float64 whatever this says (generate.sample_tokens). A device or dtype this machine cannot run
 is a ValueError with a one-line message, which each script reports its own way (train.py from rank 0).
 """
 

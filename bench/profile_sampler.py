@@ -13,7 +13,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
-import sample  # noqa: E402
+import engine  # noqa: E402
+import generate  # noqa: E402
 from configurator import configure  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -24,8 +25,8 @@ n_embd = 128
 n = 128
 batch_size = 4
 steps = 16
-stepper = 'dynamic'          # dynamic | static | cuda_graph (sample.SlotStepper)
-kv_bucket = sample.KV_BUCKET  # fixed shapes: attend over the cache up to a multiple of this (0: all of it)
+stepper = 'dynamic'          # dynamic | static | cuda_graph (engine.SlotStepper)
+kv_bucket = engine.KV_BUCKET  # fixed shapes: attend over the cache up to a multiple of this (0: all of it)
 configure(globals())
 
 cuda = device.startswith('cuda')
@@ -57,17 +58,17 @@ def wrap(obj, name, key):
     return f
 
 
-step = sample.SlotStepper(model, batch_size, stepper, kv_bucket=kv_bucket)  # one for every run: its graphs
+step = engine.SlotStepper(model, batch_size, stepper, kv_bucket=kv_bucket)  # one for every run: its graphs
 
 
 def run():
-    return sample.generate_ao(model, n, batch_size, steps, generator=torch.Generator().manual_seed(0),
+    return generate.generate_ao(model, n, batch_size, steps, generator=torch.Generator().manual_seed(0),
                               vocab_size=50257, stepper=step)
 
 
 run()  # warm-up at this T: kernels, allocator, attention plans, and the graphs of every shape it uses
-orig_call = wrap(sample.SlotStepper, '__call__', 'model pass')  # the forward call (lm_head on the copies too)
-orig_st = wrap(sample, 'sample_tokens', 'sample_tokens')
+orig_call = wrap(engine.SlotStepper, '__call__', 'model pass')  # the forward call (lm_head on the copies too)
+orig_st = wrap(generate, 'sample_tokens', 'sample_tokens')
 sync()
 t0 = time.perf_counter()
 _, st = run()
@@ -76,7 +77,7 @@ total = time.perf_counter() - t0
 calls = st['forward_calls']
 print(f"stepper {stepper}: total {total:.2f} s over {calls} calls: model pass {spent['model pass']:.2f} s, "
       f"sample_tokens {spent['sample_tokens']:.2f} s, other {total - sum(spent.values()):.2f} s")
-sample.SlotStepper.__call__, sample.sample_tokens = orig_call, orig_st
+engine.SlotStepper.__call__, generate.sample_tokens = orig_call, orig_st
 
 acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
 with torch.profiler.profile(activities=acts) as prof:

@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from configurator import configure, print_config  # noqa: E402
-from sample import KV_BUCKET, KVCache, SlotStepper, ao_calls, draw_plan  # noqa: E402
+from engine import KV_BUCKET, KVCache, SlotStepper  # noqa: E402
+from generate import ao_calls, draw_plan  # noqa: E402
 
 n_layer = 24
 n_embd = 1024
@@ -46,7 +47,7 @@ d, V, B, nl = n_embd, vocab_size, batch_size, n_layer
 P_block = nl * 12 * d * d
 P_adaln = nl * target_dim * 6 * d + target_dim * 2 * d
 W = 2  # bytes per bf16 value
-S = KVCache.static_len(n)  # slots of the fixed-shape path's cache
+S = KVCache.slots(n)  # slots of the fixed-shape path's cache
 
 
 def call_cost(rows, keys, k, P):
@@ -63,7 +64,7 @@ def call_time(flops, nbytes):
 
 def decoder_time(plan, adaln, fixed=False, bucket=0):
     """plan: [(r rows, L cached, k predicted)] -> (seconds, FLOPs, bytes, shapes) summed over the calls.
-    fixed: the fixed-shape path (sample.SlotStepper 'static' / 'cuda_graph'): rows padded by rows_for,
+    fixed: the fixed-shape path (engine.SlotStepper 'static' / 'cuda_graph'): rows padded by rows_for,
     every row attending over the cache up to the span of kv_bucket = bucket (0: the whole cache);
     shapes: the distinct (rows, span) shapes, i.e. the CUDA graphs one run captures."""
     P = P_block + (P_adaln if adaln else 0)

@@ -4,9 +4,9 @@ Sampling wall time vs. the number of steps T, for one backbone size, measured si
   mdm        the encoder MDM: one full pass over all n positions per step (T passes)
   mdm_cache  the encoder MDM with MDLM's trick: a step that reveals nothing reuses the last pass
   ar         plain L2R KV-cache decoding of a GPT, one token per call (independent of T)
-  ao_static, ar_static   the same with fixed padded shapes (sample.SlotStepper 'static')
+  ao_static, ar_static   the same with fixed padded shapes (engine.SlotStepper 'static')
   ao_graph, ar_graph     those shapes captured once and replayed as CUDA graphs ('cuda_graph'; CUDA only)
-  mdm_graph, mdm_cache_graph   the encoder's one pass captured once and replayed (sample.EncoderStepper);
+  mdm_graph, mdm_cache_graph   the encoder's one pass captured once and replayed (engine.EncoderStepper);
              mdm_cache_graph is the best encoder baseline we can build: graphed, and skipping empty steps
 Speed does not depend on the weights, so the models are random. The ratios are the result. Each decoder
 sampler is warmed up at the smallest T and then run `repeats` times per T (the last one timed), so the
@@ -29,7 +29,8 @@ import torch  # noqa: E402
 from bench.common import append_benchmark  # noqa: E402
 from configurator import configure, print_config  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from sample import KV_BUCKET, EncoderStepper, SlotStepper, generate_ao, generate_ar, generate_mdm  # noqa: E402
+from engine import KV_BUCKET, EncoderStepper, SlotStepper  # noqa: E402
+from generate import generate_ao, generate_ar, generate_mdm  # noqa: E402
 
 device = 'cpu'
 dtype = 'bfloat16'           # CUDA: weights cast to this dtype (no autocast casts per call); CPU: fp32
@@ -169,7 +170,7 @@ if write:
                      f"weights, random init, sdpa={sdpa}; decoders: timing run {repeats} of {repeats} per T, "
                      f"encoders: one run per T after a warm-up. passes = token-passes per sample; calls = forward "
                      f"calls; _static = fixed padded shapes (decoders: spans of kv_bucket = {kv_bucket} slots), "
-                     f"_graph = the same replayed as CUDA graphs (sample.SlotStepper, sample.EncoderStepper).",
+                     f"_graph = the same replayed as CUDA graphs (engine.SlotStepper, engine.EncoderStepper).",
                      table + ''.join(f"\n\nFAILED {name}: {err}" for name, err in failed.items()))
 if failed:
     sys.exit(1)

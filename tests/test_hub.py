@@ -19,7 +19,7 @@ import torch
 
 import eval_ppl
 import export
-import sample
+import genppl
 from checkpoint import load_checkpoint, load_model, save_checkpoint, checkpoint_codec
 from helpers import hub_cache, tiny
 from model import GPT, GPTConfig, model_args
@@ -343,7 +343,7 @@ def test_hf_ids_resolve_offline_from_the_cache_end_to_end(tmp_path, monkeypatch,
     assert a['samples'] == b['samples'] and a['gen_ppl']['mode'] == b['gen_ppl']['mode'] == 'hf'
     assert a['gen_ppl']['per_sample'] == pytest.approx(b['gen_ppl']['per_sample'], rel=1e-5)
     judge = GPT.from_pretrained(str(tmp_path / 'gpt2')).eval()
-    want = sample.judge_nll(judge, torch.tensor(a['samples']), 'hf').exp()
+    want = genppl.judge_nll(judge, torch.tensor(a['samples']), 'hf').exp()
     assert a['gen_ppl']['per_sample'] == pytest.approx(want.tolist(), rel=1e-5)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from helpers import tiny
 from model import GPT, GPTConfig, mdm_corrupt, parallel_mask, random_orders
-from sample import KVCache
+from engine import KVCache
 
 ATOL = 1e-5
 
@@ -97,8 +97,10 @@ def test_kv_cache_chunks_equal_full_forward():
     pos = torch.cat([none, order[:, :-1]], 1)
     cache = KVCache(model, B)
     out = []
-    for a, b in [(0, 1), (1, 4), (4, 5), (5, 8)]:  # no mask: causal over these rows, after the cached slots
-        out.append(model.forward_slots(tok[:, a:b], pos[:, a:b], order[:, a:b], kv=cache))
+    for a, b in [(0, 1), (1, 4), (4, 5), (5, 8)]:  # causal over these rows, after the cached slots
+        kv = cache, torch.arange(a, b), b  # write at slots a..b-1, attend over 0..b-1
+        mask = parallel_mask(b - a, 1, a) if a and b - a > 1 else None
+        out.append(model.forward_slots(tok[:, a:b], pos[:, a:b], order[:, a:b], mask=mask, kv=kv))
         cache.keep(b - a)
     assert cache.len == n
     torch.testing.assert_close(torch.cat(out, 1), full, atol=ATOL, rtol=0)
@@ -137,7 +139,8 @@ def test_cached_sampler_call_pattern_equals_full_forward():
         pos = torch.cat([order[:, a:m - 1] if m else order[:, :0], last_pos.expand(B, k)], 1)
         tgt = torch.cat([order[:, a + 1:m] if m else order[:, :0], order[:, m:m + k]], 1)
         r = tok.size(1)
-        logits = model.forward_slots(tok, pos, tgt, mask=parallel_mask(r, k, cache.len), kv=cache, n_logits=k)
+        kv = cache, torch.arange(cache.len, cache.len + r), cache.len + r
+        logits = model.forward_slots(tok, pos, tgt, mask=parallel_mask(r, k, cache.len), kv=kv, n_logits=k)
         cache.keep(r - k + 1)  # the pending rows and the first copy
         assert cache.len == m + 1
         for j in range(k):

@@ -1,4 +1,4 @@
-"""sample.py: the cached any-order sampler against full forward passes and exact enumeration, the
+"""generate.py, engine.py, genppl.py and sample.py: the cached any-order sampler against full forward passes and exact enumeration, the
 Lemma-1 counts, L2R equivalence, infilling, the encoder sampler and its caching trick, top-p /
 temperature / padding, generative perplexity against HF, and the CLI."""
 import itertools
@@ -11,12 +11,16 @@ import sys
 import pytest
 import torch
 
+import engine
+import generate
+import genppl
 import sample
 from checkpoint import save_checkpoint
+from generate import generate_ao, generate_ar, generate_mdm, reveal_counts, sample_tokens, time_grid
+from genppl import judge_nll, unigram_entropy
 from helpers import tiny
 from model import model_args
-from sample import (generate_ao, generate_ar, generate_mdm, judge_nll, reveal_counts, sample_tokens,
-                    time_grid, unigram_entropy, encode_template)
+from sample import encode_template
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATOL = 1e-5
@@ -161,7 +165,7 @@ def confident_without_cache(model, n, B, steps, score, given=None, generator=Non
     """Confidence decoding recomputed from scratch at every step (forward_queries over the context in
     reveal order: no cache), with generate_confident's draws. Returns (tokens, reveal order, each
     step's logits)."""
-    from sample import split_given
+    from generate import split_given
     gpos, gtok, free = split_given(given, n)
     counts = [] if threshold else [k for k in reveal_counts(free.numel(), steps, generator=generator).tolist() if k]
     tokens = torch.full((B, n), -1)
@@ -190,12 +194,12 @@ def test_confidence_orders_on_the_cache_equal_a_cache_free_recomputation(score, 
     model = sharp(tiny(block_size=12, seed=5), 3.0).double()
     given = torch.full((12,), -1)
     given[[2, 7]] = torch.tensor([3, 5])
-    real, seen = sample.SlotStepper.__call__, []
+    real, seen = engine.SlotStepper.__call__, []
 
     def spy(self, *a):
         seen.append(real(self, *a))
         return seen[-1]
-    monkeypatch.setattr(sample.SlotStepper, '__call__', spy)
+    monkeypatch.setattr(engine.SlotStepper, '__call__', spy)
     for T, giv in ((4, None), (5, given), (12, given)):
         seen.clear()
         x, st = generate_ao(model, 12, 3, T, order=score, given=giv, generator=gen(T), stepper=stepper, top_p=0.9)
@@ -263,6 +267,25 @@ def test_threshold_decodes_each_sample_on_its_own():
     ones = [generate_ao(model, 10, 1, 99, order='confidence', threshold=0.5, generator=g)[0] for _ in range(3)]
     assert torch.equal(x, torch.cat(ones)) and len(st['counts']) == 3
     assert st['forward_calls'] == sum(len(c) for c in st['counts']) / 3
+
+
+def test_threshold_decoding_keeps_one_batch_1_stepper(monkeypatch):
+    """With a threshold each sample is decoded alone; every sample of every batch runs on one batch-1
+    stepper kept beside the caller's, so a cuda_graph stepper captures its graphs once, not once per
+    sample (it used to make a new stepper per sample). Same samples as the default path."""
+    model = sharp(tiny(block_size=10, seed=7), 3.0)
+    refs = [generate_ao(model, 10, 3, 99, order='confidence', threshold=0.5, generator=gen(s))[0] for s in (1, 2)]
+    made, real_init = [], engine.SlotStepper.__init__
+
+    def counting(self, model, batch_size, *a, **k):
+        made.append(batch_size)
+        real_init(self, model, batch_size, *a, **k)
+    monkeypatch.setattr(engine.SlotStepper, '__init__', counting)
+    st = engine.SlotStepper(model, 3, 'static')
+    for s, ref in zip((1, 2), refs):  # two batches, as sample.py --num_batches 2 runs them
+        x, _ = generate_ao(model, 10, 3, 99, order='confidence', threshold=0.5, generator=gen(s), stepper=st)
+        assert torch.equal(x, ref)
+    assert made == [3, 1] and st.for_batch(1) is st.for_batch(1).for_batch(1)
 
 
 @pytest.mark.parametrize('order', ['random', 'l2r', 'blocks:3', 'confidence', 'margin'])
@@ -335,7 +358,7 @@ def test_token_passes_about_2n_for_any_T():
 def run_steppers(monkeypatch, fn, modes=('dynamic', 'static')):
     """fn(stepper) under each mode; per mode, the result and each call's (r, L, S, logits, span): S the
     cache's slots, span those a fixed-shape call attends over."""
-    real, out = sample.SlotStepper.__call__, {}
+    real, out = engine.SlotStepper.__call__, {}
     for mode in modes:
         calls = []
 
@@ -345,14 +368,14 @@ def run_steppers(monkeypatch, fn, modes=('dynamic', 'static')):
             logits = real(self, tok, pos, tgt, k)
             calls.append((tok.size(1), L, S, logits.clone(), span))
             return logits
-        monkeypatch.setattr(sample.SlotStepper, '__call__', spy)
+        monkeypatch.setattr(engine.SlotStepper, '__call__', spy)
         out[mode] = fn(mode), calls
     return out
 
 
 def stepper(model, B, mode, kv_bucket=16):
     """A mode name for 'dynamic', else a SlotStepper with kv_bucket-slot spans (16: several per tiny run)."""
-    return mode if mode == 'dynamic' else sample.SlotStepper(model, B, mode, kv_bucket=kv_bucket)
+    return mode if mode == 'dynamic' else engine.SlotStepper(model, B, mode, kv_bucket=kv_bucket)
 
 
 @pytest.mark.parametrize('kv_bucket', [0, 16])
@@ -381,7 +404,7 @@ def test_static_stepper_equals_dynamic_call_for_call(kw, kv_bucket, monkeypatch)
             spans.add(span)
         if T == 2:  # the second call's padding runs past the buffer: L + R > S
             r, L, S, _, _ = cs[1]
-            assert L + sample.SlotStepper.rows_for(r) > S
+            assert L + engine.SlotStepper.rows_for(r) > S
     assert spans == ({48} if kv_bucket == 0 else {16, 32, 48})
 
 
@@ -426,7 +449,7 @@ def test_bf16_logits_are_drawn_in_float64_on_gpu(monkeypatch):
     """On the GPU, as on the CPU, tokens are drawn in float64 from the model's bf16 logits: every draw of a
     graphed bf16 sampling run equals the CPU's draw from the same logits and uniforms."""
     model = sharp(tiny(block_size=40, seed=8), 3.0).to('cuda', torch.bfloat16)
-    real, seen = sample.sample_tokens, []
+    real, seen = generate.sample_tokens, []
 
     def spy(logits, u, *a, **k):
         out = real(logits, u, *a, **k)
@@ -444,7 +467,7 @@ def test_a_stepper_serves_many_runs():
     """A reused stepper (how the CLI and the bench keep their CUDA graphs across batches) starts each run
     from an empty cache: the same samples as a fresh one, whatever ran before."""
     model = sharp(tiny(block_size=16, seed=3), 3.0)
-    st = sample.SlotStepper(model, 2, 'static')
+    st = engine.SlotStepper(model, 2, 'static')
     for T in (16, 3, 5):
         fresh = generate_ao(model, 16, 2, T, generator=gen(T), stepper='static')[0]
         assert torch.equal(generate_ao(model, 16, 2, T, generator=gen(T), stepper=st)[0], fresh)
@@ -455,7 +478,7 @@ def test_a_stepper_serves_many_runs():
 
 
 def test_padded_row_counts():
-    R = [sample.SlotStepper.rows_for(r) for r in range(1, 50)]
+    R = [engine.SlotStepper.rows_for(r) for r in range(1, 50)]
     assert sorted(set(R)) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
     assert all(r <= R[r - 1] < 1.5 * r + 1 for r in range(1, 50))  # under half again as many rows
 
@@ -471,7 +494,7 @@ def test_stepper_bad_mode_and_cuda_graph_on_cpu_are_clear():
         generate_mdm(enc, 8, 2, 4, stepper='cuda_graph')
     for bad in (-16, 24):
         with pytest.raises(ValueError, match='kv_bucket must be 0'):
-            sample.SlotStepper(model, 2, 'static', kv_bucket=bad)
+            engine.SlotStepper(model, 2, 'static', kv_bucket=bad)
 
 
 # --------------------------------------------------------------------------- counts
@@ -648,7 +671,7 @@ def test_encoder_stepper_gives_the_eager_samples(mode):
         pytest.skip('CUDA graphs need a GPU (bench/gpu_suite.sh graphs)')
     dev = 'cuda' if mode == 'cuda_graph' else 'cpu'
     enc = sharp(tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=9), 3.0).to(dev)
-    st = sample.EncoderStepper(enc, 6, 8, mode)
+    st = engine.EncoderStepper(enc, 6, 8, mode)
     for T, trick in ((64, True), (5, False), (3, True)):
         kw = dict(steps=T, cache_trick=trick, vocab_size=11, given=torch.tensor([3, -1, -1, -1, -1, -1, -1, -1]))
         a, sa = generate_mdm(enc, 8, 6, generator=gen(T), **kw)
@@ -753,7 +776,7 @@ def test_generative_ppl_both_averages_against_direct_sums():
     samples = torch.tensor([[0, 1, 2, 4, 0, 0, 1, 3],     # 'abc\n' then more: cut after the newline
                             [3, 0, 3, 1, 3, 2, 3, 0],     # no newline: scored whole
                             [4, 1, 1, 1, 1, 1, 1, 1]])    # ends at once: one token
-    r = sample.generative_ppl(judge, codec, samples, codec, 'none', batch_size=2)
+    r = genppl.generative_ppl(judge, codec, samples, codec, 'none', batch_size=2)
     with torch.no_grad():
         per = judge(samples, targets=samples, reduction='none')[1].double()          # (3, 8)
         assert r['per_sequence'] == pytest.approx(per.mean(1).exp().mean().item(), rel=1e-6)
@@ -773,7 +796,7 @@ def test_generative_ppl_re_tokenizes_for_another_codec_and_windows_long_text():
     g2 = gpt2_codec()
     ids = g2.encode(' abc ab c abba cab')
     samples = torch.tensor([ids, ids[::-1]])
-    r = sample.generative_ppl(judge, codec, samples, g2, 'none')
+    r = genppl.generative_ppl(judge, codec, samples, g2, 'none')
     texts = [g2.decode(row) for row in samples.tolist()]
     with torch.no_grad():
         tot = n = 0
@@ -786,7 +809,7 @@ def test_generative_ppl_re_tokenizes_for_another_codec_and_windows_long_text():
     assert r['per_sequence_tokens'] == 're-tokenized' and r['tokens_scored'] == n
     assert r['token'] == pytest.approx(math.exp(tot / n), rel=1e-6)
     with pytest.raises(ValueError, match='cannot encode'):
-        sample.generative_ppl(judge, codec, torch.tensor([g2.encode('xyz')]), g2)
+        genppl.generative_ppl(judge, codec, torch.tensor([g2.encode('xyz')]), g2)
 
 
 def test_unigram_entropy():
@@ -946,17 +969,17 @@ def test_the_plan_is_the_calls_generate_ao_makes(monkeypatch):
     model = tiny(block_size=32)
     given = torch.full((32,), -1)
     given[[3, 9]] = torch.tensor([1, 2])
-    real, seen = sample.SlotStepper.__call__, []
+    real, seen = engine.SlotStepper.__call__, []
 
     def spy(self, tok, pos, tgt, k):
         seen.append((tok.size(1), self.cache.len, k))
         return real(self, tok, pos, tgt, k)
-    monkeypatch.setattr(sample.SlotStepper, '__call__', spy)
+    monkeypatch.setattr(engine.SlotStepper, '__call__', spy)
     for T, giv in ((4, None), (9, given), (32, None), (32, given)):
         seen.clear()
         _, st = generate_ao(model, 32, 3, T, given=giv, generator=gen(5))
-        counts = sample.draw_plan(32, 3, T, given=giv, generator=gen(5))[2].tolist()
-        calls = sample.ao_calls(counts, 0 if giv is None else 2)
+        counts = generate.draw_plan(32, 3, T, given=giv, generator=gen(5))[2].tolist()
+        calls = generate.ao_calls(counts, 0 if giv is None else 2)
         assert calls == seen and len(calls) == st['forward_calls']
         assert sum(r for r, _, _ in calls) == st['token_passes']
     r = subprocess.run([sys.executable, 'bench/sample_roofline.py', '--n_layer=2', '--n_embd=64', '--n=32',

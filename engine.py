@@ -1,0 +1,277 @@
+"""
+The sampling engine: the KV cache, and how one forward call of a sampler runs. The samplers (generate.py)
+decide what goes into a call; this file decides how it runs:
+
+  'dynamic'     at the call's own shape: r rows attending over the L cached slots and themselves
+  'static'      at a few fixed shapes: rows padded up to two sizes per octave, every row attending over
+                a span of the cache (L + rows rounded up to KV_BUCKET slots) under a mask built on the
+                device from the call's scalars, so that no shape depends on L
+  'cuda_graph'  'static', with each (rows, span) shape captured once as a CUDA graph and replayed
+
+The samples are the same in every mode, up to float rounding (tests/test_sample.py checks the logits call
+for call). Why the fixed shapes exist: a forward call of a deep model at a few rows per sample is
+launch-bound on a GPU, and every new shape pays kernel setup; a replayed graph pays neither
+(BENCHMARKS.md, "Sampling speed", has the measurements and the counted floors).
+
+  cache = KVCache(model, B)               one layout for every mode
+  step = SlotStepper(model, B, mode)      decoders: step(tok, pos, tgt, k) -> logits (B, k, V) of the
+  step.cache.keep(rows)                   last k rows; the sampler then commits what the cache keeps
+  enc = EncoderStepper(model, B, n, mode) the encoder MDM: enc(x) -> final-norm hidden states (B, n, C)
+"""
+
+import torch
+
+from model import parallel_mask
+
+STEPPERS = ('dynamic', 'static', 'cuda_graph')
+KV_BUCKET = 128  # fixed-shape calls attend over the cache up to a multiple of this many slots
+
+
+class KVCache:
+    """The sampler's K/V: per layer a (B, nh, S, hd) buffer for the keys and one for the values,
+    preallocated and written in place. One layout for every mode, and nothing set on it before a call:
+    the model's attention calls update(layer, input_pos, k, v, span) with where this call's rows go and
+    how many slots it attends over (gpt-fast's update(input_pos, k, v), plus the span).
+
+    `len` counts the committed slots. A call writes its rows from slot len on, and keep(j) then commits
+    the first j of them; the rest (the throw-away parallel copies, padding) are overwritten by the next
+    call. S = slots(block_size): one scratch slot past block_size, where the padding rows of a
+    fixed-shape call write, rounded up to a multiple of 16 (SDPA's mask alignment). The buffers are
+    zeroed: a fixed-shape call attends (masked) over slots no row wrote yet, and a NaN there would
+    still poison the output through 0 * NaN.
+    """
+
+    @staticmethod
+    def slots(block_size):
+        return (block_size // 16 + 1) * 16
+
+    def __init__(self, model, batch_size):
+        cfg = model.config
+        self.shape = (batch_size, cfg.n_head, self.slots(cfg.block_size), cfg.n_embd // cfg.n_head)
+        self.n_layer = cfg.n_layer
+        self.k = self.v = None
+        self.len = 0
+
+    def allocate(self, device, dtype):
+        self.k = [torch.zeros(self.shape, device=device, dtype=dtype) for _ in range(self.n_layer)]
+        self.v = [torch.zeros(self.shape, device=device, dtype=dtype) for _ in range(self.n_layer)]
+
+    def update(self, layer, input_pos, k, v, span):
+        """Write one call's K/V (B, nh, r, hd) of a layer at the slots input_pos (r,); return the keys and
+        values of the slots [0, span) the call attends over."""
+        if self.k is None:  # allocated lazily, so that the dtype follows autocast
+            self.allocate(k.device, k.dtype)
+        K, V = self.k[layer], self.v[layer]
+        K.index_copy_(2, input_pos, k.to(K.dtype))
+        V.index_copy_(2, input_pos, v.to(V.dtype))
+        return K[:, :, :span], V[:, :, :span]
+
+    def keep(self, rows, chosen=None):
+        """Commit the first `rows` rows of the last call; rows=None empties the cache for a new run (the
+        slots are always written before a real row reads them). chosen (B,): the last kept row is not the
+        call's row rows - 1 but, per sample, the parallel copy `chosen` places after it (the confidence
+        orders keep whichever copy the model was surest of)."""
+        if rows is None:
+            self.len = 0
+            return
+        if chosen is not None:
+            dst = self.len + rows - 1
+            b = torch.arange(self.shape[0], device=chosen.device)
+            for buf in self.k + self.v:
+                buf[b, :, dst] = buf[b, :, dst + chosen]
+        self.len += rows
+
+
+def stepper_device(model, mode):
+    """The model's device, after checking that a stepper can run there in this mode."""
+    if mode not in STEPPERS:
+        raise ValueError(f"stepper must be one of {', '.join(STEPPERS)}, got {mode!r}")
+    dev = next(model.parameters()).device
+    if mode == 'cuda_graph' and dev.type != 'cuda':
+        raise ValueError(f"stepper='cuda_graph' needs the model on a CUDA device (it is on {dev}); "
+                         "use 'static' or 'dynamic'")
+    return dev
+
+
+def capture_graph(fn, dev, pool):
+    """fn() captured as a CUDA graph: (graph, fn's output tensors, which each replay rewrites). fn must
+    read its inputs from, and write its outputs to, tensors that outlive the graph."""
+    # Autocast's weight-cast cache would hand the graph tensors freed after capture: disable it.
+    ac, adt = torch.is_autocast_enabled('cuda'), torch.get_autocast_dtype('cuda')
+    actx = lambda: torch.autocast('cuda', dtype=adt, enabled=ac, cache_enabled=False)  # noqa: E731
+    # Warm up on a side stream first (lazy inits, cuBLAS/attention setup): replays must find them done.
+    side = torch.cuda.Stream(device=dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side), actx():
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool), actx():
+        out = fn()
+    return g, out
+
+
+class SlotStepper:
+    """One decoder call of the KV-cached samplers: r slot rows in (r - k pending slots, then k copies of
+    the last revealed slot, each with its own target), logits (B, k, V) of the copies out. The caller then
+    commits what the cache keeps (stepper.cache.keep): the pending slots and one copy.
+
+    mode 'dynamic': model.forward_slots at the call's own shape, attending over exactly L + r slots.
+    'static': rows padded by rows_for, spans by span_for (kv_bucket 0: the whole cache, one span); more
+        arithmetic for the same samples (bench/sample_roofline.py counts how much).
+    'cuda_graph': 'static', each (padded rows, span) shape captured once and then replayed. All graphs
+        share one memory pool, which is safe because one graph's output is consumed (lm_head) before any
+        other graph is replayed.
+    lm_head and the token draws run outside the graph, on just the k copies.
+    A stepper serves many runs (the samplers take one for `stepper` and empty its cache, see make), so
+    the graphs are captured once per padded shape, not once per batch; for_batch(b) is its sibling for
+    another batch size, made once and kept (the threshold sampler decodes one sample at a time).
+    """
+
+    def __init__(self, model, batch_size, mode='dynamic', kv_bucket=KV_BUCKET):
+        dev = stepper_device(model, mode)
+        if kv_bucket < 0 or kv_bucket % 16:
+            raise ValueError(f"kv_bucket must be 0 (the whole cache) or a positive multiple of 16 (the SDPA mask "
+                             f"alignment), got {kv_bucket}")
+        self.model, self.mode, self.B, self.dev, self.kv_bucket = model, mode, batch_size, dev, kv_bucket
+        self.cache = KVCache(model, batch_size)
+        self.siblings = {batch_size: self}
+        if mode != 'dynamic':
+            self.scalars = torch.zeros(3, dtype=torch.long, device=dev)  # L, blk, r: read at replay
+            self.bufs, self.graphs, self.outs = {}, {}, {}
+            self.pool = torch.cuda.graph_pool_handle() if mode == 'cuda_graph' else None
+        if mode == 'cuda_graph':
+            # A call's scalars go up from pinned buffers, asynchronously: a copy from pageable memory waits
+            # for the GPU to finish everything queued, so the host could never run ahead of the replays.
+            # Each buffer is rewritten only after the copy that last read it is done (its event).
+            self.staging = [(torch.zeros(3, dtype=torch.long, pin_memory=True), torch.cuda.Event())
+                            for _ in range(4)]
+            self.turn = 0
+
+    @classmethod
+    def make(cls, model, batch_size, stepper):
+        """A fresh stepper for a mode name, or the given stepper emptied for a new run."""
+        if not isinstance(stepper, SlotStepper):
+            return cls(model, batch_size, stepper)
+        if stepper.model is not model or stepper.B != batch_size:
+            raise ValueError(f"this SlotStepper was built for another model or batch size ({stepper.B})")
+        stepper.cache.keep(None)
+        return stepper
+
+    def for_batch(self, batch_size):
+        """A stepper of this model and mode for another batch size: made on first use, then reused."""
+        if batch_size not in self.siblings:
+            self.siblings[batch_size] = SlotStepper(self.model, batch_size, self.mode, self.kv_bucket)
+            self.siblings[batch_size].siblings = self.siblings
+        return self.siblings[batch_size]
+
+    @staticmethod
+    def rows_for(r):
+        """The padded row count for r rows: the next of 1, 2, 3, 4, 6, 8, 12, ... (under 1.5 r). Two sizes
+        per octave pad far fewer token-passes than powers of two, for a few more shapes (graphs) per run
+        (bench/sample_roofline.py counts both)."""
+        R = 1 << (r - 1).bit_length()
+        return R * 3 // 4 if R >= 4 and r <= R * 3 // 4 else R
+
+    @staticmethod
+    def span_for(L, R, S, kv_bucket):
+        """The slots a fixed-shape call attends over: L cached + R padded rows, rounded up to kv_bucket,
+        at most the whole cache S (kv_bucket 0: always S). Every row a real row writes is inside it.
+        Why spans: most calls see a short live cache, and reading all of it in every call would make
+        K/V reads dominate (bench/sample_roofline.py's second table)."""
+        return S if not kv_bucket else min(S, -(-(L + R) // kv_bucket) * kv_bucket)
+
+    def __call__(self, tok, pos, tgt, k):
+        B, r = tok.shape
+        L = self.cache.len
+        if self.mode == 'dynamic':
+            if L + r > self.model.config.block_size:
+                raise ValueError(f"KV cache overflow: {L} cached + {r} new rows > block_size "
+                                 f"{self.model.config.block_size}")
+            # causal after the cache, the last k rows a parallel block; one row, or a first causal call,
+            # needs no mask
+            mask = parallel_mask(r, k, L, tok.device) if r > 1 and (k > 1 or L) else None
+            kv = self.cache, torch.arange(L, L + r, device=tok.device), L + r
+            return self.model.forward_slots(tok, pos, tgt, mask=mask, kv=kv, n_logits=k)
+        R = self.rows_for(r)
+        key = R, self.span_for(L, R, self.cache.shape[2], self.kv_bucket)
+        if R not in self.bufs:
+            self.bufs[R] = torch.empty(3, B, R, dtype=torch.long, device=self.dev)
+        buf = self.bufs[R]                                                # (3, B, R): tok, pos, tgt
+        buf[:, :, :r] = torch.stack([tok, pos, tgt])
+        buf[:, :, r:] = buf[:, :, r - 1:r]                                # padding: repeat the last row
+        if self.mode == 'static':
+            self.scalars.copy_(torch.tensor([L, r - k, r]))
+            h = self._forward(*key)
+        else:
+            host, done = self.staging[self.turn % len(self.staging)]
+            self.turn += 1
+            done.synchronize()                                            # its last copy has finished
+            host[0], host[1], host[2] = L, r - k, r
+            self.scalars.copy_(host, non_blocking=True)
+            done.record()
+            if key not in self.graphs:
+                self._capture(*key)
+            self.graphs[key].replay()
+            h = self.outs[key]
+        return self.model.lm_head(h[:, r - k:r])                          # (B, k, V)
+
+    def _forward(self, R, span):
+        """The fixed-shape call: final-norm hidden states (B, R, C) of R rows (blk pending slots, then
+        r - blk copies, then padding), with L, blk and r read from device tensors, so that a captured
+        graph reads their values at replay. Every row attends over the first `span` cache slots under a
+        mask (no shape depends on L itself): a pending row sees the cache and the pending rows up to
+        itself, a copy sees the cache, the pending rows and itself, a padding row the same plus slot 0:
+        never an empty softmax, which some kernels turn into 0 and others into NaN, and a NaN anywhere in
+        the cache poisons every row through 0 * NaN. Real rows are written at L + i; padding rows past
+        the buffer share its last (scratch) slot, which no real row ever sees."""
+        buf, (L, blk, r), S = self.bufs[R], self.scalars, self.cache.shape[2]
+        i = torch.arange(R, device=self.dev)[:, None]                    # (R, 1) row
+        j = torch.arange(span, device=self.dev)[None, :]                 # (1, span) cache slot
+        vis = (j < L + torch.minimum(i + 1, blk)) | (j == L + i) | ((i >= r) & (j == 0))   # (R, span)
+        input_pos = (L + i[:, 0]).clamp(max=S - 1)                        # (R,)
+        return self.model.hidden_slots(buf[0], buf[1], buf[2], mask=vis, kv=(self.cache, input_pos, span))
+
+    def _capture(self, R, span):
+        if self.cache.k is None:  # the K/V dtype is what c_attn returns: the autocast dtype or the weights'
+            ac = torch.is_autocast_enabled('cuda')
+            self.cache.allocate(self.dev, torch.get_autocast_dtype('cuda') if ac
+                                else next(self.model.parameters()).dtype)
+        # The warm-up calls write the same K/V rows the replay will, so they change nothing.
+        self.graphs[R, span], self.outs[R, span] = capture_graph(lambda: self._forward(R, span), self.dev,
+                                                                 self.pool)
+
+
+class EncoderStepper:
+    """The encoder MDM's forward pass, (B, n) ids -> final-norm hidden states (B, n, C). Its shape never
+    changes, so 'cuda_graph' captures it once and replays it at every step: the graphed encoder is the
+    fair baseline for the graphed AO sampler (bench/sample_speed.py). 'static' runs the same plumbing
+    (a fixed input buffer) eagerly, which is what the CPU tests check."""
+
+    def __init__(self, model, batch_size, n, mode='dynamic'):
+        dev = stepper_device(model, mode)
+        self.model, self.mode, self.B, self.n = model, mode, batch_size, n
+        self.x = torch.empty(batch_size, n, dtype=torch.long, device=dev) if mode != 'dynamic' else None
+        self.graph = self.out = None
+        self.pool = torch.cuda.graph_pool_handle() if mode == 'cuda_graph' else None
+        self.dev = dev
+
+    @classmethod
+    def make(cls, model, batch_size, n, stepper):
+        if not isinstance(stepper, EncoderStepper):
+            return cls(model, batch_size, n, stepper)
+        if stepper.model is not model or (stepper.B, stepper.n) != (batch_size, n):
+            raise ValueError(f"this EncoderStepper was built for another model or shape ({stepper.B}, {stepper.n})")
+        return stepper
+
+    def __call__(self, x):
+        if self.mode == 'dynamic':
+            return self.model.encoder_hidden(x)
+        self.x.copy_(x)
+        if self.mode == 'static':
+            return self.model.encoder_hidden(self.x)
+        if self.graph is None:
+            self.graph, self.out = capture_graph(lambda: self.model.encoder_hidden(self.x), self.dev, self.pool)
+        self.graph.replay()
+        return self.out

@@ -1,0 +1,500 @@
+"""
+The samplers: the masked-diffusion reverse process on an AO-GPT / sigma-GPT (generate_ao, with the KV
+cache), confidence-ordered decoding on the same cache (generate_confident), plain left-to-right KV-cache
+decoding (generate_ar) and the encoder MDM's reverse process (generate_mdm); with the schedule, the token
+draws and the orders they share. How a forward call runs (cache, fixed shapes, CUDA graphs) is engine.py's.
+
+The reverse process (paper eq. 8 and Lemma 1). Time runs over a grid t_0 = 1 > t_1 > ... > t_T = 0
+(linear, or cosine) where t is the fraction of positions still masked. From t to s each still-masked
+position is revealed with probability 1 - s/t, independently, and then draws its token from the model
+given everything revealed *before* the step. Which positions get revealed does not depend on the model,
+so we draw it up front: a uniformly random order, and per step k ~ Binomial(#masked, 1 - s/t) (drawn
+jointly as the multinomial of n reveal times U ~ U[0,1) over the grid's bins). A step that reveals
+nothing needs no forward pass. `fixed_counts` instead uses the paper code's deterministic counts.
+The counts are shared across the batch, so the KV cache stays rectangular; each sample's own process is
+still exactly the MDM reverse process (its revealed set is a uniform subset of the size the lemma says).
+
+The KV-cached decoder step. Slot 0 is [None], slot j >= 1 holds the j-th revealed token; slot j predicts
+position order[j]. With m tokens revealed and the cache holding slots 0..c-1, a step revealing k tokens
+feeds the pending slots c..m-1 (their targets chain along the order) and k copies of slot m, each copy
+with one new target order[m..m+k-1]. The copies cannot see each other (model.forward_slots' parallel
+block), so every copy computes exactly the conditional the model was trained on. The cache then keeps
+the pending slots and the first copy (c becomes m + 1). A token goes through the network as a query (a
+copy carrying its target) and then as context; the first copy is both. So a run costs n + sum over all
+steps but the last of (k - 1) token-passes: n when every step reveals one token, under 2n for any T.
+
+Orders. random is the MDM reverse process above. l2r, blocks:K (semi-autoregressive: blocks of K
+positions left to right, a uniform order inside each) and a file of positions change only the order,
+so the sampler stays exact for the mixture over the orders they allow. confidence / margin / entropy
+(LLaDA's and Dream's) choose the positions from the model's own scores: each step queries every masked
+position (one copy each) and reveals the k surest, or every one whose top probability reaches
+--threshold; the cache stays exact, at about n T / 2 token-passes (generate_confident).
+
+Randomness, from one CPU torch.Generator in a fixed order (reproducible on any device): first one
+float64 uniform per token, consumed by inverse-CDF sampling in reveal order; then the order; then the
+counts. So `--order l2r --fixed_counts --steps n` reproduces generate_ar (uncached or cached L2R
+decoding) token for token, and the encoder sampler with and without `cache_trick` gives identical
+samples under the same seed.
+"""
+
+import math
+
+import torch
+
+from engine import EncoderStepper, SlotStepper
+from model import random_orders
+
+
+_CHUNK = 1 << 25  # float64 elements per sampling chunk (256 MiB): bounds memory when a step reveals a lot
+
+
+# ----------------------------------------------------------------------------- the schedule
+
+def time_grid(steps, schedule='linear'):
+    """(T + 1,) float64: t_0 = 1 > ... > t_T = 0, the fraction of positions still masked after step i."""
+    u = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+    if schedule == 'linear':
+        t = u
+    elif schedule == 'cosine':  # reveals slowly at first, fast at the end (the paper code's option)
+        t = torch.cos((1.0 - u) * math.pi / 2)
+    else:
+        raise ValueError(f"schedule must be 'linear' or 'cosine', got {schedule!r}")
+    t[0], t[-1] = 1.0, 0.0
+    return t
+
+
+def reveal_step(U, t):
+    """The step i with t[i+1] <= U < t[i] in which a position with reveal time U in [0, 1) unmasks."""
+    T = t.numel() - 1
+    return T - torch.searchsorted(t.flip(0), U, right=True)
+
+
+def reveal_counts(n, steps, schedule='linear', fixed=False, generator=None):
+    """(T,) LongTensor: how many of n masked positions each step reveals; sums to n.
+
+    Lemma 1: from t to s a masked position unmasks with probability 1 - s/t. That is the same as giving
+    each position a reveal time U ~ U[0, 1) (masked at time t iff U < t), so the per-step counts are
+    the multinomial of n uniforms over the grid's bins: k_i ~ Binomial(#still masked, 1 - t_{i+1}/t_i).
+    fixed: the paper code's counts, cumulative max(int(n (1 - t_{i+1})), previous + 1), capped at n.
+    """
+    t = time_grid(steps, schedule)
+    if fixed:
+        cum, prev = [], 0
+        for ti in t[1:].tolist():
+            prev = min(n, max(int(n * (1.0 - ti)), prev + 1))
+            cum.append(prev)
+        cum[-1] = n
+        return torch.diff(torch.tensor([0] + cum))
+    U = torch.rand(n, dtype=torch.float64, generator=generator)
+    return torch.bincount(reveal_step(U, t), minlength=steps)
+
+
+# ----------------------------------------------------------------------------- drawing tokens
+
+def sample_tokens(logits, u, temperature=1.0, top_p=1.0, vocab_size=None, ban=None, score=None):
+    """One token per row of logits (..., V), by inverse-CDF sampling with the uniforms u (...).
+
+    float64 throughout: low-precision (bf16/fp32) Gumbel noise lowers the effective temperature, this
+    cannot. Ids >= vocab_size (the head's padding rows) and `ban` (the encoder's [MASK]) are never drawn.
+    temperature 0 is greedy; top_p < 1 keeps the smallest set of most likely tokens whose mass reaches
+    top_p (the HF convention: the token that crosses top_p is kept).
+    score: None, or how sure the model is of each row, for the confidence orders; then returns
+    (tokens, scores, top probabilities), each (...). Scores are computed on the distribution the token
+    was drawn from (after temperature and top_p; at temperature 0 the plain softmax): 'confidence' the
+    probability of the drawn token, 'margin' the top probability minus the second, 'entropy' the
+    negative entropy (higher is surer in every mode).
+    """
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    shape = logits.shape[:-1]
+    V = logits.size(-1) if vocab_size is None else min(vocab_size, logits.size(-1))
+    logits = logits.reshape(-1, logits.size(-1))[:, :V]
+    u = u.reshape(-1).to(device=logits.device, dtype=torch.float64)
+    rows = max(1, _CHUNK // V)
+    parts = [_sample_rows(logits[a:a + rows], u[a:a + rows], temperature, top_p, ban, score)
+             for a in range(0, logits.size(0), rows)]  # bounded memory when a step draws many rows
+    if score is None:
+        return torch.cat(parts).view(shape)
+    return tuple(torch.cat(p).view(shape) for p in zip(*parts))
+
+
+def _sample_rows(logits, u, temperature, top_p, ban, score=None):
+    logp = logits.double()
+    if ban is not None and ban < logp.size(1):
+        logp = logp.index_fill(1, torch.tensor([ban], device=logp.device), -math.inf)
+    if temperature == 0:
+        tok = logp.argmax(1)
+        return tok if score is None else (tok, *_scores(torch.softmax(logp, dim=1), tok[:, None], score))
+    p = torch.softmax(logp if temperature == 1 else logp / temperature, dim=1)  # (R, V) float64
+    idx = None
+    if top_p < 1.0:
+        p, idx = _sorted_nucleus(p, top_p)
+    cdf = p.cumsum(1)
+    total = cdf[:, -1:]
+    # the first index whose cdf exceeds u * total; clamping below total keeps the index at or before the
+    # last token with positive probability, and a zero-probability token can never be the first to exceed
+    v = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    j = torch.searchsorted(cdf, v, right=True)  # (R, 1)
+    tok = (idx.gather(1, j) if idx is not None else j).squeeze(1)
+    return tok if score is None else (tok, *_scores(p / total, j, score))
+
+
+def _scores(p, j, score):
+    """(scores (R,), top probabilities (R,)) for rows of normalised probabilities p (R, V) whose drawn
+    tokens sit at columns j (R, 1) of p."""
+    top2 = p.topk(min(2, p.size(1)), dim=1).values
+    if score == 'confidence':
+        s = p.gather(1, j).squeeze(1)
+    elif score == 'margin':
+        s = top2[:, 0] - (top2[:, 1] if top2.size(1) > 1 else 0)
+    elif score == 'entropy':
+        s = (p * p.clamp(min=1e-300).log()).sum(1)
+    else:
+        raise ValueError(f"score must be confidence, margin or entropy, got {score!r}")
+    return s, top2[:, 0]
+
+
+def _sorted_nucleus(p, top_p):
+    """p (R, V) sorted in descending order with every token after the nucleus zeroed (a token is dropped
+    once the mass before it reaches top_p), and the sorted ids. A full sort of a 50k vocab is slow on a
+    CPU and the nucleus is usually small, so there the top 64, then 1024 are tried first: exact whenever
+    they already hold top_p of the mass. On a GPU we sort directly (no host sync)."""
+    for k in ((64, 1024) if not p.is_cuda else ()):
+        if k >= p.size(1):
+            break
+        ps, idx = p.topk(k, dim=1)
+        cum = ps.cumsum(1)
+        if bool((cum[:, -1] >= top_p).all()):
+            return ps.masked_fill(cum - ps >= top_p, 0.0), idx
+    ps, idx = p.sort(dim=1, descending=True)
+    return ps.masked_fill(ps.cumsum(1) - ps >= top_p, 0.0), idx
+
+
+# ----------------------------------------------------------------------------- orders and given tokens
+
+def split_given(given, n):
+    """given: None or a LongTensor (n,) of token ids with -1 at the positions to generate (shared by
+    the batch). Returns (given positions ascending, their tokens, free positions ascending)."""
+    if given is None:
+        given = torch.full((n,), -1, dtype=torch.long)
+    given = torch.as_tensor(given, dtype=torch.long).cpu()
+    if given.shape != (n,):
+        raise ValueError(f"given must have shape ({n},), got {tuple(given.shape)}")
+    is_given = given >= 0
+    pos = is_given.nonzero().squeeze(1)
+    free = (~is_given).nonzero().squeeze(1)
+    if free.numel() == 0:
+        raise ValueError("nothing to generate: every position is given")
+    return pos, given[pos], free
+
+
+ORDERS = ('random', 'l2r', 'blocks:K', 'confidence', 'margin', 'entropy')
+ADAPTIVE = ('confidence', 'margin', 'entropy')  # chosen step by step from the model's own scores
+
+
+def check_order(order):
+    """A generation order spec, checked: one of ORDERS (K a positive integer), or a permutation tensor.
+    Raises ValueError naming what is accepted."""
+    if not isinstance(order, str):
+        return order
+    if order in ('random', 'l2r') or order in ADAPTIVE:
+        return order
+    if order.startswith('blocks:') and order[7:].isdigit() and int(order[7:]) >= 1:
+        return order
+    raise ValueError(f"unknown order {order!r}: use random, l2r, blocks:K (K >= 1: blocks of K positions "
+                     f"left to right, a random order inside each), confidence, margin or entropy")
+
+
+def free_order(order, free, batch_size, generator=None):
+    """(B, n_free) generation order of the free positions: 'random' (uniform per sample), 'l2r',
+    'blocks:K' (positions in blocks of K, blocks left to right, a uniform order inside each block:
+    semi-autoregressive decoding), or a permutation (n,) / (B, n) of all positions, of which the free
+    ones are taken in its order."""
+    B, nf = batch_size, free.numel()
+    if isinstance(order, str):
+        if order == 'random':
+            return free[random_orders(B, nf, generator=generator)]
+        if order == 'l2r':
+            return free.expand(B, nf).clone()
+        if check_order(order).startswith('blocks:'):
+            # block index + a uniform in [0, 1): sorting puts blocks in order and shuffles inside each
+            keys = (free // int(order[7:])).double() + torch.rand(B, nf, dtype=torch.float64, generator=generator)
+            return free[keys.argsort(dim=1)]
+        raise ValueError(f"free_order takes random, l2r, blocks:K or a permutation, not {order!r}")
+    o = torch.as_tensor(order, dtype=torch.long).cpu()
+    o = o.expand(B, -1) if o.dim() == 1 else o
+    n = o.size(1)
+    if o.size(0) != B or not torch.equal(o.sort(1).values, torch.arange(n).expand(B, n)):
+        raise ValueError(f"order must be a permutation of range({n}) per sample")
+    is_free = torch.zeros(n, dtype=torch.bool)
+    is_free[free] = True
+    return o[is_free[o]].view(B, nf)
+
+
+# ----------------------------------------------------------------------------- the samplers
+
+def draw_plan(n, batch_size, steps, *, order='random', fixed_counts=False, schedule='linear', given=None,
+              generator=None):
+    """Everything generate_ao decides before its first forward pass, in its fixed order of draws: one
+    float64 uniform per token (consumed in reveal order by the token draws), the order, the counts.
+    Returns (u (B, n), reveal (B, n) positions in reveal order (the given ones first, ascending),
+    counts (T,) tokens revealed per step, the given positions, their tokens)."""
+    B = batch_size
+    gpos, gtok, free = split_given(given, n)
+    u = torch.rand(B, n, dtype=torch.float64, generator=generator)
+    reveal = torch.cat([gpos.expand(B, gpos.numel()), free_order(order, free, B, generator)], 1)
+    counts = reveal_counts(free.numel(), steps, schedule, fixed_counts, generator)
+    return u, reveal, counts, gpos, gtok
+
+
+def ao_calls(counts, n_given=0):
+    """The AO sampler's forward calls for per-step counts, as (r rows, L cached slots, k copies): a call
+    feeds the slots revealed at the previous step but the first (pending, their targets chained along
+    the order), then k copies of the last revealed slot; a step that reveals nothing makes no call. The
+    given tokens are pending at the first call."""
+    calls, c, m = [], 0, n_given
+    for k in counts:
+        if k:
+            calls.append((m - c + k, c, k))
+            c, m = m + 1, m + k
+    return calls
+
+
+@torch.no_grad()
+def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=False, schedule='linear',
+                temperature=1.0, top_p=1.0, vocab_size=None, given=None, generator=None, stepper='dynamic',
+                threshold=0.0):
+    """KV-cached any-order sampling from an AO-GPT / sigma-GPT. Returns (tokens (B, n), stats).
+
+    order: 'random' (the MDM reverse process), 'l2r', 'blocks:K' (semi-autoregressive) or a permutation,
+    all fixed before the first pass; or 'confidence' / 'margin' / 'entropy', chosen step by step from
+    the model's scores (generate_confident; threshold applies there).
+    given: LongTensor (n,) with -1 at the positions to generate; the given tokens enter the cache first
+    (ascending positions, in the first pass), the rest follow `order`. stats: steps, forward_calls,
+    token_passes (rows through the network per sample), tokens_generated, counts (the per-step counts
+    of the steps that ran), order (B, n) positions in reveal order.
+    stepper: how each forward call runs: 'dynamic', 'static' or 'cuda_graph', or a SlotStepper to reuse
+    (its captured graphs); the samples are the same up to float rounding.
+    """
+    if not model.any_order:
+        raise ValueError("generate_ao needs an any-order decoder (cond='adaln' or 'sigma'); "
+                         "use generate_ar for a GPT and generate_mdm for an encoder")
+    if n > model.config.block_size:
+        raise ValueError(f"n = {n} > block_size {model.config.block_size}")
+    if isinstance(check_order(order), str) and order in ADAPTIVE:
+        return generate_confident(model, n, batch_size, steps, score=order, fixed_counts=fixed_counts,
+                                  schedule=schedule, threshold=threshold, temperature=temperature, top_p=top_p,
+                                  vocab_size=vocab_size, given=given, generator=generator, stepper=stepper)
+    if threshold:
+        raise ValueError("threshold applies to the confidence orders (confidence, margin, entropy) only")
+    dev = next(model.parameters()).device
+    B = batch_size
+    u, reveal, counts, gpos, gtok = draw_plan(n, B, steps, order=order, fixed_counts=fixed_counts,
+                                              schedule=schedule, given=given, generator=generator)
+    g = gpos.numel()
+    calls = ao_calls(counts.tolist(), g)
+    slot_tok = torch.full((B, n + 1), -1, dtype=torch.long)               # slot j: the j-th revealed token
+    slot_tok[:, 1:g + 1] = gtok
+    slot_tok = slot_tok.to(dev)
+    slot_pos = torch.cat([torch.full((B, 1), -1), reveal], 1).to(dev)      # its position; [None] is -1
+    reveal, u = reveal.to(dev), u.to(dev)
+
+    rows = []  # every call's slots (the pending ones, then k copies of the last), up front: one copy to
+    for r, L, k in calls:  # the device, not one per call
+        rows += list(range(L, L + r - k)) + [L + r - k] * k
+    rows = torch.tensor(rows, device=dev)
+    step = SlotStepper.make(model, B, stepper)
+    a = 0
+    for r, L, k in calls:
+        m = L + r - k                                                     # tokens revealed so far
+        slots = rows[a:a + r]
+        logits = step(slot_tok[:, slots], slot_pos[:, slots], reveal[:, L:m + k], k)  # (B, k, V)
+        step.cache.keep(r - k + 1)                                        # the pending slots and the first copy
+        slot_tok[:, m + 1:m + k + 1] = sample_tokens(logits, u[:, m:m + k], temperature, top_p, vocab_size)
+        a += r
+    tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
+    stats = dict(steps=steps, forward_calls=len(calls), token_passes=sum(r for r, _, _ in calls),
+                 tokens_generated=n - g, counts=[k for _, _, k in calls], order=reveal)
+    return tokens, stats
+
+
+@torch.no_grad()
+def generate_confident(model, n, batch_size, steps, *, score='confidence', fixed_counts=False,
+                       schedule='linear', threshold=0.0, temperature=1.0, top_p=1.0, vocab_size=None, given=None,
+                       generator=None, stepper='dynamic'):
+    """Confidence-ordered decoding (LLaDA's low-confidence remasking, Dream's margin and entropy) on the
+    exact KV cache. Each step scores every still-masked position in one pass (one query copy per masked
+    position, the parallel block), draws a candidate token for each, and reveals the k surest: k from
+    the Lemma-1 counts (as generate_ao), or with threshold > 0 every position whose top probability is
+    at least threshold (and at least one). The revealed tokens enter the cache in that order, surest
+    first, so the cache holds exactly what a cache-free pass over the same order would compute. A step
+    costs its pending slots plus one row per masked position: about n T / 2 token-passes for T equal
+    steps, against under 2n for the fixed orders (stats token_passes).
+    Randomness: the counts first (when used), then per step one float64 uniform per masked position.
+    With a threshold the number of steps differs between samples, so each sample is decoded on its own
+    (batch 1, one after another, on one batch-1 stepper: the caller's stepper's sibling, kept with it, so
+    its graphs are captured once); stats then give the mean calls and token-passes per sample.
+    """
+    if threshold and batch_size > 1:
+        solo = stepper.for_batch(1) if isinstance(stepper, SlotStepper) else SlotStepper(model, 1, stepper)
+        runs = [generate_confident(model, n, 1, steps, score=score, fixed_counts=fixed_counts, schedule=schedule,
+                                   threshold=threshold, temperature=temperature, top_p=top_p, vocab_size=vocab_size,
+                                   given=given, generator=generator, stepper=solo) for _ in range(batch_size)]
+        stats = dict(steps=None, tokens_generated=runs[0][1]['tokens_generated'],
+                     forward_calls=sum(st['forward_calls'] for _, st in runs) / batch_size,
+                     token_passes=sum(st['token_passes'] for _, st in runs) / batch_size,
+                     counts=[st['counts'] for _, st in runs], order=torch.cat([st['order'] for _, st in runs]))
+        return torch.cat([x for x, _ in runs]), stats
+    dev = next(model.parameters()).device
+    B = batch_size
+    gpos, gtok, free = split_given(given, n)
+    g = gpos.numel()
+    counts = [] if threshold else [k for k in reveal_counts(free.numel(), steps, schedule, fixed_counts,
+                                                              generator).tolist() if k]
+    reveal = torch.empty(B, n, dtype=torch.long, device=dev)             # positions in reveal order
+    reveal[:, :g] = gpos.to(dev)
+    slot_tok = torch.full((B, n + 1), -1, dtype=torch.long, device=dev)  # slot j: the j-th revealed token
+    slot_pos = torch.full((B, n + 1), -1, dtype=torch.long, device=dev)  # and its position
+    slot_tok[:, 1:g + 1], slot_pos[:, 1:g + 1] = gtok.to(dev), gpos.to(dev)
+    masked = torch.zeros(B, n, dtype=torch.bool, device=dev)
+    masked[:, free.to(dev)] = True
+    ar = torch.arange(n, device=dev)
+    step = SlotStepper.make(model, B, stepper)
+    m, passes, ks = g, 0, []
+    while m < n:
+        c, nm = step.cache.len, n - m                                    # cached slots, masked positions
+        qpos = torch.where(masked, ar, n).sort(dim=1).values[:, :nm]     # (B, nm) the masked positions
+        tok = torch.cat([slot_tok[:, c:m], slot_tok[:, m:m + 1].expand(B, nm)], 1)
+        pos = torch.cat([slot_pos[:, c:m], slot_pos[:, m:m + 1].expand(B, nm)], 1)
+        logits = step(tok, pos, torch.cat([reveal[:, c:m], qpos], 1), nm)  # (B, nm, V): one query each
+        u = torch.rand(B, nm, dtype=torch.float64, generator=generator)
+        cand, sure, top = sample_tokens(logits, u, temperature, top_p, vocab_size, score=score)
+        k = max(1, int((top >= threshold).sum())) if threshold else counts[len(ks)]
+        j = sure.topk(k, dim=1).indices                                  # (B, k), surest first
+        step.cache.keep(m - c + 1, chosen=j[:, 0])                       # pending slots, the surest copy
+        new = qpos.gather(1, j)
+        reveal[:, m:m + k], slot_pos[:, m + 1:m + k + 1] = new, new
+        slot_tok[:, m + 1:m + k + 1] = cand.gather(1, j)
+        masked.scatter_(1, new, False)
+        m, passes = m + k, passes + tok.size(1)
+        ks.append(k)
+    tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
+    stats = dict(steps=len(ks) if threshold else steps, forward_calls=len(ks), token_passes=passes,
+                 tokens_generated=n - g, counts=ks, order=reveal)
+    return tokens, stats
+
+
+@torch.no_grad()
+def generate_ar(model, n, batch_size, *, temperature=1.0, top_p=1.0, vocab_size=None, prompt=None,
+                generator=None, stepper='dynamic'):
+    """Plain left-to-right KV-cache decoding, one token per forward call (the AR baseline).
+
+    Works for any decoder (a GPT, or an AO-GPT in L2R order). prompt: a list/LongTensor of ids that the
+    samples start with (fed in the first call). Returns (tokens (B, n), stats) like generate_ao.
+    stepper: as in generate_ao (a call here is the prompt, then one row at a time).
+    """
+    if not model.config.causal:
+        raise ValueError("generate_ar needs a decoder; use generate_mdm for an encoder MDM")
+    if n > model.config.block_size:
+        raise ValueError(f"n = {n} > block_size {model.config.block_size}")
+    dev = next(model.parameters()).device
+    B = batch_size
+    prompt = torch.as_tensor([] if prompt is None else prompt, dtype=torch.long)
+    g = prompt.numel()
+    if g >= n:
+        raise ValueError(f"the prompt ({g} tokens) leaves nothing to generate in n = {n}")
+    u = torch.rand(B, n, dtype=torch.float64, generator=generator).to(dev)  # same stream as generate_ao
+    tok = torch.full((B, n + 1), -1, dtype=torch.long)                       # slot j holds x_{j-1}
+    tok[:, 1:g + 1] = prompt
+    tok = tok.to(dev)
+    pos = torch.arange(-1, n, device=dev).expand(B, n + 1)                  # slot j sits at position j-1
+    tgt = torch.arange(0, n + 1, device=dev).expand(B, n + 1)               # and predicts position j
+    step = SlotStepper.make(model, B, stepper)
+    logits = step(tok[:, :g + 1], pos[:, :g + 1], tgt[:, :g + 1], 1)         # the prompt: a causal block
+    step.cache.keep(g + 1)
+    for i in range(g, n):
+        if i > g:
+            logits = step(tok[:, i:i + 1], pos[:, i:i + 1], tgt[:, i:i + 1], 1)
+            step.cache.keep(1)
+        tok[:, i + 1] = sample_tokens(logits[:, -1], u[:, i], temperature, top_p, vocab_size)
+    stats = dict(steps=n - g, forward_calls=n - g, token_passes=n, tokens_generated=n - g)
+    return tok[:, 1:], stats
+
+
+@torch.no_grad()
+def generate_mdm(model, n, batch_size, steps, *, cache_trick=False, counts='shared', order='random',
+                 fixed_counts=False, schedule='linear', temperature=1.0, top_p=1.0, vocab_size=None,
+                 given=None, generator=None, stepper='dynamic'):
+    """The encoder MDM's reverse process: a full pass over all n positions ([MASK] where not yet
+    revealed) per step, the same Lemma-1 schedule as generate_ao. Returns (tokens (B, n), stats).
+
+    counts='shared': one Binomial count per step for the whole batch and a random order per sample,
+    exactly generate_ao's plan (same seed, same revealed positions and uniforms). 'independent': MDLM's
+    sampler, every position of every sample draws its own reveal time. Both are the exact reverse
+    process per sample; with 'independent' a step reveals nothing only if it does so for every sample,
+    so the caching trick saves far fewer passes at large batch sizes.
+    cache_trick (MDLM's ddpm_cache): a step whose input did not change since the last pass reuses it.
+    The pass is deterministic, so this changes the cost, never the samples.
+    The head runs only on the positions revealed at a step (the others' logits are never used).
+    stepper: 'dynamic', 'static' or 'cuda_graph' (the one pass captured once), or an EncoderStepper to reuse.
+    """
+    cfg = model.config
+    if cfg.causal:
+        raise ValueError("generate_mdm needs an encoder MDM (causal=False)")
+    if n > cfg.block_size:
+        raise ValueError(f"n = {n} > block_size {cfg.block_size}")
+    dev = next(model.parameters()).device
+    B = batch_size
+    gpos, gtok, free = split_given(given, n)
+    g, nf = gpos.numel(), free.numel()
+    u = torch.rand(B, n, dtype=torch.float64, generator=generator)
+    if counts == 'shared':
+        forder = free_order(order, free, B, generator)                     # (B, nf)
+        k = reveal_counts(nf, steps, schedule, fixed_counts, generator)     # (T,)
+        step_of_rank = torch.repeat_interleave(torch.arange(steps), k)      # (nf,) step of the j-th reveal
+        step = torch.empty(B, n, dtype=torch.long).scatter_(1, forder, step_of_rank.expand(B, nf))
+    elif counts == 'independent':
+        if fixed_counts or not (isinstance(order, str) and order == 'random'):
+            raise ValueError("counts='independent' draws per-position reveal times: no fixed_counts/order")
+        U = torch.rand(B, nf, dtype=torch.float64, generator=generator)
+        s = reveal_step(U, time_grid(steps, schedule))                     # (B, nf)
+        step = torch.empty(B, n, dtype=torch.long).scatter_(1, free.expand(B, nf), s)
+        forder = free[(s * n + free).argsort(dim=1)]  # reveal order: by step, then position
+    else:
+        raise ValueError(f"counts must be 'shared' or 'independent', got {counts!r}")
+    reveal = torch.cat([gpos.expand(B, g), forder], 1)                      # (B, n)
+    u_pos = torch.empty_like(u).scatter_(1, reveal, u)                      # the uniform of each position
+    step[:, gpos] = -1
+    # every (sample, position) to reveal, sorted by step, with the step boundaries: no syncs in the loop
+    bb, pp = (step >= 0).nonzero(as_tuple=True)
+    s = step[bb, pp]
+    perm = (s * (B * n) + bb * n + pp).argsort()
+    bb, pp = bb[perm].to(dev), pp[perm].to(dev)
+    bounds = [0] + torch.bincount(s, minlength=steps).cumsum(0).tolist()
+    u_pos = u_pos.to(dev)
+
+    x = torch.full((B, n), cfg.mask_token_id, dtype=torch.long)
+    x[:, gpos] = gtok
+    x = x.to(dev)
+    encode = EncoderStepper.make(model, B, n, stepper)
+    h, passes, stale = None, 0, True  # stale: x changed since the last pass
+    for i in range(steps):
+        lo, hi = bounds[i], bounds[i + 1]
+        # without the trick every step runs the network; with it only a step that reveals something and
+        # whose input differs from the last pass's (MDLM reuses the output; nothing else needs it)
+        if not cache_trick or (hi > lo and stale):
+            h = encode(x)                                                   # (B, n, C)
+            passes += 1
+            stale = False
+        if hi == lo:
+            continue
+        bi, pi = bb[lo:hi], pp[lo:hi]
+        logits = model.lm_head(h[bi, pi])                                   # (R, V): revealed rows only
+        x[bi, pi] = sample_tokens(logits, u_pos[bi, pi], temperature, top_p, vocab_size,
+                                  ban=cfg.mask_token_id)
+        stale = True
+    stats = dict(steps=steps, forward_calls=passes, token_passes=passes * n, tokens_generated=nf,
+                 order=reveal.to(dev))
+    return x, stats

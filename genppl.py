@@ -1,0 +1,119 @@
+"""
+Generative perplexity: how likely a judge model finds the samples, both ways the field averages it, with
+the samples' unigram entropy (low-temperature and repetitive samples flatter both perplexities).
+"""
+
+import math
+import os
+
+import torch
+from torch.nn import functional as F
+
+from model import GPT
+
+
+@torch.no_grad()
+def judge_token_nll(judge, seqs, mode='none', batch_size=16, windows=False):
+    """-log p of every token the judge scores, per sequence: a list of 1-D float tensors. seqs: id
+    sequences (lists or 1-D tensors) of any lengths, each read left to right.
+
+    mode 'none': every token is scored, the first from [None] (for a GPT-2 loaded with
+    GPT.from_pretrained, [None] is <|endoftext|>): up to block_size tokens in one pass.
+    mode 'hf': the paper code's recipe (HF GPT-2 on the raw sample): no BOS, the first token is only
+    context: up to block_size + 1 tokens (1024 for GPT-2).
+    A longer sequence is an error, or with windows=True is scored in consecutive windows, each read from
+    scratch (re-tokenized text has a length nobody chose).
+    """
+    cfg = judge.config
+    if not cfg.causal:
+        raise ValueError("the judge must be a decoder (an L2R GPT, GPT-2, or an AO-GPT read L2R)")
+    if mode not in ('none', 'hf'):
+        raise ValueError(f"mode must be 'none' or 'hf', got {mode!r}")
+    W = cfg.block_size if mode == 'none' else cfg.block_size + 1
+    dev = next(judge.parameters()).device
+    pieces = []  # (sequence index, ids of one pass)
+    for i, s in enumerate(seqs):
+        s = torch.as_tensor(s, dtype=torch.long).view(-1)
+        if len(s) > W and not windows:
+            raise ValueError(f"{len(s)} tokens do not fit the judge's context ({W} in mode {mode!r})")
+        pieces += [(i, s[a:a + W]) for a in range(0, len(s), W)]
+    out = [[] for _ in seqs]
+    for a in range(0, len(pieces), batch_size):
+        batch = pieces[a:a + batch_size]
+        n = max(len(p) for _, p in batch)
+        x = torch.zeros(len(batch), n, dtype=torch.long)                    # padded at the end: a causal
+        y = torch.full((len(batch), n), -1, dtype=torch.long)               # judge never reads the pads
+        for j, (_, p) in enumerate(batch):
+            x[j, :len(p)] = y[j, :len(p)] = p
+        x, y = x.to(dev), y.to(dev)
+        if mode == 'none':
+            _, nll = judge(x, targets=y, reduction='none')                  # (b, n)
+        else:
+            pos = torch.arange(-1, n - 1, device=dev).expand(len(batch), n)  # token i at GPT-2's wpe[i]
+            logits = judge.forward_slots(x, pos, pos + 1)[:, :-1]
+            nll = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y[:, 1:].reshape(-1),
+                                  ignore_index=-1, reduction='none').view(len(batch), n - 1)
+        skip = 0 if mode == 'none' else 1                                   # hf: the first token is context
+        for j, (i, p) in enumerate(batch):
+            out[i].append(nll[j, :max(0, len(p) - skip)].float().cpu())
+    return [torch.cat(parts) if parts else torch.zeros(0) for parts in out]
+
+
+def judge_nll(judge, tokens, mode='none', batch_size=16):
+    """Per-sample mean NLL (B,) of tokens (B, n) under a decoder judge, each sample in one pass (the
+    paper code's protocol; see judge_token_nll for the modes)."""
+    return torch.stack([t.mean() for t in judge_token_nll(judge, list(tokens), mode, batch_size)])
+
+
+def generative_ppl(judge, judge_codec, samples, codec, mode='none', batch_size=16):
+    """Both generative perplexities of samples (N, n) under a judge, with the samples' unigram entropy:
+      per_sequence  the mean over samples of exp(mean NLL of the sample), read as the sampler's own ids
+                    (the paper's code and SEDD; with another judge codec, on the re-tokenized text);
+      token         one token-weighted exp(total NLL / total tokens), after decoding each sample,
+                    dropping what follows its first end of document, and re-tokenizing with the judge's
+                    codec (MDLM and DUO). A sample that ends early counts for fewer tokens, not for a
+                    perplexity as large as a full one.
+    Low-temperature and repetitive samples flatter both; the unigram entropy (nats, mean over samples
+    of the entropy of each sample's token histogram) shows it."""
+    from evalsets import doc_end
+    from tokenizer import DataError
+    eos, texts = doc_end(codec)[0], []
+    for row in samples.tolist():
+        cut = row.index(eos) if eos in row else None
+        texts.append((codec.decode(row[:cut]), cut is not None))
+    try:
+        retok = [judge_codec.encode(t) + (doc_end(judge_codec) if ended else []) for t, ended in texts]
+    except DataError as e:
+        raise ValueError(f"the judge's {judge_codec.name} codec cannot encode the samples: {e.msg}")
+    same = judge_codec.record() == codec.record()
+    per_seq = judge_token_nll(judge, list(samples) if same else retok, mode, batch_size, windows=not same)
+    tok = judge_token_nll(judge, retok, mode, batch_size, windows=True)
+    n_tok = sum(len(t) for t in tok)
+    seq_ppl = torch.stack([t.double().mean().exp() for t in per_seq if len(t)])
+    H = unigram_entropy(samples)
+    return dict(per_sequence=seq_ppl.mean().item(), per_sequence_std=seq_ppl.std().item() if len(seq_ppl) > 1 else 0.0,
+                per_sequence_tokens='sample ids' if same else 're-tokenized',
+                token=math.exp(sum(t.double().sum().item() for t in tok) / max(1, n_tok)), tokens_scored=n_tok,
+                ended_early=sum(ended for _, ended in texts), unigram_entropy=H.mean().item(), mode=mode,
+                per_sample=seq_ppl.tolist())
+
+
+def unigram_entropy(tokens):
+    """Per-sample entropy (nats) of the token histogram (B,): low values expose degenerate repetition."""
+    out = []
+    for row in tokens.cpu():
+        p = torch.bincount(row).double()
+        p = p[p > 0] / row.numel()
+        out.append(-(p * p.log()).sum().item())
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def load_judge(path, device):
+    """A judge model, its codec, and whether it is an HF GPT-2 folder (local or hf:; else a checkpoint of ours)."""
+    from checkpoint import checkpoint_codec, is_export, load_model, resolve_path
+    from tokenizer import gpt2_codec
+    where = resolve_path(path)
+    if os.path.isdir(where) and not is_export(where):
+        return GPT.from_pretrained(where).to(device).eval(), gpt2_codec(), True
+    model, ck, _ = load_model(where, device)
+    return model, checkpoint_codec(ck), False
