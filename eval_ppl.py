@@ -191,15 +191,23 @@ def _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar=Non
 
 @torch.no_grad()
 def nll_ensemble(model, chunks, M, mode='fast', generator=None, draws=1, batch_size=8, bar=None):
-    """Context-order ensemble (paper eq. 7): (sum over chunks of the estimated ensembled chain-rule NLL,
-    number of tokens). Both modes estimate the same expected bound (see _ensemble_fast_per_chunk)."""
+    """Context-order ensemble (paper eq. 7), per chunk: (ensemble, mean member), each the estimated
+    chain-rule NLL summed over the chunk's tokens, in float64. The mean member is the plain any-order NLL
+    on the *same* draws, so member - ensemble is a paired, low-noise measure of what ensembling gains.
+    M: the number of members, giving (N,) tensors; or, in fast mode, a tuple of sizes, giving an
+    ensemble of shape (len(M), N) whose sizes are nested (the first m of max(M) orderings, so the
+    differences between sizes are paired too; the mean member is over max(M)).
+    mode 'fast' (M passes per draw, _ensemble_fast) or 'exact' (the paper's per-token form, n*M passes
+    per draw, _ensemble_exact); both estimate the same expected bound."""
     if mode == 'fast':
-        ens, _ = _ensemble_fast_per_chunk(model, chunks, M, generator, draws, batch_size, bar)
-    elif mode == 'exact':
-        ens, _ = _ensemble_exact_per_chunk(model, chunks, M, generator, draws, batch_size, bar)
-    else:
-        raise ValueError(f"ensemble mode must be 'fast' or 'exact', got {mode!r}")
-    return ens.sum().item(), chunks.numel()
+        Ms = tuple(M) if isinstance(M, (tuple, list)) else (M,)
+        ens, member = _ensemble_fast(model, chunks, Ms, generator, draws, batch_size, bar)
+        return (ens if isinstance(M, (tuple, list)) else ens[0]), member
+    if mode == 'exact':
+        if not isinstance(M, int):
+            raise ValueError("the exact ensemble takes one member count M, not a tuple of sizes")
+        return _ensemble_exact(model, chunks, M, generator, draws, batch_size, bar)
+    raise ValueError(f"ensemble mode must be 'fast' or 'exact', got {mode!r}")
 
 
 def _mixture_nll(member_nll):
@@ -218,14 +226,7 @@ def _reorder_contexts(ctx, M, generator):
 
 
 @torch.no_grad()
-def _ensemble_fast_per_chunk(model, chunks, M, generator=None, draws=1, batch_size=8, bar=None):
-    """The fast estimator for one M: (ensemble (N,), mean member (N,)); see _ensemble_fast_nested."""
-    ens, mean_member = _ensemble_fast_nested(model, chunks, (M,), generator, draws, batch_size, bar)
-    return ens[0], mean_member
-
-
-@torch.no_grad()
-def _ensemble_fast_nested(model, chunks, Ms, generator=None, draws=1, batch_size=8, bar=None):
+def _ensemble_fast(model, chunks, Ms, generator=None, draws=1, batch_size=8, bar=None):
     """The fast estimator of the ensembled any-order NLL. Returns per-chunk estimates (len(Ms), N) of
     the ensemble's chain-rule NLL, one row per size in Ms, and (N,) on the same draws of the mean
     member's (the plain any-order NLL). The sizes are nested: the M-member ensemble uses the first M of
@@ -297,7 +298,7 @@ def _queries_nll(model, x, ctx, tgt, batch_size):
 
 
 @torch.no_grad()
-def _ensemble_exact_per_chunk(model, chunks, M, generator=None, draws=1, batch_size=8, bar=None):
+def _ensemble_exact(model, chunks, M, generator=None, draws=1, batch_size=8, bar=None):
     """The paper's per-token form, the reference the fast estimator is checked against. For each draw a
     base order sigma, and for every target index i the M-member mixture over orderings of the context
     sigma_<i: member 0 is sigma's own ordering, the others uniform reshuffles of it. Each member is one
@@ -534,8 +535,7 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
             bar.set_description(f"{name} ens x{M}")
             # the ensemble's sums, plus the mean member on the *same* draws: a paired, low-noise
             # measure of what ensembling gains
-            est = _ensemble_fast_per_chunk if c.ensemble_mode == 'fast' else _ensemble_exact_per_chunk
-            ens, member = est(model, mine, M, gen(), c.ensemble_draws, c.batch_size, bar)
+            ens, member = nll_ensemble(model, mine, M, c.ensemble_mode, gen(), c.ensemble_draws, c.batch_size, bar)
             sums['ensemble'] = (ens.sum().item(), mine.numel())
             sums['member'] = (member.sum().item(), mine.numel())
     bar.close()

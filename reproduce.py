@@ -316,21 +316,15 @@ def eval_ema(c, name, chunks):
     return out
 
 
-def nested_ensemble(model, chunks, Ms, generator=None, draws=1, batch_size=64):
-    """Finding 4: per-chunk estimates (len(Ms), N) of the ensembled any-order NLL for every M in Ms, on
-    the *same* draws (eval_ppl's fast estimator with nested members), so the differences between M are
-    paired."""
-    from eval_ppl import _ensemble_fast_nested
-    return _ensemble_fast_nested(model, chunks, Ms, generator, draws, batch_size)[0]
-
-
 def eval_ensemble(c, name, chunks):
     """Finding 4 on a trained run: NLL per token for each M, and the paired gain over M = 1."""
     import torch
     from checkpoint import load_model
+    from eval_ppl import nll_ensemble
     model, _, _ = load_model(os.path.join(c.runs_dir, name), c.device)
-    est = nested_ensemble(model, chunks, ENSEMBLE_M, torch.Generator().manual_seed(c.seed),
-                          draws=c.ens_draws) / chunks.size(1)         # (len(M), N) nats per token
+    # nested sizes on the same draws, so the differences between M are paired
+    est, _ = nll_ensemble(model, chunks, ENSEMBLE_M, 'fast', torch.Generator().manual_seed(c.seed), c.ens_draws, 64)
+    est = est / chunks.size(1)                                           # (len(M), N) nats per token
     out = []
     for i, M in enumerate(ENSEMBLE_M):
         d = est[0] - est[i]                                              # per-chunk gain over one member

@@ -111,12 +111,12 @@ def test_fast_and_exact_ensemble_match_enumeration():
     q1 = enumerate_ensemble(model, X4, 1)
     qM = enumerate_ensemble(model, X4, M)
     g = torch.Generator().manual_seed(0)
-    ens, member = E._ensemble_fast_per_chunk(model, X4.expand(4000, n), M, g, 1, 512)
+    ens, member = E.nll_ensemble(model, X4.expand(4000, n), M, 'fast', g, 1, 512)
     fast, fast_se = per_token(ens, n)
     # the mean member on the same draws estimates the plain any-order loss (eval_ppl's control variate)
     mem, mem_se = per_token(member, n)
     assert abs(mem - q1) < 4 * mem_se, (mem, q1, mem_se)
-    exact, exact_se = per_token(E._ensemble_exact_per_chunk(model, X4.expand(600, n), M, g, 1, 512)[0], n)
+    exact, exact_se = per_token(E.nll_ensemble(model, X4.expand(600, n), M, 'exact', g, 1, 512)[0], n)
     assert abs(fast - qM) < 4 * fast_se, (fast, qM, fast_se)
     assert abs(exact - qM) < 4 * exact_se, (exact, qM, exact_se)
     assert abs(fast - exact) < 4 * math.hypot(fast_se, exact_se)
@@ -128,7 +128,7 @@ def test_one_member_reproduces_the_plain_any_order_loss():
     model, n = sharp(), 4
     q1 = enumerate_ensemble(model, X4, 1)
     g = torch.Generator().manual_seed(1)
-    ens, member = E._ensemble_fast_per_chunk(model, X4.expand(8000, n), 1, g, 1, 512)
+    ens, member = E.nll_ensemble(model, X4.expand(8000, n), 1, 'fast', g, 1, 512)
     assert torch.equal(ens, member)  # one member: the mixture is the member itself
     fast, se = per_token(ens, n)
     assert abs(fast - q1) < 4 * se, (fast, q1, se)
@@ -144,14 +144,27 @@ def test_one_member_reproduces_the_plain_any_order_loss():
 def test_ensemble_never_worse_than_its_mean_member_on_the_same_draws(mode):
     model = sharp(seed=2)
     x = torch.randint(0, 11, (6, 8), generator=torch.Generator().manual_seed(3))
-    est = E._ensemble_fast_per_chunk if mode == 'fast' else E._ensemble_exact_per_chunk
-    ens, member = est(model, x, 4, torch.Generator().manual_seed(4), 2, 16)
+    ens, member = E.nll_ensemble(model, x, 4, mode, torch.Generator().manual_seed(4), 2, 16)
+    assert ens.shape == member.shape == (6,) and ens.dtype == torch.float64
     assert not ens.requires_grad  # no autograd graph kept across a whole dataset
     assert (ens <= member + 1e-9).all()              # Jensen: -log mean p <= mean -log p, per target
     assert (member - ens).min() > 1e-3               # strict: probabilities, not log-probs, are averaged
-    # the public function reports the same ensemble sums for the same generator state
-    s, cnt = E.nll_ensemble(model, x, 4, mode, torch.Generator().manual_seed(4), draws=2, batch_size=16)
-    assert cnt == x.numel() and s == pytest.approx(ens.sum().item())
+
+
+def test_nested_ensemble_sizes_share_their_draws():
+    """A tuple of sizes (finding 4's use) gives, for each M, the ensemble of the first M orderings on the
+    same draws: the largest equals the one-size estimate on the same seed, and the sizes differ."""
+    model = sharp(seed=2)
+    chunks = torch.randint(0, 11, (5, 8), generator=torch.Generator().manual_seed(0))
+    est, member = E.nll_ensemble(model, chunks, (1, 2, 4), 'fast', torch.Generator().manual_seed(3), 3, 8)
+    ref, ref_member = E.nll_ensemble(model, chunks, 4, 'fast', torch.Generator().manual_seed(3), 3, 8)
+    assert est.shape == (3, 5)
+    torch.testing.assert_close(est[-1], ref)
+    torch.testing.assert_close(member, ref_member)
+    assert not torch.allclose(est[0], est[-1])       # the members differ, so the test has teeth
+    assert (est[-1] <= member + 1e-9).all()          # Jensen on the same draws
+    with pytest.raises(ValueError, match='one member count'):
+        E.nll_ensemble(model, chunks, (1, 2), 'exact')
 
 
 def test_any_order_estimators_refuse_a_left_to_right_gpt():
@@ -270,8 +283,8 @@ def test_cli_table_and_json_match_the_functions(tmp_path, text_file, capsys):
     # the reported number: any-order minus the gain on identical draws, so never above any-order
     assert ens['nll'] == pytest.approx(row['any_order']['nll'] - (ens['mean_member_nll'] - ens['nll_direct']))
     assert ens['nll'] <= row['any_order']['nll']
-    s, cnt = E.nll_ensemble(model, chunks, 2, 'fast', torch.Generator().manual_seed(1337))
-    assert ens['nll_direct'] == pytest.approx(s / cnt, rel=1e-6)
+    direct, _ = E.nll_ensemble(model, chunks, 2, 'fast', torch.Generator().manual_seed(1337))
+    assert ens['nll_direct'] == pytest.approx(direct.sum().item() / chunks.numel(), rel=1e-6)
 
 
 def test_cli_gpt_shows_na_and_char_level_reports_bpc(tmp_path, text_file, capsys):
