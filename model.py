@@ -194,35 +194,62 @@ class Block(nn.Module):
             # SiLU -> Linear(target_dim -> 6 n_embd): shift/scale/gate for attention, then for the MLP
             self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(config.target_dim, 6 * config.n_embd))
 
-    def forward(self, x, mod=None, mask=None, kv=None):
-        if mod is None:  # GPT, sigma-GPT, the encoder: nanoGPT's pre-norm block
+    def forward(self, x, cond=None, mask=None, kv=None):
+        if cond is None:  # GPT, sigma-GPT, the encoder: nanoGPT's pre-norm block
             x = x + self.attn(self.ln_1(x), mask, kv)
             return x + self.mlp(self.ln_2(x))
-        # AdaLN: slot i's shift, scale, gate (attention), shift, scale, gate (MLP) are table[idx[i]]
-        idx, table, shared = mod
+        if isinstance(cond, TargetTable):  # adaln_table: the same block, memory-optimised (below)
+            return cond.block(self, x, mask, kv)
+        # AdaLN (DiT): each slot's target embedding (B, r, td) -> its shift, scale and gate for the
+        # attention branch, then for the MLP branch
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.adaLN(cond).chunk(6, dim=-1)
+        x = x + gate_a * self.attn(modulate(self.ln_1(x), shift_a, scale_a), mask, kv)
+        return x + gate_m * self.mlp(modulate(self.ln_2(x), shift_m, scale_m))
+
+
+def modulate(x, shift, scale):
+    return x * (1 + scale) + shift
+
+
+class TargetTable:
+    """adaln_table=True, a memory optimisation of AdaLN with the same parameters and function
+    (tests/test_model.py checks logits and gradients). The modulation depends only on the target position,
+    so each block computes it once per position, table = adaLN(rows) with rows the block_size target
+    embeddings plus a zero row for "no target", and each slot gathers its row by idx (B, r). In training
+    the gathered copies are recomputed in the backward pass instead of stored: the block then keeps about
+    two (B, r, C) tensors over a plain GPT block (the branch outputs the gates multiply), not six gathered
+    shift/scale/gate tensors and the normed inputs."""
+
+    def __init__(self, idx, rows):
+        self.idx, self.rows = idx, rows                                  # (B, r), (block_size + 1, td)
+
+    def last(self, n):
+        return TargetTable(self.idx[:, -n:], self.rows)
+
+    def block(self, block, x, mask, kv):
         C = x.size(-1)
-        shift_scale_a, gate_a, shift_scale_m, gate_m = table.split([2 * C, C, 2 * C, C], dim=1)
-        x = _run(shared, _gate, x, self.attn(_run(shared, _modulate, self.ln_1, x, idx, shift_scale_a), mask, kv),
-                 idx, gate_a)
-        return _run(shared, _gate, x, self.mlp(_run(shared, _modulate, self.ln_2, x, idx, shift_scale_m)), idx, gate_m)
+        shift_scale_a, gate_a, shift_scale_m, gate_m = block.adaLN(self.rows).split([2 * C, C, 2 * C, C], dim=1)
+        h = _recompute(_gathered_modulate, block.ln_1, x, self.idx, shift_scale_a)
+        x = _recompute(_gathered_gate, x, block.attn(h, mask, kv), self.idx, gate_a)
+        h = _recompute(_gathered_modulate, block.ln_2, x, self.idx, shift_scale_m)
+        return _recompute(_gathered_gate, x, block.mlp(h), self.idx, gate_m)
+
+    def final_norm(self, adaLN_f, ln_f, x):
+        return _recompute(_gathered_modulate, ln_f, x, self.idx, adaLN_f(self.rows))
 
 
-def _modulate(norm, x, idx, table):
-    shift, scale = F.embedding(idx, table).chunk(2, dim=-1)   # (B, r, C) each, gathered per slot
-    return norm(x) * (1 + scale) + shift
+def _gathered_modulate(norm, x, idx, table):
+    shift, scale = F.embedding(idx, table).chunk(2, dim=-1)            # (B, r, C) each
+    return modulate(norm(x), shift, scale)
 
 
-def _gate(x, y, idx, table):
+def _gathered_gate(x, y, idx, table):
     return x + F.embedding(idx, table) * y
 
 
-def _run(shared, fn, *args):
-    """fn(*args). With a shared table (adaln_table: one row per target position, gathered by every slot
-    that has it), training recomputes the gathered copies in the backward pass instead of storing them:
-    the AdaLN then stores about two (B, r, C) tensors per block over a plain GPT block (the branch outputs
-    the gates multiply), not six gathered shift/scale/gate tensors and the normed input. Per token each
-    slot has its own row anyway, and recomputing would cost time for no memory."""
-    if shared and torch.is_grad_enabled():
+def _recompute(fn, *args):
+    """fn(*args), recomputed in the backward pass instead of stored when training."""
+    if torch.is_grad_enabled():
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
     return fn(*args)
 
@@ -309,11 +336,9 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ the slots
     def _embed(self, tok, pos, tgt):
-        """Slot inputs (B, r) -> the residual stream x (B, r, C), and AdaLN's conditioning (None without
-        AdaLN): (idx (B, r), rows (N, target_dim), shared), slot i's target embedding being rows[idx[i]].
-        Per token, rows has one row per slot; with adaln_table, one per target position (+1 for "none"),
-        shared by the slots with that target, so each block applies its Linear to block_size + 1 rows
-        instead of B * r, then gathers."""
+        """Slot inputs (B, r) -> the residual stream x (B, r, C), and AdaLN's conditioning: None without
+        AdaLN; per token, each slot's target embedding (B, r, td), zero for a slot with no target; with
+        adaln_table, a TargetTable of the target embeddings and each slot's row in it."""
         cfg, tr = self.config, self.transformer
         x = tr.wte(tok.clamp(min=0))                                      # (B, r, C)
         x = torch.where((tok < 0).unsqueeze(-1), tr.wnonee.weight[0].to(x.dtype), x)
@@ -323,11 +348,10 @@ class GPT(nn.Module):
             x = x + tr.wtpe(tgt.clamp(min=0)) * has_tgt.to(x.dtype)
         cond = None
         if cfg.cond == 'adaln' and cfg.adaln_table:
-            rows = torch.cat([tr.wtpe.weight, tr.wtpe.weight.new_zeros(1, cfg.target_dim)])
-            cond = (torch.where(tgt >= 0, tgt, cfg.block_size), rows, True)
+            rows = torch.cat([tr.wtpe.weight, tr.wtpe.weight.new_zeros(1, cfg.target_dim)])  # row block_size: none
+            cond = TargetTable(torch.where(tgt >= 0, tgt, cfg.block_size), rows)
         elif cfg.cond == 'adaln':
-            rows = tr.wtpe(tgt.clamp(min=0)) * has_tgt.to(tr.wtpe.weight.dtype)  # (B, r, td)
-            cond = (torch.arange(tgt.numel(), device=tgt.device).view(tgt.shape), rows.flatten(0, 1), False)
+            cond = tr.wtpe(tgt.clamp(min=0)) * has_tgt.to(tr.wtpe.weight.dtype)  # (B, r, td)
         return tr.drop(x), cond
 
     def forward_slots(self, tok, pos, tgt, mask=None, kv=None, n_logits=None):
@@ -340,19 +364,21 @@ class GPT(nn.Module):
         assert self.config.causal, "the slot pass is the decoder's; the encoder MDM uses forward(idx)"
         x, cond = self._embed(tok, pos, tgt)
         for block in self.transformer.h:
-            mod = (cond[0], block.adaLN(cond[1]), cond[2]) if cond is not None else None
-            x = block(x, mod, mask, kv)
+            x = block(x, cond, mask, kv)
         if n_last is not None:
             x = x[:, -n_last:]
-            cond = (cond[0][:, -n_last:], *cond[1:]) if cond is not None else None
+            cond = None if cond is None else cond.last(n_last) if isinstance(cond, TargetTable) else cond[:, -n_last:]
         return self._final_norm(x, cond)
 
     def _final_norm(self, x, cond):
         """ln_f, and with AdaLN its target shift/scale."""
+        tr = self.transformer
         if cond is None:
-            return self.transformer.ln_f(x)
-        idx, rows, shared = cond
-        return _run(shared, _modulate, self.transformer.ln_f, x, idx, self.transformer.adaLN_f(rows))
+            return tr.ln_f(x)
+        if isinstance(cond, TargetTable):
+            return cond.final_norm(tr.adaLN_f, tr.ln_f, x)
+        shift, scale = tr.adaLN_f(cond).chunk(2, dim=-1)
+        return modulate(tr.ln_f(x), shift, scale)
 
     # ------------------------------------------------------------------ training and likelihood
     def forward(self, idx, order=None, targets=None, t=None, reduction='mean'):
