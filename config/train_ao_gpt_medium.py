@@ -7,3 +7,4 @@ n_head = 16
 n_embd = 1024
 learning_rate = 3e-4
 min_lr = 6e-5  # as in the paper's code (not lr/10)
+adaln_table = True  # as in train_ao_gpt_small.py: the same function, less activation memory
