@@ -72,6 +72,7 @@ dtype = 'auto'           # auto (bf16 autocast on CUDA, fp32 elsewhere) | float3
 out = ''                 # results JSON; '' = harness.json beside the checkpoint
 
 NONE = -1                # token id of the [None] slot (model.forward_slots' convention)
+GEN_CHUNK = 32           # generate_until checks its stop strings every GEN_CHUNK tokens
 
 try:  # the registry decorator, when lm-eval is installed; without it the module still imports (for --help)
     from lm_eval.api.model import TemplateLM
@@ -319,35 +320,55 @@ class AOGPTLM(TemplateLM):
 
     # ------------------------------------------------------------------ generation
     def generate_until(self, requests, disable_tqdm=False):
-        """L2R KV-cache decoding (sample.generate_ar) from [None] + context, greedy unless the task samples;
-        the text is cut at the first stop string. One request at a time: generate_ar shares one prompt
-        across its batch, and it runs the full max_gen_toks (no early stop at a stop string yet)."""
-        from sample import generate_ar
+        """Greedy (or, where the task samples, temperature/top_p) L2R decoding of max_gen_toks tokens at most,
+        the text cut at the first stop string or end-of-text. The context is cut from the left to leave
+        room for max_gen_toks, as the hf class does. One request at a time (generate_ar shares one prompt
+        across its batch); tokens come GEN_CHUNK at a time, so a stop string ends the request early."""
         if self.encoder:
             raise ValueError("generate_until: the encoder MDM has no L2R decoder; use a decoder checkpoint")
         out = []
         for context, gen_kwargs in [r.args for r in requests]:
             kw = dict(gen_kwargs or {})
             until = kw.pop('until', None) or []
-            until = [until] if isinstance(until, str) else list(until)
-            n_new = int(kw.pop('max_gen_toks', self._max_gen_toks))
-            temperature = float(kw.get('temperature', 0.0)) if kw.get('do_sample', False) else 0.0
+            until = [s for s in ([until] if isinstance(until, str) else until) if s]
+            n_new = min(int(kw.pop('max_gen_toks', self._max_gen_toks)), self.max_length - 1)
+            temperature = float(kw.get('temperature', 0.0) or 0.0) if kw.get('do_sample', False) else 0.0
             top_p = float(kw.get('top_p', 1.0) or 1.0) if temperature > 0 else 1.0
-            n_new = min(n_new, self.model.config.block_size - 1)
-            prompt = self.tok_encode(context)[-(self.model.config.block_size - n_new):]
+            prompt = self.tok_encode(context)[-(self.max_length - n_new):]
             g = torch.Generator().manual_seed(context_seed(self.seed, prompt))
+            new = []
             with torch.no_grad(), self.autocast:
-                ids, _ = generate_ar(self.model, len(prompt) + n_new, 1, temperature=temperature, top_p=top_p,
-                                     vocab_size=self.codec.vocab_size, prompt=prompt, generator=g)
-            new = ids[0, len(prompt):].tolist()
+                while len(new) < n_new:
+                    more = self._decode(prompt + new, min(GEN_CHUNK, n_new - len(new)), temperature, top_p, g)
+                    new += more
+                    if self.codec.eot in more or any(s in self.tok_decode(new) for s in until):
+                        break
             if self.codec.eot is not None and self.codec.eot in new:
                 new = new[:new.index(self.codec.eot)]
             text = self.tok_decode(new)
             for stop in until:
-                if stop:
-                    text = text.split(stop)[0]
+                text = text.split(stop)[0]
             out.append(text)
         return out
+
+    def _decode(self, ids, k, temperature, top_p, g):
+        """k more tokens after ids. Natively sample.generate_ar ([None] + ids, KV cache). With bos=hf the
+        first token sits in [None]'s slot, which generate_ar does not do: a plain loop of full passes
+        (what HF GPT-2 computes; this mode is for checking against the hf class, not for speed)."""
+        from sample import generate_ar, sample_tokens
+        if not self.hf:
+            toks, _ = generate_ar(self.model, len(ids) + k, 1, temperature=temperature, top_p=top_p,
+                                  vocab_size=self.codec.vocab_size, prompt=ids, generator=g)
+            return toks[0, len(ids):].tolist()
+        seq = list(ids)
+        for _ in range(k):
+            n = len(seq)
+            tok = torch.tensor(seq, device=self.device)[None]                              # (1, n)
+            pos = torch.arange(-1, n - 1, device=self.device)[None]
+            logits = self.model.forward_slots(tok, pos, pos + 1, n_logits=1)[:, -1]       # (1, V)
+            u = torch.rand(1, dtype=torch.float64, generator=g)
+            seq.append(int(sample_tokens(logits, u, temperature, top_p, self.codec.vocab_size)[0]))
+        return seq[len(ids):]
 
     def describe(self):
         """What the JSON records about how the numbers were made."""
@@ -356,7 +377,7 @@ class AOGPTLM(TemplateLM):
                  bos=('hf' if self.hf else 'none'), max_length=self.max_length, codec=self.codec.name,
                  precision=self.precision, seed=self.seed, batch_size=self._batch,
                  rolling='exact L2R over the harness rolling windows',
-                 generation='sample.generate_ar: L2R KV cache from [None] + context, greedy unless do_sample')
+                 generation=('full passes, first token in slot 0 (bos=hf)' if self.hf else 'sample.generate_ar: L2R KV cache from [None] + context') + ', greedy unless the task sets do_sample')
         if self.encoder:
             d.update(likelihood=f'mdm_elbo:mc={self.mc}', rolling=f'MDM ELBO, {self.mc} masks per window',
                      generation='n/a (encoder MDM)',

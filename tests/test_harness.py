@@ -21,6 +21,7 @@ from tokenizer import char_codec, gpt2_codec, gpt2_file, GPT2_PAT  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 TASK_DIR = os.path.join(HERE, 'harness_tasks')
 LL_TASKS = ['aogpt_test_mc', 'aogpt_test_lambada', 'aogpt_test_rolling']
+ALL_TASKS = LL_TASKS + ['aogpt_test_gen']
 
 
 @pytest.fixture(scope='module')
@@ -82,12 +83,15 @@ def _flat(resp):
 
 def test_matches_lm_evals_hf_class_on_gpt2(gpt2_dir, task_manager):
     """Every loglikelihood, is_greedy and rolling sum of ours on GPT.from_pretrained(folder), with
-    bos=hf, equals what lm-eval's hf class computes on the same folder (float32). The requests include
-    left-truncated windows (contexts longer than n_positions) and multi-window rolling texts."""
+    bos=hf, equals what lm-eval's hf class computes on the same folder (float32), and greedy
+    generate_until gives the same strings. The requests include left-truncated windows (contexts longer
+    than n_positions) and multi-window rolling texts."""
     from lm_eval.models.huggingface import HFLM
-    ref = _evaluate(HFLM(pretrained=gpt2_dir, device='cpu', batch_size=3, dtype='float32'), task_manager, LL_TASKS)
+    ref = _evaluate(HFLM(pretrained=gpt2_dir, device='cpu', batch_size=1, dtype='float32'), task_manager, ALL_TASKS)
     ours_lm = H.AOGPTLM(model=GPT.from_pretrained(gpt2_dir), codec=gpt2_codec(), bos='hf', batch_size=3)
-    ours = _evaluate(ours_lm, task_manager, LL_TASKS)
+    ours = _evaluate(ours_lm, task_manager, ALL_TASKS)
+    # greedy generation: the same text, cut at the same stop string
+    assert _responses(ours, 'aogpt_test_gen') == _responses(ref, 'aogpt_test_gen')
     n_long = 0
     for task in LL_TASKS:
         a, b = _responses(ref, task), _responses(ours, task)
@@ -104,6 +108,39 @@ def test_matches_lm_evals_hf_class_on_gpt2(gpt2_dir, task_manager):
         for k, v in ref['results'][task].items():
             if isinstance(v, float) and 'stderr' not in k:
                 assert ours['results'][task][k] == pytest.approx(v, rel=1e-5, abs=1e-6), (task, k)
+
+
+def _gen(lm, context, **kw):
+    from lm_eval.api.instance import Instance
+    kw = dict(dict(until=[], max_gen_toks=12, do_sample=False), **kw)
+    return lm.generate_until([Instance(request_type='generate_until', doc={}, arguments=(context, kw), idx=0)])[0]
+
+
+def test_generate_until_stops_like_hf(gpt2_dir, monkeypatch):
+    """Stop strings: with a stop string taken from the middle of the unstopped greedy text, ours (bos=hf)
+    and the hf class both return the text up to it; decoding in chunks stops early instead of running
+    max_gen_toks; natively (bos=none) the text is greedy decoding from [None] + context."""
+    from lm_eval.models.huggingface import HFLM
+    monkeypatch.setattr(H, 'GEN_CHUNK', 2)
+    hf = HFLM(pretrained=gpt2_dir, device='cpu', batch_size=1, dtype='float32')
+    model = GPT.from_pretrained(gpt2_dir)
+    ours = H.AOGPTLM(model=model, codec=gpt2_codec(), bos='hf')
+    context = 'Q: Name a fruit.\nA:'
+    full = _gen(ours, context)
+    assert full == _gen(hf, context) and len(full) > 6
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    calls = []
+    real = ours._decode
+    monkeypatch.setattr(ours, '_decode', lambda *a: calls.append(a) or real(*a))
+    cut = _gen(ours, context, until=[stop])
+    assert cut == _gen(hf, context, until=[stop]) == full.split(stop)[0] and cut != full
+    assert len(calls) < 6  # 12 tokens, 2 at a time: it stopped before the end
+    native = H.AOGPTLM(model=model, codec=gpt2_codec())
+    ids = gpt2_codec().encode(context)
+    for _ in range(5):
+        x = torch.tensor(ids + [0])[None]  # slot i predicts position i: the last slot is the next token
+        ids.append(int(model(x)[0][0, -1, :50257].argmax()))
+    assert _gen(native, context, max_gen_toks=4) == gpt2_codec().decode(ids[-5:-1])
 
 
 def test_native_rolling_is_eval_ppl_chunks():
