@@ -142,7 +142,8 @@ class AOGPTLM(TemplateLM):
         self._max_gen_toks = int(max_gen_toks)
         self._device = torch.device(dev)
         self.autocast, self.precision = autocast(dev, dtype)
-        self.memo = {}           # (context ids, continuation ids) -> every number computed for it
+        self.memo = {}           # estimator -> (context ids, continuation ids) -> every number computed
+        self.gen_memo = {}       # (context, generation kwargs) -> text, so a rescoring pass decodes nothing
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             self._rank, self._world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
 
@@ -198,20 +199,21 @@ class AOGPTLM(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm=False):
         """requests: ((context, continuation) strings, context ids, continuation ids) -> (log p, is_greedy)."""
         keys = [(tuple(c), tuple(x)) for _, c, x in requests]
-        todo = [k for k in dict.fromkeys(keys) if k not in self.memo]  # repeated requests are scored once
+        memo = self.memo.setdefault(self.estimator, {})
+        todo = [k for k in dict.fromkeys(keys) if k not in memo]  # repeated requests are scored once
         with torch.no_grad(), self.autocast:
             if self.encoder:
-                self._score_encoder(todo)
+                self._score_encoder(todo, memo)
             else:
-                self._score_decoder(todo)
-        return [self._answer(self.memo[k]) for k in keys]
+                self._score_decoder(todo, memo)
+        return [self._answer(memo[k]) for k in keys]
 
     def _answer(self, m):
         if self.estimator == 'l2r' or self.encoder:
             return m['ll'], m['greedy']
         return m['orders_' + self.orders_score], m['greedy']
 
-    def _score_decoder(self, todo):
+    def _score_decoder(self, todo, memo):
         rows = []  # (key, slot tokens, slot positions, slot targets, target ids, scored tail, order index)
         for key in todo:
             ctx, cont = key
@@ -237,7 +239,7 @@ class AOGPTLM(TemplateLM):
                 s = torch.tensor([out[(key, j)][0] for j in range(self.K)], dtype=torch.float64)
                 m.update(ll=s.mean().item(), orders_mean=s.mean().item(), orders_lme=log_mean_exp(s),
                          orders=s.tolist())
-            self.memo[key] = m
+            memo[key] = m
 
     def _run_slots(self, rows):
         """Every row's sum of log p over its last L slots, and whether each of them was the argmax. Rows are
@@ -269,7 +271,7 @@ class AOGPTLM(TemplateLM):
                 a += L
         return out
 
-    def _score_encoder(self, todo):
+    def _score_encoder(self, todo, memo):
         """The encoder MDM: an MC estimate of its ELBO of the continuation given the (unmasked) context.
         With L continuation tokens, E over a uniform reveal count k in 1..L and a uniform k-subset S of
         (L/k) sum_{i in S} log p(x_i | everything outside S) is the any-order bound (eval_ppl's nll_mdm_elbo,
@@ -295,7 +297,7 @@ class AOGPTLM(TemplateLM):
             tok_lp = lp.gather(2, w.expand(self.mc + 1, n)[..., None])[..., 0].double()      # (mc+1, n)
             draws = (tok_lp[:-1] * masked[:-1]).sum(1) * L / k.double()                      # (mc,)
             greedy = bool((lp[-1, n - L:].argmax(-1) == w[n - L:]).all())
-            self.memo[key] = dict(ll=draws.mean().item(), greedy=greedy, elbo_draws=self.mc)
+            memo[key] = dict(ll=draws.mean().item(), greedy=greedy, elbo_draws=self.mc)
 
     # ------------------------------------------------------------------ rolling (perplexity tasks)
     def loglikelihood_rolling(self, requests, disable_tqdm=False):
@@ -328,28 +330,35 @@ class AOGPTLM(TemplateLM):
             raise ValueError("generate_until: the encoder MDM has no L2R decoder; use a decoder checkpoint")
         out = []
         for context, gen_kwargs in [r.args for r in requests]:
-            kw = dict(gen_kwargs or {})
-            until = kw.pop('until', None) or []
-            until = [s for s in ([until] if isinstance(until, str) else until) if s]
-            n_new = min(int(kw.pop('max_gen_toks', self._max_gen_toks)), self.max_length - 1)
-            temperature = float(kw.get('temperature', 0.0) or 0.0) if kw.get('do_sample', False) else 0.0
-            top_p = float(kw.get('top_p', 1.0) or 1.0) if temperature > 0 else 1.0
-            prompt = self.tok_encode(context)[-(self.max_length - n_new):]
-            g = torch.Generator().manual_seed(context_seed(self.seed, prompt))
-            new = []
-            with torch.no_grad(), self.autocast:
-                while len(new) < n_new:
-                    more = self._decode(prompt + new, min(GEN_CHUNK, n_new - len(new)), temperature, top_p, g)
-                    new += more
-                    if self.codec.eot in more or any(s in self.tok_decode(new) for s in until):
-                        break
-            if self.codec.eot is not None and self.codec.eot in new:
-                new = new[:new.index(self.codec.eot)]
-            text = self.tok_decode(new)
-            for stop in until:
-                text = text.split(stop)[0]
-            out.append(text)
+            key = (context, json.dumps(gen_kwargs, sort_keys=True, default=str))
+            if key not in self.gen_memo:
+                self.gen_memo[key] = self._generate_one(context, gen_kwargs)
+            out.append(self.gen_memo[key])
         return out
+
+    def _generate_one(self, context, gen_kwargs):
+        """One request: the text generated after context, cut at its first stop string."""
+        kw = dict(gen_kwargs or {})
+        until = kw.pop('until', None) or []
+        until = [s for s in ([until] if isinstance(until, str) else until) if s]
+        n_new = min(int(kw.pop('max_gen_toks', self._max_gen_toks)), self.max_length - 1)
+        temperature = float(kw.get('temperature', 0.0) or 0.0) if kw.get('do_sample', False) else 0.0
+        top_p = float(kw.get('top_p', 1.0) or 1.0) if temperature > 0 else 1.0
+        prompt = self.tok_encode(context)[-(self.max_length - n_new):]
+        g = torch.Generator().manual_seed(context_seed(self.seed, prompt))
+        new = []
+        with torch.no_grad(), self.autocast:
+            while len(new) < n_new:
+                more = self._decode(prompt + new, min(GEN_CHUNK, n_new - len(new)), temperature, top_p, g)
+                new += more
+                if self.codec.eot in more or any(s in self.tok_decode(new) for s in until):
+                    break
+        if self.codec.eot is not None and self.codec.eot in new:
+            new = new[:new.index(self.codec.eot)]
+        text = self.tok_decode(new)
+        for stop in until:
+            text = text.split(stop)[0]
+        return text
 
     def _decode(self, ids, k, temperature, top_p, g):
         """k more tokens after ids. Natively sample.generate_ar ([None] + ids, KV cache). With bos=hf the
@@ -397,13 +406,19 @@ class AOGPTLM(TemplateLM):
 
 def main(argv=None):
     c = read_config(argv)
-    print_config(c.config)
+    rank, c.world_size, c.device = start_ranks(c.device)
+    if rank == 0:
+        print_config(c.config)
     task_manager, task_names = find_tasks(c)
     lm = load_lm(c)
     results = run_harness(lm, task_manager, task_names, c)
-    print_tables(results)
-    record = make_record(lm, c, results)
-    write_record(record, c)
+    record = None
+    if rank == 0:  # the harness gathers every rank's requests onto rank 0; the others return None
+        print_tables(results)
+        record = make_record(lm, c, results)
+        write_record(record, c)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return record
 
 
@@ -430,6 +445,20 @@ def read_config(argv):
     except ValueError as e:
         die(f"--{e}")
     return c
+
+
+def start_ranks(device):
+    """(rank, world size, this rank's device): one process, or one per torchrun rank. The harness shards
+    the requests over ranks itself (lm.rank, lm.world_size) and gathers them with the LM's all_gather /
+    gather_object, which the class implements with torch.distributed."""
+    if int(os.environ.get('RANK', -1)) == -1:
+        return 0, 1, device
+    import torch.distributed as dist
+    dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
+    if device.startswith('cuda'):
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        torch.cuda.set_device(device)
+    return dist.get_rank(), dist.get_world_size(), device
 
 
 def find_tasks(c):
@@ -508,7 +537,8 @@ def make_record(lm, c, results):
     ckpt_path = c.ckpt or c.out_dir
     record = dict(checkpoint=os.path.abspath(ckpt_path) if os.path.exists(ckpt_path) else ckpt_path,
                   ema=lm.used_ema, estimator=lm.describe(), lm_eval_version=lm_eval.__version__,
-                  tasks=c.task_names, limit=c.limit, num_fewshot=c.num_fewshot, include_path=c.include_path,
+                  tasks=c.task_names, world_size=c.world_size, limit=c.limit, num_fewshot=c.num_fewshot,
+                  include_path=c.include_path,
                   time=time.strftime('%Y-%m-%d %H:%M:%S'), **clean(results['primary']))
     if 'other' in results:
         other = 'lme' if c.orders_score == 'mean' else 'mean'

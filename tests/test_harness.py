@@ -213,7 +213,7 @@ def test_orders_against_enumeration():
     picked = []
     for x in conts[:2]:
         exact = _chain_sums(model, ctx, x)
-        m = lm.memo[(tuple(ctx), tuple(x))]
+        m = lm.memo["orders"][(tuple(ctx), tuple(x))]
         which = [min(exact, key=lambda p: abs(exact[p] - s)) for s in m['orders']]
         assert all(abs(exact[p] - s) < 1e-9 for p, s in zip(which, m['orders']))  # each sum is one order's
         assert set(which) == set(exact)                                            # every order drawn
@@ -232,7 +232,7 @@ def test_orders_against_enumeration():
     for seed in range(40):
         small = H.AOGPTLM(model=model, codec=codec, likelihood='orders:3', seed=seed)
         small._loglikelihood_tokens([(None, ctx, x)])
-        lmes.append(small.memo[(tuple(ctx), tuple(x))]['orders_lme'])
+        lmes.append(small.memo["orders"][(tuple(ctx), tuple(x))]["orders_lme"])
     lmes = torch.tensor(lmes)
     assert lmes.mean().item() <= mixture + 2 * lmes.std().item() / math.sqrt(len(lmes))
     assert (lmes <= exact.max() + 1e-12).all()
@@ -248,7 +248,7 @@ def test_orders_score_choice_and_memo():
     lm.model = None  # a recomputation would fail
     lme = lm._loglikelihood_tokens(reqs)
     for (a, _), (b, _), (_, c, x) in zip(mean, lme, reqs):
-        m = lm.memo[(tuple(c), tuple(x))]
+        m = lm.memo["orders"][(tuple(c), tuple(x))]
         assert (a, b) == (m['orders_mean'], m['orders_lme']) and b >= a
 
 
