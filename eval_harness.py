@@ -326,8 +326,9 @@ class AOGPTLM(TemplateLM):
         the text cut at the first stop string or end-of-text. The context is cut from the left to leave
         room for max_gen_toks, as the hf class does. One request at a time (generate_ar shares one prompt
         across its batch); tokens come GEN_CHUNK at a time, so a stop string ends the request early."""
-        if self.encoder:
-            raise ValueError("generate_until: the encoder MDM has no L2R decoder; use a decoder checkpoint")
+        if self.encoder:  # one line, also from inside the harness (it does not catch SystemExit)
+            die("generate_until tasks need a decoder: the encoder MDM has no L2R decoder here; drop the "
+                "generation tasks from --tasks")
         out = []
         for context, gen_kwargs in [r.args for r in requests]:
             key = (context, json.dumps(gen_kwargs, sort_keys=True, default=str))
@@ -411,6 +412,9 @@ def main(argv=None):
         print_config(c.config)
     task_manager, task_names = find_tasks(c)
     lm = load_lm(c)
+    gen = sorted(t for t, kind in c.output_types.items() if kind == 'generate_until')
+    if lm.encoder and gen:
+        die(f"{', '.join(gen)}: generation tasks need a decoder, and this checkpoint is an encoder MDM")
     results = run_harness(lm, task_manager, task_names, c)
     record = None
     if rank == 0:  # the harness gathers every rank's requests onto rank 0; the others return None
@@ -476,11 +480,12 @@ def find_tasks(c):
         die(f"unknown task(s) {', '.join(unknown)}" + (f" ({hint})" if hint else "") +
             "; `lm_eval ls tasks` lists them, --include_path DIR adds local task YAMLs")
     try:
-        tm.load(list(c.task_names))
+        loaded = tm.load(list(c.task_names))['tasks']
     except Exception as e:  # offline and not in the HF cache, or a broken local YAML/data file
         die(f"cannot load task data for {', '.join(c.task_names)} ({type(e).__name__}: {first_line(e)}); "
             f"offline, the data must be in the HF cache, or give a local copy: --include_path DIR with a task "
             f"YAML using dataset_path: json and data_files (see docs/downstream.md)")
+    c.output_types = {name: t.config.output_type for name, t in loaded.items()}
     return tm, c.task_names
 
 

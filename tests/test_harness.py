@@ -283,6 +283,21 @@ def test_encoder_elbo_is_a_seeded_lower_bound():
     assert abs(ll - exact) < 0.05 * abs(exact)  # 3000 stratified masks
 
 
+def test_encoder_through_the_launcher(tmp_path, task_dir, capsys):
+    """An encoder-MDM checkpoint runs the loglikelihood tasks with its ELBO (recorded as such), and a
+    generation task is one line, not a traceback."""
+    run = _ckpt(tmp_path, causal=False, cond='none')
+    tasks = ['--include_path', task_dir, '--builtin_tasks', 'False', '--ckpt', run, '--bootstrap_iters', '0']
+    rec = H.main(['--tasks', 'aogpt_test_mc,aogpt_test_rolling', '--mc', '4'] + tasks)
+    assert rec['estimator']['likelihood'] == 'mdm_elbo:mc=4' and 'ELBO' in rec['estimator']['harness_loglikelihood']
+    assert 0 < rec['results']['aogpt_test_rolling']['bits_per_byte,none'] < math.inf
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        H.main(['--tasks', 'aogpt_test_gen'] + tasks)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'generation tasks need a decoder' in err[0], err
+
+
 def test_char_codec_missing_character_is_one_line(task_manager, capsys):
     """A character-level checkpoint scores tasks in its own codec, and refuses text it cannot encode."""
     from tokenizer import DataError
@@ -348,3 +363,29 @@ def test_task_without_data_names_include_path(tmp_path, capsys):
         H.main(['--tasks', 'needs_hub', '--include_path', str(tmp_path), '--builtin_tasks', 'False'])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and '--include_path' in err[0], err
+
+
+def test_torchrun_two_ranks_match_one(tmp_path, task_dir):
+    """Data parallel: under torchrun (2 CPU ranks, gloo) the harness shards the requests and gathers
+    them through the LM's all_gather / gather_object; the metrics equal a single process's (orders are
+    seeded by the context, not the rank)."""
+    import subprocess
+    import sys
+    run = _ckpt(tmp_path)
+    args = ['--tasks', 'aogpt_test_mc,aogpt_test_lambada,aogpt_test_rolling', '--include_path', task_dir,
+            '--builtin_tasks', 'False', '--ckpt', run, '--likelihood', 'orders:2', '--bootstrap_iters', '0',
+            '--device', 'cpu']
+    one = H.main(args + ['--out', str(tmp_path / 'one.json')])
+    root = os.path.dirname(HERE)
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=root)
+    p = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '2',
+                        os.path.join(root, 'eval_harness.py')] + args + ['--out', str(tmp_path / 'two.json')],
+                       capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    two = json.load(open(tmp_path / 'two.json'))
+    assert two['world_size'] == 2 and one['world_size'] == 1
+    for key in ('results', 'results_lme'):
+        for task, metrics in one[key].items():
+            for m, v in metrics.items():
+                if isinstance(v, float) and 'stderr' not in m:
+                    assert two[key][task][m] == pytest.approx(v, rel=1e-6), (key, task, m)
