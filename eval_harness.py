@@ -297,7 +297,8 @@ class AOGPTLM(TemplateLM):
             tok_lp = lp.gather(2, w.expand(self.mc + 1, n)[..., None])[..., 0].double()      # (mc+1, n)
             draws = (tok_lp[:-1] * masked[:-1]).sum(1) * L / k.double()                      # (mc,)
             greedy = bool((lp[-1, n - L:].argmax(-1) == w[n - L:]).all())
-            memo[key] = dict(ll=draws.mean().item(), greedy=greedy, elbo_draws=self.mc)
+            memo[key] = dict(ll=draws.mean().item(), greedy=greedy, elbo_draws=self.mc,
+                             elbo_se=(draws.std().item() / math.sqrt(self.mc)) if self.mc > 1 else math.nan)
 
     # ------------------------------------------------------------------ rolling (perplexity tasks)
     def loglikelihood_rolling(self, requests, disable_tqdm=False):
