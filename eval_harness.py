@@ -42,6 +42,7 @@ import math
 import os
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 from torch.nn import functional as F
@@ -119,11 +120,12 @@ class AOGPTLM(TemplateLM):
         if bos not in ('none', 'hf'):
             raise ValueError(f"bos must be 'none' or 'hf', got {bos!r}")
         dev = resolve_device(device or 'auto')
-        self.ckpt, self.used_ema = ckpt, None
+        self.ckpt, self.used_ema, self.iter_num = ckpt, None, None
         if model is None:
             from checkpoint import checkpoint_codec, load_model
             model, ck, self.used_ema = load_model(ckpt, dev, use_ema)
             codec = checkpoint_codec(ck, dataset)
+            self.iter_num = ck.get('iter_num')
         if codec is None:
             from tokenizer import gpt2_codec
             codec = gpt2_codec()
@@ -542,7 +544,7 @@ def make_record(lm, c, results):
     clean = lambda r: json.loads(json.dumps({k: r[k] for k in keep if k in r}, default=handle_non_serializable))  # noqa: E731
     ckpt_path = c.ckpt or c.out_dir
     record = dict(checkpoint=os.path.abspath(ckpt_path) if os.path.exists(ckpt_path) else ckpt_path,
-                  ema=lm.used_ema, estimator=lm.describe(), lm_eval_version=lm_eval.__version__,
+                  ema=lm.used_ema, iter_num=lm.iter_num, estimator=lm.describe(), lm_eval_version=lm_eval.__version__,
                   tasks=c.task_names, world_size=c.world_size, limit=c.limit, num_fewshot=c.num_fewshot,
                   include_path=c.include_path,
                   time=time.strftime('%Y-%m-%d %H:%M:%S'), **clean(results['primary']))
@@ -584,23 +586,26 @@ def write_record(record, c):
     print(f"wrote {path}")
 
 
-def model_card_section(folder):
-    """The 'Downstream tasks' markdown for export.py's model card: the harness table of harness.json in
-    `folder` (or beside it), or '' when there is none. Self-contained, so export.py only calls it."""
-    for name in ('harness.json',):
-        path = os.path.join(folder, name)
-        if os.path.exists(path):
-            try:
-                with open(path) as f:
-                    rec = json.load(f)
-            except (OSError, ValueError):
-                return ''
-            est = rec.get('estimator', {})
-            return (f"## Downstream tasks (lm-evaluation-harness {rec.get('lm_eval_version', '?')})\n\n"
-                    f"Estimator: {est.get('likelihood', '?')} ({est.get('harness_loglikelihood', '')}), "
-                    f"{'EMA' if rec.get('ema') else 'raw'} weights, limit {rec.get('limit') or 'none'}.\n\n"
-                    f"{rec.get('table', '')}\n")
-    return ''
+def model_card_section(src, iter_num=None, used_ema=None):
+    """The 'Downstream tasks' markdown for export.py's model card: the harness table from the harness.json
+    that eval_harness.py wrote for checkpoint `src` (same rule as json_path), or '' when there is none or
+    it describes other weights (another iteration, or EMA vs raw). Self-contained: export.py only calls it."""
+    path = json_path(SimpleNamespace(out='', ckpt=src, out_dir=src))
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return ''
+    if (iter_num is not None and rec.get('iter_num') not in (None, iter_num)) or \
+            (used_ema is not None and rec.get('ema') not in (None, used_ema)):
+        return ''
+    est = rec.get('estimator', {})
+    lines = ["## Downstream tasks", '',
+             f"Zero-shot, EleutherAI lm-evaluation-harness {rec.get('lm_eval_version', '?')} through "
+             f"`eval_harness.py`: log-likelihood estimator `{est.get('likelihood', '?')}` "
+             f"({est.get('harness_loglikelihood', '')})" + (f", first {rec['limit']} docs per task" if rec.get('limit')
+                                                           else "") + '.', '', rec.get('table', '').strip(), '']
+    return '\n'.join(lines) + '\n'
 
 
 if __name__ == '__main__':

@@ -336,8 +336,11 @@ def test_launcher_end_to_end(tmp_path, task_dir, capsys):
     assert set(saved['results']) >= {'aogpt_test_mc', 'aogpt_test_gen'} and 'aogpt_test_mc' in saved['results_lme']
     assert saved['results']['aogpt_test_rolling'] == saved['results_lme']['aogpt_test_rolling']  # rolling is L2R
     assert rec['results'] == saved['results']
-    card = H.model_card_section(str(tmp_path))
-    assert 'aogpt_test_mc' in card and 'orders:2' in card
+    card = H.model_card_section(run, 7, True)
+    assert 'aogpt_test_mc' in card and 'orders:2' in card and card.startswith('## Downstream tasks')
+    assert H.model_card_section(os.path.join(run, 'ckpt.pt')) == card     # the file names the same JSON
+    assert H.model_card_section(run, 8, True) == ''                         # another iteration's weights
+    assert H.model_card_section(run, 7, False) == ''                        # raw weights, EMA was measured
     assert H.model_card_section(str(tmp_path / 'nowhere')) == ''
 
 
