@@ -291,14 +291,19 @@ class AOGPTLM(TemplateLM):
             masked[:-1, n - L:] = ranks < k[:, None]
             masked[-1, n - L:] = True  # the last row: all of the continuation masked, for the greedy check
             rows = torch.where(masked, mask, w)                                              # (mc+1, n)
-            lp = []
+            lp, hit = [], []
             for s in range(0, self.mc + 1, self._batch):
-                logits, _ = model(rows[s:s + self._batch].to(self.device))                   # (b, n, V)
-                lp.append(F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1).cpu())
-            lp = torch.cat(lp)                                                               # (mc+1, n, V)
-            tok_lp = lp.gather(2, w.expand(self.mc + 1, n)[..., None])[..., 0].double()      # (mc+1, n)
-            draws = (tok_lp[:-1] * masked[:-1]).sum(1) * L / k.double()                      # (mc,)
-            greedy = bool((lp[-1, n - L:].argmax(-1) == w[n - L:]).all())
+                h = model.encoder_hidden(rows[s:s + self._batch].to(self.device))[:, n - L:]  # (b, L, C)
+                logits = model.lm_head(h)                                                    # (b, L, V)
+                logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+                logits[..., mask] = torch.finfo(logits.dtype).min  # the encoder never predicts [MASK], as in forward
+                logp = F.log_softmax(logits, -1)
+                y = w[n - L:].to(self.device).expand(len(h), L)
+                lp.append(logp.gather(2, y[..., None])[..., 0].double().cpu())               # (b, L)
+                hit.append((logp.argmax(-1) == y).cpu())
+            lp, hit = torch.cat(lp), torch.cat(hit)                                          # (mc+1, L)
+            draws = (lp[:-1] * masked[:-1, n - L:]).sum(1) * L / k.double()                  # (mc,)
+            greedy = bool(hit[-1].all())
             memo[key] = dict(ll=draws.mean().item(), greedy=greedy, elbo_draws=self.mc,
                              elbo_se=(draws.std().item() / math.sqrt(self.mc)) if self.mc > 1 else math.nan)
 
