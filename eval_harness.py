@@ -111,7 +111,8 @@ class AOGPTLM(TemplateLM):
 
     def __init__(self, ckpt='', model=None, codec=None, likelihood='l2r', orders_score='mean', mc=128,
                  bos='none', batch_size=16, max_gen_toks=256, device='cpu', dtype='auto', use_ema=None,
-                 dataset='', seed=1234, **unused):
+                 dataset='', seed=1234, max_batch_size=None):
+        # max_batch_size: the lm_eval CLI passes it to every model; a fixed batch_size is used instead
         super().__init__()
         from runtime import autocast, resolve_device
         self.estimator, self.K = parse_likelihood(likelihood)
@@ -191,8 +192,9 @@ class AOGPTLM(TemplateLM):
 
     # ------------------------------------------------------------------ loglikelihood
     def _window(self, ctx, cont):
-        """The tokens one pass sees: context (the [None] sentinel dropped) + continuation, left-truncated
-        to what fits (the hf class's rule: max_length + 1 tokens, the last only a target)."""
+        """The tokens one pass sees: context (the [None] sentinel dropped) + continuation, cut from the left
+        to what fits: natively max_length = block_size tokens after [None]; with bos=hf the hf class's
+        max_length + 1 (the last one only a target)."""
         if len(cont) > self.max_length:
             raise ValueError(f"a continuation of {len(cont)} tokens does not fit the model's {self.max_length}")
         seq = [t for t in ctx if t != NONE] + list(cont)

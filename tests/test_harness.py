@@ -344,6 +344,21 @@ def test_launcher_end_to_end(tmp_path, task_dir, capsys):
     assert H.model_card_section(str(tmp_path / 'nowhere')) == ''
 
 
+def test_registered_for_the_lm_eval_cli(tmp_path):
+    """`lm_eval --model aogpt --model_args ...` finds the class once eval_harness is imported, and builds it
+    the way the CLI does (model_args string plus the CLI's batch_size/max_batch_size/device); a misspelt
+    model arg is an error, not silently ignored."""
+    from lm_eval.api.registry import get_model
+    cls = get_model('aogpt')
+    assert cls is H.AOGPTLM
+    run = _ckpt(tmp_path)
+    lm = cls.create_from_arg_string(f'ckpt={run},likelihood=orders:2,use_ema=False',
+                                    {'batch_size': 4, 'max_batch_size': None, 'device': 'cpu'})
+    assert (lm.estimator, lm.K, lm.used_ema, lm._batch, lm.iter_num) == ('orders', 2, False, 4, 7)
+    with pytest.raises(TypeError, match='likelihod'):
+        cls.create_from_arg_string(f'ckpt={run},likelihod=orders:2', {'device': 'cpu'})
+
+
 @pytest.mark.parametrize('args, says', [
     (['--tasks', 'no_such_task'], 'unknown task'),
     (['--tasks', 'aogpt_test_mc', '--ckpt', 'missing/ckpt.pt'], 'checkpoint not found'),
