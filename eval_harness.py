@@ -15,6 +15,9 @@ Estimators of log p(continuation | context) (--likelihood; the JSON records whic
              report as their ELBO) and their log-mean-exp (importance-weighted, tighter). The harness
              scores one of them (--orders_score, default mean); the launcher then rescores with the other
              from a memo (no second forward pass) and writes both. is_greedy comes from an L2R pass.
+  ensemble:M the paper's context-order ensemble (eq. 7) on the continuation: each continuation token, left
+             to right, is scored by the mean probability over M orderings of the context (member 0 = L2R,
+             the others seeded by the context). M passes per request; an exact likelihood of the ensemble.
   encoder MDM (causal=False): its ELBO, --mc masks per request over the continuation only (the context
              is never masked), reveal counts stratified, seeded by the context; is_greedy from one pass
              with the whole continuation masked. This is what the MDM repos (LLaDA, SMDM) plug in.
@@ -55,7 +58,7 @@ out_dir = 'out'          # checkpoint directory (evaluates out_dir/ckpt.pt)
 ckpt = ''                # checkpoint file or dir, export.py folder, or hf:owner/repo[/path.pt]; overrides out_dir
 use_ema: bool = None     # None: EMA weights when the checkpoint has them; True/False to force
 dataset = ''             # a data dir or name whose codec to use ('' = the checkpoint's own codec)
-likelihood = 'l2r'       # l2r | orders:K (K random continuation orders after the L2R context)
+likelihood = 'l2r'       # l2r | orders:K (K random continuation orders) | ensemble:M (M context orderings)
 orders_score = 'mean'    # orders:K: what the harness scores first: 'mean' (any-order bound) | 'lme' (log-mean-exp)
 mc = 128                 # encoder MDM: Monte-Carlo masks per loglikelihood request (its ELBO)
 bos = 'none'             # 'none': [None] starts every window | 'hf': lm-eval's hf class convention (HF GPT-2)
@@ -83,13 +86,14 @@ except ImportError:  # pragma: no cover
 
 
 def parse_likelihood(spec):
-    """'l2r' -> ('l2r', 0); 'orders:K' -> ('orders', K). A ValueError names the valid forms."""
+    """'l2r' -> ('l2r', 0); 'orders:K' -> ('orders', K); 'ensemble:M' -> ('ensemble', M). A ValueError
+    names the valid forms."""
     kind, _, k = str(spec).partition(':')
     if kind == 'l2r' and not k:
         return 'l2r', 0
-    if kind == 'orders' and k.isdigit() and int(k) >= 1:
-        return 'orders', int(k)
-    raise ValueError(f"--likelihood must be l2r or orders:K (K >= 1), got {spec!r}")
+    if kind in ('orders', 'ensemble') and k.isdigit() and int(k) >= 1:
+        return kind, int(k)
+    raise ValueError(f"--likelihood must be l2r, orders:K or ensemble:M (K, M >= 1), got {spec!r}")
 
 
 def context_seed(seed, tokens):
@@ -137,8 +141,8 @@ class AOGPTLM(TemplateLM):
                              f"{cfg.vocab_size}")
         if bos == 'hf' and not (cfg.causal and cfg.cond == 'none' and self.estimator == 'l2r'):
             raise ValueError("bos=hf reproduces lm-eval's hf class for a GPT-2 (cond='none') and l2r only")
-        if self.estimator == 'orders' and cfg.causal and not model.any_order:
-            raise ValueError("orders:K needs an any-order model (cond adaln or sigma); this one is L2R only")
+        if self.estimator != 'l2r' and cfg.causal and not model.any_order:
+            raise ValueError(f"{likelihood} needs an any-order model (cond adaln or sigma); this one is L2R only")
         self.encoder = not cfg.causal
         self.hf, self.orders_score, self.mc, self.seed = bos == 'hf', orders_score, int(mc), int(seed)
         self._batch = int(batch_size) if str(batch_size).isdigit() else 16  # the harness may pass 'auto'
@@ -213,9 +217,9 @@ class AOGPTLM(TemplateLM):
         return [self._answer(memo[k]) for k in keys]
 
     def _answer(self, m):
-        if self.estimator == 'l2r' or self.encoder:
-            return m['ll'], m['greedy']
-        return m['orders_' + self.orders_score], m['greedy']
+        if self.estimator == 'orders' and not self.encoder:
+            return m['orders_' + self.orders_score], m['greedy']
+        return m['ll'], m['greedy']
 
     def _score_decoder(self, todo, memo):
         rows = []  # (key, slot tokens, slot positions, slot targets, target ids, scored tail, order index)
@@ -227,11 +231,14 @@ class AOGPTLM(TemplateLM):
                 rows.append((key, w[:-1], list(range(-1, n - 2)), list(range(n - 1)), w[1:], L, -1))
                 continue
             orders = [list(range(n))]  # the L2R pass: exact log-likelihood and the greedy check
+            g = torch.Generator().manual_seed(context_seed(self.seed, ctx))
+            c = n - L
             if self.estimator == 'orders':  # the continuation in K seeded orders after the L2R context
-                g = torch.Generator().manual_seed(context_seed(self.seed, ctx))
-                c = n - L
                 for p in torch.rand(self.K, L, generator=g, dtype=torch.float64).argsort(1).tolist():
                     orders.append(list(range(c)) + [c + i for i in p])
+            if self.estimator == 'ensemble':  # M-1 seeded orderings of the context, continuation L2R after it
+                for p in torch.rand(self.K - 1, c, generator=g, dtype=torch.float64).argsort(1).tolist():
+                    orders.append(p + list(range(c, n)))
             for j, o in enumerate(orders):
                 y = [w[i] for i in o]
                 rows.append((key, [NONE] + y[:-1], [NONE] + o[:-1], o, y, L, j - 1))
@@ -243,6 +250,13 @@ class AOGPTLM(TemplateLM):
                 s = torch.tensor([out[(key, j)][0] for j in range(self.K)], dtype=torch.float64)
                 m.update(ll=s.mean().item(), orders_mean=s.mean().item(), orders_lme=log_mean_exp(s),
                          orders=s.tolist())
+            if self.estimator == 'ensemble':
+                # each continuation token's conditional is the mean *probability* over the M members; the
+                # orderings depend on the context alone, so every conditional is normalised and the sum
+                # is an exact log-likelihood (of the ensemble), not a bound
+                lp = torch.stack([out[(key, j)][2] for j in range(-1, self.K - 1)])       # (M, L)
+                ens = (torch.logsumexp(lp, 0) - math.log(self.K)).sum().item()
+                m.update(ll=ens, ensemble=ens)
             memo[key] = m
 
     def _run_slots(self, rows):
@@ -271,7 +285,7 @@ class AOGPTLM(TemplateLM):
             hit = (logp.argmax(-1) == y).cpu()
             a = 0
             for key, _, _, _, _, L, j in chunk:
-                out[(key, j)] = (lp[a:a + L].sum().item(), bool(hit[a:a + L].all()))
+                out[(key, j)] = (lp[a:a + L].sum().item(), bool(hit[a:a + L].all()), lp[a:a + L])
                 a += L
         return out
 
@@ -393,7 +407,7 @@ class AOGPTLM(TemplateLM):
     def describe(self):
         """What the JSON records about how the numbers were made."""
         cfg = self.model.config
-        d = dict(likelihood=('l2r' if self.estimator == 'l2r' else f'orders:{self.K}'),
+        d = dict(likelihood=('l2r' if self.estimator == 'l2r' else f'{self.estimator}:{self.K}'),
                  bos=('hf' if self.hf else 'none'), max_length=self.max_length, codec=self.codec.name,
                  precision=self.precision, seed=self.seed, batch_size=self._batch,
                  rolling='exact L2R over the harness rolling windows',
@@ -406,6 +420,10 @@ class AOGPTLM(TemplateLM):
             d['harness_loglikelihood'] = {'mean': f'mean of {self.K} chain-rule sums (the any-order bound)',
                                           'lme': f'log-mean-exp of {self.K} chain-rule sums (importance-weighted '
                                                  f'bound)'}[self.orders_score]
+        elif self.estimator == 'ensemble':
+            d['harness_loglikelihood'] = (f'exact log-likelihood of a {self.K}-member context-order ensemble: '
+                                          f'each continuation token (L2R) scored by the mean probability over '
+                                          f'{self.K} orderings of the context (member 0 = L2R)')
         else:
             d['harness_loglikelihood'] = 'exact L2R log-likelihood'
         d['model'] = dict(causal=cfg.causal, cond=cfg.cond, block_size=cfg.block_size, n_layer=cfg.n_layer,

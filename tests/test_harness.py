@@ -252,6 +252,24 @@ def test_orders_score_choice_and_memo():
         assert (a, b) == (m['orders_mean'], m['orders_lme']) and b >= a
 
 
+def test_ensemble_is_a_normalised_likelihood():
+    """ensemble:M: with M=1 it is the L2R log-likelihood; with M=4 it differs (the members matter), and it
+    is still a likelihood, not a bound: exp of it summed over every 2-token continuation of an 11-symbol
+    vocabulary is 1, because the orderings depend on the context only and each conditional is a mean of
+    normalised distributions."""
+    model = tiny(block_size=8, vocab_size=11).double()
+    codec = char_codec('abcdefghijk')
+    ctx = [1, 4, 2, 7, 0]
+    reqs = [(None, ctx, [a, b]) for a in range(11) for b in range(11)]
+    l2r = H.AOGPTLM(model=model, codec=codec, batch_size=64)._loglikelihood_tokens(reqs)
+    one = H.AOGPTLM(model=model, codec=codec, likelihood='ensemble:1', batch_size=64)._loglikelihood_tokens(reqs)
+    ens = H.AOGPTLM(model=model, codec=codec, likelihood='ensemble:4', batch_size=64)._loglikelihood_tokens(reqs)
+    assert [a for a, _ in one] == pytest.approx([a for a, _ in l2r], abs=1e-12)
+    assert max(abs(a - b) for (a, _), (b, _) in zip(ens, l2r)) > 1e-4
+    assert sum(math.exp(a) for a, _ in ens) == pytest.approx(1.0, abs=1e-9)
+    assert [g for _, g in ens] == [g for _, g in l2r]  # the greedy check is the L2R pass's
+
+
 # --------------------------------------------------------------------------- encoder MDM, codecs
 
 def test_encoder_elbo_is_a_seeded_lower_bound():
