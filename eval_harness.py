@@ -43,7 +43,6 @@ import hashlib
 import json
 import math
 import os
-import sys
 import time
 from types import SimpleNamespace
 
@@ -411,7 +410,9 @@ class AOGPTLM(TemplateLM):
                  bos=('hf' if self.hf else 'none'), max_length=self.max_length, codec=self.codec.name,
                  precision=self.precision, seed=self.seed, batch_size=self._batch,
                  rolling='exact L2R over the harness rolling windows',
-                 generation=('full passes, first token in slot 0 (bos=hf)' if self.hf else 'sample.generate_ar: L2R KV cache from [None] + context') + ', greedy unless the task sets do_sample')
+                 generation=('full passes, first token in slot 0 (bos=hf)' if self.hf else
+                             'sample.generate_ar: L2R KV cache from [None] + context') +
+                 ', greedy unless the task sets do_sample')
         if self.encoder:
             d.update(likelihood=f'mdm_elbo:mc={self.mc}', rolling=f'MDM ELBO, {self.mc} masks per window',
                      generation='n/a (encoder MDM)',
@@ -443,6 +444,7 @@ def main(argv=None):
     gen = sorted(t for t, kind in c.output_types.items() if kind == 'generate_until')
     if lm.encoder and gen:
         die(f"{', '.join(gen)}: generation tasks need a decoder, and this checkpoint is an encoder MDM")
+    check_alphabet(lm.codec, c)
     results = run_harness(lm, task_manager, task_names, c)
     record = None
     if rank == 0:  # the harness gathers every rank's requests onto rank 0; the others return None
@@ -513,8 +515,30 @@ def find_tasks(c):
         die(f"cannot load task data for {', '.join(c.task_names)} ({type(e).__name__}: {first_line(e)}); "
             f"offline, the data must be in the HF cache, or give a local copy: --include_path DIR with a task "
             f"YAML using dataset_path: json and data_files (see docs/downstream.md)")
+    c.loaded = loaded
     c.output_types = {name: t.config.output_type for name, t in loaded.items()}
     return tm, c.task_names
+
+
+def check_alphabet(codec, c):
+    """A character-level checkpoint meets the tasks' text: every character of the documents it will see
+    (prompt, target, choices) must be in its alphabet, checked before any work (few-shot examples are
+    checked when they are encoded: a DataError then, also one line)."""
+    if codec.name != 'char':
+        return
+    alphabet, missing = set(codec.chars), {}
+    for name, task in c.loaded.items():
+        docs = list(task.eval_docs)[:c.limit or None]
+        for doc in docs:
+            parts = [task.doc_to_text(doc), task.doc_to_target(doc)]
+            if task.config.output_type == 'multiple_choice':
+                parts += list(task.doc_to_choice(doc))
+            for ch in set(''.join(p for p in parts if isinstance(p, str))) - alphabet:
+                missing.setdefault(ch, name)
+    if missing:
+        shown = ', '.join(f"{ch!r} ({t})" for ch, t in sorted(missing.items())[:8])
+        die(f"this checkpoint's char-level codec ({len(alphabet)} symbols) lacks {len(missing)} character(s) "
+            f"of the tasks' text: {shown}; such a task cannot be scored with this checkpoint")
 
 
 def load_lm(c):
@@ -566,7 +590,9 @@ def make_record(lm, c, results):
     keep = ('results', 'groups', 'versions', 'n-shot', 'higher_is_better', 'n-samples', 'configs')
     if c.log_samples:
         keep += ('samples',)
-    clean = lambda r: json.loads(json.dumps({k: r[k] for k in keep if k in r}, default=handle_non_serializable))  # noqa: E731
+
+    def clean(r):  # the harness's dict, JSON-safe
+        return json.loads(json.dumps({k: r[k] for k in keep if k in r}, default=handle_non_serializable))
     ckpt_path = c.ckpt or c.out_dir
     record = dict(checkpoint=os.path.abspath(ckpt_path) if os.path.exists(ckpt_path) else ckpt_path,
                   ema=lm.used_ema, iter_num=lm.iter_num, estimator=lm.describe(), lm_eval_version=lm_eval.__version__,

@@ -166,8 +166,8 @@ def test_native_loglikelihood_is_one_forward_pass():
     model = tiny(block_size=8, vocab_size=11)
     lm = H.AOGPTLM(model=model, codec=char_codec('abcdefghijk'), batch_size=3)
     g = torch.Generator().manual_seed(0)
-    reqs = [(torch.randint(0, 11, (int(c),), generator=g).tolist(), torch.randint(0, 11, (int(k),), generator=g).tolist())
-            for c, k in [(1, 1), (3, 2), (0, 4), (7, 3), (12, 2), (2, 6)]]
+    draw = lambda n: torch.randint(0, 11, (n,), generator=g).tolist()  # noqa: E731
+    reqs = [(draw(c), draw(k)) for c, k in [(1, 1), (3, 2), (0, 4), (7, 3), (12, 2), (2, 6)]]
     got = lm._loglikelihood_tokens([(None, [H.NONE] if not c else c, x) for c, x in reqs])
     for (c, x), (ll, greedy) in zip(reqs, got):
         w = torch.tensor((c + x)[-8:])[None]
@@ -207,7 +207,7 @@ def test_orders_against_enumeration():
     model = tiny(block_size=8, vocab_size=11).double()
     codec = char_codec('abcdefghijk')
     ctx, conts = [1, 4, 2], [[3, 7, 9], [5, 0, 6], [8]]
-    K = 2000
+    K = 600
     lm = H.AOGPTLM(model=model, codec=codec, likelihood=f'orders:{K}', batch_size=512)
     lm._loglikelihood_tokens([(None, ctx, x) for x in conts])
     picked = []
@@ -329,14 +329,32 @@ def test_char_codec_missing_character_is_one_line(task_manager, capsys):
 
 # --------------------------------------------------------------------------- the launcher
 
-def _ckpt(path, **kw):
+def _ckpt(path, codec=None, **kw):
     torch.manual_seed(0)
-    cfg = GPTConfig(block_size=32, vocab_size=50304, n_layer=1, n_head=2, n_embd=16, target_dim=8, **kw)
+    cfg = GPTConfig(block_size=32, vocab_size=50304 if codec is None else codec.vocab_size + 1, n_layer=1,
+                    n_head=2, n_embd=16, target_dim=8, **kw)
     model = GPT(cfg)
     ema = {'decay': 0.9, 'num_updates': 1, 'params': {k: v.detach() + 0.01 for k, v in model.named_parameters()}}
+    extra = {} if codec is None else {'codec': codec.record()}
     save_checkpoint({'format': 'aogpt-v1', 'model_args': asdict(cfg), 'model': model.state_dict(), 'ema': ema,
-                     'iter_num': 7, 'config': {'dataset': 'none_such'}}, os.path.join(path, 'ckpt.pt'))
+                     'iter_num': 7, 'config': {'dataset': 'none_such'}, **extra}, os.path.join(path, 'ckpt.pt'))
     return str(path)
+
+
+def test_char_level_checkpoint(tmp_path, task_dir, capsys):
+    """A character-level checkpoint scores a task in its own codec when every character is in its
+    alphabet, and stops with one line naming the character when one is not."""
+    docs = [json.loads(line) for line in open(os.path.join(TASK_DIR, 'mc.jsonl'))]
+    chars = sorted(set(''.join(d['question'] + ' ' + ' '.join(d['choices']) for d in docs)))
+    args = ['--include_path', task_dir, '--builtin_tasks', 'False', '--bootstrap_iters', '0']
+    rec = H.main(['--tasks', 'aogpt_test_mc', '--ckpt', _ckpt(tmp_path / 'full', char_codec(chars))] + args)
+    assert rec['estimator']['codec'] == 'char' and 0 <= rec['results']['aogpt_test_mc']['acc,none'] <= 1
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        H.main(['--tasks', 'aogpt_test_mc', '--ckpt', _ckpt(tmp_path / 'lower', char_codec(
+            [c for c in chars if c != 'T']))] + args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'T' (aogpt_test_mc)" in err[0] and 'codec' in err[0], err
 
 
 def test_launcher_end_to_end(tmp_path, task_dir, capsys):
