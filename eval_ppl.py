@@ -38,7 +38,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from checkpoint import checkpoint_codec, load_model
+from checkpoint import checkpoint_codec, fingerprint, load_model
 from configurator import die, namespace, print_config
 from evalsets import load_eval_chunks, parse_revisions
 from model import random_orders, stratified_uniform
@@ -406,7 +406,7 @@ def main(argv=None):
                       block_size=n, precision=precision, world_size=world, seed=c.seed, orders=c.orders,
                       ensemble=c.ensemble if model.any_order else 0, ensemble_mode=c.ensemble_mode,
                       ensemble_draws=c.ensemble_draws, paper_split=c.paper_split, max_chunks=c.max_chunks,
-                      iter_num=ck.get('iter_num'), datasets=results, skipped=skipped, notes=_notes(model, c),
+                      iter_num=ck.get('iter_num'), weights=fingerprint(model), datasets=results, skipped=skipped, notes=_notes(model, c),
                       time=time.strftime('%Y-%m-%d %H:%M:%S'))
         write_record(record, c)
     if torch.distributed.is_initialized():
