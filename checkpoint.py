@@ -47,25 +47,25 @@ HUB_PREFIX = 'hf:'
 TORCH_SUFFIXES = ('.pt', '.pth', '.ckpt', '.bin')  # what names a torch file inside a hub repo
 
 
-def save_checkpoint(obj, path):
-    """Write to a temp file, fsync, then rename: a kill mid-save never corrupts or loses `path`. A failed
-    write (a full disk) removes the temp file and raises OSError, whichever layer noticed it."""
+def atomic_write(path, write, mode='wb'):
+    """write(f) into a temp file beside `path`, fsync, then rename: a kill or a full disk mid-write never leaves
+    half a file at `path`, nor the temp file. A failed write raises OSError, whichever layer noticed it."""
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     tmp = os.path.join(d, f'.{os.path.basename(path)}.tmp.{os.getpid()}')
     try:
-        with open(tmp, 'wb') as f:
-            torch.save(obj, f)
+        with open(tmp, mode) as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
-    except (OSError, RuntimeError) as e:  # a full disk; torch's zip writer reports it as a RuntimeError
+    except BaseException as e:  # also Ctrl-C: the temp file goes
         try:
             os.remove(tmp)
         except OSError:
             pass
-        if isinstance(e, OSError):
-            raise
-        raise OSError(f"the write failed ({first_line(e, 120)}): is the disk full?") from e
+        if isinstance(e, RuntimeError):  # torch's zip writer reports a full disk so, at some sizes
+            raise OSError(f"the write failed ({first_line(e, 120)}): is the disk full?") from e
+        raise
     os.replace(tmp, path)
     try:  # make the rename itself durable
         fd = os.open(d, os.O_RDONLY)
@@ -73,6 +73,11 @@ def save_checkpoint(obj, path):
         os.close(fd)
     except OSError:
         pass
+
+
+def save_checkpoint(obj, path):
+    """torch.save through atomic_write: a kill or a full disk mid-save never corrupts or loses `path`."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def resolve_path(path):

@@ -24,6 +24,7 @@ import difflib
 import json
 import os
 import re
+import signal
 import sys
 import time
 from types import SimpleNamespace
@@ -231,3 +232,15 @@ def die(msg, code=1):
             pass  # the line on stderr is what matters
     print(line, file=sys.stderr)
     raise SystemExit(code)
+
+
+def stop_on_ctrl_c(what):
+    """From here on, Ctrl-C is one line and exit status 130, as a shell expects (train.py's says more), not a
+    KeyboardInterrupt traceback of 50-90 lines. Raised as SystemExit, so `finally` blocks and temp-file
+    cleanups still run. Called from a script's __main__ only: a caller that runs main() in-process keeps its
+    own handler."""
+    def stop(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C during the cleanup kills at once
+        print(f"\ninterrupted: {what}", file=sys.stderr, flush=True)
+        raise SystemExit(130)
+    signal.signal(signal.SIGINT, stop)

@@ -38,8 +38,8 @@ import time
 import torch
 from torch.nn import functional as F
 
-from checkpoint import checkpoint_codec, fingerprint, load_model
-from configurator import die, namespace, print_config
+from checkpoint import atomic_write, checkpoint_codec, fingerprint, load_model
+from configurator import die, namespace, print_config, stop_on_ctrl_c
 from evalsets import load_eval_chunks, parse_revisions
 from model import random_orders, stratified_uniform
 from plot import plot_eval
@@ -646,10 +646,7 @@ def write_record(record, c):
     record['checkpoint'] = os.path.abspath(record['checkpoint']) if os.path.exists(record['checkpoint']) \
         else record['checkpoint']
     try:
-        tmp = out + '.tmp'
-        with open(tmp, 'w') as f:
-            json.dump(record, f, indent=2)
-        os.replace(tmp, out)
+        atomic_write(out, lambda f: json.dump(record, f, indent=2), 'w')
         with open(os.path.splitext(out)[0] + '.jsonl', 'a') as f:
             f.write(json.dumps(record) + '\n')
     except OSError as e:
@@ -662,4 +659,5 @@ def write_record(record, c):
 
 
 if __name__ == '__main__':
+    stop_on_ctrl_c('no results were written (eval_ppl.json and its history are as they were)')
     main()

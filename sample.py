@@ -55,7 +55,7 @@ import unicodedata
 import torch
 from torch.nn import functional as F
 
-from configurator import die, namespace, print_config
+from configurator import die, namespace, print_config, stop_on_ctrl_c
 from model import GPT, parallel_mask, random_orders
 from runtime import autocast, resolve_device
 
@@ -1000,8 +1000,11 @@ def main(argv=None):
     if judge is not None:
         result['gen_ppl'] = score(c, judge, samples, codec)
     if c.save:
-        with open(c.save, 'w') as f:
-            json.dump(result, f)
+        from checkpoint import atomic_write
+        try:  # atomically, as checkpoints are written: a full disk leaves no 0-byte file
+            atomic_write(c.save, lambda f: json.dump(result, f), 'w')
+        except OSError as e:
+            die(f"cannot write --save {c.save} ({e.strerror or e}); nothing was written there")
         print(f"saved {c.save}")
 
 
@@ -1026,6 +1029,8 @@ def read_config(argv=None):
         die(f"--stepper cuda_graph needs a CUDA device (got --device {c.device}); use static or dynamic")
     if c.save:
         d = os.path.dirname(os.path.abspath(c.save))
+        if os.path.isdir(c.save):
+            die(f"--save {c.save} is a folder: name a file in it, e.g. --save {os.path.join(c.save, 'samples.json')}")
         if not os.path.isdir(d):
             die(f"--save {c.save}: the folder {d} does not exist; create it first")
         if not os.access(d, os.W_OK) or (os.path.exists(c.save) and not os.access(c.save, os.W_OK)):
@@ -1174,4 +1179,5 @@ def score(c, judge, samples, codec):
 
 
 if __name__ == '__main__':
+    stop_on_ctrl_c('nothing was saved')
     main()

@@ -225,6 +225,34 @@ def test_sigkill_mid_prepare_resumes_to_the_same_bins(tmp_path):
     assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
 
 
+def test_ctrl_c_mid_prepare_is_one_line_and_status_130_then_resumes(tmp_path):
+    """Ctrl-C reaches the whole process group (the workers too): one line, exit 130, no traceback from any
+    process; the same command then finishes with the bins of an uninterrupted run."""
+    write_tars(tmp_path / "src", big_layout())
+    args = [f"--source={tmp_path / 'src'}", "--val_fraction=0.01", "--num_proc=2"]
+    r = run(*args, f"--out_dir={tmp_path / 'clean'}")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "stopped"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
+    p = subprocess.Popen([sys.executable, PREPARE, *args, f"--out_dir={out}"], cwd=ROOT, env=env, text=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 60
+    while not list(out.glob("shards/*.json")) and p.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    err = [ln for ln in p.communicate(timeout=60)[1].splitlines() if ln.strip()]
+    assert p.returncode == 130 and len(err) == 1 and err[0].startswith("interrupted: run the same command again"), err
+    r = run(*args, f"--out_dir={out}")
+    assert r.returncode == 0, r.stderr
+    assert bins(out) == bins(tmp_path / "clean")
+
+
+def test_sizes_are_said_in_the_unit_that_fits():
+    import prepare_common as pc
+    assert [pc.human_bytes(n) for n in (0, 999, 4_300, 1_234_567, 17e9)] == ["0 bytes", "999 bytes", "4.3 kB",
+                                                                               "1.23 MB", "17 GB"]
+
+
 def _children(pid):
     kids = []
     for d in os.listdir("/proc"):

@@ -877,6 +877,7 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     (['--judge_batch_size', '0'], 'invalid --judge_batch_size=0'),
     (['--length', '-5'], 'invalid --length=-5'),
     (['--save', '/no/such/dir/s.json'], 'the folder /no/such/dir does not exist'),
+    (['--save', '/tmp'], '--save /tmp is a folder: name a file in it'),
     (['--gen_ppl', '/no/such/judge'], 'checkpoint not found'),
     (['--top_p', '1.5'], 'invalid --top_p=1.5'),
     (['--temperature', '-1'], 'invalid --temperature=-1'),
@@ -901,6 +902,49 @@ def test_bad_destinations_and_judges_fail_before_any_sampling(tmp_path, cli, mon
     for bad in (['--save', str(tmp_path / 'missing' / 's.json')], ['--gen_ppl', str(tmp_path / 'nojudge')]):
         code, out, err = cli('--out_dir', str(tmp_path), *bad)
         assert code != 0 and len(err.strip().splitlines()) == 1 and calls == [], err
+
+
+def test_a_full_disk_at_save_is_one_line_and_leaves_no_file(tmp_path, cli, monkeypatch):
+    write_ckpt(tmp_path / 'ckpt.pt')
+    real = json.dump
+
+    def dump(obj, f, *a, **k):
+        f.write('{"samples": [')  # half written, then the disk is full
+        raise OSError(28, 'No space left on device')
+    monkeypatch.setattr(json, 'dump', dump)
+    code, out, err = cli('--out_dir', str(tmp_path), '--length', '4', '--steps', '2', '--save', str(tmp_path / 's.json'))
+    monkeypatch.setattr(json, 'dump', real)
+    assert code == 1 and err.strip() == f"error: cannot write --save {tmp_path / 's.json'} (No space left on device); " \
+        "nothing was written there", err
+    assert sorted(os.listdir(tmp_path)) == ['ckpt.pt']  # neither the file nor its temp
+
+
+CTRL_C_AT_FIRST_FORWARD = """
+import os, runpy, signal, sys, torch
+sys.path.insert(0, {root!r})
+real = torch.nn.Linear.forward
+def forward(self, x):
+    os.kill(os.getpid(), signal.SIGINT)  # as if the user pressed Ctrl-C mid-run
+    return real(self, x)
+torch.nn.Linear.forward = forward
+sys.argv = {argv!r}
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize('script', ['sample.py', 'eval_ppl.py'])
+def test_ctrl_c_is_one_line_and_status_130(tmp_path, script):
+    write_ckpt(tmp_path / 'ckpt.pt')
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    extra = (['--save', str(tmp_path / 's.json')] if script == 'sample.py' else
+             ['--datasets', 'ptb', '--data_path', f"ptb={tmp_path / 'text.txt'}", '--progress', 'False'])
+    (tmp_path / 'text.txt').write_text('the cat sat on the mat . ' * 40)
+    argv = [os.path.join(root, script), '--out_dir', str(tmp_path), '--device', 'cpu', *extra]
+    p = subprocess.run([sys.executable, '-c', CTRL_C_AT_FIRST_FORWARD.format(root=root, argv=argv)], cwd=root,
+                       capture_output=True, text=True, timeout=120)
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 130 and len(err) == 1 and err[0].startswith('interrupted: '), p.stderr
+    assert sorted(os.listdir(tmp_path)) == ['ckpt.pt', 'text.txt']  # no samples, no eval record, no temp file
 
 
 def test_samples_are_printed_with_control_characters_escaped():
