@@ -174,7 +174,9 @@ def _die_unreadable(path, e):
         die(f"cannot read checkpoint {path} with weights_only=True: it pickles {m.group(1)}, not just tensors, "
             f"numbers, strings, lists and dicts (if you trust the file, allow that type with "
             f"torch.serialization.add_safe_globals, or re-save the checkpoint without it)")
-    die(f"cannot read checkpoint {path}: it is truncated or corrupt ({first_line(e)})")
+    # torch's own first sentence says what failed; its next ones are advice about its internals
+    die(f"cannot read checkpoint {path}: it is truncated or corrupt ({first_line(e).split('. ')[0].rstrip('.')}); "
+        f"copy it again, or pass another checkpoint")
 
 
 def strip_prefixes(sd):
@@ -287,8 +289,9 @@ def checkpoint_codec(ckpt, dataset=''):
     if dataset:
         d = find_dataset(dataset, root)
         if d is None:
-            die(f"--dataset {dataset}: no such data directory (tried {dataset}, {os.path.join(root, dataset)} "
-                f"and data/{dataset}); leave it empty to use the checkpoint's codec")
+            tried = list(dict.fromkeys([dataset, os.path.join(root, dataset), os.path.join('data', dataset)]))
+            die(f"--dataset {dataset}: no such data directory (tried {', '.join(tried[:-1]) + ' and ' if tried[1:] else ''}{tried[-1]}"
+                f"); leave it empty to use the checkpoint's codec")
         chosen = _codec_of(d)
     try:
         stored = codec_from_record(ckpt['codec']) if ckpt.get('codec') else None

@@ -508,6 +508,22 @@ def _tar_cut_at_a_member(path):
 def _bad_input(kind, tmp_path):
     """Sets up one kind of bad input; returns (--source, what the error line must say)."""
     layout = small_layout()
+    rng = np.random.default_rng(0)
+    noise = lambda: rng.integers(0, 256, 4000, dtype=np.uint8).tobytes()  # noqa: E731 (not UTF-8)
+    if kind == "folder of random files":
+        (tmp_path / "src").mkdir()
+        for name in ("a.txt", "b.dat"):
+            (tmp_path / "src" / name).write_bytes(noise())
+        return tmp_path / "src", f"{tmp_path / 'src' / 'a.txt'} cannot be read as text data (it is not UTF-8 text)"
+    if kind in ("a random file", "a folder of only .bin"):
+        f = tmp_path / "src" / "x.bin" if kind.endswith(".bin") else tmp_path / "random"
+        f.parent.mkdir(exist_ok=True)
+        f.write_bytes(noise())
+        return (f.parent if kind.endswith(".bin") else f), f"{f} cannot be read as text data (it is not UTF-8"
+    if kind == "a .jsonl with a bad line":
+        f = tmp_path / "docs.jsonl"
+        f.write_text('{"text": "one"}\n{"text": "two\n{"text": "three"}\n')
+        return f, f"{f} cannot be read as json data ("
     if kind == "empty folder":
         (tmp_path / "src" / "subsets").mkdir(parents=True)
         return tmp_path / "src", "no OpenWebText archives"
@@ -538,7 +554,9 @@ def _bad_input(kind, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["empty folder", "corrupt xz", "truncated xz", "truncated tar",
-                                  "xz corrupt inside a tar", "git-lfs pointer", "tar of something else"])
+                                  "xz corrupt inside a tar", "git-lfs pointer", "tar of something else",
+                                  "folder of random files", "a random file", "a folder of only .bin",
+                                  "a .jsonl with a bad line"])
 def test_bad_archives_are_one_line(tmp_path, kind):
     src, says = _bad_input(kind, tmp_path)
     line = one_error_line(run(f"--source={src}", f"--out_dir={tmp_path / 'out'}", "--num_proc=2"))
