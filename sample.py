@@ -1097,6 +1097,8 @@ def generation_order(c, ck, family, n):
             print("order: the checkpoint's fixed training order")
     elif os.path.exists(o):
         o = read_order_file(o, n)
+    elif os.sep in o or o.endswith(('.npy', '.txt')):  # meant as a file: say it is missing, not "unknown order"
+        die(f"--order {o}: no such file (an order file is a .npy or text list of positions)")
     else:
         try:
             check_order(o)
@@ -1124,6 +1126,16 @@ def load_judge_for(c, codec):
     if judge.config.vocab_size < judge_codec.vocab_size:
         die(f"judge {c.gen_ppl}: its {judge_codec.name} codec has {judge_codec.vocab_size} symbols, the model "
             f"only {judge.config.vocab_size}")
+    if not judge.config.causal:
+        die(f"judge {c.gen_ppl} is an encoder MDM, which has no exact likelihood to score text with: judge with a "
+            f"decoder (a GPT, AO-GPT or sigma-GPT checkpoint, or an HF GPT-2 folder)")
+    if judge_codec.name == 'char':  # it must read every character the samples can hold
+        lacking = sorted(set(codec.chars) - set(judge_codec.chars)) if codec.name == 'char' else None
+        if lacking is None or lacking:
+            die(f"judge {c.gen_ppl} reads {judge_codec.vocab_size} characters, " +
+                (f"not {''.join(lacking)!r}, which the samples can hold" if lacking else
+                 f"and the samples are {codec.name} text, which can hold any") +
+                ": judge with a model whose codec covers the samples' (e.g. one trained on the same data)")
     mode = c.gen_ppl_mode if c.gen_ppl_mode != 'auto' else ('hf' if is_hf else 'none')
     if mode == 'hf' and not is_hf:
         die("--gen_ppl_mode hf is the HF GPT-2 recipe (no BOS); our checkpoints score from [None] (none)")

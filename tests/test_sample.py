@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import sample
-from checkpoint import save_checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
 from helpers import tiny
 from model import model_args
 from sample import (generate_ao, generate_ar, generate_mdm, judge_nll, reveal_counts, sample_tokens,
@@ -862,7 +862,8 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     (['--length', '17'], 'block_size'),
     (['--template', 'x ' * 20 + '[BLANK]'], 'too long'),
     (['--template', 'a [BLANK]', '--prompt', 'b'], 'either'),
-    (['--order', 'nope.txt'], 'nope.txt'),
+    (['--order', 'nope.txt'], '--order nope.txt: no such file'),  # once "unknown order"
+    (['--order', 'orders/x.npy'], '--order orders/x.npy: no such file'),
     (['--top_p', '0'], 'top_p'),
     (['--stpes', '3'], 'steps'),
     (['--stepper', 'cuda_graph'], 'needs a CUDA device'),
@@ -899,9 +900,17 @@ def test_bad_destinations_and_judges_fail_before_any_sampling(tmp_path, cli, mon
     write_ckpt(tmp_path / 'ckpt.pt')
     calls = []
     monkeypatch.setattr(sample, 'generate_ao', lambda *a, **k: calls.append(1))
-    for bad in (['--save', str(tmp_path / 'missing' / 's.json')], ['--gen_ppl', str(tmp_path / 'nojudge')]):
+    write_ckpt(tmp_path / 'mdm.pt', cond='none', causal=False)
+    char = load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    char['codec'] = {'tokenizer': 'char', 'vocab_size': 3, 'chars': 'abc', 'eot': None}
+    save_checkpoint(char, str(tmp_path / 'char.pt'))
+    for bad, says in ((['--save', str(tmp_path / 'missing' / 's.json')], 'does not exist'),
+                      (['--save', str(tmp_path)], 'is a folder'),
+                      (['--gen_ppl', str(tmp_path / 'nojudge')], 'checkpoint not found'),
+                      (['--gen_ppl', str(tmp_path / 'mdm.pt')], 'is an encoder MDM'),
+                      (['--gen_ppl', str(tmp_path / 'char.pt')], 'reads 3 characters, and the samples are gpt2')):
         code, out, err = cli('--out_dir', str(tmp_path), *bad)
-        assert code != 0 and len(err.strip().splitlines()) == 1 and calls == [], err
+        assert code != 0 and len(err.strip().splitlines()) == 1 and says in err and calls == [], err
 
 
 def test_a_full_disk_at_save_is_one_line_and_leaves_no_file(tmp_path, cli, monkeypatch):
