@@ -111,6 +111,20 @@ def check_disk(folder, need, what):
                         f"{human_bytes(free)} free; free space or choose another out_dir")
 
 
+def rebuild_reason(old, new):
+    """Why prepared bins are not reused, in words: the settings that changed (old -> new), else their sizes."""
+    def flat(d, pre=""):
+        out = {}
+        for k, v in (d or {}).items():
+            out.update(flat(v, f"{pre}{k}.") if isinstance(v, dict) else {pre + k: v})
+        return out
+    a, b = flat(old), flat(new)
+    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    short = lambda v: repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."  # noqa: E731
+    return (", ".join(f"{k} {short(a.get(k))} -> {short(b.get(k))}" for k in changed[:4]) +
+            (", ..." if len(changed) > 4 else "") if changed else "the bins do not have the sizes meta.json records")
+
+
 def human_bytes(n):
     """3 significant digits in the unit that fits: a small need on a full disk is not '0.00 GB ... 0.00 GB'."""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -209,6 +223,9 @@ def prepare(out_dir, splits, source, chars=None, detok=None, num_proc=1, batch_d
             if os.path.exists(p + ".partial"):
                 os.remove(p + ".partial")
     if os.path.exists(meta_path):
+        if not force:
+            with open(meta_path) as f:
+                print(f"rebuilding {out_dir}: {rebuild_reason(json.load(f).get('fingerprint'), fingerprint)}")
         os.remove(meta_path)  # the bins are about to change: never leave a stale meta.json beside them
 
     def save_state():

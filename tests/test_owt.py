@@ -169,6 +169,20 @@ def test_bins_are_the_documents_in_the_documented_order(small):
     assert r.returncode == 0 and "already prepared" in r.stdout
 
 
+@pytest.mark.parametrize("form", ["archives", "jsonl"])
+def test_a_rebuild_says_what_changed(small, tmp_path, form):
+    """--val_fraction changed on a prepared dir: the bins are rebuilt, and the run says why."""
+    root, layout, _ = small
+    src = root / "tars"
+    if form == "jsonl":
+        src = tmp_path / "docs.jsonl"
+        src.write_text("".join(json.dumps({"text": d}) + "\n" for d in documented_docs(layout)))
+    out = tmp_path / "out"
+    assert run(f"--source={src}", f"--out_dir={out}", "--val_fraction=0.1").returncode == 0
+    r = run(f"--source={src}", f"--out_dir={out}", "--val_fraction=0.2")
+    assert r.returncode == 0 and f"rebuilding {out}: " in r.stdout and "val_fraction 0.1 -> 0.2" in r.stdout, r.stdout
+
+
 def test_every_source_form_and_num_proc_give_the_same_bins(small, tmp_path):
     root, layout, _ = small
     write_tars(tmp_path / "repo" / "subsets", layout)       # hf download --local-dir, git lfs clone

@@ -115,6 +115,7 @@ if os.path.exists(meta_path):
               f"{meta['val_tokens']:,} tokens); nothing to do (--force=True redoes it)")
         shutil.rmtree(shard_dir, ignore_errors=True)  # left over if a run was killed at its very end
         sys.exit(0)
+    print(f"rebuilding {out_dir}: {pc.rebuild_reason(meta.get('fingerprint'), done_fp)}")
     os.remove(meta_path)  # the bins are about to change: never leave a stale meta.json beside them
 
 commit = None
