@@ -951,3 +951,16 @@ def test_a_full_disk_mid_checkpoint_is_the_clean_line_whichever_layer_notices(en
         err.endswith("the previous one (iteration 4) is intact"), err
     assert load_checkpoint(str(tmp_path))['iter_num'] == 4
     assert sorted(os.listdir(tmp_path)) == ['.lock', 'ckpt.pt', 'log.jsonl', 'loss.png']
+
+
+def test_fine_tuning_an_encoder_says_it_trains_the_encoder(env, monkeypatch, capsys, tmp_path):
+    """The printed config holds the defaults (causal=True, cond='adaln') for keys not set: the fine-tune line
+    says which model is trained."""
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "src"}', '--max_iters=1', '--eval_interval=1',
+                                    '--causal=False', '--cond=none'))
+    capsys.readouterr()
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "ft"}', f'--init_from={tmp_path / "src"}',
+                                    '--max_iters=1', '--eval_interval=1'))
+    out = capsys.readouterr().out
+    assert "model shape from it (causal=False, cond='none', n_layer=2, n_head=2, n_embd=32)" in out, out
+    assert load_checkpoint(str(tmp_path / 'ft'))['model_args']['causal'] is False
