@@ -73,7 +73,7 @@ from configurator import configure, die, print_config
 from tokenizer import DataError, get_codec
 from model import GPT, GPTConfig, config_fields, mdm_corrupt, random_orders
 from plot import plot_log
-from runtime import autocast, resolve_device
+from runtime import autocast, gpu_peak_flops, resolve_device
 
 # -----------------------------------------------------------------------------
 # defaults: AO-GPT-Small (12/768/12, context 1024) on OpenWebText, as in the paper
@@ -754,10 +754,7 @@ if master:
 # Said before the first eval, which for a GPU-sized config on a CPU can take many silent minutes.
 flops_per_token = raw_model.estimate_flops_per_token(block_size)  # training: forward + backward
 if peak_flops <= 0 and device_type == 'cuda':
-    name = torch.cuda.get_device_name()
-    table = (('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('H800', 989e12), ('GH200', 989e12),
-             ('A100', 312e12), ('A800', 312e12), ('L40S', 362e12), ('A10', 125e12), ('4090', 165e12))
-    peak_flops = next((f for key, f in table if key in name), 0.0)
+    peak_flops = gpu_peak_flops(torch.cuda.get_device_name())
 passes = (eval_orders if not model_args['causal'] else
           1 + (eval_orders if any_order else 0) + (fixed_order is not None))  # forward passes per val batch
 eval_flops = n_windows * block_size * passes * flops_per_token / 3  # a forward is a third of a training step

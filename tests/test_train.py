@@ -964,3 +964,9 @@ def test_fine_tuning_an_encoder_says_it_trains_the_encoder(env, monkeypatch, cap
     out = capsys.readouterr().out
     assert "model shape from it (causal=False, cond='none', n_layer=2, n_head=2, n_embd=32)" in out, out
     assert load_checkpoint(str(tmp_path / 'ft'))['model_args']['causal'] is False
+
+
+def test_the_peak_flops_table_matches_the_most_specific_name_first():
+    from runtime import gpu_peak_flops
+    assert gpu_peak_flops('NVIDIA H100 PCIe') == 756e12 and gpu_peak_flops('NVIDIA H100 80GB HBM3') == 989e12
+    assert gpu_peak_flops('NVIDIA A10') == 125e12 and gpu_peak_flops('Tesla T4') == 0.0  # unknown: no MFU
