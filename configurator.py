@@ -218,19 +218,23 @@ def first_line(e, limit=200):
     return line if len(line) <= limit else line[:limit].rsplit(' ', 1)[0] + ' ...'  # cut between words, and say so
 
 
-def die(msg, code=1):
-    """One clear line on stderr and a non-zero exit: how the scripts report bad input."""
-    line = f"error: {msg}"
+def tell_torchrun(line):
+    """Under torchrun, write our error line where it prints a worker's root cause: the last entry of its
+    failure report (without it: a pointer to its docs). The layout is its own error handler's, our line the
+    traceback. Nothing happens outside torchrun."""
     if os.environ.get('TORCHELASTIC_ERROR_FILE'):
-        # under torchrun: it prints this file as the root cause, the last entry of its failure report
-        # (without it: a pointer to its docs). The layout is its own error handler's, our line the traceback.
         try:
             with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
                 json.dump(dict(message=dict(message=line, extraInfo=dict(py_callstack=line,
                                                                          timestamp=str(int(time.time()))))), f)
         except OSError:
             pass  # the line on stderr is what matters
-    print(line, file=sys.stderr)
+
+
+def die(msg, code=1):
+    """One clear line on stderr and a non-zero exit: how the scripts report bad input."""
+    tell_torchrun(f"error: {msg}")
+    print(f"error: {msg}", file=sys.stderr)
     raise SystemExit(code)
 
 

@@ -43,9 +43,7 @@ preemptible nodes. While a run is live it holds an OS lock on out_dir/.lock, so 
 out_dir is refused. out_dir/loss.png is redrawn from log.jsonl at every eval.
 """
 
-import contextlib
 import importlib.util
-import io
 import json
 import math
 import os
@@ -69,7 +67,7 @@ except ImportError:
 
 from checkpoint import (CKPT_NAME as _CKPT, checkpoint_codec, load_checkpoint, load_model, parse_hub_spec,
                         run_checkpoints, save_checkpoint, strip_prefixes)
-from configurator import configure, die, print_config
+from configurator import configure, die, print_config, tell_torchrun
 from tokenizer import DataError, get_codec
 from model import GPT, GPTConfig, config_fields, mdm_corrupt, random_orders
 from plot import plot_log
@@ -171,8 +169,8 @@ def fail(msg):
     release_out_dir(failed=True)
     if master:
         die(msg)
-    with contextlib.redirect_stderr(io.StringIO()):
-        die(msg)
+    tell_torchrun(f"error: {msg}")
+    raise SystemExit(1)
 
 
 def say(*a):
