@@ -94,16 +94,16 @@ def resolve_path(path):
     elif os.path.basename(path) in (EXPORT_CONFIG, EXPORT_WEIGHTS) and os.path.exists(path):
         return os.path.dirname(path) or '.'  # a file of an export names its folder
     if not os.path.exists(path):
-        held = run_checkpoints(os.path.dirname(path) or '.')
+        folder = os.path.dirname(path) or '.'
+        held = run_checkpoints(folder)
         if held and os.path.basename(path) == CKPT_NAME:  # its ckpt.pt is gone, its periodic copies are not
-            die(f"{os.path.dirname(path)} holds no {CKPT_NAME} but periodic copies "
-                f"({', '.join(os.path.basename(h) for h in held[:3])}{', ...' if len(held) > 3 else ''}): pass "
-                f"one with --ckpt {held[0]}")
-        if os.path.isdir(os.path.dirname(path)) and not os.path.exists(os.path.join(os.path.dirname(path), EXPORT_CONFIG)) \
-                and os.path.exists(os.path.join(os.path.dirname(path), EXPORT_WEIGHTS)):
-            die(f"{os.path.dirname(path)} holds {EXPORT_WEIGHTS} but no {EXPORT_CONFIG}, so it is not a complete "
-                f"export.py folder (and it has no {CKPT_NAME}): copy the export's {EXPORT_CONFIG} beside it, or "
-                f"export the checkpoint again")
+            die(f"{folder} holds no {CKPT_NAME} but periodic copies ({', '.join(os.path.basename(h) for h in held[:3])}"
+                f"{', ...' if len(held) > 3 else ''}): pass one with --ckpt {held[0]}")
+        if os.path.exists(os.path.join(folder, EXPORT_WEIGHTS)) and not os.path.exists(
+                os.path.join(folder, EXPORT_CONFIG)):
+            die(f"{folder} holds {EXPORT_WEIGHTS} but no {EXPORT_CONFIG}, so it is not a complete export.py folder "
+                f"(and it has no {CKPT_NAME}): copy the export's {EXPORT_CONFIG} beside it, or export the checkpoint "
+                f"again")
         repo = re.fullmatch(r'[\w-][\w.-]*/[\w.-]+', path) and not path.endswith(TORCH_SUFFIXES)
         found = runs_here()
         die(f"checkpoint not found: {path} (" +
@@ -291,8 +291,9 @@ def checkpoint_codec(ckpt, dataset=''):
         d = find_dataset(dataset, root)
         if d is None:
             tried = list(dict.fromkeys([dataset, os.path.join(root, dataset), os.path.join('data', dataset)]))
-            die(f"--dataset {dataset}: no such data directory (tried {', '.join(tried[:-1]) + ' and ' if tried[1:] else ''}{tried[-1]}"
-                f"); leave it empty to use the checkpoint's codec")
+            tried = ', '.join(tried[:-1]) + ' and ' + tried[-1] if len(tried) > 1 else tried[0]
+            die(f"--dataset {dataset}: no such data directory (tried {tried}); leave it empty to use the checkpoint's "
+                f"codec")
         chosen = _codec_of(d)
     try:
         stored = codec_from_record(ckpt['codec']) if ckpt.get('codec') else None

@@ -270,7 +270,8 @@ def _edit_config(**changes):
     (None, 'hf:owner/re po/x.pt', ['names no hub checkpoint']),
     (None, 'me/no-such-model', ['checkpoint not found', 'write hf:me/no-such-model']),
 ], ids=['corrupt-weights', 'no-weights', 'unknown-key', 'bad-type', 'bad-shape', 'bad-codec', 'short-codec',
-        'newer-format', 'zeroed-bytes', 'codec-of-3', 'codec-too-big', 'no-config', 'transformers-folder', 'no-repo', 'empty', 'bad-repo', 'hub-id-without-hf'])
+        'newer-format', 'zeroed-bytes', 'codec-of-3', 'codec-too-big', 'no-config', 'transformers-folder', 'no-repo',
+        'empty', 'bad-repo', 'hub-id-without-hf'])
 def test_bad_exports_and_hub_ids_are_one_line(tmp_path, capsys, spoil, spec, needles):
     if spec is None:
         make_run(tmp_path / 'run')

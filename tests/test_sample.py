@@ -921,10 +921,11 @@ def test_a_full_disk_at_save_is_one_line_and_leaves_no_file(tmp_path, cli, monke
         f.write('{"samples": [')  # half written, then the disk is full
         raise OSError(28, 'No space left on device')
     monkeypatch.setattr(json, 'dump', dump)
-    code, out, err = cli('--out_dir', str(tmp_path), '--length', '4', '--steps', '2', '--save', str(tmp_path / 's.json'))
+    code, out, err = cli('--out_dir', str(tmp_path), '--length', '4', '--steps', '2',
+                         '--save', str(tmp_path / 's.json'))
     monkeypatch.setattr(json, 'dump', real)
-    assert code == 1 and err.strip() == f"error: cannot write --save {tmp_path / 's.json'} (No space left on device); " \
-        "nothing was written there", err
+    assert code == 1 and err.strip() == f"error: cannot write --save {tmp_path / 's.json'} (No space left on " \
+        "device); nothing was written there", err
     assert sorted(os.listdir(tmp_path)) == ['ckpt.pt']  # neither the file nor its temp
 
 
