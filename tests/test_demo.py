@@ -94,6 +94,7 @@ UNIGRAM = 2.974  # the demo's unigram baseline on its 1000 PTB test rows (README
     (1.946, 2.529, True),   # seed 2
     (1.984, 2.480, True),   # issue #24: a 2-core AMD EPYC, native kernels (outside the old printed range)
     (1.951, 2.462, True),   # the same with ATEN_CPU_CAPABILITY=default (outside it too)
+    (2.018, 2.437, True),   # a fresh clone on 2026-11-23's host (results/notes.md)
     (2.95, 2.97, False),    # learned nothing: a broken install
     (2.40, 2.90, False),    # L2R learned a little, any-order stuck on the unigram plateau
 ])
