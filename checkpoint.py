@@ -7,7 +7,8 @@ Our format (a plain dict, so `torch.load(weights_only=True)` reads it):
   model       state dict, keys without the torch.compile ('_orig_mod.') or DDP ('module.') prefixes
   ema         {'decay': float, 'num_updates': int, 'params': {name: tensor}} keyed by parameter *name*
               (the paper's EMA is a positional list, which silently scrambles if modules are reordered)
-  plus, from train.py: optimizer, scaler, iter_num, config, rng, data cursor, fixed order, ...
+  plus, from train.py: optimizer, scaler, iter_num, config, codec, the fixed order, the training losses since
+  the last eval, ... (no RNG state or data cursor: every training draw is a function of (seed, iteration))
 
 The paper's released checkpoints (Cauthyyy/AO-GPT-MDM on Hugging Face: AO-GPT and sigma-GPT, Small and
 Medium) load through the same `load_model`: the format is detected from the state-dict keys and the
@@ -26,6 +27,7 @@ Hub files go through huggingface_hub into its cache (HF_HUB_CACHE), only the fil
 cache serves, and a file that is not cached fails at once in one line saying how to get it.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -46,15 +48,25 @@ HUB_PREFIX = 'hf:'
 TORCH_SUFFIXES = ('.pt', '.pth', '.ckpt', '.bin')  # what names a torch file inside a hub repo
 
 
-def save_checkpoint(obj, path):
-    """Write to a temp file, fsync, then rename: a kill mid-save never corrupts or loses `path`."""
+def atomic_write(path, write, mode='wb'):
+    """write(f) into a temp file beside `path`, fsync, then rename: a kill or a full disk mid-write never leaves
+    half a file at `path`, nor the temp file. A failed write raises OSError, whichever layer noticed it."""
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     tmp = os.path.join(d, f'.{os.path.basename(path)}.tmp.{os.getpid()}')
-    with open(tmp, 'wb') as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException as e:  # also Ctrl-C: the temp file goes
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        if isinstance(e, RuntimeError):  # torch's zip writer reports a full disk so, at some sizes
+            raise OSError(f"the write failed ({first_line(e, 120)}): is the disk full?") from e
+        raise
     os.replace(tmp, path)
     try:  # make the rename itself durable
         fd = os.open(d, os.O_RDONLY)
@@ -62,6 +74,11 @@ def save_checkpoint(obj, path):
         os.close(fd)
     except OSError:
         pass
+
+
+def save_checkpoint(obj, path):
+    """torch.save through atomic_write: a kill or a full disk mid-save never corrupts or loses `path`."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def resolve_path(path):
@@ -77,6 +94,16 @@ def resolve_path(path):
     elif os.path.basename(path) in (EXPORT_CONFIG, EXPORT_WEIGHTS) and os.path.exists(path):
         return os.path.dirname(path) or '.'  # a file of an export names its folder
     if not os.path.exists(path):
+        folder = os.path.dirname(path) or '.'
+        held = run_checkpoints(folder)
+        if held and os.path.basename(path) == CKPT_NAME:  # its ckpt.pt is gone, its periodic copies are not
+            die(f"{folder} holds no {CKPT_NAME} but periodic copies ({', '.join(os.path.basename(h) for h in held[:3])}"
+                f"{', ...' if len(held) > 3 else ''}): pass one with --ckpt {held[0]}")
+        if os.path.exists(os.path.join(folder, EXPORT_WEIGHTS)) and not os.path.exists(
+                os.path.join(folder, EXPORT_CONFIG)):
+            die(f"{folder} holds {EXPORT_WEIGHTS} but no {EXPORT_CONFIG}, so it is not a complete export.py folder "
+                f"(and it has no {CKPT_NAME}): copy the export's {EXPORT_CONFIG} beside it, or export the checkpoint "
+                f"again")
         repo = re.fullmatch(r'[\w-][\w.-]*/[\w.-]+', path) and not path.endswith(TORCH_SUFFIXES)
         found = runs_here()
         die(f"checkpoint not found: {path} (" +
@@ -85,6 +112,16 @@ def resolve_path(path):
              "export.py folder or hf:owner/repo") +
             (f"; for a Hugging Face repo write hf:{path})" if repo else ")"))
     return path
+
+
+def run_checkpoints(folder):
+    """The checkpoints a train.py run dir holds, the one to resume first: ckpt.pt (always the newest, since
+    the periodic copies ckpt_<iter>.pt are links to earlier ones), then the copies, newest first."""
+    try:
+        copies = sorted((f for f in os.listdir(folder) if re.fullmatch(r'ckpt_\d+\.pt', f)), reverse=True)
+    except OSError:
+        return []
+    return [os.path.join(folder, f) for f in [CKPT_NAME] * os.path.exists(os.path.join(folder, CKPT_NAME)) + copies]
 
 
 def runs_here(root='.', limit=6):
@@ -138,7 +175,9 @@ def _die_unreadable(path, e):
         die(f"cannot read checkpoint {path} with weights_only=True: it pickles {m.group(1)}, not just tensors, "
             f"numbers, strings, lists and dicts (if you trust the file, allow that type with "
             f"torch.serialization.add_safe_globals, or re-save the checkpoint without it)")
-    die(f"cannot read checkpoint {path}: it is truncated or corrupt ({first_line(e)})")
+    # torch's own first sentence says what failed; its next ones are advice about its internals
+    die(f"cannot read checkpoint {path}: it is truncated or corrupt ({first_line(e).split('. ')[0].rstrip('.')}); "
+        f"copy it again, or pass another checkpoint")
 
 
 def strip_prefixes(sd):
@@ -197,6 +236,13 @@ def load_model(path, device='cpu', use_ema=None):
     missing = [k for k in missing if not (model.config.tie_head and k == 'lm_head.weight')]
     if missing or unexpected:
         die(f"{where} does not match its model_args: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    try:
+        misfit = ckpt.get('codec') and codec_misfit(codec_from_record(ckpt['codec']), model.config, ckpt.get('config'))
+    except DataError as e:
+        die(f"{where}: {e.msg}")
+    if misfit:
+        die(f"{where}: {misfit}, so it is not the codec this model was trained with (a config.json edited or "
+            f"mixed up with another export's?); export the checkpoint again")
     if ckpt.get('weights'):  # an export holds one set of weights, chosen when it was exported
         held = ckpt['weights'] == 'ema'
         if use_ema is not None and use_ema != held:
@@ -244,8 +290,10 @@ def checkpoint_codec(ckpt, dataset=''):
     if dataset:
         d = find_dataset(dataset, root)
         if d is None:
-            die(f"--dataset {dataset}: no such data directory (tried {dataset}, {os.path.join(root, dataset)} "
-                f"and data/{dataset}); leave it empty to use the checkpoint's codec")
+            tried = list(dict.fromkeys([dataset, os.path.join(root, dataset), os.path.join('data', dataset)]))
+            tried = ', '.join(tried[:-1]) + ' and ' + tried[-1] if len(tried) > 1 else tried[0]
+            die(f"--dataset {dataset}: no such data directory (tried {tried}); leave it empty to use the checkpoint's "
+                f"codec")
         chosen = _codec_of(d)
     try:
         stored = codec_from_record(ckpt['codec']) if ckpt.get('codec') else None
@@ -339,6 +387,11 @@ def read_export(folder):
         die(f"{cfg_path}: \"fixed_order\" must be a list of positions or null")
     if not os.path.exists(w_path):
         die(f"{folder} has {EXPORT_CONFIG} but no {EXPORT_WEIGHTS}: copy the whole export.py folder")
+    want = meta.get('weights_sha256')
+    if want is not None and file_sha256(w_path) != want:
+        die(f"{w_path} does not match the sha256 that {EXPORT_CONFIG} records for it: the file is corrupt or was "
+            f"changed; copy or download it again (if you changed the weights on purpose, delete \"weights_sha256\" "
+            f"from {EXPORT_CONFIG})")
     from safetensors.torch import load_file
     try:
         sd = load_file(w_path, device='cpu')
@@ -348,6 +401,46 @@ def read_export(folder):
                 weights=meta['weights'], iter_num=meta.get('iter_num'), tokens=meta.get('tokens'),
                 config=meta.get('train_config') or {}, order=None if order is None else torch.tensor(order),
                 export=meta)
+
+
+def file_sha256(path):
+    """The sha256 of a file, read in 16 MB pieces (about a second for GPT-2 small's 500 MB)."""
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 24), b''):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fingerprint(model):
+    """A short hash of a model's weights as float32 (so a float32 export of a checkpoint has the checkpoint's):
+    what an eval record names, so its numbers are never published for other weights."""
+    h = hashlib.sha256()
+    for k, v in sorted(strip_prefixes(model.state_dict()).items()):  # a compiled model's keys too
+        if model.config.tie_head and k == 'lm_head.weight':
+            continue
+        h.update(k.encode())
+        h.update(v.detach().to('cpu', torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def codec_misfit(codec, config, train_config):
+    """Why a codec cannot be this model's (None if it can): train.py makes the model's vocabulary the codec's
+    ids, plus the encoder's [MASK], padded to a multiple of 64, unless its config set vocab_size by hand (a
+    model not from train.py, whose config has no vocab_size, is only checked to cover the codec)."""
+    mdm = not config.causal
+    if 'vocab_size' not in (train_config or {}):
+        train_config = dict(vocab_size=config.vocab_size)
+    asked_vocab = train_config['vocab_size']
+    if codec.vocab_size > config.vocab_size:
+        return f"its {codec.name} codec has {codec.vocab_size} symbols but the model only {config.vocab_size}"
+    if mdm and config.mask_token_id < codec.vocab_size:
+        return f"the model's [MASK] id {config.mask_token_id} is a real token of its {codec.name} codec"
+    derived = (codec.vocab_size, codec.vocab_size + mdm, -(-(codec.vocab_size + mdm) // 64) * 64, asked_vocab)
+    if config.vocab_size not in derived:
+        return (f"its {codec.name} codec has {codec.vocab_size} symbols, far fewer than the model's vocab_size "
+                f"{config.vocab_size}")
+    return None
 
 
 def _check_model_args(args, where):

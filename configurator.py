@@ -21,9 +21,12 @@ What nanoGPT did not do and this does:
 
 import ast
 import difflib
+import json
 import os
 import re
+import signal
 import sys
+import time
 from types import SimpleNamespace
 
 _SIMPLE = (int, float, bool, str, tuple, list, type(None))
@@ -129,9 +132,12 @@ def _help_text(g, defaults):
     return '\n'.join(out)
 
 
-def configure(g, argv=None):
-    """Apply config files and overrides from argv to the globals dict g; return the resolved config."""
+def configure(g, argv=None, given=None):
+    """Apply config files and overrides from argv to the globals dict g; return the resolved config.
+    given: a set that receives the keys the config files and the command line set (a default is not asked
+    for, so only these may contradict what a checkpoint holds)."""
     argv = sys.argv[1:] if argv is None else argv
+    given = set() if given is None else given
     defaults = _keys(g)
     types = _types(g, defaults)
     cfg = dict(defaults)
@@ -158,6 +164,7 @@ def configure(g, argv=None):
                     if k not in defaults:
                         raise ConfigError(f"{arg}: unknown config key '{k}'{_nearest(k, defaults)}")
                     cfg[k] = _coerce(k, v, types[k], arg)
+                    given.add(k)
                 i += 1
                 continue
             body = arg[2:]
@@ -178,9 +185,9 @@ def configure(g, argv=None):
                     i += 1
             val = _parse_value(val, types[key], defaults[key] is None)
             cfg[key] = _coerce(key, val, types[key], 'command line')
+            given.add(key)
     except ConfigError as e:
-        print(f"error: {e.msg}", file=sys.stderr)
-        raise SystemExit(2)
+        die(e.msg, 2)
     g.update(cfg)
     return cfg
 
@@ -205,10 +212,39 @@ def first_line(e, limit=200):
     """An exception's message cut to its first line (or its type when it has none): what a one-line
     error says of a failure deep inside a library."""
     text = str(e).strip()
-    return text.splitlines()[0][:limit] if text else type(e).__name__
+    if not text:
+        return type(e).__name__
+    line = text.splitlines()[0]
+    return line if len(line) <= limit else line[:limit].rsplit(' ', 1)[0] + ' ...'  # cut between words, and say so
+
+
+def tell_torchrun(line):
+    """Under torchrun, write our error line where it prints a worker's root cause: the last entry of its
+    failure report (without it: a pointer to its docs). The layout is its own error handler's, our line the
+    traceback. Nothing happens outside torchrun."""
+    if os.environ.get('TORCHELASTIC_ERROR_FILE'):
+        try:
+            with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
+                json.dump(dict(message=dict(message=line, extraInfo=dict(py_callstack=line,
+                                                                         timestamp=str(int(time.time()))))), f)
+        except OSError:
+            pass  # the line on stderr is what matters
 
 
 def die(msg, code=1):
     """One clear line on stderr and a non-zero exit: how the scripts report bad input."""
+    tell_torchrun(f"error: {msg}")
     print(f"error: {msg}", file=sys.stderr)
     raise SystemExit(code)
+
+
+def stop_on_ctrl_c(what):
+    """From here on, Ctrl-C is one line and exit status 130, as a shell expects (train.py's says more), not a
+    KeyboardInterrupt traceback of 50-90 lines. Raised as SystemExit, so `finally` blocks and temp-file
+    cleanups still run. Called from a script's __main__ only: a caller that runs main() in-process keeps its
+    own handler."""
+    def stop(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C during the cleanup kills at once
+        print(f"\ninterrupted: {what}", file=sys.stderr, flush=True)
+        raise SystemExit(130)
+    signal.signal(signal.SIGINT, stop)

@@ -594,8 +594,9 @@ def make_record(lm, c, results):
     def clean(r):  # the harness's dict, JSON-safe
         return json.loads(json.dumps({k: r[k] for k in keep if k in r}, default=handle_non_serializable))
     ckpt_path = c.ckpt or c.out_dir
+    from checkpoint import fingerprint
     record = dict(checkpoint=os.path.abspath(ckpt_path) if os.path.exists(ckpt_path) else ckpt_path,
-                  ema=lm.used_ema, iter_num=lm.iter_num, estimator=lm.describe(), lm_eval_version=lm_eval.__version__,
+                  ema=lm.used_ema, iter_num=lm.iter_num, weights=fingerprint(lm.model), estimator=lm.describe(), lm_eval_version=lm_eval.__version__,
                   tasks=c.task_names, world_size=c.world_size, limit=c.limit, num_fewshot=c.num_fewshot,
                   include_path=c.include_path,
                   time=time.strftime('%Y-%m-%d %H:%M:%S'), **clean(results['primary']))
@@ -637,10 +638,11 @@ def write_record(record, c):
     print(f"wrote {path}")
 
 
-def model_card_section(src, iter_num=None, used_ema=None):
+def model_card_section(src, iter_num=None, used_ema=None, weights=None):
     """The 'Downstream tasks' markdown for export.py's model card: the harness table from the harness.json
     that eval_harness.py wrote for checkpoint `src` (same rule as json_path), or '' when there is none or
-    it describes other weights (another iteration, or EMA vs raw). Self-contained: export.py only calls it."""
+    it describes other weights (another iteration, EMA vs raw, or another checkpoint.fingerprint). Export
+    only calls it."""
     path = json_path(SimpleNamespace(out='', ckpt=src, out_dir=src))
     try:
         with open(path) as f:
@@ -648,7 +650,8 @@ def model_card_section(src, iter_num=None, used_ema=None):
     except (OSError, ValueError):
         return ''
     if (iter_num is not None and rec.get('iter_num') not in (None, iter_num)) or \
-            (used_ema is not None and rec.get('ema') not in (None, used_ema)):
+            (used_ema is not None and rec.get('ema') not in (None, used_ema)) or \
+            (weights is not None and rec.get('weights') != weights):
         return ''
     est = rec.get('estimator', {})
     lines = ["## Downstream tasks", '',

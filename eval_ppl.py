@@ -29,6 +29,7 @@ The estimators are importable (bench/eval_speed.py uses them) and return token-w
 (sum_nll, n_tokens), so DDP ranks all-reduce sums and PPL = exp(sum_nll / n_tokens).
 """
 
+import difflib
 import json
 import math
 import os
@@ -38,9 +39,9 @@ import time
 import torch
 from torch.nn import functional as F
 
-from checkpoint import checkpoint_codec, load_model
-from configurator import die, namespace, print_config
-from evalsets import load_eval_chunks, parse_revisions
+from checkpoint import atomic_write, checkpoint_codec, fingerprint, load_model
+from configurator import die, namespace, print_config, stop_on_ctrl_c
+from evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
 from model import random_orders, stratified_uniform
 from plot import plot_eval
 from runtime import autocast, resolve_device
@@ -407,7 +408,8 @@ def main(argv=None):
                       block_size=n, precision=precision, world_size=world, seed=c.seed, orders=c.orders,
                       ensemble=c.ensemble if model.any_order else 0, ensemble_mode=c.ensemble_mode,
                       ensemble_draws=c.ensemble_draws, paper_split=c.paper_split, max_chunks=c.max_chunks,
-                      iter_num=ck.get('iter_num'), datasets=results, skipped=skipped, notes=_notes(model, c),
+                      iter_num=ck.get('iter_num'), weights=fingerprint(model), datasets=results, skipped=skipped,
+                      notes=_notes(model, c, results),
                       time=time.strftime('%Y-%m-%d %H:%M:%S'))
         write_record(record, c)
     if torch.distributed.is_initialized():
@@ -425,6 +427,11 @@ def read_config(argv):
     c.names = [s.strip() for s in c.datasets.split(',') if s.strip()]
     if not c.names:
         die("--datasets is empty")
+    unknown = [n for n in c.names if n not in EVAL_SETS]
+    if unknown:  # a typo is never "skipped": --skip_missing is for sets that cannot be had here
+        near = difflib.get_close_matches(unknown[0], EVAL_SETS, n=1)
+        die(f"unknown eval set {unknown[0]!r}" + (f" (did you mean {near[0]!r}?)" if near else "") +
+            f"; choose from {', '.join(EVAL_SETS)}")
     c.paths = _parse_paths(c.data_path)
     unused = sorted(set(c.paths) - set(c.names))
     if unused:
@@ -495,17 +502,18 @@ def load_sets(c, codec, n, master):
         except DataError as e:
             if not c.skip_missing or name in c.paths:  # a local file the user named must load
                 die(f"{e.msg} [eval_ppl.py: --data_path {name}=PATH]")
-            skipped[name] = e.msg
+            skipped[name] = e.msg  # the real reason: offline is only one of them
             continue
         data[name] = chunks[:c.max_chunks] if c.max_chunks else chunks
         if len(data[name]) == 0:
             die(f"{name}: fewer than block_size={n} tokens, so no chunk to evaluate (try a smaller --block_size)")
     if skipped and not data:
-        die(f"none of the requested sets could be loaded ({', '.join(skipped)}): offline and not in the HF "
-            f"cache? Pass local copies with --data_path name=PATH, or evaluate ptb, which needs no download")
-    if skipped and master:
-        print(f"skipping {', '.join(skipped)}: cannot be loaded here (offline and not cached?); give a local "
-              f"copy with --data_path name=PATH, or --skip_missing False to fail instead", flush=True)
+        die(f"none of the requested sets could be loaded ({', '.join(skipped)}): " +
+            '; '.join(f"{name}: {msg}" for name, msg in skipped.items()))
+    if skipped and master:  # each with its real reason: offline is only one of them
+        print(f"skipping {', '.join(skipped)} (--skip_missing False fails instead):", flush=True)
+        for name, msg in skipped.items():
+            print(f"  {name}: {msg}", flush=True)
     return data, skipped
 
 
@@ -597,14 +605,14 @@ def _fmt(col, bpc=False):
     return f"{col['bpc']:.4f}" if bpc else f"{col['ppl']:.2f}"
 
 
-def _notes(model, c):
+def _notes(model, c, results):
     notes = []
     if not model.config.causal:
         notes.append("encoder MDM: the any-order column is its ELBO; ensemble n/a (an encoder is order-invariant)"
                      + ("" if c.mdm_l2r else "; L2R costs n passes per chunk: --mdm_l2r True computes it"))
     elif not model.any_order:
         notes.append("L2R GPT: only the L2R column is meaningful (no target-position conditioning)")
-    if 'wikitext2' in c.names:
+    if 'wikitext2' in results:  # a skipped set has no numbers to explain
         notes.append("wikitext2: " + ("the paper's train split (--paper_split True)" if c.paper_split else
                                       "standard split; the paper's tables use the train split (--paper_split True)"))
     return notes
@@ -621,7 +629,7 @@ def print_table(model, c, results, skipped, used_ema, codec, n, world):
               ' '.join(f"{_fmt(row[k], b):>{max(10, len(h))}}" for h, k, b in heads))
     for name in skipped:
         print(f"{name:<{w}} {'skipped':>7}")
-    for s in _notes(model, c):
+    for s in _notes(model, c, results):
         print(f"note: {s}")
 
 
@@ -646,10 +654,7 @@ def write_record(record, c):
     record['checkpoint'] = os.path.abspath(record['checkpoint']) if os.path.exists(record['checkpoint']) \
         else record['checkpoint']
     try:
-        tmp = out + '.tmp'
-        with open(tmp, 'w') as f:
-            json.dump(record, f, indent=2)
-        os.replace(tmp, out)
+        atomic_write(out, lambda f: json.dump(record, f, indent=2), 'w')
         with open(os.path.splitext(out)[0] + '.jsonl', 'a') as f:
             f.write(json.dumps(record) + '\n')
     except OSError as e:
@@ -662,4 +667,5 @@ def write_record(record, c):
 
 
 if __name__ == '__main__':
+    stop_on_ctrl_c('no results were written (eval_ppl.json and its history are as they were)')
     main()

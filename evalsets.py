@@ -32,10 +32,12 @@ offline mode if not, instead of letting them retry for ~20 s).
     python evalsets.py lm1b --revision=main      # the hub repo at another revision than the pin
 """
 
+import logging
 import os
 import re
 from collections import namedtuple
 
+from configurator import first_line
 from hub import dataset_files, go_offline, hub_reachable
 from tokenizer import DataError
 
@@ -168,7 +170,28 @@ def _load_files(paths, text_unit, keep_linebreaks, where):
     if kind == "arrow":
         return datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])
     kw = dict(sample_by=text_unit, keep_linebreaks=keep_linebreaks) if kind == "text" else {}
-    return datasets.load_dataset(kind, data_files=paths, split="train", **kw)
+    log = logging.getLogger("datasets")
+    level = log.level
+    log.setLevel(logging.CRITICAL)  # it logs the failure too (a JSON file's, twice): our line is the report
+    try:
+        return datasets.load_dataset(kind, data_files=paths, split="train", **kw)
+    except Exception as e:  # datasets' DatasetGenerationError: the cause (bad UTF-8, a bad JSON line) is inside
+        bad, cause = paths[0], e
+        for p in paths if len(paths) > 1 else ():  # which file: only on this failure path, one at a time
+            try:
+                datasets.load_dataset(kind, data_files=[p], split="train", **kw)
+            except Exception as e1:
+                bad, cause = p, e1
+                break
+        cause = cause.__cause__ or cause.__context__ or cause
+        what = ("it is not UTF-8 text" if isinstance(cause, UnicodeDecodeError) else
+                f"{type(cause).__name__}: {first_line(cause, 150)}")
+        raise DataError(f"{bad} cannot be read as {kind} data ({what}); " +
+                        ("text files must be UTF-8" if kind == "text" else f"check the file, or convert it to "
+                         f"one of .txt (UTF-8), .jsonl, .parquet") + (f" (one of {len(paths)} files in {where})"
+                                                                      if len(paths) > 1 else ""))
+    finally:
+        log.setLevel(level)
 
 
 def open_documents(source, split=None, column=None, config=None, text_unit="line", keep_linebreaks=False,

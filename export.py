@@ -44,22 +44,37 @@ _HUB_DATASETS = {'openwebtext': 'Skylion007/openwebtext', 'ptb': 'ptb-text-only/
 
 
 def main(argv=None):
-    from configurator import configure, die, print_config
+    from configurator import configure, die, first_line, print_config
     cfg = configure(dict(globals()), argv)  # a copy: main() can run more than once in one process (tests)
     print_config(cfg)
     c = SimpleNamespace(**cfg)
     if c.dtype not in ('float32', 'bfloat16', 'float16'):
         die(f"--dtype must be float32, bfloat16 or float16, got {c.dtype!r}")
+    if c.repo_id:  # the card's commands say hf:<repo_id>: a name the hub refuses would make them all wrong
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+        try:
+            validate_repo_id(c.repo_id)
+            if c.repo_id.count('/') != 1:
+                raise HFValidationError("it must be owner/name")
+        except HFValidationError as e:
+            die(f"--repo_id {c.repo_id!r} is not a hub repo id ({first_line(e)}): write owner/name, e.g. "
+                f"me/ao-gpt-ptb")
     src = c.ckpt or c.out_dir
     target = c.dest or default_dest(src)
     check_dest(target, c.overwrite)  # before the (possibly long) load
     model, ck, used_ema = checkpoint.load_model(src, 'cpu', c.use_ema)
     codec = checkpoint.checkpoint_codec(ck, c.dataset)
+    misfit = checkpoint.codec_misfit(codec, model.config, ck.get('config'))
+    if misfit:
+        die(f"{src}: {misfit}; the export would not load (pick the --dataset it was trained on)")
     config = export_config(model, ck, codec, used_ema, src, c.dtype)
-    results = find_evals(src, c.evals, ck.get('iter_num'), used_ema)
+    weights_id = checkpoint.fingerprint(model)
+    results = find_evals(src, c.evals, ck.get('iter_num'), used_ema, weights_id)
     repo = c.repo_id or '<owner>/<repo>'
     card = model_card(config, results, repo, c.license, os.path.basename(os.path.abspath(target)),
                       c.repo_id.rpartition('/')[2])
+    from eval_harness import model_card_section  # the lm-eval table, when eval_harness.py scored these weights
+    card = card.replace('## Model\n', model_card_section(src, ck.get('iter_num'), used_ema, weights_id) + '## Model\n', 1)
     write_folder(target, config, weights(model, c.dtype), card)
     print(f"wrote {target}: {config['weights']} weights as {c.dtype}, a model card with {len(results)} eval "
           f"result(s)\nupload: hf upload {repo} {target}")
@@ -133,10 +148,12 @@ def write_folder(path, config, tensors, card):
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
+        save_file(tensors, os.path.join(tmp, checkpoint.EXPORT_WEIGHTS), metadata={'format': 'pt'})
+        # checked on every load: a corrupted or swapped weights file is refused, not sampled from
+        config = dict(config, weights_sha256=checkpoint.file_sha256(os.path.join(tmp, checkpoint.EXPORT_WEIGHTS)))
         with open(os.path.join(tmp, checkpoint.EXPORT_CONFIG), 'w') as f:
             json.dump(config, f, indent=2)
             f.write('\n')
-        save_file(tensors, os.path.join(tmp, checkpoint.EXPORT_WEIGHTS), metadata={'format': 'pt'})
         with open(os.path.join(tmp, 'README.md'), 'w') as f:
             f.write(card)
         # safetensors writes its file private (0600); an export is for sharing: the mode open() gave
@@ -154,10 +171,12 @@ def write_folder(path, config, tensors, card):
 
 
 # ------------------------------------------------------------------------------------------ eval results
-def find_evals(src, listed, iter_num, used_ema):
+def find_evals(src, listed, iter_num, used_ema, weights_id):
     """[(file name, record)] of the eval_ppl.py results that describe exactly these weights: the listed
-    files, else every eval_ppl.json / *.eval_ppl.json beside the checkpoint. A result of another
-    iteration (ckpt.pt moves on as training runs) or of the other weight set is left out, with a note."""
+    files, else every eval_ppl.json / *.eval_ppl.json beside the checkpoint. A result of other weights (another
+    checkpoint, another iteration: ckpt.pt moves on as training runs, or the other weight set) is refused if it
+    was listed, else left out with a note: a card must never show another model's numbers."""
+    from configurator import die
     if listed:
         paths = [p.strip() for p in listed.split(',') if p.strip()]
     elif src.startswith(checkpoint.HUB_PREFIX):
@@ -176,18 +195,27 @@ def find_evals(src, listed, iter_num, used_ema):
                 raise ValueError("no 'datasets' table")
         except (OSError, ValueError) as e:
             if listed:
-                from configurator import die
                 die(f"--evals {p}: not an eval_ppl.py result ({type(e).__name__}: {e})")
             print(f"note: {p} is not an eval_ppl.py result; left out of the card", file=sys.stderr)
             continue
-        if rec.get('iter_num') != iter_num:
-            print(f"note: {p} evaluated iteration {rec.get('iter_num')}, this checkpoint is at {iter_num}; "
-                  f"left out of the card", file=sys.stderr)
+        why = None
+        if rec.get('weights') is not None and rec['weights'] != weights_id:
+            why = (f"scored other weights than {src}'s (fingerprint {rec['weights']} of {rec.get('checkpoint')} at "
+                   f"iteration {rec.get('iter_num')}, not {weights_id})")
+        elif rec.get('iter_num') != iter_num:
+            why = f"evaluated iteration {rec.get('iter_num')}, this checkpoint is at {iter_num}"
         elif bool(rec.get('ema')) != used_ema:
-            print(f"note: {p} evaluated the {'EMA' if rec.get('ema') else 'raw'} weights, the export holds the "
-                  f"{'EMA' if used_ema else 'raw'} ones; left out of the card", file=sys.stderr)
-        else:
+            why = (f"evaluated the {'EMA' if rec.get('ema') else 'raw'} weights, the export holds the "
+                   f"{'EMA' if used_ema else 'raw'} ones")
+        elif rec.get('weights') is None and listed:
+            why = "does not name the weights it scored (written by an older eval_ppl.py): evaluate the checkpoint again"
+        if why is None:
             out.append((os.path.basename(p), rec))
+        elif listed:
+            die(f"--evals {p} {why}: its numbers are not this model's; evaluate {src} with eval_ppl.py, or leave "
+                f"--evals out")
+        else:
+            print(f"note: {p} {why}; left out of the card", file=sys.stderr)
     return out
 
 

@@ -1,7 +1,9 @@
 """
-The Hugging Face hub, in one place: whether it can be reached, switching the HF libraries to offline mode
-when it cannot (cache only: an immediate failure instead of ~20 s of retries), and reading one split of a
-dataset repo. Data (evalsets.py, data/*/prepare.py) and checkpoints (checkpoint.py) go through these.
+The Hugging Face hub for data, and the reachability probe every hub user shares: whether the hub can be
+reached, switching the HF libraries to offline mode when it cannot (cache only: an immediate failure
+instead of ~20 s of retries), and reading one split of a dataset repo. Data (evalsets.py,
+data/*/prepare.py) goes through all of it; checkpoints keep their own hf: resolution in checkpoint.py
+(parse_hub_spec, fetch_from_hub: one torch file or an export's two files) and use the probe from here.
 
     paths, commit = dataset_files("dvruette/lm1b", split="test", revision=None)   # local parquet files
 

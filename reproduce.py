@@ -78,7 +78,7 @@ seed = 1337
 # -----------------------------------------------------------------------------
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
-from configurator import die, namespace, print_config  # noqa: E402
+from configurator import die, first_line, namespace, print_config  # noqa: E402
 import plot  # noqa: E402
 
 DATASET = 'ptb_char'
@@ -506,10 +506,23 @@ def redraw(c):
     path = os.path.join(c.results_dir, 'results.json')
     if not os.path.exists(path):
         die(f"no {path}: run `python reproduce.py` (or --quick) first")
-    d = json.load(open(path))
-    for k in ('sample_batch', 'sample_n', 'device'):  # what the plots' titles say of that run
-        setattr(c, k, d['config'][k])
-    figs = draw_plots(c, d['logs'], d['ensemble'], d['sampling'], d['generation'])
+    again = "run `python reproduce.py` (or --quick) again to rewrite it"
+    try:
+        with open(path, encoding='utf-8') as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:  # truncated, empty, random bytes (UnicodeDecodeError is a ValueError)
+        die(f"{path} is not readable JSON ({type(e).__name__}: {first_line(e, 120)}): {again}")
+    want = dict(config=dict, logs=dict, ensemble=list, sampling=list, generation=list)
+    wrong = [k for k, t in want.items() if not isinstance(d, dict) or not isinstance(d.get(k), t)]
+    if wrong:
+        die(f"{path} is not a reproduce.py record: " + (f"it holds a {type(d).__name__}, not an object" if not
+            isinstance(d, dict) else f"{', '.join(wrong)} missing or of the wrong type") + f"; {again}")
+    try:
+        for k in ('sample_batch', 'sample_n', 'device'):  # what the plots' titles say of that run
+            setattr(c, k, d['config'][k])
+        figs = draw_plots(c, d['logs'], d['ensemble'], d['sampling'], d['generation'])
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:  # a field inside them
+        die(f"{path} lacks or mangles what a plot needs ({type(e).__name__}: {first_line(e, 120)}); {again}")
     print(f"redrew {len(figs)} plots in {c.results_dir} from {path}")
 
 

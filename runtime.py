@@ -55,3 +55,13 @@ def autocast(device, dtype='auto'):
     if dtype == 'float32':
         return nullcontext(), dtype
     return torch.autocast(device_type=kind, dtype=getattr(torch, dtype)), dtype
+
+
+# Dense bf16 peak FLOP/s of one GPU, for MFU, by a substring of its name (first match wins: 'H100 PCIe'
+# before 'H100'). A GPU not listed gets 0 (no MFU); pass peak_flops to train.py for it.
+PEAK_FLOPS = (('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('H800', 989e12), ('GH200', 989e12),
+              ('A100', 312e12), ('A800', 312e12), ('L40S', 362e12), ('A10', 125e12), ('4090', 165e12))
+
+
+def gpu_peak_flops(device_name):
+    return next((f for key, f in PEAK_FLOPS if key in device_name), 0.0)

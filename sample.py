@@ -24,7 +24,7 @@ import unicodedata
 
 import torch
 
-from configurator import die, namespace, print_config
+from configurator import die, namespace, print_config, stop_on_ctrl_c
 from engine import STEPPERS, EncoderStepper, SlotStepper
 from generate import ADAPTIVE, check_order, generate_ao, generate_ar, generate_mdm
 from genppl import generative_ppl, load_judge
@@ -148,8 +148,11 @@ def main(argv=None):
     if judge is not None:
         result['gen_ppl'] = score(c, judge, samples, codec)
     if c.save:
-        with open(c.save, 'w') as f:
-            json.dump(result, f)
+        from checkpoint import atomic_write
+        try:  # atomically, as checkpoints are written: a full disk leaves no 0-byte file
+            atomic_write(c.save, lambda f: json.dump(result, f), 'w')
+        except OSError as e:
+            die(f"cannot write --save {c.save} ({e.strerror or e}); nothing was written there")
         print(f"saved {c.save}")
 
 
@@ -174,6 +177,8 @@ def read_config(argv=None):
         die(f"--stepper cuda_graph needs a CUDA device (got --device {c.device}); use static or dynamic")
     if c.save:
         d = os.path.dirname(os.path.abspath(c.save))
+        if os.path.isdir(c.save):
+            die(f"--save {c.save} is a folder: name a file in it, e.g. --save {os.path.join(c.save, 'samples.json')}")
         if not os.path.isdir(d):
             die(f"--save {c.save}: the folder {d} does not exist; create it first")
         if not os.access(d, os.W_OK) or (os.path.exists(c.save) and not os.access(c.save, os.W_OK)):
@@ -240,6 +245,8 @@ def generation_order(c, ck, family, n):
             print("order: the checkpoint's fixed training order")
     elif os.path.exists(o):
         o = read_order_file(o, n)
+    elif os.sep in o or o.endswith(('.npy', '.txt')):  # meant as a file: say it is missing, not "unknown order"
+        die(f"--order {o}: no such file (an order file is a .npy or text list of positions)")
     else:
         try:
             check_order(o)
@@ -267,6 +274,16 @@ def load_judge_for(c, codec):
     if judge.config.vocab_size < judge_codec.vocab_size:
         die(f"judge {c.gen_ppl}: its {judge_codec.name} codec has {judge_codec.vocab_size} symbols, the model "
             f"only {judge.config.vocab_size}")
+    if not judge.config.causal:
+        die(f"judge {c.gen_ppl} is an encoder MDM, which has no exact likelihood to score text with: judge with a "
+            f"decoder (a GPT, AO-GPT or sigma-GPT checkpoint, or an HF GPT-2 folder)")
+    if judge_codec.name == 'char':  # it must read every character the samples can hold
+        lacking = sorted(set(codec.chars) - set(judge_codec.chars)) if codec.name == 'char' else None
+        if lacking is None or lacking:
+            die(f"judge {c.gen_ppl} reads {judge_codec.vocab_size} characters, " +
+                (f"not {''.join(lacking)!r}, which the samples can hold" if lacking else
+                 f"and the samples are {codec.name} text, which can hold any") +
+                ": judge with a model whose codec covers the samples' (e.g. one trained on the same data)")
     mode = c.gen_ppl_mode if c.gen_ppl_mode != 'auto' else ('hf' if is_hf else 'none')
     if mode == 'hf' and not is_hf:
         die("--gen_ppl_mode hf is the HF GPT-2 recipe (no BOS); our checkpoints score from [None] (none)")
@@ -322,4 +339,5 @@ def score(c, judge, samples, codec):
 
 
 if __name__ == '__main__':
+    stop_on_ctrl_c('nothing was saved')
     main()

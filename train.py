@@ -66,12 +66,12 @@ except ImportError:
     fcntl = None
 
 from checkpoint import (CKPT_NAME as _CKPT, checkpoint_codec, load_checkpoint, load_model, parse_hub_spec,
-                        save_checkpoint, strip_prefixes)
-from configurator import configure, die, print_config
+                        run_checkpoints, save_checkpoint, strip_prefixes)
+from configurator import configure, die, print_config, tell_torchrun
 from tokenizer import DataError, get_codec
 from model import GPT, GPTConfig, config_fields, mdm_corrupt, random_orders
 from plot import plot_log
-from runtime import autocast, resolve_device
+from runtime import autocast, gpu_peak_flops, resolve_device
 
 # -----------------------------------------------------------------------------
 # defaults: AO-GPT-Small (12/768/12, context 1024) on OpenWebText, as in the paper
@@ -145,7 +145,8 @@ compile = False  # torch.compile the model (opt-in)
 peak_flops = 0.0  # peak FLOP/s of one device for MFU (0: known GPUs by name; none on CPU)
 seed = 1337
 # -----------------------------------------------------------------------------
-cfg = configure(globals())
+_given = set()  # the keys the config files and the command line set
+cfg = configure(globals(), given=_given)
 
 ORDER_MODES = ('random', 'l2r', 'fixed_random', 'block_random')
 PROGRESS_EVERY = 30.0  # seconds between progress lines of a long eval when there is no progress bar
@@ -155,27 +156,20 @@ master = rank == 0
 show_bar = progress and master and sys.stderr.isatty()
 bar = None  # the training progress bar, while it is shown
 lock_fd = None  # out_dir/.lock, held (rank 0) while the run is live
+made_out_dir = False  # this run created out_dir (a failed start removes it again)
 iter_num, last_saved = 0, None  # optimizer steps done; (path, iteration) of the last checkpoint
 saving = interrupted = False  # a checkpoint is being written; Ctrl-C came meanwhile
 
 
 def fail(msg):
-    """One clear line (from rank 0 only) and exit: bad input must never cost a traceback."""
-    if os.environ.get('TORCHELASTIC_ERROR_FILE'):
-        # torchrun prints this file as the root cause, the last entry of its failure report (without it: a
-        # pointer to its docs). The layout is its own error handler's, with our line as the traceback.
-        line = f"error: {msg}"
-        try:
-            with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
-                json.dump(dict(message=dict(message=line, extraInfo=dict(py_callstack=line,
-                                                                         timestamp=str(int(time.time()))))), f)
-        except OSError:
-            pass  # the line on stderr is what matters
+    """One clear line (from rank 0 only; every rank's goes to torchrun's error file) and exit: bad input must
+    never cost a traceback."""
     if bar is not None:
         bar.close()
-    release_out_dir()
+    release_out_dir(failed=True)
     if master:
         die(msg)
+    tell_torchrun(f"error: {msg}")
     raise SystemExit(1)
 
 
@@ -188,9 +182,13 @@ def say(*a):
             print(*a, flush=True)
 
 
-def release_out_dir():
+def release_out_dir(failed=False):
     global lock_fd
     if lock_fd is not None:
+        if failed and os.listdir(out_dir) == ['.lock']:  # a start that failed leaves nothing, not an empty run
+            os.remove(os.path.join(out_dir, '.lock'))
+            if made_out_dir:
+                os.rmdir(out_dir)
         os.close(lock_fd)  # closing the file releases the lock
         lock_fd = None
 
@@ -302,9 +300,10 @@ else:
 def claim_out_dir():
     """Make out_dir, lock it, and prove it writable, all before the first step: a run must not learn at its
     first checkpoint that it cannot save one, nor share its directory with another live run."""
-    global lock_fd
+    global lock_fd, made_out_dir
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         fail(f"out_dir {out_dir} is a file, not a directory: pick another out_dir")
+    made_out_dir = not os.path.exists(out_dir)
     try:
         os.makedirs(out_dir, exist_ok=True)
         fd = os.open(os.path.join(out_dir, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
@@ -399,11 +398,31 @@ def check_codec(src, where):
              f"Use the dataset it was trained on, or re-prepare the data with its codec")
 
 
+held = run_checkpoints(out_dir)  # ckpt.pt, else the newest periodic copy (ckpt.pt deleted or lost)
+resume_path = held[0] if held else ckpt_path
 if init_from == 'auto':
-    init_from = 'resume' if os.path.exists(ckpt_path) else 'scratch'
-if init_from == 'scratch' and os.path.exists(ckpt_path):
-    fail(f"{ckpt_path} already exists: continue it with init_from=resume (or auto), or pick another "
-         f"out_dir; starting from scratch here would overwrite it")
+    init_from = 'resume' if held else 'scratch'
+if init_from == 'scratch' and held:
+    fail(f"{out_dir} already holds checkpoints ({', '.join(os.path.basename(h) for h in held[:3])}"
+         f"{', ...' if len(held) > 3 else ''}): continue with init_from=resume (or auto), or pick another out_dir; "
+         f"starting from scratch here would overwrite them (to start over, delete them first)")
+
+
+def refuse_other_model(model, asked, where, why):
+    """A run keeps the model it starts from, so a key asked for that contradicts it is refused, not quietly
+    overruled: the saved config must say what was trained."""
+    other = [k for k, v in asked.items() if v != model[k]]
+    if other:
+        fail(f"{where} holds a model with {', '.join(f'{k}={model[k]!r}' for k in other)}, but this config asks "
+             f"for {', '.join(f'{k}={cfg[k]!r}' for k in other)}: {why}")
+
+
+def shape_keys(model, only=None):
+    """The config's values of the model's keys that say which model it is: not dropout or adaln_table (how
+    the same weights train), not block_size (the training length, which may be shorter than the model's),
+    not a None vocab_size / mask_token_id (the model's)."""
+    return {k: cfg[k] for k in model if k in cfg and k not in ('dropout', 'adaln_table', 'block_size')
+            and (only is None or k in only) and not (cfg[k] is None and k in ('vocab_size', 'mask_token_id'))}
 
 
 def model_source():
@@ -411,26 +430,19 @@ def model_source():
     checkpoint being resumed or None). Only the shape comes from here; how the weights train (dropout,
     adaln_table: the same function computed another way) always follows this run's config."""
     if init_from == 'resume':
-        if not os.path.exists(ckpt_path):
+        if not os.path.exists(resume_path):
             fail(f"init_from=resume but {ckpt_path} does not exist: use init_from=scratch, or auto")
-        ck = load_checkpoint(ckpt_path)
+        ck = load_checkpoint(resume_path)
         if ck.get('format') != 'aogpt-v1' or 'optimizer' not in ck:
-            fail(f"{ckpt_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
-                 f"with init_from={ckpt_path}")
-        check_codec(ck, ckpt_path)
+            fail(f"{resume_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
+                 f"with init_from={resume_path}")
+        check_codec(ck, resume_path)
         trained = asdict(GPTConfig(**ck['model_args']))  # keys older checkpoints lack take their defaults
-        # A resumed run goes on training its model, so a config that asks for another model is refused,
-        # not quietly overruled: the saved config must say what was trained. A value is accepted if it is
-        # the model's, or the one the run was started with (a fine-tune takes its shape from the source).
-        # block_size here is the training length, which may be shorter than the model's; None vocab_size /
-        # mask_token_id: the model's.
-        asked = {k: cfg[k] for k in trained if k in cfg and k not in ('dropout', 'adaln_table', 'block_size')
-                 and not (cfg[k] is None and k in ('vocab_size', 'mask_token_id'))}
-        other = [k for k, v in asked.items() if v != trained[k] and v != ck['config'].get(k, trained[k])]
-        if other:
-            fail(f"{ckpt_path} holds a model with {', '.join(f'{k}={trained[k]!r}' for k in other)}, but this "
-                 f"config asks for {', '.join(f'{k}={cfg[k]!r}' for k in other)}: a resumed run keeps its model. "
-                 f"Resume with the config it was trained with, or train the new model in another out_dir")
+        # A value is accepted if it is the model's, or the one the run was started with (a fine-tune takes
+        # its shape from the source, so its config may hold defaults the model does not have).
+        asked = {k: v for k, v in shape_keys(trained).items() if v != ck['config'].get(k, trained[k])}
+        refuse_other_model(trained, asked, resume_path, "a resumed run keeps its model. Resume with the config it "
+                           "was trained with, or train the new model in another out_dir")
         changed = {k: (ck['config'].get(k), v) for k, v in cfg.items()
                    if k in ck['config'] and ck['config'][k] != v and k != 'init_from'}
         if changed:
@@ -456,7 +468,9 @@ def model_source():
         check_codec(src_ckpt, init_from)
         if src.config.block_size < block_size:
             fail(f"{init_from} was trained with block_size {src.config.block_size}: use block_size<= that")
-        say(f"fine-tuning from {init_from} ({'EMA' if used_ema else 'raw'} weights); model shape from it")
+        shape = ', '.join(f"{k}={getattr(src.config, k)!r}" for k in ('causal', 'cond', 'n_layer', 'n_head', 'n_embd'))
+        say(f"fine-tuning from {init_from} ({'EMA' if used_ema else 'raw'} weights); model shape from it ({shape}), "
+            f"whatever the config above says of keys not set")
         return asdict(src.config), src.state_dict(), None
     args = {k: cfg[k] for k in config_fields() if k in cfg}
     if args['vocab_size'] is None:  # pad for fast matmuls; the MDM needs one id for [MASK]
@@ -467,6 +481,10 @@ def model_source():
 
 
 source_args, weights, ckpt = model_source()
+if init_from not in ('scratch', 'resume'):  # a fine-tune or warm start: only the keys set may contradict it
+    refuse_other_model(source_args, shape_keys(source_args, _given), init_from, "a fine-tuned model keeps its "
+                       "source's shape. Leave these keys out (the shape comes from the checkpoint), or train "
+                       "the new model from scratch")
 model_args = dict(source_args, dropout=dropout, adaln_table=adaln_table)
 try:
     model = GPT(GPTConfig(**model_args))
@@ -478,6 +496,10 @@ del weights
 
 if data_vocab > model_args['vocab_size']:
     fail(f"{dataset} has {data_vocab} token ids but the model only {model_args['vocab_size']}")
+if not model_args['causal'] and model_args['mask_token_id'] < data_vocab:
+    fail(f"mask_token_id {model_args['mask_token_id']} is a real token of {data_dir} (its codec uses the ids 0.."
+         f"{data_vocab - 1}): the encoder's [MASK] must be an id the data never holds; leave mask_token_id unset "
+         f"(the first padding id, {data_vocab}) or pick one in [{data_vocab}, vocab_size)")
 if block_size > model_args['block_size']:
     fail(f"block_size {block_size} > the model's {model_args['block_size']}")
 if model_args['causal'] and model_args['cond'] == 'none' and order_mode == 'random':
@@ -563,7 +585,7 @@ if ckpt is not None:
     iter_num, best_val_loss = ckpt['iter_num'], ckpt.get('best_val_loss', float('inf'))
     elapsed = ckpt.get('elapsed', 0.0)
     train_losses = list(ckpt.get('train_losses') or [])  # a checkpoint between evals carries them on
-    say(f"resumed {ckpt_path} at iteration {iter_num}")
+    say(f"resumed {resume_path} at iteration {iter_num}")
     if iter_num >= max_iters and not eval_only:
         say(f"it has reached max_iters ({max_iters}): nothing to train (raise max_iters to train on)")
     del ckpt
@@ -699,10 +721,7 @@ def save():
         saving = True
         try:
             write_checkpoint()
-        except OSError as e:
-            tmp = os.path.join(out_dir, f'.{_CKPT}.tmp.{os.getpid()}')
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        except OSError as e:  # save_checkpoint removed its temp file
             fail(f"could not write {ckpt_path} at iteration {iter_num} ({e}); "
                  + (f"the previous one (iteration {last_saved[1]}) is intact" if last_saved else
                     "no checkpoint was written"))
@@ -714,7 +733,7 @@ def save():
         stop_interrupted()
 
 
-last_saved = (ckpt_path, start_iter) if start_iter > 0 else None
+last_saved = (resume_path, start_iter) if start_iter > 0 else None
 if master:
     for f in os.listdir(out_dir):  # temp files of a save that was killed mid-write
         if f.startswith(f'.{_CKPT}.tmp.'):
@@ -733,10 +752,7 @@ if master:
 # Said before the first eval, which for a GPU-sized config on a CPU can take many silent minutes.
 flops_per_token = raw_model.estimate_flops_per_token(block_size)  # training: forward + backward
 if peak_flops <= 0 and device_type == 'cuda':
-    name = torch.cuda.get_device_name()
-    table = (('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('H800', 989e12), ('GH200', 989e12),
-             ('A100', 312e12), ('A800', 312e12), ('L40S', 362e12), ('A10', 125e12), ('4090', 165e12))
-    peak_flops = next((f for key, f in table if key in name), 0.0)
+    peak_flops = gpu_peak_flops(torch.cuda.get_device_name())
 passes = (eval_orders if not model_args['causal'] else
           1 + (eval_orders if any_order else 0) + (fixed_order is not None))  # forward passes per val batch
 eval_flops = n_windows * block_size * passes * flops_per_token / 3  # a forward is a third of a training step

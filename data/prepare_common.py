@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 
@@ -42,6 +43,11 @@ def as_dataset(docs):
 
 # ------------------------------------------------------------------------ worker side (one per process)
 _W = {}
+
+
+def _init_pool_worker(*args):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (one line, not one per worker)
+    _init_worker(*args)
 
 
 def _init_worker(ds, column, detok, chars):
@@ -101,8 +107,30 @@ def check_disk(folder, need, what):
     folder = _existing(folder)
     free = shutil.disk_usage(folder).free
     if free < need:
-        raise DataError(f"not enough disk for {what}: about {need / 1e9:.2f} GB needed in {folder}, "
-                        f"{free / 1e9:.2f} GB free; free space or choose another out_dir")
+        raise DataError(f"not enough disk for {what}: about {human_bytes(need)} needed in {folder}, "
+                        f"{human_bytes(free)} free; free space or choose another out_dir")
+
+
+def rebuild_reason(old, new):
+    """Why prepared bins are not reused, in words: the settings that changed (old -> new), else their sizes."""
+    def flat(d, pre=""):
+        out = {}
+        for k, v in (d or {}).items():
+            out.update(flat(v, f"{pre}{k}.") if isinstance(v, dict) else {pre + k: v})
+        return out
+    a, b = flat(old), flat(new)
+    changed = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    short = lambda v: repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."  # noqa: E731
+    return (", ".join(f"{k} {short(a.get(k))} -> {short(b.get(k))}" for k in changed[:4]) +
+            (", ..." if len(changed) > 4 else "") if changed else "the bins do not have the sizes meta.json records")
+
+
+def human_bytes(n):
+    """3 significant digits in the unit that fits: a small need on a full disk is not '0.00 GB ... 0.00 GB'."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} bytes"
 
 
 def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_docs, save_state):
@@ -126,7 +154,7 @@ def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_doc
     pool = None
     if num_proc > 1 and len(tasks) > 1:
         import multiprocessing as mp
-        pool = mp.Pool(num_proc, _init_worker, args)
+        pool = mp.Pool(num_proc, _init_pool_worker, args)
         results = pool.imap(_tokenize_range, tasks)  # ordered: the bin is the same for any num_proc
     else:
         _init_worker(*args)
@@ -195,6 +223,9 @@ def prepare(out_dir, splits, source, chars=None, detok=None, num_proc=1, batch_d
             if os.path.exists(p + ".partial"):
                 os.remove(p + ".partial")
     if os.path.exists(meta_path):
+        if not force:
+            with open(meta_path) as f:
+                print(f"rebuilding {out_dir}: {rebuild_reason(json.load(f).get('fingerprint'), fingerprint)}")
         os.remove(meta_path)  # the bins are about to change: never leave a stale meta.json beside them
 
     def save_state():

@@ -61,6 +61,7 @@ def test_make_demo_runs_end_to_end_and_reuses_its_work(tmp_path):
     uni = [v for k, v in table.items() if k.startswith('unigram')][0]
     assert 2.5 < float(uni[0]) < 4.0  # characters of English: about 3 nats under a unigram
     assert 'wall time: prepare' in summary and 'train' in summary
+    assert "check: skipped (not the demo's own config" in summary  # 20 steps promise nothing
 
     again = subprocess.run(['bash', 'demo.sh'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -82,3 +83,21 @@ def test_summary_prints_the_measured_range(tmp_path):
     assert '2 runs' in lines[0] and 'a, b' in lines[0]
     assert lines[1].split()[-3:] == ['1.900', 'to', '2.000'] and lines[2].split()[-3:] == ['2.390', 'to', '2.410']
     assert demo_summary.spread_lines(str(tmp_path / 'missing.json'), []) == []
+
+
+UNIGRAM = 2.974  # the demo's unigram baseline on its 1000 PTB test rows (README)
+
+
+@pytest.mark.parametrize('l2r,ao,ok', [
+    (1.895, 2.460, True),   # bench/demo_spread.py, 2026-11-23: this CPU
+    (1.933, 2.462, True),   # ATEN_CPU_CAPABILITY=default
+    (1.946, 2.529, True),   # seed 2
+    (1.984, 2.480, True),   # issue #24: a 2-core AMD EPYC, native kernels (outside the old printed range)
+    (1.951, 2.462, True),   # the same with ATEN_CPU_CAPABILITY=default (outside it too)
+    (2.018, 2.437, True),   # a fresh clone on 2026-11-23's host (results/notes.md)
+    (2.95, 2.97, False),    # learned nothing: a broken install
+    (2.40, 2.90, False),    # L2R learned a little, any-order stuck on the unigram plateau
+])
+def test_the_demos_check_passes_every_working_cpu_and_fails_a_broken_install(l2r, ao, ok):
+    got, line = demo_summary.promise(UNIGRAM, {'l2r': l2r, 'any_order': ao})
+    assert got is ok and line.startswith(f"check: {'PASS' if ok else 'FAIL'}"), line

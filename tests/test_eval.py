@@ -345,6 +345,7 @@ def test_cli_errors_are_one_line(tmp_path, text_file, capsys):
     (['--dtype', 'int8'], '--dtype must be one of'),
     (['--data_path', 'ptb'], '--data_path expects name=path'),
     (['--datasets', ','], '--datasets is empty'),
+    (['--datasets', 'ptbb'], "unknown eval set 'ptbb' (did you mean 'ptb'?)"),  # once "skipped: offline?"
 ])
 def test_bad_values_are_one_line_before_anything_loads(tmp_path, capsys, argv, needle):
     with pytest.raises(SystemExit) as e:
@@ -359,8 +360,11 @@ def test_offline_default_sets_skip_with_a_line_and_every_eval_is_kept(tmp_path, 
     make_ckpt(tmp_path / 'out')
     out = run_cli(['--out_dir', str(tmp_path / 'out'), '--data_path', f'ptb={text_file}', '--max_chunks', '3'],
                   capsys)
-    first = out.index('skipping lambada, wikitext2, wikitext103, lm1b: cannot be loaded here')
+    first = out.index('skipping lambada, wikitext2, wikitext103, lm1b (--skip_missing False fails instead):')
     assert first < out.index('L2R PPL') and re.search(r'^lambada +skipped$', out, re.M)
+    assert "\n  lambada: cannot load HF dataset" in out and 'offline and not in the HF cache' in out  # its reason
+    res = json.load(open(tmp_path / 'out' / 'eval_ppl.json'))
+    assert not any('wikitext2' in n for n in res['notes'])  # no split note for a set that was skipped
     res = json.load(open(tmp_path / 'out' / 'eval_ppl.json'))
     assert list(res['datasets']) == ['ptb'] and set(res['skipped']) == {'lambada', 'wikitext2', 'wikitext103', 'lm1b'}
     run_cli(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
@@ -389,3 +393,40 @@ def test_torchrun_two_ranks_reduce_to_the_single_process_numbers(tmp_path, text_
     b = json.load(open(tmp_path / '2.json'))
     assert b['world_size'] == 2 and b['datasets']['ptb']['tokens'] == a['datasets']['ptb']['tokens'] == 7 * 16
     assert b['datasets']['ptb']['l2r']['nll'] == pytest.approx(a['datasets']['ptb']['l2r']['nll'], rel=1e-9)
+
+
+@pytest.mark.parametrize('name,spoil,needle', [
+    ('wikitext2', lambda p: p.write_bytes(bytes(range(128, 256)) * 40),  # not UTF-8
+     'cannot be read as text data (it is not UTF-8 text)'),
+    ('ptb', None, "PTB has splits train, valid and test, not 'bogus'"),  # --split bogus
+    ('owt', None, 'data/openwebtext/val.bin not found'),
+])
+def test_each_set_that_cannot_load_says_its_own_reason(tmp_path, capsys, monkeypatch, name, spoil, needle):
+    """Random bytes as a local copy are one line, not datasets' DatasetGenerationError; with --skip_missing
+    (the default) a skipped set prints its real reason, not always "offline and not cached"."""
+    import evalsets
+    monkeypatch.setattr(evalsets, 'ROOT', str(tmp_path))  # no prepared OWT here
+    make_ckpt(tmp_path / 'out')
+    (tmp_path / 'text.txt').write_text(TEXT)
+    argv = ['--out_dir', str(tmp_path / 'out'), '--progress', 'False', '--max_chunks', '2']
+    if spoil:
+        spoil(tmp_path / 'bad.txt')
+        with pytest.raises(SystemExit):
+            E.main(argv + ['--datasets', name, '--data_path', f"{name}={tmp_path / 'bad.txt'}"])
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and needle in err and 'Traceback' not in err, err
+        return
+    extra = ['--split', 'bogus'] if name == 'ptb' else []
+    out = run_cli(argv + ['--datasets', f'lambada,{name}', '--data_path', f"lambada={tmp_path / 'text.txt'}", *extra],
+                  capsys)
+    assert f'skipping {name} ' in out and needle in out and 'offline' not in out, out
+
+
+def test_a_missing_dataset_names_each_path_it_tried_once(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # data_root 'data' is the repo's data/ seen from here: once "data/x and data/x"
+    make_ckpt(tmp_path / 'out')
+    with pytest.raises(SystemExit):
+        E.main(['--out_dir', str(tmp_path / 'out'), '--dataset', 'nothere', '--progress', 'False'])
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --dataset nothere: no such data directory (tried nothere and data/nothere); leave it " \
+                  "empty to use the checkpoint's codec", err

@@ -378,6 +378,11 @@ def test_launcher_end_to_end(tmp_path, task_dir, capsys):
     assert H.model_card_section(run, 8, True) == ''                         # another iteration's weights
     assert H.model_card_section(run, 7, False) == ''                        # raw weights, EMA was measured
     assert H.model_card_section(str(tmp_path / 'nowhere')) == ''
+    assert H.model_card_section(run, 7, True, 'another-weights') == ''      # another checkpoint's weights
+    # export.py's card carries the table for these weights
+    import export
+    export.main(['--out_dir', run, '--dest', str(tmp_path / 'exp')])
+    assert 'aogpt_test_mc' in open(tmp_path / 'exp' / 'README.md').read()
 
 
 def test_registered_for_the_lm_eval_cli(tmp_path):

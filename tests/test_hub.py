@@ -229,6 +229,12 @@ def _corrupt_weights(folder):
     (folder / 'model.safetensors').write_bytes(data[:len(data) // 2])
 
 
+def _zero_bytes(folder):  # 100 zeroed bytes inside the tensors: safetensors itself reads them without a word
+    data = bytearray((folder / 'model.safetensors').read_bytes())
+    data[-300:-200] = bytes(100)
+    (folder / 'model.safetensors').write_bytes(bytes(data))
+
+
 def _edit_config(**changes):
     def edit(folder):
         cfg = json.loads((folder / 'config.json').read_text())
@@ -250,6 +256,13 @@ def _edit_config(**changes):
     (_edit_config(codec={'tokenizer': 'bpe', 'vocab_size': 12}), None, ['unreadable codec record']),
     (_edit_config(codec={'tokenizer': 'char', 'vocab_size': 5, 'chars': 'ab'}), None, ['unreadable codec record']),
     (_edit_config(format_version=2), None, ['export format version 2']),
+    (_zero_bytes, None, ['model.safetensors does not match the sha256', 'delete "weights_sha256"']),
+    (_edit_config(codec={'tokenizer': 'char', 'vocab_size': 3, 'chars': 'abc'},
+                  train_config={'vocab_size': None}), None, ['char codec has 3 symbols, far fewer than', 'export the '
+                                                             'checkpoint again']),
+    (_edit_config(codec={'tokenizer': 'gpt2', 'vocab_size': 50257, 'eot': 50256}), None,
+     ['gpt2 codec has 50257 symbols but the model only 32']),
+    (lambda f: (f / 'config.json').unlink(), None, ['holds model.safetensors but no config.json']),
     (lambda f: (f / 'config.json').write_text('{"model_type": "gpt2", "n_layer": 2}'), None,
      ['not an export.py folder', 'gpt2:DIR']),
     (None, 'hf:owner', ["'hf:owner' names no hub checkpoint", 'hf:owner/repo']),
@@ -257,7 +270,8 @@ def _edit_config(**changes):
     (None, 'hf:owner/re po/x.pt', ['names no hub checkpoint']),
     (None, 'me/no-such-model', ['checkpoint not found', 'write hf:me/no-such-model']),
 ], ids=['corrupt-weights', 'no-weights', 'unknown-key', 'bad-type', 'bad-shape', 'bad-codec', 'short-codec',
-        'newer-format', 'transformers-folder', 'no-repo', 'empty', 'bad-repo', 'hub-id-without-hf'])
+        'newer-format', 'zeroed-bytes', 'codec-of-3', 'codec-too-big', 'no-config', 'transformers-folder', 'no-repo',
+        'empty', 'bad-repo', 'hub-id-without-hf'])
 def test_bad_exports_and_hub_ids_are_one_line(tmp_path, capsys, spoil, spec, needles):
     if spec is None:
         make_run(tmp_path / 'run')
@@ -266,6 +280,46 @@ def test_bad_exports_and_hub_ids_are_one_line(tmp_path, capsys, spoil, spec, nee
         spec = str(tmp_path / 'hub')
     capsys.readouterr()
     one_line(capsys, lambda: eval_ppl.main(['--ckpt', spec, '--datasets', 'ptb', '--progress', 'False']), *needles)
+
+
+def test_weights_edited_on_purpose_load_once_their_sha256_is_deleted(tmp_path, capsys):
+    make_run(tmp_path / 'run')
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'hub'))
+    cfg = json.loads((tmp_path / 'hub' / 'config.json').read_text())
+    assert len(cfg['weights_sha256']) == 64
+    _zero_bytes(tmp_path / 'hub')
+    del cfg['weights_sha256']
+    (tmp_path / 'hub' / 'config.json').write_text(json.dumps(cfg))
+    load_model(str(tmp_path / 'hub'))  # the escape hatch: no check without a recorded sha256
+
+
+def test_a_card_never_shows_another_checkpoints_numbers(tmp_path, capsys):
+    """--evals naming another model's eval_ppl.json is refused in one line (no card at all, so none can say
+    "no results"); the record names the weights it scored."""
+    make_run(tmp_path / 'a', seed=0)
+    make_run(tmp_path / 'b', seed=1)  # the same iteration and weight set: only the weights tell them apart
+    text = tmp_path / 'text.txt'
+    text.write_text(TEXT)
+    eval_ppl.main(['--out_dir', str(tmp_path / 'a'), '--datasets', 'ptb', '--data_path', f'ptb={text}',
+                   '--max_chunks', '2', '--orders', '1', '--progress', 'False'])
+    rec = json.loads((tmp_path / 'a' / 'eval_ppl.json').read_text())
+    assert rec['iter_num'] == 9 and len(rec['weights']) == 16
+    capsys.readouterr()
+    one_line(capsys, lambda: run_export('--out_dir', str(tmp_path / 'b'), '--dest', str(tmp_path / 'hub'),
+                                        '--evals', str(tmp_path / 'a' / 'eval_ppl.json')),
+             'scored other weights than', "its numbers are not this model's")
+    assert not (tmp_path / 'hub').exists()
+    run_export('--out_dir', str(tmp_path / 'a'), '--dest', str(tmp_path / 'hub'),  # its own: on the card
+               '--evals', str(tmp_path / 'a' / 'eval_ppl.json'))
+    assert '| ptb |' in (tmp_path / 'hub' / 'README.md').read_text()
+
+
+@pytest.mark.parametrize('repo', ['bad id', 'me/bad id', 'a/b/c', 'noowner', 'me/-x'])
+def test_a_repo_id_the_hub_refuses_is_one_line(tmp_path, capsys, repo):
+    make_run(tmp_path / 'run')
+    one_line(capsys, lambda: run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'hub'),
+                                        '--repo_id', repo), f"--repo_id {repo!r} is not a hub repo id")
+    assert not (tmp_path / 'hub').exists()
 
 
 # ------------------------------------------------------------------------------------------ hf: sources

@@ -169,6 +169,20 @@ def test_bins_are_the_documents_in_the_documented_order(small):
     assert r.returncode == 0 and "already prepared" in r.stdout
 
 
+@pytest.mark.parametrize("form", ["archives", "jsonl"])
+def test_a_rebuild_says_what_changed(small, tmp_path, form):
+    """--val_fraction changed on a prepared dir: the bins are rebuilt, and the run says why."""
+    root, layout, _ = small
+    src = root / "tars"
+    if form == "jsonl":
+        src = tmp_path / "docs.jsonl"
+        src.write_text("".join(json.dumps({"text": d}) + "\n" for d in documented_docs(layout)))
+    out = tmp_path / "out"
+    assert run(f"--source={src}", f"--out_dir={out}", "--val_fraction=0.1").returncode == 0
+    r = run(f"--source={src}", f"--out_dir={out}", "--val_fraction=0.2")
+    assert r.returncode == 0 and f"rebuilding {out}: " in r.stdout and "val_fraction 0.1 -> 0.2" in r.stdout, r.stdout
+
+
 def test_every_source_form_and_num_proc_give_the_same_bins(small, tmp_path):
     root, layout, _ = small
     write_tars(tmp_path / "repo" / "subsets", layout)       # hf download --local-dir, git lfs clone
@@ -223,6 +237,34 @@ def test_sigkill_mid_prepare_resumes_to_the_same_bins(tmp_path):
     assert 1 <= done < 8 and f"tokenizing {8 - done} archive(s)" in r.stdout
     assert bins(out) == bins(tmp_path / "clean")
     assert sorted(os.listdir(out)) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_ctrl_c_mid_prepare_is_one_line_and_status_130_then_resumes(tmp_path):
+    """Ctrl-C reaches the whole process group (the workers too): one line, exit 130, no traceback from any
+    process; the same command then finishes with the bins of an uninterrupted run."""
+    write_tars(tmp_path / "src", big_layout())
+    args = [f"--source={tmp_path / 'src'}", "--val_fraction=0.01", "--num_proc=2"]
+    r = run(*args, f"--out_dir={tmp_path / 'clean'}")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "stopped"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
+    p = subprocess.Popen([sys.executable, PREPARE, *args, f"--out_dir={out}"], cwd=ROOT, env=env, text=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 60
+    while not list(out.glob("shards/*.json")) and p.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    err = [ln for ln in p.communicate(timeout=60)[1].splitlines() if ln.strip()]
+    assert p.returncode == 130 and len(err) == 1 and err[0].startswith("interrupted: run the same command again"), err
+    r = run(*args, f"--out_dir={out}")
+    assert r.returncode == 0, r.stderr
+    assert bins(out) == bins(tmp_path / "clean")
+
+
+def test_sizes_are_said_in_the_unit_that_fits():
+    import prepare_common as pc
+    assert [pc.human_bytes(n) for n in (0, 999, 4_300, 1_234_567, 17e9)] == ["0 bytes", "999 bytes", "4.3 kB",
+                                                                               "1.23 MB", "17 GB"]
 
 
 def _children(pid):
@@ -480,6 +522,22 @@ def _tar_cut_at_a_member(path):
 def _bad_input(kind, tmp_path):
     """Sets up one kind of bad input; returns (--source, what the error line must say)."""
     layout = small_layout()
+    rng = np.random.default_rng(0)
+    noise = lambda: rng.integers(0, 256, 4000, dtype=np.uint8).tobytes()  # noqa: E731 (not UTF-8)
+    if kind == "folder of random files":
+        (tmp_path / "src").mkdir()
+        for name in ("a.txt", "b.dat"):
+            (tmp_path / "src" / name).write_bytes(noise())
+        return tmp_path / "src", f"{tmp_path / 'src' / 'a.txt'} cannot be read as text data (it is not UTF-8 text)"
+    if kind in ("a random file", "a folder of only .bin"):
+        f = tmp_path / "src" / "x.bin" if kind.endswith(".bin") else tmp_path / "random"
+        f.parent.mkdir(exist_ok=True)
+        f.write_bytes(noise())
+        return (f.parent if kind.endswith(".bin") else f), f"{f} cannot be read as text data (it is not UTF-8"
+    if kind == "a .jsonl with a bad line":
+        f = tmp_path / "docs.jsonl"
+        f.write_text('{"text": "one"}\n{"text": "two\n{"text": "three"}\n')
+        return f, f"{f} cannot be read as json data ("
     if kind == "empty folder":
         (tmp_path / "src" / "subsets").mkdir(parents=True)
         return tmp_path / "src", "no OpenWebText archives"
@@ -510,7 +568,9 @@ def _bad_input(kind, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["empty folder", "corrupt xz", "truncated xz", "truncated tar",
-                                  "xz corrupt inside a tar", "git-lfs pointer", "tar of something else"])
+                                  "xz corrupt inside a tar", "git-lfs pointer", "tar of something else",
+                                  "folder of random files", "a random file", "a folder of only .bin",
+                                  "a .jsonl with a bad line"])
 def test_bad_archives_are_one_line(tmp_path, kind):
     src, says = _bad_input(kind, tmp_path)
     line = one_error_line(run(f"--source={src}", f"--out_dir={tmp_path / 'out'}", "--num_proc=2"))

@@ -142,3 +142,39 @@ def test_quick_pipeline_runs_end_to_end(tmp_path):
     p = subprocess.run([sys.executable, 'reproduce.py', '--replot', f'--results_dir={tmp_path / "none"}'],
                        cwd=R.ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 1 and p.stderr.count('\n') == 1 and 'run `python reproduce.py`' in p.stderr, p.stderr
+
+
+def _spoilt(kind):
+    """results/results.json (the committed record), spoilt one way, as bytes."""
+    good = open(os.path.join(R.ROOT, 'results', 'results.json'), 'rb').read()
+    d = json.loads(good)
+    if kind == 'truncated':
+        return good[:len(good) // 2]
+    if kind == 'empty':
+        return b''
+    if kind == 'random bytes':
+        return bytes(np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8))
+    if kind == 'a list':
+        return b'[1, 2, 3]'
+    if kind == 'another object':
+        return b'{"foo": 1}'
+    if kind == 'no generation':
+        del d['generation']
+    if kind == 'a run missing':
+        del d['logs']['sigma']
+    if kind == 'a field missing':
+        del d['config']['sample_n']
+    if kind == 'a row mangled':
+        d['ensemble'][0] = 'x'
+    return json.dumps(d).encode()
+
+
+@pytest.mark.parametrize('kind', ['truncated', 'empty', 'random bytes', 'a list', 'another object', 'no generation',
+                                  'a run missing', 'a field missing', 'a row mangled'])
+def test_replot_from_a_spoilt_results_json_is_one_line(tmp_path, capsys, kind):
+    (tmp_path / 'results.json').write_bytes(_spoilt(kind))
+    with pytest.raises(SystemExit) as e:
+        R.main(['--replot', f'--results_dir={tmp_path}'])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1 and err.startswith(f"error: {tmp_path / 'results.json'} ") \
+        and err.endswith('run `python reproduce.py` (or --quick) again to rewrite it'), err

@@ -15,7 +15,7 @@ import engine
 import generate
 import genppl
 import sample
-from checkpoint import save_checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
 from generate import generate_ao, generate_ar, generate_mdm, reveal_counts, sample_tokens, time_grid
 from genppl import judge_nll, unigram_entropy
 from helpers import tiny
@@ -885,7 +885,8 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     (['--length', '17'], 'block_size'),
     (['--template', 'x ' * 20 + '[BLANK]'], 'too long'),
     (['--template', 'a [BLANK]', '--prompt', 'b'], 'either'),
-    (['--order', 'nope.txt'], 'nope.txt'),
+    (['--order', 'nope.txt'], '--order nope.txt: no such file'),  # once "unknown order"
+    (['--order', 'orders/x.npy'], '--order orders/x.npy: no such file'),
     (['--top_p', '0'], 'top_p'),
     (['--stpes', '3'], 'steps'),
     (['--stepper', 'cuda_graph'], 'needs a CUDA device'),
@@ -900,6 +901,7 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     (['--judge_batch_size', '0'], 'invalid --judge_batch_size=0'),
     (['--length', '-5'], 'invalid --length=-5'),
     (['--save', '/no/such/dir/s.json'], 'the folder /no/such/dir does not exist'),
+    (['--save', '/tmp'], '--save /tmp is a folder: name a file in it'),
     (['--gen_ppl', '/no/such/judge'], 'checkpoint not found'),
     (['--top_p', '1.5'], 'invalid --top_p=1.5'),
     (['--temperature', '-1'], 'invalid --temperature=-1'),
@@ -921,9 +923,61 @@ def test_bad_destinations_and_judges_fail_before_any_sampling(tmp_path, cli, mon
     write_ckpt(tmp_path / 'ckpt.pt')
     calls = []
     monkeypatch.setattr(sample, 'generate_ao', lambda *a, **k: calls.append(1))
-    for bad in (['--save', str(tmp_path / 'missing' / 's.json')], ['--gen_ppl', str(tmp_path / 'nojudge')]):
+    write_ckpt(tmp_path / 'mdm.pt', cond='none', causal=False)
+    char = load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    char['codec'] = {'tokenizer': 'char', 'vocab_size': 3, 'chars': 'abc', 'eot': None}
+    save_checkpoint(char, str(tmp_path / 'char.pt'))
+    for bad, says in ((['--save', str(tmp_path / 'missing' / 's.json')], 'does not exist'),
+                      (['--save', str(tmp_path)], 'is a folder'),
+                      (['--gen_ppl', str(tmp_path / 'nojudge')], 'checkpoint not found'),
+                      (['--gen_ppl', str(tmp_path / 'mdm.pt')], 'is an encoder MDM'),
+                      (['--gen_ppl', str(tmp_path / 'char.pt')], 'reads 3 characters, and the samples are gpt2')):
         code, out, err = cli('--out_dir', str(tmp_path), *bad)
-        assert code != 0 and len(err.strip().splitlines()) == 1 and calls == [], err
+        assert code != 0 and len(err.strip().splitlines()) == 1 and says in err and calls == [], err
+
+
+def test_a_full_disk_at_save_is_one_line_and_leaves_no_file(tmp_path, cli, monkeypatch):
+    write_ckpt(tmp_path / 'ckpt.pt')
+    real = json.dump
+
+    def dump(obj, f, *a, **k):
+        f.write('{"samples": [')  # half written, then the disk is full
+        raise OSError(28, 'No space left on device')
+    monkeypatch.setattr(json, 'dump', dump)
+    code, out, err = cli('--out_dir', str(tmp_path), '--length', '4', '--steps', '2',
+                         '--save', str(tmp_path / 's.json'))
+    monkeypatch.setattr(json, 'dump', real)
+    assert code == 1 and err.strip() == f"error: cannot write --save {tmp_path / 's.json'} (No space left on " \
+        "device); nothing was written there", err
+    assert sorted(os.listdir(tmp_path)) == ['ckpt.pt']  # neither the file nor its temp
+
+
+CTRL_C_AT_FIRST_FORWARD = """
+import os, runpy, signal, sys, torch
+sys.path.insert(0, {root!r})
+real = torch.nn.Linear.forward
+def forward(self, x):
+    os.kill(os.getpid(), signal.SIGINT)  # as if the user pressed Ctrl-C mid-run
+    return real(self, x)
+torch.nn.Linear.forward = forward
+sys.argv = {argv!r}
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+@pytest.mark.parametrize('script', ['sample.py', 'eval_ppl.py'])
+def test_ctrl_c_is_one_line_and_status_130(tmp_path, script):
+    write_ckpt(tmp_path / 'ckpt.pt')
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    extra = (['--save', str(tmp_path / 's.json')] if script == 'sample.py' else
+             ['--datasets', 'ptb', '--data_path', f"ptb={tmp_path / 'text.txt'}", '--progress', 'False'])
+    (tmp_path / 'text.txt').write_text('the cat sat on the mat . ' * 40)
+    argv = [os.path.join(root, script), '--out_dir', str(tmp_path), '--device', 'cpu', *extra]
+    p = subprocess.run([sys.executable, '-c', CTRL_C_AT_FIRST_FORWARD.format(root=root, argv=argv)], cwd=root,
+                       capture_output=True, text=True, timeout=120)
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 130 and len(err) == 1 and err[0].startswith('interrupted: '), p.stderr
+    assert sorted(os.listdir(tmp_path)) == ['ckpt.pt', 'text.txt']  # no samples, no eval record, no temp file
 
 
 def test_samples_are_printed_with_control_characters_escaped():

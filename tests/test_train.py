@@ -650,7 +650,7 @@ def test_scratch_never_overwrites_a_run_and_help_works(env, monkeypatch, capsys,
     capsys.readouterr()
     with pytest.raises(SystemExit):
         run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=4'))
-    assert 'already exists' in capsys.readouterr().err and (tmp_path / 'ckpt.pt').read_bytes() == before
+    assert 'already holds checkpoints' in capsys.readouterr().err and (tmp_path / 'ckpt.pt').read_bytes() == before
     with pytest.raises(SystemExit) as e:
         run_inprocess(monkeypatch, ['--help'])
     out = capsys.readouterr().out
@@ -681,7 +681,7 @@ def test_encoder_mdm_and_baselines_train(env, monkeypatch, tmp_path):
 def test_shipped_configs_resolve_and_run(env, monkeypatch, tmp_path, path):
     """Each shipped config is valid as a whole (keys, types, cross-key rules): one step, shrunk to tiny."""
     g = {'__file__': TRAIN}
-    exec(open(TRAIN).read().split('cfg = configure(globals())')[0], g)  # train.py's defaults
+    exec(open(TRAIN).read().split('\n_given = set()')[0], g)  # train.py's defaults
     cfg = configure(g, [path])
     data = tmp_path / 'data' / cfg['dataset']
     data.mkdir(parents=True)
@@ -815,15 +815,18 @@ def test_a_terminal_gets_a_progress_bar_and_the_log_lines_stay_above_it(env, mon
         assert tty.getvalue() == '' and 'iter 1/4: loss ' in out
 
 
-def test_torchrun_ends_its_report_with_the_workers_line(env):
+@pytest.mark.parametrize('bad,line', [
+    ('--order_mode=sideways', "error: order_mode must be one of random, l2r, fixed_random, block_random, got "
+                              "'sideways'"),
+    ('--backend=gloo', "error: unknown config key '--backend' (did you mean 'cond'?); see --help for the list"),
+])
+def test_torchrun_ends_its_report_with_the_workers_line(env, bad, line):
     """torchrun's own traceback and failure report cannot be silenced by a worker, but the report's last entry
     (the root cause) shows the worker's one line, instead of a pointer to torchrun's docs."""
-    p = run(env, args(env, 'trerr', '--order_mode=sideways'), torchrun=True, check=False)
+    p = run(env, args(env, 'trerr', bad), torchrun=True, check=False)
     assert p.returncode != 0
     lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
-    assert lines[-1].startswith('=====') and lines[-2] == (
-        "  traceback : error: order_mode must be one of random, l2r, fixed_random, block_random, got 'sideways'"), \
-        p.stderr
+    assert lines[-1].startswith('=====') and lines[-2] == f"  traceback : {line}", p.stderr
 
 
 def test_a_checkpoint_keeps_its_codec_when_its_data_is_re_prepared(env, monkeypatch, capsys, tmp_path):
@@ -855,3 +858,115 @@ def test_a_checkpoint_keeps_its_codec_when_its_data_is_re_prepared(env, monkeypa
     # a checkpoint from before codecs were stored: the codec of its dataset, under the data_root it used
     del ckpt['codec']
     assert checkpoint_codec(ckpt).decode([0, 1, 11]) == 'ba0'
+
+
+def test_a_run_dir_with_only_periodic_copies_resumes_from_the_newest_and_scratch_refuses(env, monkeypatch, capsys,
+                                                                                         tmp_path):
+    """ckpt.pt is gone, ckpt_0000002/4.pt remain: scratch refuses in one line (nothing overwritten, the log kept),
+    auto resumes from the newest copy, and sample/eval name the copies instead of "not found"."""
+    import checkpoint
+    argv = args(env, '', f'--out_dir={tmp_path}', '--eval_interval=2', '--keep_ckpt_every=2')
+    run_inprocess(monkeypatch, argv + ['--max_iters=4'])
+    os.remove(tmp_path / 'ckpt.pt')
+    copies = {p.name: p.read_bytes() for p in tmp_path.glob('ckpt_*.pt')}
+    logged = (tmp_path / 'log.jsonl').read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        run_inprocess(monkeypatch, argv + ['--max_iters=6'])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1 and 'already holds checkpoints (ckpt_0000004.pt, ' \
+        'ckpt_0000002.pt): continue with init_from=resume (or auto)' in err and 'delete them first' in err, err
+    assert {p.name: p.read_bytes() for p in tmp_path.glob('ckpt_*.pt')} == copies
+    assert (tmp_path / 'log.jsonl').read_text() == logged
+    with pytest.raises(SystemExit):
+        checkpoint.resolve_path(str(tmp_path))
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"holds no ckpt.pt but periodic copies (ckpt_0000004.pt, ckpt_0000002.pt)" \
+        in err and f"--ckpt {tmp_path / 'ckpt_0000004.pt'}" in err, err
+    run_inprocess(monkeypatch, argv + ['--max_iters=6', '--init_from=auto'])
+    assert f"resumed {tmp_path / 'ckpt_0000004.pt'} at iteration 4" in capsys.readouterr().out
+    assert load_checkpoint(str(tmp_path))['iter_num'] == 6 and [r['iter'] for r in log(tmp_path.parent,
+                                                                                        tmp_path.name)] == [0, 2, 4, 6]
+
+
+@pytest.mark.parametrize('init', ['ckpt', 'export'])
+def test_fine_tuning_refuses_a_shape_key_its_source_contradicts(env, monkeypatch, capsys, tmp_path, init):
+    """--n_layer=4 --n_embd=128 fine-tuning a 2x32 model: refused in the resume path's words, and a key the
+    config files and command line leave at its default is not asked for."""
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "src"}', '--max_iters=1', '--eval_interval=1'))
+    src = tmp_path / 'src' / 'ckpt.pt'
+    if init == 'export':
+        import export
+        export.main([f'--ckpt={src}', f'--dest={tmp_path / "exp"}'])
+        src = tmp_path / 'exp'
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "ft"}', f'--init_from={src}', '--max_iters=2',
+                                        '--n_layer=4', '--n_embd=128'))
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{src} holds a model with n_layer=2, n_embd=32, but this config asks for " \
+        "n_layer=4, n_embd=128: a fine-tuned model keeps its source's shape" in err, err
+    assert not (tmp_path / 'ft').exists()  # a failed start leaves no empty out_dir behind
+
+
+@pytest.mark.parametrize('argv,needle', [
+    (['--init_from=resume'], "does not exist: use init_from=scratch"),
+    (['--init_from=gpt2:/no/such/dir'], "not a local Hugging Face GPT-2 directory"),
+])
+def test_a_failed_start_leaves_no_empty_out_dir(env, monkeypatch, capsys, tmp_path, argv, needle):
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "out"}', '--max_iters=1', *argv))
+    assert needle in capsys.readouterr().err and not (tmp_path / 'out').exists()
+
+
+def test_a_mask_token_id_that_is_a_real_token_is_refused(env, monkeypatch, capsys, tmp_path):
+    """--mask_token_id=5 for data whose codec uses 0..11: the loss would be inf at iteration 0."""
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=1', '--causal=False',
+                                        '--cond=none', '--mask_token_id=5'))
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "mask_token_id 5 is a real token of" in err and \
+        f"uses the ids 0..{V - 1}" in err, err
+
+
+@pytest.mark.parametrize('exc', [OSError(28, 'No space left on device'),
+                                 RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 3648')])
+def test_a_full_disk_mid_checkpoint_is_the_clean_line_whichever_layer_notices(env, monkeypatch, capsys, tmp_path,
+                                                                               exc):
+    """torch's zip writer reports a full disk as a RuntimeError at some sizes: the same line, no temp file."""
+    orig, calls = torch.save, [0]
+
+    def save(obj, f, *a, **k):
+        calls[0] += 1
+        if calls[0] == 2:
+            f.write(b'half a checkpoint')
+            raise exc
+        return orig(obj, f, *a, **k)
+    monkeypatch.setattr(torch, 'save', save)
+    with pytest.raises(SystemExit) as e:
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=8', '--eval_interval=4'))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: could not write {tmp_path / 'ckpt.pt'} at iteration 8 (") and \
+        err.endswith("the previous one (iteration 4) is intact"), err
+    assert load_checkpoint(str(tmp_path))['iter_num'] == 4
+    assert sorted(os.listdir(tmp_path)) == ['.lock', 'ckpt.pt', 'log.jsonl', 'loss.png']
+
+
+def test_fine_tuning_an_encoder_says_it_trains_the_encoder(env, monkeypatch, capsys, tmp_path):
+    """The printed config holds the defaults (causal=True, cond='adaln') for keys not set: the fine-tune line
+    says which model is trained."""
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "src"}', '--max_iters=1', '--eval_interval=1',
+                                    '--causal=False', '--cond=none'))
+    capsys.readouterr()
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "ft"}', f'--init_from={tmp_path / "src"}',
+                                    '--max_iters=1', '--eval_interval=1'))
+    out = capsys.readouterr().out
+    assert "model shape from it (causal=False, cond='none', n_layer=2, n_head=2, n_embd=32)" in out, out
+    assert load_checkpoint(str(tmp_path / 'ft'))['model_args']['causal'] is False
+
+
+def test_the_peak_flops_table_matches_the_most_specific_name_first():
+    from runtime import gpu_peak_flops
+    assert gpu_peak_flops('NVIDIA H100 PCIe') == 756e12 and gpu_peak_flops('NVIDIA H100 80GB HBM3') == 989e12
+    assert gpu_peak_flops('NVIDIA A10') == 125e12 and gpu_peak_flops('Tesla T4') == 0.0  # unknown: no MFU

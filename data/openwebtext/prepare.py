@@ -34,7 +34,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # data/, for prepare_common
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder, for owt_archives
 import prepare_common as pc  # noqa: E402  (puts the repo root on sys.path too)
-from configurator import configure, die, print_config  # noqa: E402
+from configurator import configure, die, print_config, stop_on_ctrl_c  # noqa: E402
 
 source = 'Skylion007/openwebtext'  # HF hub repo, or a local folder / file (see above)
 revision = 'main'                  # hub revision of the archives: a branch, tag or commit
@@ -47,6 +47,7 @@ num_proc = min(8, os.cpu_count() or 1)  # tokenizer processes (archives in paral
 out_dir = ''                       # '' = data/openwebtext
 force = False                      # rebuild even if out_dir is already prepared
 print_config(configure(globals()))
+stop_on_ctrl_c("run the same command again to go on: what is done is kept, and the bins come out the same")
 
 import json  # noqa: E402
 import shutil  # noqa: E402
@@ -114,6 +115,7 @@ if os.path.exists(meta_path):
               f"{meta['val_tokens']:,} tokens); nothing to do (--force=True redoes it)")
         shutil.rmtree(shard_dir, ignore_errors=True)  # left over if a run was killed at its very end
         sys.exit(0)
+    print(f"rebuilding {out_dir}: {pc.rebuild_reason(meta.get('fingerprint'), done_fp)}")
     os.remove(meta_path)  # the bins are about to change: never leave a stale meta.json beside them
 
 commit = None
