@@ -453,11 +453,13 @@ class SlotStepper:
         at most the whole cache S (kv_bucket 0: always S). Every row a real row writes is inside it."""
         return S if not kv_bucket else min(S, -(-(L + R) // kv_bucket) * kv_bucket)
 
-    def __call__(self, tok, pos, tgt, k):
+    def __call__(self, tok, pos, tgt, k, n_logits=None):
+        # n_logits: logits of the last n_logits rows instead of the k copies' (speculative's verify call)
         B, r = tok.shape
+        nl = k if n_logits is None else n_logits
         if self.mode == 'dynamic':
             mask = parallel_mask(r, k, self.cache.len, tok.device) if k > 1 else None  # None: causal
-            return self.model.forward_slots(tok, pos, tgt, mask=mask, kv=self.cache, n_logits=k)
+            return self.model.forward_slots(tok, pos, tgt, mask=mask, kv=self.cache, n_logits=nl)
         R = self.rows_for(r)
         key = R, self.span_for(self.cache.len, R, self.cache.shape[2], self.kv_bucket)
         if R not in self.bufs:
@@ -479,7 +481,7 @@ class SlotStepper:
                 self._capture(*key)
             self.graphs[key].replay()
             h = self.outs[key]
-        return self.model.lm_head(h[:, r - k:r])                          # (B, k, V)
+        return self.model.lm_head(h[:, r - nl:r])                         # (B, nl, V)
 
     def _forward(self, R, span):
         """The fixed-shape call: final-norm hidden states (B, R, C) of R rows (blk pending slots, then

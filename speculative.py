@@ -1,0 +1,206 @@
+"""
+Exact parallel decoding for an any-order decoder: self-speculative sampling (ASSD, Guo & Ermon,
+arXiv 2504.20456) on the KV-cached slot sampler of sample.py.
+
+The law we want is sequential sampling along an order sigma fixed before any token is drawn:
+x_sigma(j) ~ p(. | x_sigma(<j)) for j = 0..n-1, each conditional after the same temperature / top-p
+transform. A round at m revealed tokens does it for several j at once with two forward calls:
+
+  draft   one call: k copies of the last slot behind the parallel mask, copy j carrying target
+          sigma(m+j). Copy j sees only the m committed tokens, so it gives q_j = p(x_sigma(m+j) | x_sigma(<m)),
+          a guess that ignores the tokens between. Draw d_j ~ q_j, independently. Copy 0 is the causal
+          slot m itself: q_0 is the true conditional, so d_0 is committed at once, and its row stays
+          in the cache (as in generate_ao).
+  verify  one call: d_0..d_{k-2} as causal slots m+1..m+k-1 with chained targets sigma(m+1..m+k-1) give
+          the true conditionals p_j = p(x_sigma(m+j) | x_sigma(<m), d_0..d_{j-1}) for j = 1..k-1; one more
+          slot (d_{k-1}, target sigma(m+k)) gives p_k, the bonus conditional when every draft is kept.
+  accept  for j = 1, 2, ...: keep d_j with probability min(1, p_j(d_j) / q_j(d_j)). At the first
+          rejection draw y ~ norm(max(p_j - q_j, 0)) in its place and end the round; if every draft is
+          kept, draw the bonus y ~ p_k.
+
+Why it is exact. Given the committed prefix, d_j is proposed from q_j and kept with probability
+min(1, p_j/q_j); otherwise the replacement comes from the residual. The kept-or-replaced token then has
+law sum_x q(x) min(1, p(x)/q(x)) [at x] + (1 - sum_x min(q, p)) norm(p - q)+ = min(p, q) + (p - q)+ = p,
+exactly p_j, whatever q_j is (Leviathan et al. 2022; Chen et al. 2023). The tokens after a rejection are
+thrown away, so every committed token has its true conditional given the tokens committed before it,
+and the chain rule gives the joint along sigma. The proposal only moves the acceptance rate: a draft
+copy with a wrong target is still exact (it is just a worse q), except copy 0, which is committed
+untested and must be the true conditional. With sigma drawn uniformly per sample (independent of the
+drafts) the law is the mixture over sigma, that of generate_ao at T = n. Orders chosen from the drawn
+values (confidence) change sigma after the fact: not exact, refused.
+
+The cache. A slot's K/V depend on its token, its position and its target (AdaLN or sigma-GPT's input),
+so a row may stay only if both its token and its target's token are committed. After a accepted drafts
+and a replacement y the verify rows of slots m+1..m+a+1 qualify (the last one's target is where y
+lands); y's own slot is the last slot of the next round, whose draft copy 0 computes it.
+
+Batches. Rows accept different counts, but the cache is rectangular: every row commits the batch
+minimum A (+2 tokens: d_0..d_A, then row b's replacement y_b if it stopped at A, else its accepted
+d_{A+1}). This is exact: for row b, the minimum over the *other* rows is independent of row b's draws,
+and committing min(a_b, that) is exactly a round with the shorter draft length A + 2 (no bonus).
+Per-row cache lengths (nothing wasted) are not built.
+
+Cost: a round is 2 calls and commits >= 2 tokens (d_0, then a kept draft or a replacement), so calls <=
+tokens; a last lone token costs the draft call alone. Token-passes per round: the draft's pending +
+k copies, then k - 1 (+1 bonus) verify rows.
+
+Randomness, from one CPU torch.Generator in a fixed order: first the order (free_order), then per
+round: k uniforms per sample for the drafts, k - 1 for the accept tests, 1 for the replacement / bonus
+(a round with k = 1, the last lone token, draws only its draft uniform). All float64, inverse CDF.
+"""
+
+import math
+
+import torch
+
+from sample import (KVCache, SlotStepper, _ADAPTIVE, _sorted_nucleus, check_order, free_order,
+                    split_given)
+
+K_MAX = 16  # the largest draft length k='auto' goes to
+
+
+def probs(logits, temperature=1.0, top_p=1.0, vocab_size=None):
+    """The distribution sample_tokens draws from, as float64 probabilities (..., V'): ids >= vocab_size
+    cut, then temperature (0: one-hot on the argmax), then the nucleus, renormalised. The accept test
+    needs the numbers, not just a draw, and must apply the same transform to q and p."""
+    V = logits.size(-1) if vocab_size is None else min(vocab_size, logits.size(-1))
+    shape = logits.shape[:-1]
+    logp = logits.reshape(-1, logits.size(-1))[:, :V].double()            # (R, V)
+    if temperature == 0:
+        return torch.zeros_like(logp).scatter_(1, logp.argmax(1, keepdim=True), 1.0).view(*shape, V)
+    p = torch.softmax(logp if temperature == 1 else logp / temperature, dim=1)
+    if top_p < 1.0:
+        ps, idx = _sorted_nucleus(p, top_p)
+        p = torch.zeros_like(p).scatter_(1, idx, ps)
+    return (p / p.sum(1, keepdim=True)).view(*shape, V)
+
+
+def draw(p, u):
+    """One token per row of p (..., V) (non-negative, not necessarily normalised) by inverse CDF with
+    the uniforms u (...); a zero-probability token is never drawn (see sample._sample_rows)."""
+    cdf = p.cumsum(-1)
+    total = cdf[..., -1:]
+    v = torch.minimum(u.to(cdf)[..., None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf.contiguous(), v.contiguous(), right=True).squeeze(-1).clamp(max=p.size(-1) - 1)
+
+
+def auto_k(accepted, rounds, k_max=K_MAX):
+    """k for the next round from the past ones (a function of the past only, so still exact): about
+    twice the mean tokens a round has committed, so the drafts rarely run out, at most k_max."""
+    if not rounds:
+        return 4
+    return max(2, min(k_max, round(2 * accepted / rounds)))
+
+
+def _stepper(model, B, stepper):
+    if isinstance(stepper, str):
+        return SlotStepper(model, B, stepper)
+    if stepper.B != B:
+        raise ValueError(f"this stepper was built for batch size {stepper.B}, not {B}")
+    stepper.cache.keep(None)
+    return stepper
+
+
+@torch.no_grad()
+def generate_speculative(model, n, batch_size, k=4, order='random', given=None, temperature=1.0, top_p=1.0,
+                         vocab_size=None, generator=None, stepper='dynamic', bonus=True, trace=False, _bug=None):
+    """Samples (B, n) from the model's exact joint along `order` (or the mixture over random orders),
+    at under one forward call per token (module docstring). Returns (tokens (B, n), stats).
+
+    k: draft length per round (>= 2; 1 is plain one-token-per-call decoding) or 'auto'.
+    order: 'random', 'l2r', 'blocks:K' or a permutation, fixed before the first draw; the confidence
+    orders are refused (not exact). given: as generate_ao (the given tokens enter the cache first).
+    stepper: 'dynamic', 'static', 'cuda_graph' or a SlotStepper to reuse. bonus: the extra verify slot
+    that earns a token when every draft is kept.
+    stats: forward_calls, token_passes (rows per sample through the network), tokens_generated, rounds,
+    committed (tokens per round), drafted (k per round), accept_rate (kept / tested drafts over all
+    rows, before the batch minimum), frac (revealed fraction at each round's start), order (B, n);
+    with trace=True also events: per round (m, k, A, a (B,), drafts (B, k), committed tokens (B, t)).
+    _bug: the tests' negative controls ('resample_p', 'keep_rejected', 'wrong_target'): wrong on purpose.
+    """
+    if not (model.config.causal and model.any_order):
+        raise ValueError("speculative sampling needs an any-order decoder (AO-GPT or sigma-GPT); an encoder "
+                         "MDM or an L2R GPT cannot score a drafted sequence in one pass")
+    if isinstance(check_order(order), str) and order in _ADAPTIVE:
+        raise ValueError(f"order {order!r} is chosen from the drawn values, so speculative sampling would not "
+                         f"be exact: use random, l2r, blocks:K or a permutation")
+    if k != 'auto' and (not isinstance(k, int) or k < 1):
+        raise ValueError(f"k must be an integer >= 1 or 'auto', got {k!r}")
+    if n > model.config.block_size:
+        raise ValueError(f"n = {n} > block_size {model.config.block_size}")
+    dev = next(model.parameters()).device
+    B = batch_size
+    gpos, gtok, free = split_given(given, n)
+    g = gpos.numel()
+    reveal = torch.cat([gpos.expand(B, g), free_order(order, free, B, generator)], 1)  # (B, n) positions
+    slot_tok = torch.full((B, n + 1), -1, dtype=torch.long)                 # slot j: the j-th revealed token
+    slot_tok[:, 1:g + 1] = gtok
+    slot_tok = slot_tok.to(dev)
+    slot_pos = torch.cat([torch.full((B, 1), -1), reveal], 1).to(dev)        # its position; [None] is -1
+    reveal = reveal.to(dev)
+    tf = dict(temperature=temperature, top_p=top_p, vocab_size=vocab_size)
+    rnd = lambda *shape: torch.rand(*shape, dtype=torch.float64, generator=generator).to(dev)  # noqa: E731
+    step = _stepper(model, B, stepper)
+    ar = torch.arange(B, device=dev)
+    m, calls, passes = g, 0, 0
+    committed, drafted, frac, events = [], [], [], []
+    kept_tests = all_tests = 0
+    while m < n:
+        kk = min(auto_k(sum(committed), len(committed)) if k == 'auto' else k, n - m)
+        c = step.cache.len
+        # draft: the pending slots c..m-1 (the given tokens at the first round, else none), then kk copies
+        # of slot m, copy j with target reveal[m + j]
+        idx = list(range(c, m)) + [m] * kk
+        tgt = torch.cat([reveal[:, c:m], reveal[:, m:m + kk]], 1)           # (empty pending when c > m: a bug)
+        if _bug == 'wrong_target' and kk > 1:  # copy 0 drafts the next position's conditional
+            tgt = tgt.clone()
+            tgt[:, m - c], tgt[:, m - c + 1] = reveal[:, m + 1], reveal[:, m]
+        q = probs(step(slot_tok[:, idx], slot_pos[:, idx], tgt, kk), **tf)   # (B, kk, V)
+        step.cache.keep(max(0, m - c + 1))                                  # the pending slots and copy 0
+        calls, passes = calls + 1, passes + len(idx)
+        d = draw(q, rnd(B, kk))                                             # (B, kk) drafts
+        if kk == 1:
+            slot_tok[:, m + 1] = d[:, 0]
+            committed.append(1), drafted.append(1), frac.append(m / n)
+            if trace:
+                events.append((m, 1, 0, torch.zeros(B, dtype=torch.long), d.cpu(), d.cpu()))
+            m += 1
+            continue
+        # verify: d_0..d_{kk-2} in slots m+1..m+kk-1, targets chained; + the bonus slot when there is room
+        nb = int(bonus and m + kk < n)
+        nv = kk - 1 + nb
+        p = probs(step(d[:, :nv], reveal[:, m:m + nv], reveal[:, m + 1:m + 1 + nv], 1, n_logits=nv), **tf)
+        calls, passes = calls + 1, passes + nv                               # p: (B, nv, V)
+        ua, ur = rnd(B, kk - 1), rnd(B)
+        dj = d[:, 1:, None]                                                  # (B, kk-1, 1)
+        ratio = p[:, :kk - 1].gather(2, dj).squeeze(2) / q[:, 1:].gather(2, dj).squeeze(2)
+        a = (ua < ratio).long().cumprod(1).sum(1)                            # (B,) drafts kept past d_0
+        kept_tests += int(a.sum())
+        all_tests += int(torch.clamp(a + 1, max=kk - 1).sum())
+        # each row's replacement: the residual at its first rejection j = a + 1, or the bonus p_kk
+        j = torch.clamp(a + 1, max=kk - 1)
+        pj = p[ar, j - 1] if not nb else torch.where((a == kk - 1)[:, None], p[:, -1], p[ar, j - 1])
+        qj = torch.where((a == kk - 1)[:, None], torch.zeros_like(pj), q[ar, j])
+        resid = pj if _bug == 'resample_p' else (pj - qj).clamp(min=0)
+        y = draw(resid, ur)                                                  # (B,)
+        A = int(a.min())
+        if A < kk - 1:   # d_0..d_A, then y where the row stopped at A, else its kept d_{A+1}
+            t = A + 2
+            new = torch.cat([d[:, :A + 1], torch.where(a == A, y, d[:, A + 1])[:, None]], 1)
+        else:            # every draft kept in every row: d_0..d_{kk-1} (+ the bonus)
+            t = kk + nb
+            new = torch.cat([d, y[:, None]], 1)[:, :t]
+        slot_tok[:, m + 1:m + 1 + t] = new
+        # keep the verify rows whose token and target are committed: slots m+1..m+t-1
+        step.cache.keep(t if _bug == 'keep_rejected' and A < kk - 1 else t - 1)
+        committed.append(t), drafted.append(kk), frac.append(m / n)
+        if trace:
+            events.append((m, kk, A, a.cpu(), d.cpu(), new.cpu()))
+        m += t
+    tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
+    stats = dict(forward_calls=calls, token_passes=passes, tokens_generated=n - g, rounds=len(committed),
+                 committed=committed, drafted=drafted, frac=frac,
+                 accept_rate=kept_tests / all_tests if all_tests else float('nan'), order=reveal)
+    if trace:
+        stats['events'] = events
+    return tokens, stats
