@@ -53,6 +53,7 @@ import math
 
 import torch
 
+from model import parallel_mask
 from sample import (KVCache, SlotStepper, _ADAPTIVE, _sorted_nucleus, check_order, free_order,
                     split_given)
 
@@ -103,7 +104,8 @@ def _stepper(model, B, stepper):
 
 @torch.no_grad()
 def generate_speculative(model, n, batch_size, k=4, order='random', given=None, temperature=1.0, top_p=1.0,
-                         vocab_size=None, generator=None, stepper='dynamic', bonus=True, trace=False, _bug=None):
+                         vocab_size=None, generator=None, stepper='dynamic', bonus=True, batch_commit='min',
+                         trace=False, _bug=None):
     """Samples (B, n) from the model's exact joint along `order` (or the mixture over random orders),
     at under one forward call per token (module docstring). Returns (tokens (B, n), stats).
 
@@ -111,7 +113,9 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
     order: 'random', 'l2r', 'blocks:K' or a permutation, fixed before the first draw; the confidence
     orders are refused (not exact). given: as generate_ao (the given tokens enter the cache first).
     stepper: 'dynamic', 'static', 'cuda_graph' or a SlotStepper to reuse. bonus: the extra verify slot
-    that earns a token when every draft is kept.
+    that earns a token when every draft is kept. batch_commit: 'min' (every sample commits the batch's
+    fewest accepted; any stepper) or 'per_row' (each commits its own, under a per-sample cache mask;
+    stepper 'dynamic' only).
     stats: forward_calls, token_passes (rows per sample through the network), tokens_generated, rounds,
     committed (tokens per round), drafted (k per round), accept_rate (kept / tested drafts over all
     rows, before the batch minimum), frac (revealed fraction at each round's start), order (B, n);
@@ -128,6 +132,10 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
         raise ValueError(f"k must be an integer >= 1 or 'auto', got {k!r}")
     if n > model.config.block_size:
         raise ValueError(f"n = {n} > block_size {model.config.block_size}")
+    if batch_commit not in ('min', 'per_row'):
+        raise ValueError(f"batch_commit must be 'min' or 'per_row', got {batch_commit!r}")
+    if batch_commit == 'per_row' and stepper != 'dynamic':
+        raise ValueError("batch_commit='per_row' runs at dynamic shapes only (stepper='dynamic')")
     dev = next(model.parameters()).device
     B = batch_size
     gpos, gtok, free = split_given(given, n)
@@ -140,6 +148,10 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
     reveal = reveal.to(dev)
     tf = dict(temperature=temperature, top_p=top_p, vocab_size=vocab_size)
     rnd = lambda *shape: torch.rand(*shape, dtype=torch.float64, generator=generator).to(dev)  # noqa: E731
+    if batch_commit == 'per_row':
+        stats = _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace)
+        tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
+        return tokens, dict(stats, tokens_generated=n - g, order=reveal)
     step = _stepper(model, B, stepper)
     ar = torch.arange(B, device=dev)
     m, calls, passes = g, 0, 0
@@ -204,3 +216,109 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
     if trace:
         stats['events'] = events
     return tokens, stats
+
+
+class RowCache(KVCache):
+    """A KVCache whose rows (samples) keep different slots: the buffer stays rectangular, every call
+    writes all samples' rows at [len, len + r), and `valid` (B, S) says which slots each sample attends
+    to. Attention does not care where a key sits (positions enter through the slot embeddings), so a
+    slot a sample did not keep is just masked out; compact() moves each sample's kept slots to the front
+    when the buffer runs out."""
+
+    def __init__(self, model, batch_size, slots, device):
+        super().__init__(model, batch_size)
+        self.shape = self.shape[:2] + (slots,) + self.shape[3:]
+        self.valid = torch.zeros(batch_size, slots, dtype=torch.bool, device=device)
+
+    def mask(self, inner):
+        """(B, 1, r, len + r) attention mask: each sample's kept slots, then `inner` (r, r) among the rows."""
+        B, r, L = self.shape[0], inner.size(0), self.len
+        return torch.cat([self.valid[:, None, :L].expand(B, r, L), inner.expand(B, r, r)], 2)[:, None]
+
+    def commit(self, keep):
+        """Advance past the last call's r rows, keeping row i for the samples where keep (B, r) is set."""
+        r = keep.size(1)
+        self.valid[:, self.len:self.len + r] = keep
+        self.len += r
+
+    def room(self, r):
+        if self.len + r > self.shape[2]:
+            idx = torch.sort((~self.valid).to(torch.uint8), dim=1, stable=True).indices  # (B, S) kept first
+            for buf in self.k + self.v:
+                buf.copy_(buf.gather(2, idx[:, None, :, None].expand_as(buf)))
+            self.valid = self.valid.gather(1, idx)
+            self.len = int(self.valid.sum(1).max())
+
+
+def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace):
+    """generate_speculative with batch_commit='per_row': each sample commits what it accepted (RowCache);
+    dynamic shapes only. Same draws, in the same order, as the batch-minimum path."""
+    dev = slot_tok.device
+    kmax = K_MAX if k == 'auto' else k
+    cache = RowCache(model, B, 2 * (n + 1) + kmax + g, dev)
+    tok_buf = torch.full((B, n + kmax + 3), -1, dtype=torch.long, device=dev)   # room past n for done rows
+    tok_buf[:, :n + 1] = slot_tok
+    m = torch.full((B,), g, dtype=torch.long, device=dev)                        # tokens revealed, per sample
+    ar = torch.arange(B, device=dev)
+    at = lambda idx: reveal.gather(1, idx.clamp(max=n - 1))                      # noqa: E731 positions at slots
+    calls = passes = kept_tests = all_tests = 0
+    committed, drafted, frac, events, tot = [], [], [], [], 0
+    while bool((m < n).any()):
+        active = m < n
+        kk = min(auto_k(tot, len(committed)) if k == 'auto' else k, int((n - m).max()))
+        kb = torch.clamp(n - m, max=kk)                                          # (B,) drafts that fit
+        P = g if cache.len == 0 else 0                                           # the given slots, once
+        j = torch.arange(kk, device=dev)
+        tok = torch.cat([tok_buf[:, :P], tok_buf.gather(1, m[:, None]).expand(B, kk)], 1)
+        pos = torch.cat([slot_pos[:, :P], slot_pos.gather(1, m.clamp(max=n)[:, None]).expand(B, kk)], 1)
+        tgt = torch.cat([reveal[:, :P], at(m[:, None] + j)], 1)
+        cache.room(P + kk)
+        mask = cache.mask(parallel_mask(P + kk, kk, 0, dev))
+        q = probs(model.forward_slots(tok, pos, tgt, mask=mask, kv=cache, n_logits=kk), **tf)  # (B, kk, V)
+        cache.commit(torch.cat([torch.ones(B, P, dtype=torch.bool, device=dev), active[:, None],
+                                torch.zeros(B, kk - 1, dtype=torch.bool, device=dev)], 1))
+        calls, passes = calls + 1, passes + P + kk
+        d = draw(q, rnd(B, kk))                                                  # (B, kk)
+        if kk == 1:
+            t, a, new = active.long(), torch.zeros(B, dtype=torch.long, device=dev), d
+        else:
+            nb = int(bonus and bool((m + kk < n).any()))
+            nv = kk - 1 + nb
+            cache.room(nv)
+            mask = cache.mask(torch.ones(nv, nv, dtype=torch.bool, device=dev).tril())
+            jv = torch.arange(nv, device=dev)
+            p = probs(model.forward_slots(d[:, :nv], at(m[:, None] + jv), at(m[:, None] + 1 + jv), mask=mask,
+                                          kv=cache), **tf)                                  # (B, nv, V)
+            calls, passes = calls + 1, passes + nv
+            ua, ur = rnd(B, kk - 1), rnd(B)
+            dj = d[:, 1:, None]
+            ratio = p[:, :kk - 1].gather(2, dj).squeeze(2) / q[:, 1:].gather(2, dj).squeeze(2)
+            ok = (ua < ratio) & (j[1:] < kb[:, None])                           # tests past a row's end fail
+            a = ok.long().cumprod(1).sum(1)                                      # (B,) drafts kept past d_0
+            full = a == kb - 1
+            nbr = full & (m + kb < n) & bool(nb)                                 # the row earns the bonus
+            kept_tests += int(a[active].sum())
+            all_tests += int(torch.minimum(a + 1, kb - 1)[active].sum())
+            jr = torch.clamp(a + 1, max=kk - 1)
+            pj = torch.where(nbr[:, None], p[:, -1], p[ar, jr - 1])
+            qj = torch.where(nbr[:, None], torch.zeros_like(pj), q[ar, jr])
+            y = draw((pj - qj).clamp(min=0), ur)                                 # (B,) replacement or bonus
+            t = torch.where(full, kb + nbr.long(), a + 2) * active               # (B,) tokens committed
+            new = torch.cat([d, d[:, :1]], 1)                                    # (B, kk + 1)
+            new.scatter_(1, (t - 1).clamp(min=0)[:, None], torch.where(full & ~nbr, new.gather(
+                1, (t - 1).clamp(min=0)[:, None]).squeeze(1), y)[:, None])
+            cache.commit(jv[None] < (t - 1)[:, None])                            # rows m+1..m+t-1 per sample
+        w = new.size(1)
+        cols = m[:, None] + 1 + torch.arange(w, device=dev)
+        keep = torch.arange(w, device=dev)[None] < t[:, None]
+        tok_buf.scatter_(1, cols, torch.where(keep, new, tok_buf.gather(1, cols)))
+        committed.append(float(t[active].float().mean())), drafted.append(kk)
+        frac.append(float(m[active].float().mean()) / n)
+        tot += committed[-1]
+        if trace:
+            events.append((m.cpu(), kk, t.cpu(), a.cpu(), d.cpu(), new.cpu()))
+        m = m + t
+    slot_tok.copy_(tok_buf[:, :n + 1])
+    return dict(forward_calls=calls, token_passes=passes, rounds=len(committed), committed=committed,
+                drafted=drafted, frac=frac, accept_rate=kept_tests / all_tests if all_tests else float('nan'),
+                events=events)

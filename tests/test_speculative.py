@@ -1,0 +1,209 @@
+"""speculative.py: samples against the model's exact joint (enumeration of every sequence over a tiny
+vocabulary, chi-square of whole sequences) in every setting the sampler offers, negative controls that
+the same test must reject, the cache against a cache-free recomputation, fixed shapes, the cost bound,
+and the CLI."""
+import itertools
+
+import pytest
+import torch
+
+import sample
+from helpers import tiny
+from model import parallel_mask
+from speculative import generate_speculative, probs
+
+ALPHA = 1e-4
+N = 20000   # samples per law: the negative controls below are rejected at p < 1e-10 with this many
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def sharp(model, scale=25.0):
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def mixy(seed=3, s=0.3, head=5.0, **kw):
+    """tiny(), with noise on the attention and token embeddings too: its conditionals depend on the
+    *tokens* before them, not just on positions and targets, so a wrong context (a rejected draft left in
+    the cache) or a wrong proposal law shows in the samples. Vocab 4 of which the samplers use 3: id 3
+    plays a padded id that must never be drawn."""
+    m = tiny(vocab_size=4, block_size=8, seed=seed, **kw)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if 'attn' in name or 'wte' in name:
+                p.add_(torch.randn(p.shape, generator=g) * s)
+    return sharp(m, head).double()
+
+
+@pytest.fixture(scope='module')
+def m4():
+    return mixy()
+
+
+@torch.no_grad()
+def seq_law(model, n, V, orders, given=None, **tf):
+    """P(x) over all V^n sequences x of sequential sampling along each order (given tokens first,
+    ascending), averaged over `orders`; tf: temperature / top_p. One uncached forward per order reads
+    every conditional: slot j of model(x, order) predicts order[j] from order[:j]."""
+    xs = torch.tensor(list(itertools.product(range(V), repeat=n)))            # (V^n, n)
+    law = torch.zeros(len(xs), dtype=torch.float64)
+    g = [] if given is None else [i for i in range(n) if given[i] >= 0]
+    ok = torch.ones(len(xs), dtype=torch.bool)
+    for i in g:
+        ok &= xs[:, i] == given[i]
+    for sigma in orders:
+        o = torch.tensor(g + [s for s in sigma if s not in g])
+        logits = model(xs, order=o.expand(len(xs), n))[0]                     # (V^n, n, V')
+        p = probs(logits, vocab_size=V, **tf)
+        lp = torch.ones(len(xs), dtype=torch.float64)
+        for j in range(len(g), n):
+            lp *= p[:, j].gather(1, xs[:, o[j]][:, None]).squeeze(1)
+        law += torch.where(ok, lp, 0.0) / len(orders)
+    return xs, law
+
+
+def chi2_pvalue(samples, xs, law):
+    """Pearson chi-square of samples (N, n) against law over the cells xs, cells expecting < 5 pooled."""
+    V = int(xs.max()) + 1
+    code = lambda t: (t * (V ** torch.arange(t.size(1) - 1, -1, -1))).sum(1)  # noqa: E731
+    obs = torch.bincount(code(samples), minlength=V ** xs.size(1)).double()[code(xs)]
+    assert obs.sum() == samples.size(0), "a sample outside the enumerated cells"
+    exp = law * samples.size(0)
+    small = exp < 5
+    o = torch.cat([obs[~small], obs[small].sum()[None]])
+    e = torch.cat([exp[~small], exp[small].sum()[None]])
+    keep = e > 0
+    if bool((o[~keep] > 0).any()):
+        return 0.0  # a sample the law gives probability 0
+    stat = ((o[keep] - e[keep]) ** 2 / e[keep]).sum()
+    df = int(keep.sum()) - 1
+    return torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2).item()
+
+
+L2R4 = [(0, 1, 2, 3)]
+
+
+def run(model, n=4, V=3, seed=0, **kw):
+    x, st = generate_speculative(model, n, N, vocab_size=V, generator=gen(seed), **kw)
+    assert x.max() < V
+    assert st['forward_calls'] <= st['tokens_generated']  # the batch's calls, so every sample's too
+    return x, st
+
+
+def passes(model, x, orders, n=4, V=3, given=None, **tf):
+    xs, law = seq_law(model, n, V, orders, given, **tf)
+    return chi2_pvalue(x, xs, law) > ALPHA
+
+
+PERMS4 = list(itertools.permutations(range(4)))
+
+
+@pytest.mark.parametrize('k', [2, 3, 4])
+@pytest.mark.parametrize('bonus', [True, False])
+def test_l2r_is_the_exact_joint(m4, k, bonus):
+    """Left to right, per-sample commits (rows commit 1..k+1 tokens a round), k in {2, 3, n}, with and
+    without the bonus slot: the law of whole sequences is the model's chain rule."""
+    x, st = run(m4, k=k, bonus=bonus, order='l2r', batch_commit='per_row')
+    assert passes(m4, x, L2R4)
+    assert st['accept_rate'] > 0.5 and (max(st['committed']) > 2) == (k + bonus > 2)  # long runs were tested
+    assert not passes(m4, x, PERMS4)  # power: the random-order mixture is another law, rejected
+
+
+def test_fixed_permutation_and_batch_minimum(m4):
+    """A fixed permutation, the batch-minimum commits (any stepper's path)."""
+    perm = (2, 0, 3, 1)
+    x, st = run(m4, k=3, order=torch.tensor(perm))
+    assert passes(m4, x, [perm]) and not passes(m4, x, L2R4)
+
+
+def test_blocks_order_is_the_mixture_over_its_orders(m4):
+    x, _ = run(m4, k=4, order='blocks:2', batch_commit='per_row')
+    allowed = [a + b for a in itertools.permutations((0, 1)) for b in itertools.permutations((2, 3))]
+    assert passes(m4, x, allowed) and not passes(m4, x, PERMS4) and not passes(m4, x, L2R4)
+
+
+@pytest.mark.parametrize('commit', ['min', 'per_row'])
+def test_random_order_is_the_mixture_over_orders(m4, commit):
+    """A fresh uniform order per sample: the law of generate_ao at T = n, the mixture over all n!."""
+    x, _ = run(m4, k=3, order='random', batch_commit=commit)
+    assert passes(m4, x, PERMS4) and not passes(m4, x, L2R4)
+
+
+@pytest.mark.parametrize('where', ['prompt', 'infill'])
+def test_prompt_and_infill(m4, where):
+    given = torch.tensor([2, -1, -1, -1]) if where == 'prompt' else torch.tensor([-1, 1, -1, 0])
+    x, st = run(m4, k=3, order='random', given=given, batch_commit='per_row')
+    assert (x[:, given >= 0] == given[given >= 0]).all() and st['tokens_generated'] == int((given < 0).sum())
+    assert passes(m4, x, PERMS4, given=given)
+    free = [i for i in range(4) if given[i] < 0]
+    xs, law = seq_law(m4, 4, 3, PERMS4, given=given)
+    # power: every free position drawn from the conditional given only the given tokens is another law
+    wrong = torch.ones(len(xs), dtype=torch.float64)
+    for i in free:
+        o = [j for j in range(4) if given[j] >= 0] + [i] + [j for j in free if j != i]
+        p = probs(m4(xs, order=torch.tensor(o).expand(len(xs), 4))[0].detach(), vocab_size=3)
+        wrong *= p[:, 4 - len(free)].gather(1, xs[:, i:i + 1]).squeeze(1)
+    ok = (xs[:, given >= 0] == given[given >= 0]).all(1)
+    assert chi2_pvalue(x, xs, torch.where(ok, wrong, 0.0)) < ALPHA
+
+
+@pytest.mark.parametrize('tf', [dict(temperature=0.7), dict(top_p=0.8), dict(temperature=0.7, top_p=0.8)])
+def test_temperature_and_top_p_transform_both_laws(m4, tf):
+    """The transform acts on q and p alike: the output is sequential sampling under the transform."""
+    x, _ = run(m4, k=3, order='l2r', batch_commit='per_row', **tf)
+    assert passes(m4, x, L2R4, **tf) and not passes(m4, x, L2R4)
+
+
+def test_rows_of_a_batch_accept_different_counts(m4):
+    """One batch: under per-sample commits rows commit different counts in the same round, and under the
+    batch minimum they all commit the fewest (2 a round at this batch size); both exact (the tests above)."""
+    _, st = generate_speculative(m4, 4, 256, k=4, order='l2r', vocab_size=3, generator=gen(1),
+                                 batch_commit='per_row', trace=True)
+    t = st['events'][0][2]
+    assert len(set(t.tolist())) > 1
+    _, st = generate_speculative(m4, 4, 256, k=4, order='l2r', vocab_size=3, generator=gen(1))
+    assert st['committed'] == [2, 2]
+
+
+def test_one_sample_per_row_equals_batch_minimum(m4):
+    """With B = 1 the two commit rules are the same algorithm with the same draws: same samples."""
+    for seed in range(20):
+        for k in (2, 3, 'auto'):
+            a, sa = generate_speculative(m4, 4, 1, k=k, vocab_size=3, generator=gen(seed))
+            b, sb = generate_speculative(m4, 4, 1, k=k, vocab_size=3, generator=gen(seed), batch_commit='per_row')
+            assert torch.equal(a, b) and sa['forward_calls'] == sb['forward_calls']
+
+
+# --------------------------------------------------------------------------- negative controls
+
+@pytest.mark.parametrize('bug', ['resample_p', 'keep_rejected', 'wrong_target'])
+def test_negative_controls_are_rejected(m4, bug):
+    """The same chi-square rejects each wrong variant: resampling from p instead of the residual (the
+    token after a rejection is biased towards what q proposed), keeping the rejected draft's verify row
+    in the cache (the next round conditions on a token that was never committed), and draft copy 0 with
+    the next position's target (it is committed untested, so it must be the true conditional)."""
+    x, _ = run(m4, k=2, order='l2r', _bug=bug)
+    assert not passes(m4, x, L2R4)
+    x, _ = run(m4, k=2, order='l2r', seed=1)  # the same run without the bug passes
+    assert passes(m4, x, L2R4)
+
+
+def test_a_wrong_target_past_copy_0_is_only_a_worse_proposal(m4, monkeypatch):
+    """The accept test corrects any proposal: copies 1.. drafting from the wrong target keep the law
+    exact (fewer drafts are accepted). This is why the control above must break copy 0."""
+    real = sample.SlotStepper.__call__
+
+    def shifted(self, tok, pos, tgt, k, n_logits=None):
+        if k > 1:  # a draft call: copy j >= 1 gets copy 1's target
+            tgt, c1 = tgt.clone(), tgt.size(1) - k + 1
+            tgt[:, c1:] = tgt[:, c1:c1 + 1]
+        return real(self, tok, pos, tgt, k, n_logits)
+    _, st0 = run(m4, k=4, order='l2r')
+    monkeypatch.setattr(sample.SlotStepper, '__call__', shifted)
+    x, st = run(m4, k=4, order='l2r')
+    assert passes(m4, x, L2R4) and st['accept_rate'] < st0['accept_rate']
