@@ -31,7 +31,7 @@ def mixy(seed=3, s=0.3, head=5.0, **kw):
     *tokens* before them, not just on positions and targets, so a wrong context (a rejected draft left in
     the cache) or a wrong proposal law shows in the samples. Vocab 4 of which the samplers use 3: id 3
     plays a padded id that must never be drawn."""
-    m = tiny(vocab_size=4, block_size=8, seed=seed, **kw)
+    m = tiny(seed=seed, **dict(dict(vocab_size=4, block_size=8), **kw))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -207,3 +207,96 @@ def test_a_wrong_target_past_copy_0_is_only_a_worse_proposal(m4, monkeypatch):
     monkeypatch.setattr(sample.SlotStepper, '__call__', shifted)
     x, st = run(m4, k=4, order='l2r')
     assert passes(m4, x, L2R4) and st['accept_rate'] < st0['accept_rate']
+
+
+# --------------------------------------------------------------------------- the cache, fixed shapes, cost
+
+class Uncached:
+    """SlotStepper's interface without a KV cache: each call runs every committed slot again, then the
+    call's rows (the same masks), so its logits are what the cache should reproduce."""
+
+    def __init__(self, model, B):
+        self.model, self.B, self.cache = model, B, self
+        self.len, self.done, self.last = 0, None, None
+
+    def keep(self, rows):
+        if rows is None:
+            self.len, self.done = 0, None
+            return
+        kept = [t[:, :rows] for t in self.last]
+        self.done = kept if self.done is None else [torch.cat([a, b], 1) for a, b in zip(self.done, kept)]
+        self.len += rows
+
+    def __call__(self, tok, pos, tgt, k, n_logits=None):
+        self.last = (tok, pos, tgt)
+        full = [t if self.done is None else torch.cat([d, t], 1) for d, t in zip(self.done or [None] * 3, self.last)]
+        mask = parallel_mask(full[0].size(1), k, 0)  # k = 1: causal
+        return self.model.forward_slots(*full, mask=mask, n_logits=k if n_logits is None else n_logits)
+
+
+@pytest.mark.parametrize('kw', [dict(order='random', k=3), dict(order='l2r', k='auto'),
+                                dict(order='random', k=4, bonus=False), dict(order='random', k=2, top_p=0.8)])
+def test_cache_equals_a_cache_free_recomputation(kw):
+    """Every call's logits on the KV cache equal a full pass over the committed slots and the call's rows:
+    the cache holds exactly the rows whose token and target are committed. Same samples, on a model too
+    large to enumerate (n = 24, given tokens at the start and in the middle)."""
+    model = mixy(seed=5, block_size=32, vocab_size=11)
+    n, B = 24, 16
+    given = torch.full((n,), -1)
+    given[[0, 1, 9]] = torch.tensor([4, 9, 1])
+    a, sa = generate_speculative(model, n, B, given=given, generator=gen(3), **kw)
+    b, sb = generate_speculative(model, n, B, given=given, generator=gen(3), stepper=Uncached(model, B), **kw)
+    assert torch.equal(a, b) and sa['committed'] == sb['committed'] and sa['forward_calls'] < n
+
+
+def test_the_cache_free_check_catches_a_rejected_row_kept(monkeypatch):
+    """The check above has power: keeping the rejected draft's row changes the samples."""
+    model = mixy(seed=5, block_size=32, vocab_size=11)
+    n, B = 24, 16
+    a, _ = generate_speculative(model, n, B, k=3, generator=gen(3))
+    b, _ = generate_speculative(model, n, B, k=3, generator=gen(3), _bug='keep_rejected')
+    assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize('kw', [dict(order='random', k=3), dict(order='l2r', k=5, top_p=0.9),
+                                dict(order='blocks:8', k='auto')])
+def test_static_stepper_gives_the_dynamic_samples(kw):
+    """The fixed-shape path (what a CUDA graph replays) gives the dynamic path's samples: padded rows,
+    masked spans over the zeroed cache, the verify call as k = 1 with every row's logits."""
+    model = mixy(seed=8, block_size=40, vocab_size=11, s=0.1)
+    n, B = 40, 3
+    given = torch.full((n,), -1)
+    given[[0, 5, 17]] = torch.tensor([4, 9, 1])
+    a, sa = generate_speculative(model, n, B, given=given, generator=gen(4), **kw)
+    step = sample.SlotStepper(model, B, 'static', kv_bucket=16)
+    b, sb = generate_speculative(model, n, B, given=given, generator=gen(4), stepper=step, **kw)
+    assert torch.equal(a, b) and sa['committed'] == sb['committed']
+    c, _ = generate_speculative(model, n, B, given=given, generator=gen(4), stepper=step, **kw)  # reused
+    assert torch.equal(a, c)
+
+
+def test_calls_per_token_and_passes():
+    """A round is 2 calls for >= 2 tokens: calls <= tokens for every k; k = 1 is one call per token."""
+    model = mixy(seed=5, block_size=32, vocab_size=11)
+    for k in (1, 2, 3, 8, 'auto'):
+        for commit in ('min', 'per_row'):
+            _, st = generate_speculative(model, 32, 8, k=k, generator=gen(0), batch_commit=commit)
+            assert st['forward_calls'] <= 32 and st['tokens_generated'] == 32
+            if k == 1:
+                assert st['forward_calls'] == st['token_passes'] == 32
+
+
+@pytest.mark.parametrize('bad, msg', [
+    (dict(order='confidence'), 'not\\s+be exact'), (dict(k=0), 'k must be'),
+    (dict(batch_commit='max'), 'batch_commit'), (dict(batch_commit='per_row', stepper='static'), 'dynamic'),
+])
+def test_bad_arguments_are_one_clear_error(m4, bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        generate_speculative(m4, 4, 2, **bad)
+
+
+@pytest.mark.parametrize('kw', [dict(cond='none'), dict(causal=False, cond='none', mask_token_id=7)])
+def test_gpt_and_encoder_are_refused(kw):
+    model = tiny(vocab_size=8, block_size=8, **kw)
+    with pytest.raises(ValueError, match='any-order decoder'):
+        generate_speculative(model, 4, 2)
