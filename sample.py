@@ -79,6 +79,7 @@ prompt = ''                # text the samples start with
 suffix = ''                # text the samples end with
 template = ''              # text with [BLANK] (blank_len tokens) or [BLANK:k] (k tokens) spans to fill
 blank_len = 8              # tokens per [BLANK], >= 1
+speculative = ''           # K (draft length >= 2) or auto: exact speculative sampling along --order (speculative.py)
 stepper = 'dynamic'        # forward calls: dynamic | static (fixed padded shapes) | cuda_graph (static, replayed)
 cache_trick = True         # encoder MDM: a step that reveals nothing reuses the last pass (MDLM)
 mdm_counts = 'shared'      # encoder MDM: shared (one count per step for the batch) | independent (per sample)
@@ -992,12 +993,17 @@ def main(argv=None):
             print(f"---------- sample {i}\n{printable(text)}")
         print("----------")
     N = samples.size(0)
-    steps = 'threshold-chosen' if stats['steps'] is None else stats['steps']
+    steps = 'threshold-chosen' if stats.get('steps', 0) is None else stats.get('steps', 'speculative')
     print(f"{N} samples x {n} tokens ({stats['tokens_generated']} generated each), {steps} steps: "
           f"{wall:.2f} s wall, {N * stats['tokens_generated'] / wall:.1f} tokens/s; per sample "
           f"{stats['token_passes']:g} token-passes ({stats['token_passes'] / n:.2f} n) in "
           f"{stats['forward_calls']:g} forward calls (last batch)")
-    result = dict(config=c.config, n=n, wall_s=wall, stats={k: v for k, v in stats.items() if k != 'order'},
+    if c.speculative:
+        print(f"speculative (k={c.speculative}): {stats['tokens_generated'] / stats['forward_calls']:.2f} tokens per "
+              f"forward call; {stats['rounds_per_sample']:.1f} rounds per sample (the batch: {stats['rounds']}), "
+              f"{stats['tokens_generated'] / stats['rounds_per_sample']:.2f} tokens committed per round; drafts "
+              f"accepted in {stats['accept_rate']:.1%} of the tests")
+    result = dict(config=c.config, n=n, wall_s=wall, stats={k: v for k, v in stats.items() if k not in ('order', 'events')},
                   samples=samples.tolist(), texts=texts)
     if judge is not None:
         result['gen_ppl'] = score(c, judge, samples, codec)
@@ -1016,7 +1022,8 @@ def read_config(argv=None):
                     ('gen_ppl_mode', c.gen_ppl_mode in ('auto', 'none', 'hf')), ('steps', c.steps >= 1),
                     ('batch_size', c.batch_size >= 1), ('num_batches', c.num_batches >= 1),
                     ('stepper', c.stepper in _STEPPERS), ('blank_len', c.blank_len >= 1),
-                    ('judge_batch_size', c.judge_batch_size >= 1), ('length', c.length == -1 or c.length >= 1)):
+                    ('judge_batch_size', c.judge_batch_size >= 1), ('length', c.length == -1 or c.length >= 1),
+                    ('speculative', c.speculative in ('', 'auto') or c.speculative.isdigit() and int(c.speculative) >= 2)):
         if not ok:
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
     try:
@@ -1106,6 +1113,10 @@ def generation_order(c, ck, family, n):
     if family == 'mdm' and adaptive:
         die(f"--order {o} is the any-order decoder's (it scores every masked position on the exact KV cache); "
             f"the encoder MDM takes random, l2r, blocks:K or a file")
+    if c.speculative and (family != 'ao' or adaptive):
+        die(f"--speculative needs an any-order decoder (AO-GPT or sigma-GPT) and an order fixed before the draws "
+            f"(random, l2r, blocks:K or a file): " + (f"--order {o} is chosen from the drawn values, so it would "
+            f"not be exact" if adaptive else "an encoder MDM or an L2R GPT cannot verify drafts in one pass"))
     if family == 'ar':
         if isinstance(o, torch.Tensor) or o != 'l2r':
             die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")
@@ -1146,7 +1157,12 @@ def draw(c, model, family, n, given, order, codec):
                SlotStepper(model, c.batch_size, c.stepper))  # one for all batches: its graphs are kept
         for _ in tqdm(range(c.num_batches), desc='batches', unit='batch', disable=c.num_batches == 1,
                       file=sys.stderr):
-            if family == 'ao':
+            if c.speculative:
+                from speculative import generate_speculative
+                x, stats = generate_speculative(
+                    model, n, c.batch_size, k='auto' if c.speculative == 'auto' else int(c.speculative), order=order,
+                    given=given, stepper=stp, batch_commit='per_row' if c.stepper == 'dynamic' else 'min', **common)
+            elif family == 'ao':
                 x, stats = generate_ao(model, n, c.batch_size, c.steps, order=order, fixed_counts=c.fixed_counts,
                                        schedule=c.schedule, given=given, stepper=stp, threshold=c.threshold,
                                        **common)

@@ -116,7 +116,8 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
     that earns a token when every draft is kept. batch_commit: 'min' (every sample commits the batch's
     fewest accepted; any stepper) or 'per_row' (each commits its own, under a per-sample cache mask;
     stepper 'dynamic' only).
-    stats: forward_calls, token_passes (rows per sample through the network), tokens_generated, rounds,
+    stats: forward_calls, token_passes (rows per sample through the network), tokens_generated, rounds
+    (the batch's), rounds_per_sample (the mean over samples of the rounds each took: per_row commits),
     committed (tokens per round), drafted (k per round), accept_rate (kept / tested drafts over all
     rows, before the batch minimum), frac (revealed fraction at each round's start), order (B, n);
     with trace=True also events: per round (m, k, A, a (B,), drafts (B, k), committed tokens (B, t)).
@@ -134,7 +135,7 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
         raise ValueError(f"n = {n} > block_size {model.config.block_size}")
     if batch_commit not in ('min', 'per_row'):
         raise ValueError(f"batch_commit must be 'min' or 'per_row', got {batch_commit!r}")
-    if batch_commit == 'per_row' and stepper != 'dynamic':
+    if batch_commit == 'per_row' and getattr(stepper, 'mode', stepper) != 'dynamic':
         raise ValueError("batch_commit='per_row' runs at dynamic shapes only (stepper='dynamic')")
     dev = next(model.parameters()).device
     B = batch_size
@@ -211,6 +212,7 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
         m += t
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
     stats = dict(forward_calls=calls, token_passes=passes, tokens_generated=n - g, rounds=len(committed),
+                 rounds_per_sample=len(committed),
                  committed=committed, drafted=drafted, frac=frac,
                  accept_rate=kept_tests / all_tests if all_tests else float('nan'), order=reveal)
     if trace:
@@ -262,9 +264,10 @@ def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trac
     ar = torch.arange(B, device=dev)
     at = lambda idx: reveal.gather(1, idx.clamp(max=n - 1))                      # noqa: E731 positions at slots
     calls = passes = kept_tests = all_tests = 0
-    committed, drafted, frac, events, tot = [], [], [], [], 0
+    committed, drafted, frac, events, tot, live = [], [], [], [], 0, 0
     while bool((m < n).any()):
         active = m < n
+        live += int(active.sum())
         kk = min(auto_k(tot, len(committed)) if k == 'auto' else k, int((n - m).max()))
         kb = torch.clamp(n - m, max=kk)                                          # (B,) drafts that fit
         P = g if cache.len == 0 else 0                                           # the given slots, once
@@ -319,6 +322,7 @@ def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trac
             events.append((m.cpu(), kk, t.cpu(), a.cpu(), d.cpu(), new.cpu()))
         m = m + t
     slot_tok.copy_(tok_buf[:, :n + 1])
-    return dict(forward_calls=calls, token_passes=passes, rounds=len(committed), committed=committed,
+    return dict(forward_calls=calls, token_passes=passes, rounds=len(committed), rounds_per_sample=live / B,
+                committed=committed,
                 drafted=drafted, frac=frac, accept_rate=kept_tests / all_tests if all_tests else float('nan'),
                 events=events)

@@ -300,3 +300,41 @@ def test_gpt_and_encoder_are_refused(kw):
     model = tiny(vocab_size=8, block_size=8, **kw)
     with pytest.raises(ValueError, match='any-order decoder'):
         generate_speculative(model, 4, 2)
+
+
+# --------------------------------------------------------------------------- the CLI
+
+def test_cli_speculative(tmp_path, monkeypatch, capsys):
+    from test_sample import write_ckpt
+    ck = tmp_path / 'ck.pt'
+    write_ckpt(ck)
+    defaults = {k: v for k, v in vars(sample).items() if not k.startswith('_') and
+                isinstance(v, (int, float, bool, str, type(None)))}
+
+    def cli(*args):
+        for k, v in defaults.items():
+            monkeypatch.setattr(sample, k, v)
+        monkeypatch.setattr('sys.argv', ['sample.py', '--device', 'cpu', '--seed', '1', '--ckpt', str(ck),
+                                         '--quiet', *args])
+        code = 0
+        try:
+            sample.main()
+        except SystemExit as e:
+            code = e.code
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    for args in (['--speculative', '3'], ['--speculative', 'auto', '--order', 'l2r', '--prompt', 'ab'],
+                 ['--speculative', '2', '--order', 'blocks:4', '--template', 'a[BLANK:5]b', '--temperature', '0.7',
+                  '--top_p', '0.9', '--stepper', 'static'],
+                 ['--speculative', '4', '--save', str(tmp_path / 's.json')]):
+        code, out = cli(*args, '--length', '16')
+        assert code == 0, out
+        assert 'tokens per forward call' in out and 'rounds per sample' in out
+    code, out = cli('--speculative', '3', '--order', 'confidence')
+    assert code != 0 and 'not be exact' in out
+    code, out = cli('--speculative', '1')
+    assert code != 0 and 'speculative' in out
+    write_ckpt(ck, cond='none')  # a GPT: one clear line
+    code, out = cli('--speculative', '3', '--length', '8')
+    assert code != 0 and 'cannot verify drafts' in out
