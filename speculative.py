@@ -117,7 +117,8 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
     fewest accepted; any stepper) or 'per_row' (each commits its own, under a per-sample cache mask;
     stepper 'dynamic' only).
     stats: forward_calls, token_passes (rows per sample through the network), tokens_generated, rounds
-    (the batch's), rounds_per_sample (the mean over samples of the rounds each took: per_row commits),
+    (the batch's), rounds_per_sample and calls_per_sample (the mean over samples of the rounds and calls
+    each needed on its own: under per_row commits a sample that is done waits for the batch),
     committed (tokens per round), drafted (k per round), accept_rate (kept / tested drafts over all
     rows, before the batch minimum), frac (revealed fraction at each round's start), order (B, n);
     with trace=True also events: per round (m, k, A, a (B,), drafts (B, k), committed tokens (B, t)).
@@ -212,7 +213,7 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
         m += t
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
     stats = dict(forward_calls=calls, token_passes=passes, tokens_generated=n - g, rounds=len(committed),
-                 rounds_per_sample=len(committed),
+                 rounds_per_sample=len(committed), calls_per_sample=calls,
                  committed=committed, drafted=drafted, frac=frac,
                  accept_rate=kept_tests / all_tests if all_tests else float('nan'), order=reveal)
     if trace:
@@ -238,10 +239,12 @@ class RowCache(KVCache):
         return torch.cat([self.valid[:, None, :L].expand(B, r, L), inner.expand(B, r, r)], 2)[:, None]
 
     def commit(self, keep):
-        """Advance past the last call's r rows, keeping row i for the samples where keep (B, r) is set."""
+        """Keep the last call's row i for the samples where keep (B, r) is set; the buffer advances to the
+        last row any sample keeps."""
         r = keep.size(1)
         self.valid[:, self.len:self.len + r] = keep
-        self.len += r
+        cols = keep.any(0).nonzero()
+        self.len += int(cols.max()) + 1 if cols.numel() else 0  # rows past the last kept one: overwritten next
 
     def room(self, r):
         if self.len + r > self.shape[2]:
@@ -264,12 +267,13 @@ def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trac
     ar = torch.arange(B, device=dev)
     at = lambda idx: reveal.gather(1, idx.clamp(max=n - 1))                      # noqa: E731 positions at slots
     calls = passes = kept_tests = all_tests = 0
-    committed, drafted, frac, events, tot, live = [], [], [], [], 0, 0
+    committed, drafted, frac, events, tot, live, own_calls = [], [], [], [], 0, 0, 0
     while bool((m < n).any()):
         active = m < n
         live += int(active.sum())
         kk = min(auto_k(tot, len(committed)) if k == 'auto' else k, int((n - m).max()))
         kb = torch.clamp(n - m, max=kk)                                          # (B,) drafts that fit
+        own_calls += int(active.sum()) + int((active & (kb > 1)).sum())          # a lone last token: 1 call
         P = g if cache.len == 0 else 0                                           # the given slots, once
         j = torch.arange(kk, device=dev)
         tok = torch.cat([tok_buf[:, :P], tok_buf.gather(1, m[:, None]).expand(B, kk)], 1)
@@ -323,6 +327,6 @@ def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trac
         m = m + t
     slot_tok.copy_(tok_buf[:, :n + 1])
     return dict(forward_calls=calls, token_passes=passes, rounds=len(committed), rounds_per_sample=live / B,
-                committed=committed,
+                calls_per_sample=own_calls / B,                committed=committed,
                 drafted=drafted, frac=frac, accept_rate=kept_tests / all_tests if all_tests else float('nan'),
                 events=events)
