@@ -86,6 +86,7 @@ mdm_counts = 'shared'      # encoder MDM: shared (one count per step for the bat
 gen_ppl = ''               # judge: a checkpoint of ours (any --ckpt form), or HF GPT-2 (a dir or hf:owner/repo)
 gen_ppl_mode = 'auto'      # none: all n scored after [None]; hf: no BOS, token 0 unscored; auto: hf for HF
 judge_batch_size = 16      # judge forward batch, >= 1
+trace = ''                 # write an HTML page of how each sample (of the last batch) filled in, step by step
 save = ''                  # write the samples (ids, text) and stats as JSON to this file (its folder must exist)
 seed = 1337
 device = 'auto'            # auto | cpu | cuda | cuda:1 | mps
@@ -805,7 +806,7 @@ def generate_mdm(model, n, batch_size, steps, cache_trick=False, counts='shared'
                                   ban=cfg.mask_token_id)
         stale = True
     stats = dict(steps=steps, forward_calls=passes, token_passes=passes * n, tokens_generated=nf,
-                 order=reveal.to(dev))
+                 order=reveal.to(dev), step_of=step)  # step_of (B, n): each position's step, -1 if given
     return x, stats
 
 
@@ -993,7 +994,7 @@ def main(argv=None):
             print(f"---------- sample {i}\n{printable(text)}")
         print("----------")
     N = samples.size(0)
-    steps = 'threshold-chosen' if stats.get('steps', 0) is None else stats.get('steps', 'speculative')
+    steps = 'threshold-chosen' if stats['steps'] is None else stats['steps']
     print(f"{N} samples x {n} tokens ({stats['tokens_generated']} generated each), {steps} steps: "
           f"{wall:.2f} s wall, {N * stats['tokens_generated'] / wall:.1f} tokens/s; per sample "
           f"{stats['token_passes']:g} token-passes ({stats['token_passes'] / n:.2f} n) in "
@@ -1003,7 +1004,14 @@ def main(argv=None):
               f"forward call; {stats['rounds_per_sample']:.1f} rounds per sample (the batch: {stats['rounds']}), "
               f"{stats['tokens_generated'] / stats['rounds_per_sample']:.2f} tokens committed per round; drafts "
               f"accepted in {stats['accept_rate']:.1%} of the tests")
-    result = dict(config=c.config, n=n, wall_s=wall, stats={k: v for k, v in stats.items() if k not in ('order', 'events')},
+    if c.trace:
+        import tracepage
+        tracepage.write(c.trace, samples[-c.batch_size:], stats, int((given >= 0).sum()),
+                        lambda t: codec.decode([t]), f"{c.ckpt or c.out_dir}: " + (
+                            f"speculative k={c.speculative}" if c.speculative else f"{family}, {stats.get('steps')} steps"))
+        print(f"trace: {c.trace}")
+    result = dict(config=c.config, n=n, wall_s=wall, stats={k: v for k, v in stats.items()
+                                                            if k not in ('order', 'events', 'step_of')},
                   samples=samples.tolist(), texts=texts)
     if judge is not None:
         result['gen_ppl'] = score(c, judge, samples, codec)
@@ -1161,7 +1169,8 @@ def draw(c, model, family, n, given, order, codec):
                 from speculative import generate_speculative
                 x, stats = generate_speculative(
                     model, n, c.batch_size, k='auto' if c.speculative == 'auto' else int(c.speculative), order=order,
-                    given=given, stepper=stp, batch_commit='per_row' if c.stepper == 'dynamic' else 'min', **common)
+                    given=given, stepper=stp, batch_commit='per_row' if c.stepper == 'dynamic' else 'min',
+                    trace=bool(c.trace), **common)
             elif family == 'ao':
                 x, stats = generate_ao(model, n, c.batch_size, c.steps, order=order, fixed_counts=c.fixed_counts,
                                        schedule=c.schedule, given=given, stepper=stp, threshold=c.threshold,

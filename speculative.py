@@ -121,7 +121,8 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
     each needed on its own: under per_row commits a sample that is done waits for the batch),
     committed (tokens per round), drafted (k per round), accept_rate (kept / tested drafts over all
     rows, before the batch minimum), frac (revealed fraction at each round's start), order (B, n);
-    with trace=True also events: per round (m, k, A, a (B,), drafts (B, k), committed tokens (B, t)).
+    with trace=True also events: per round (m (B,) tokens revealed before it, k, t (B,) tokens it committed,
+    a (B,) drafts each sample's tests kept past d_0, drafts (B, k), the committed tokens (B, >= t)).
     _bug: the tests' negative controls ('resample_p', 'keep_rejected', 'wrong_target'): wrong on purpose.
     """
     if not (model.config.causal and model.any_order):
@@ -153,7 +154,7 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
     if batch_commit == 'per_row':
         stats = _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace)
         tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
-        return tokens, dict(stats, tokens_generated=n - g, order=reveal)
+        return tokens, dict(stats, steps=stats['rounds'], tokens_generated=n - g, order=reveal)
     step = _stepper(model, B, stepper)
     ar = torch.arange(B, device=dev)
     m, calls, passes = g, 0, 0
@@ -177,7 +178,8 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
             slot_tok[:, m + 1] = d[:, 0]
             committed.append(1), drafted.append(1), frac.append(m / n)
             if trace:
-                events.append((m, 1, 0, torch.zeros(B, dtype=torch.long), d.cpu(), d.cpu()))
+                events.append((torch.full((B,), m), 1, torch.ones(B, dtype=torch.long),
+                               torch.zeros(B, dtype=torch.long), d.cpu(), d.cpu()))
             m += 1
             continue
         # verify: d_0..d_{kk-2} in slots m+1..m+kk-1, targets chained; + the bonus slot when there is room
@@ -209,10 +211,11 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
         step.cache.keep(t if _bug == 'keep_rejected' and A < kk - 1 else t - 1)
         committed.append(t), drafted.append(kk), frac.append(m / n)
         if trace:
-            events.append((m, kk, A, a.cpu(), d.cpu(), new.cpu()))
+            events.append((torch.full((B,), m), kk, torch.full((B,), t), a.cpu(), d.cpu(), new.cpu()))
         m += t
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
-    stats = dict(forward_calls=calls, token_passes=passes, tokens_generated=n - g, rounds=len(committed),
+    stats = dict(steps=len(committed), forward_calls=calls, token_passes=passes, tokens_generated=n - g,
+                 rounds=len(committed),
                  rounds_per_sample=len(committed), calls_per_sample=calls,
                  committed=committed, drafted=drafted, frac=frac,
                  accept_rate=kept_tests / all_tests if all_tests else float('nan'), order=reveal)
