@@ -85,6 +85,13 @@ def draw(p, u):
     return torch.searchsorted(cdf.contiguous(), v.contiguous(), right=True).squeeze(-1).clamp(max=p.size(-1) - 1)
 
 
+def _residual(p, q):
+    """max(p - q, 0) per row (R, V); a rejection needs p(d) < q(d), so the mass is positive but for float
+    rounding when p and q agree to the last bit, where p itself is the answer."""
+    r = (p - q).clamp(min=0)
+    return torch.where(r.sum(-1, keepdim=True) > 0, r, p)
+
+
 def auto_k(accepted, rounds, k_max=K_MAX):
     """k for the next round from the past ones (a function of the past only, so still exact): about
     twice the mean tokens a round has committed, so the drafts rarely run out, at most k_max."""
@@ -197,7 +204,7 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
         j = torch.clamp(a + 1, max=kk - 1)
         pj = p[ar, j - 1] if not nb else torch.where((a == kk - 1)[:, None], p[:, -1], p[ar, j - 1])
         qj = torch.where((a == kk - 1)[:, None], torch.zeros_like(pj), q[ar, j])
-        resid = pj if _bug == 'resample_p' else (pj - qj).clamp(min=0)
+        resid = pj if _bug == 'resample_p' else _residual(pj, qj)
         y = draw(resid, ur)                                                  # (B,)
         A = int(a.min())
         if A < kk - 1:   # d_0..d_A, then y where the row stopped at A, else its kept d_{A+1}
@@ -312,7 +319,7 @@ def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trac
             jr = torch.clamp(a + 1, max=kk - 1)
             pj = torch.where(nbr[:, None], p[:, -1], p[ar, jr - 1])
             qj = torch.where(nbr[:, None], torch.zeros_like(pj), q[ar, jr])
-            y = draw((pj - qj).clamp(min=0), ur)                                 # (B,) replacement or bonus
+            y = draw(_residual(pj, qj), ur)                                      # (B,) replacement or bonus
             t = torch.where(full, kb + nbr.long(), a + 2) * active               # (B,) tokens committed
             new = torch.cat([d, d[:, :1]], 1)                                    # (B, kk + 1)
             new.scatter_(1, (t - 1).clamp(min=0)[:, None], torch.where(full & ~nbr, new.gather(

@@ -367,3 +367,16 @@ def test_trace_steps_cover_every_position_once(m4):
                 assert row[0][1] == 'd0'
                 for p, kind, rej in row:
                     assert (kind == 'resampled') == (rej is not None)
+
+
+def test_greedy_is_greedy_sequential_decoding():
+    """Temperature 0: q and p are one-hot, a draft is kept iff it is the argmax given the drafts before
+    it, so the output is greedy decoding along the order, token for token."""
+    model = mixy(seed=5, block_size=32, vocab_size=11)
+    for order in ('l2r', 'random'):
+        ref, st = sample.generate_ao(model, 24, 8, 24, order=order, fixed_counts=True, temperature=0.0,
+                                     generator=gen(2))
+        for commit in ('min', 'per_row'):
+            x, _ = generate_speculative(model, 24, 8, k=4, order=st['order'], temperature=0.0, generator=gen(2),
+                                        batch_commit=commit)  # generate_ao's orders, per sample
+            assert torch.equal(x, ref)
