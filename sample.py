@@ -1163,14 +1163,16 @@ def draw(c, model, family, n, given, order, codec):
     with c.ctx:
         stp = (EncoderStepper(model, c.batch_size, n, c.stepper) if family == 'mdm' else
                SlotStepper(model, c.batch_size, c.stepper))  # one for all batches: its graphs are kept
+        if c.speculative:
+            from speculative import generate_speculative, row_stepper
+            k = 'auto' if c.speculative == 'auto' else int(c.speculative)
+            stp = c.stepper if c.stepper == 'dynamic' else row_stepper(model, c.batch_size, c.stepper, n, k,
+                                                                       int((given >= 0).sum()))
         for _ in tqdm(range(c.num_batches), desc='batches', unit='batch', disable=c.num_batches == 1,
                       file=sys.stderr):
-            if c.speculative:
-                from speculative import generate_speculative
-                x, stats = generate_speculative(
-                    model, n, c.batch_size, k='auto' if c.speculative == 'auto' else int(c.speculative), order=order,
-                    given=given, stepper=stp, batch_commit='per_row' if c.stepper == 'dynamic' else 'min',
-                    trace=bool(c.trace), **common)
+            if c.speculative:  # each sample commits what it accepted (per-sample cache masks)
+                x, stats = generate_speculative(model, n, c.batch_size, k=k, order=order, given=given, stepper=stp,
+                                                batch_commit='per_row', trace=bool(c.trace), **common)
             elif family == 'ao':
                 x, stats = generate_ao(model, n, c.batch_size, c.steps, order=order, fixed_counts=c.fixed_counts,
                                        schedule=c.schedule, given=given, stepper=stp, threshold=c.threshold,

@@ -38,7 +38,10 @@ Batches. Rows accept different counts, but the cache is rectangular: every row c
 minimum A (+2 tokens: d_0..d_A, then row b's replacement y_b if it stopped at A, else its accepted
 d_{A+1}). This is exact: for row b, the minimum over the *other* rows is independent of row b's draws,
 and committing min(a_b, that) is exactly a round with the shorter draft length A + 2 (no bonus).
-Per-row cache lengths (nothing wasted) are not built.
+batch_commit='per_row' wastes nothing instead: every sample commits its own count, the cache buffer stays
+rectangular with holes that each sample masks out (attention does not care where a key sits, as
+positions enter through the slot embeddings), compacted when it runs out; on fixed shapes too
+(RowStepper), so that the CUDA-graph path gets it.
 
 Cost: a round is 2 calls and commits >= 2 tokens (d_0, then a kept draft or a replacement), so calls <=
 tokens; a last lone token costs the draft call alone. Token-passes per round: the draft's pending +
@@ -54,7 +57,7 @@ import math
 import torch
 
 from model import parallel_mask
-from sample import (KVCache, SlotStepper, _ADAPTIVE, _sorted_nucleus, check_order, free_order,
+from sample import (KV_BUCKET, KVCache, SlotStepper, _ADAPTIVE, _sorted_nucleus, check_order, free_order,
                     split_given)
 
 K_MAX = 16  # the largest draft length k='auto' goes to
@@ -119,10 +122,10 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
     k: draft length per round (>= 2; 1 is plain one-token-per-call decoding) or 'auto'.
     order: 'random', 'l2r', 'blocks:K' or a permutation, fixed before the first draw; the confidence
     orders are refused (not exact). given: as generate_ao (the given tokens enter the cache first).
-    stepper: 'dynamic', 'static', 'cuda_graph' or a SlotStepper to reuse. bonus: the extra verify slot
+    stepper: 'dynamic', 'static', 'cuda_graph' or a SlotStepper (RowStepper for per_row) to reuse. bonus: the extra verify slot
     that earns a token when every draft is kept. batch_commit: 'min' (every sample commits the batch's
-    fewest accepted; any stepper) or 'per_row' (each commits its own, under a per-sample cache mask;
-    stepper 'dynamic' only).
+    fewest accepted; any stepper) or 'per_row' (each commits its own, under a per-sample cache mask; a mode
+    name, or a RowStepper for the fixed shapes).
     stats: forward_calls, token_passes (rows per sample through the network), tokens_generated, rounds
     (the batch's), rounds_per_sample and calls_per_sample (the mean over samples of the rounds and calls
     each needed on its own: under per_row commits a sample that is done waits for the batch),
@@ -144,8 +147,6 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
         raise ValueError(f"n = {n} > block_size {model.config.block_size}")
     if batch_commit not in ('min', 'per_row'):
         raise ValueError(f"batch_commit must be 'min' or 'per_row', got {batch_commit!r}")
-    if batch_commit == 'per_row' and getattr(stepper, 'mode', stepper) != 'dynamic':
-        raise ValueError("batch_commit='per_row' runs at dynamic shapes only (stepper='dynamic')")
     dev = next(model.parameters()).device
     B = batch_size
     gpos, gtok, free = split_given(given, n)
@@ -159,7 +160,10 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
     tf = dict(temperature=temperature, top_p=top_p, vocab_size=vocab_size)
     rnd = lambda *shape: torch.rand(*shape, dtype=torch.float64, generator=generator).to(dev)  # noqa: E731
     if batch_commit == 'per_row':
-        stats = _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace)
+        if getattr(stepper, 'mode', 'dynamic') != 'dynamic' and not isinstance(stepper, RowStepper):
+            raise ValueError("batch_commit='per_row' at fixed shapes takes a mode name or a RowStepper "
+                             "(speculative.row_stepper), not a SlotStepper")
+        stats = _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper)
         tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
         return tokens, dict(stats, steps=stats['rounds'], tokens_generated=n - g, order=reveal)
     step = _stepper(model, B, stepper)
@@ -249,28 +253,95 @@ class RowCache(KVCache):
         return torch.cat([self.valid[:, None, :L].expand(B, r, L), inner.expand(B, r, r)], 2)[:, None]
 
     def commit(self, keep):
-        """Keep the last call's row i for the samples where keep (B, r) is set; the buffer advances to the
-        last row any sample keeps."""
-        r = keep.size(1)
-        self.valid[:, self.len:self.len + r] = keep
-        cols = keep.any(0).nonzero()
-        self.len += int(cols.max()) + 1 if cols.numel() else 0  # rows past the last kept one: overwritten next
+        _commit(self, self.valid, keep)
+
+    def room(self, r, limit=None):
+        _room(self, self.valid, r, self.shape[2])
+
+
+def _commit(cache, valid, keep):
+    """Keep the last call's row i for the samples where keep (B, r) is set; the buffer advances to the
+    last row any sample keeps (the rows after it are overwritten by the next call)."""
+    r = keep.size(1)
+    valid[:, cache.len:cache.len + r] = keep
+    cols = keep.any(0).nonzero()
+    cache.len += int(cols.max()) + 1 if cols.numel() else 0
+
+
+def _room(cache, valid, r, limit):
+    """Before a call of r rows: if they would pass `limit` slots, move each sample's kept slots to the
+    front (in place: a captured graph reads these very tensors)."""
+    if cache.len + r > limit:
+        idx = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices    # (B, S) kept first
+        for buf in cache.k + cache.v:
+            buf.copy_(buf.gather(2, idx[:, None, :, None].expand_as(buf)))
+        valid.copy_(valid.gather(1, idx))
+        cache.len = int(valid.sum(1).max())
+        if cache.len + r > limit:
+            raise RuntimeError(f"per-sample cache: {cache.len} kept + {r} rows > {limit} slots")
+
+
+class RowStepper(SlotStepper):
+    """SlotStepper's fixed shapes ('static', 'cuda_graph') with per-sample commits: the cache buffer is
+    longer (room for the holes), and every row also masks out the slots its sample did not keep (`valid`,
+    a device tensor updated in place, so a replayed graph reads the current one)."""
+
+    def __init__(self, model, batch_size, mode, slots, kv_bucket=KV_BUCKET):
+        super().__init__(model, batch_size, mode, kv_bucket)
+        c = self.cache
+        c.shape = c.shape[:2] + (KVCache.static_len(slots),) + c.shape[3:]   # + a scratch row, 16-aligned
+        self.valid = torch.zeros(batch_size, c.shape[2], dtype=torch.bool, device=self.dev)
+
+    def commit(self, keep):
+        _commit(self.cache, self.valid, keep)
 
     def room(self, r):
-        if self.len + r > self.shape[2]:
-            idx = torch.sort((~self.valid).to(torch.uint8), dim=1, stable=True).indices  # (B, S) kept first
-            for buf in self.k + self.v:
-                buf.copy_(buf.gather(2, idx[:, None, :, None].expand_as(buf)))
-            self.valid = self.valid.gather(1, idx)
-            self.len = int(self.valid.sum(1).max())
+        _room(self.cache, self.valid, r, self.cache.shape[2] - 1)  # padding rows past it share the scratch row
+
+    def _forward(self, R, span):
+        # SlotStepper._forward's mask, and each sample's kept slots among the cached ones
+        buf, (L, blk, r), S = self.bufs[R], self.scalars, self.cache.shape[2]
+        i = torch.arange(R, device=self.dev)[:, None]                    # (R, 1) row
+        j = torch.arange(span, device=self.dev)[None, :]                 # (1, span) cache slot
+        vis = (j < L + torch.minimum(i + 1, blk)) | (j == L + i) | ((i >= r) & (j == 0))   # (R, span)
+        vis = vis & ((j >= L) | self.valid[:, None, :span])              # (B, R, span)
+        self.cache.write_idx = (L + i[:, 0]).clamp(max=S - 1)
+        self.cache.span = span
+        try:
+            return self.model.hidden_slots(buf[0], buf[1], buf[2], mask=vis[:, None], kv=self.cache)
+        finally:
+            self.cache.write_idx, self.cache.span = None, S
 
 
-def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace):
-    """generate_speculative with batch_commit='per_row': each sample commits what it accepted (RowCache);
-    dynamic shapes only. Same draws, in the same order, as the batch-minimum path."""
+def row_slots(n, k, n_given=0):
+    """Buffer slots for per-sample commits: room for the kept slots, about as many holes, and a call."""
+    return 2 * (n + 1) + (K_MAX if k == 'auto' else k) + n_given
+
+
+def row_stepper(model, batch_size, mode, n, k, n_given=0, kv_bucket=KV_BUCKET):
+    """A RowStepper for runs of n tokens at draft length k (reusable across runs: its graphs are kept)."""
+    return RowStepper(model, batch_size, mode, row_slots(n, k, n_given), kv_bucket)
+
+
+def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper):
+    """generate_speculative with batch_commit='per_row': each sample commits what it accepted (RowCache at
+    dynamic shapes, RowStepper at fixed ones). Same draws, in the same order, as the batch-minimum path."""
+    mode = getattr(stepper, 'mode', stepper)
     dev = slot_tok.device
     kmax = K_MAX if k == 'auto' else k
-    cache = RowCache(model, B, 2 * (n + 1) + kmax + g, dev)
+    if mode == 'dynamic':
+        cache = RowCache(model, B, row_slots(n, k, g), dev)
+    else:
+        cache = row_stepper(model, B, mode, n, k, g) if isinstance(stepper, str) else stepper
+        cache.cache.keep(None)
+        cache.valid.zero_()
+
+    def call(tok, pos, tgt, n_par, n_logits, inner):
+        """One forward call of r rows: the last n_par form the parallel block (1: all causal)."""
+        cache.room(tok.size(1))
+        if mode == 'dynamic':
+            return model.forward_slots(tok, pos, tgt, mask=cache.mask(inner), kv=cache, n_logits=n_logits)
+        return cache(tok, pos, tgt, n_par, n_logits=n_logits)
     tok_buf = torch.full((B, n + kmax + 3), -1, dtype=torch.long, device=dev)   # room past n for done rows
     tok_buf[:, :n + 1] = slot_tok
     m = torch.full((B,), g, dtype=torch.long, device=dev)                        # tokens revealed, per sample
@@ -284,14 +355,12 @@ def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trac
         kk = min(auto_k(tot, len(committed)) if k == 'auto' else k, int((n - m).max()))
         kb = torch.clamp(n - m, max=kk)                                          # (B,) drafts that fit
         own_calls += int(active.sum()) + int((active & (kb > 1)).sum())          # a lone last token: 1 call
-        P = g if cache.len == 0 else 0                                           # the given slots, once
+        P = g if calls == 0 else 0                                               # the given slots, once
         j = torch.arange(kk, device=dev)
         tok = torch.cat([tok_buf[:, :P], tok_buf.gather(1, m[:, None]).expand(B, kk)], 1)
         pos = torch.cat([slot_pos[:, :P], slot_pos.gather(1, m.clamp(max=n)[:, None]).expand(B, kk)], 1)
         tgt = torch.cat([reveal[:, :P], at(m[:, None] + j)], 1)
-        cache.room(P + kk)
-        mask = cache.mask(parallel_mask(P + kk, kk, 0, dev))
-        q = probs(model.forward_slots(tok, pos, tgt, mask=mask, kv=cache, n_logits=kk), **tf)  # (B, kk, V)
+        q = probs(call(tok, pos, tgt, kk, kk, parallel_mask(P + kk, kk, 0, dev)), **tf)   # (B, kk, V)
         cache.commit(torch.cat([torch.ones(B, P, dtype=torch.bool, device=dev), active[:, None],
                                 torch.zeros(B, kk - 1, dtype=torch.bool, device=dev)], 1))
         calls, passes = calls + 1, passes + P + kk
@@ -301,11 +370,9 @@ def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trac
         else:
             nb = int(bonus and bool((m + kk < n).any()))
             nv = kk - 1 + nb
-            cache.room(nv)
-            mask = cache.mask(torch.ones(nv, nv, dtype=torch.bool, device=dev).tril())
             jv = torch.arange(nv, device=dev)
-            p = probs(model.forward_slots(d[:, :nv], at(m[:, None] + jv), at(m[:, None] + 1 + jv), mask=mask,
-                                          kv=cache), **tf)                                  # (B, nv, V)
+            p = probs(call(d[:, :nv], at(m[:, None] + jv), at(m[:, None] + 1 + jv), 1, nv,
+                           torch.ones(nv, nv, dtype=torch.bool, device=dev).tril()), **tf)  # (B, nv, V)
             calls, passes = calls + 1, passes + nv
             ua, ur = rnd(B, kk - 1), rnd(B)
             dj = d[:, 1:, None]

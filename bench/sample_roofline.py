@@ -11,10 +11,10 @@ floor they cost and the graphs a run captures.
 
 The exact speculative sampler (speculative.py) is counted last. Its calls depend on how many drafts the
 model accepts, which a count cannot know: each sample is taken to accept each draft independently with
-probability alpha (spec_alphas, an assumption, not a measurement), simulated with a fixed seed; dynamic
-shapes with per-sample commits (keys counted as the sampler's buffer holds them, holes included), fixed
-shapes with the batch minimum. It is compared at the same law: against AR (L2R order, one token a call)
-and against generate_ao at T = n (random order, one token a call).
+probability alpha (spec_alphas, an assumption, not a measurement), simulated with a fixed seed;
+per-sample commits (keys counted as the sampler's buffer holds them, holes included; compaction not
+counted), dynamic and fixed shapes, and for contrast the batch minimum's calls. It is compared at the
+same law: against AR (L2R order, one token a call) and generate_ao at T = n (random order, likewise).
 
 What a call costs (bf16, B samples, a call of r rows with L slots cached, k of them to predict):
   decoder FLOPs  2 B (r P_trunk + k d V) + 4 B n_layer d r (L + r)   (matmuls, then scores and values)
@@ -33,6 +33,7 @@ import torch  # noqa: E402
 
 from configurator import configure, print_config  # noqa: E402
 from sample import KV_BUCKET, KVCache, SlotStepper, ao_calls, draw_plan  # noqa: E402
+from speculative import row_slots  # noqa: E402
 
 n_layer = 24
 n_embd = 1024
@@ -70,7 +71,7 @@ def call_time(flops, nbytes):
     return max(flops / peak_flops, nbytes / hbm_bandwidth)
 
 
-def decoder_time(plan, adaln, fixed=False, bucket=0):
+def decoder_time(plan, adaln, fixed=False, bucket=0, slots=S):
     """plan: [(r rows, L cached, k predicted)] -> (seconds, FLOPs, bytes, shapes) summed over the calls.
     fixed: the fixed-shape path (sample.SlotStepper 'static' / 'cuda_graph'): rows padded by rows_for,
     every row attending over the cache up to the span of kv_bucket = bucket (0: the whole cache);
@@ -80,7 +81,7 @@ def decoder_time(plan, adaln, fixed=False, bucket=0):
     shapes = set()
     for r, L, k in plan:
         R = SlotStepper.rows_for(r)
-        shape = (R, SlotStepper.span_for(L, R, S, bucket)) if fixed else (r, L + r)
+        shape = (R, SlotStepper.span_for(L, R, slots, bucket)) if fixed else (r, L + r)
         f, y = call_cost(*shape, k, P)
         s, F, Y = s + call_time(f, y), F + f, Y + y
         shapes.add(shape)
@@ -171,8 +172,8 @@ def spec_plan(k, alpha, commit, rng):
 ao_n = ao_calls([1] * n)  # generate_ao at T = n: the random-order law, one token a call
 ao_n_s = decoder_time(ao_n, adaln=True)[0]
 ao_n_fixed = decoder_time(ao_n, adaln=True, fixed=True, bucket=kv_bucket)[0]
-cols = ['k', 'alpha (assumed)', 'calls / token-passes (per-sample commits)', 'floor s', 'calls (batch minimum)',
-        'fixed-shape floor s', 'vs AR floor (L2R)', 'vs AR fixed-shape floor', 'vs AO T = n floor (random)',
+cols = ['k', 'alpha (assumed)', 'calls / token-passes', 'floor s', 'fixed-shape floor s',
+        'calls (batch minimum)', 'vs AR floor (L2R)', 'vs AR fixed-shape floor', 'vs AO T = n floor (random)',
         'vs AO T = n fixed-shape floor']
 lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
 for k in [int(v) for v in spec_ks.split(',')]:
@@ -181,8 +182,9 @@ for k in [int(v) for v in spec_ks.split(',')]:
         mn = spec_plan(k, alpha, 'min', torch.Generator().manual_seed(seed))
         # decoder_time reads (r, L cached, k): keys = L + r, so hand it L = keys - r
         dyn = decoder_time([(r, keys - r, lg) for r, keys, lg in per], adaln=True)[0]
-        fix = decoder_time([(r, keys - r, lg) for r, keys, lg in mn], adaln=True, fixed=True, bucket=kv_bucket)[0]
-        lines.append(f"| {k} | {alpha} | {len(per)} / {sum(r for r, _, _ in per)} | {dyn:.3f} | {len(mn)} | {fix:.3f} | "
+        fix = decoder_time([(r, keys - r, lg) for r, keys, lg in per], adaln=True, fixed=True, bucket=kv_bucket,
+                           slots=KVCache.static_len(row_slots(n, k)))[0]  # RowStepper's longer buffer
+        lines.append(f"| {k} | {alpha} | {len(per)} / {sum(r for r, _, _ in per)} | {dyn:.3f} | {fix:.3f} | {len(mn)} | "
                      f"{ar_s / dyn:.2f}x | {ar_fixed / fix:.2f}x | {ao_n_s / dyn:.2f}x | {ao_n_fixed / fix:.2f}x |")
 print(f"Exact speculative sampling, n = {n}, B = {B} (AR floor {ar_s:.3f} s, fixed {ar_fixed:.3f} s; AO at T = n "
       f"floor {ao_n_s:.3f} s, fixed {ao_n_fixed:.3f} s):")

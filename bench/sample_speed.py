@@ -7,7 +7,7 @@ Sampling wall time vs. the number of steps T, for one backbone size, measured si
   ao_static, ar_static   the same with fixed padded shapes (sample.SlotStepper 'static')
   ao_graph, ar_graph     those shapes captured once and replayed as CUDA graphs ('cuda_graph'; CUDA only)
   spec       exact speculative sampling (speculative.py, draft length spec_k, random order; T is not used):
-             per-sample commits when dynamic, the batch minimum on fixed shapes (spec_static, spec_graph).
+             per-sample commits (speculative.RowStepper on fixed shapes: spec_static, spec_graph).
              Its calls depend on the acceptance, and a random model's is not a trained one's: the row says
              the calls it took (bench/sample_roofline.py counts the floor at stated acceptance rates)
   mdm_graph, mdm_cache_graph   the encoder's one pass captured once and replayed (sample.EncoderStepper);
@@ -34,7 +34,7 @@ from bench.common import append_benchmark  # noqa: E402
 from configurator import configure, print_config  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from sample import KV_BUCKET, EncoderStepper, SlotStepper, generate_ao, generate_ar, generate_mdm  # noqa: E402
-from speculative import generate_speculative  # noqa: E402
+from speculative import generate_speculative, row_stepper  # noqa: E402
 
 device = 'cpu'
 dtype = 'bfloat16'           # CUDA: weights cast to this dtype (no autocast casts per call); CPU: fp32
@@ -134,13 +134,14 @@ for kind in ('ao', 'ar', 'spec'):
     for name, mode in mine:
         def setup(mode=mode):
             st = SlotStepper(model, batch_size, mode, kv_bucket=kv_bucket)  # one for all runs: its graphs
+            if kind == 'spec':
+                k = spec_k if spec_k == 'auto' else int(spec_k)
+                st = mode if mode == 'dynamic' else row_stepper(model, batch_size, mode, n, k, kv_bucket=kv_bucket)
             if kind == 'ao':
                 return lambda T: generate_ao(model, n, batch_size, T, generator=gen(), vocab_size=50257, stepper=st)
             if kind == 'spec':
-                k = spec_k if spec_k == 'auto' else int(spec_k)
                 return lambda T: generate_speculative(model, n, batch_size, k=k, order=spec_order, generator=gen(),
-                                                      vocab_size=50257, stepper=st, batch_commit='per_row'
-                                                      if mode == 'dynamic' else 'min')
+                                                      vocab_size=50257, stepper=st, batch_commit='per_row')
             return lambda T: generate_ar(model, n, batch_size, generator=gen(), vocab_size=50257, stepper=st)
         measure(name, setup, Ts if kind == 'ao' else Ts[:1], repeats)
         for T in Ts[1:] if kind != 'ao' and name not in failed else ():  # AR and spec do not depend on T

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import sample
+import speculative
 from helpers import tiny
 from model import parallel_mask
 from speculative import generate_speculative, probs
@@ -268,17 +269,21 @@ def test_the_cache_free_check_catches_a_rejected_row_kept(monkeypatch):
     assert not torch.equal(a, b)
 
 
+@pytest.mark.parametrize('commit', ['min', 'per_row'])
 @pytest.mark.parametrize('kw', [dict(order='random', k=3), dict(order='l2r', k=5, top_p=0.9),
                                 dict(order='blocks:8', k='auto')])
-def test_static_stepper_gives_the_dynamic_samples(kw):
+def test_static_stepper_gives_the_dynamic_samples(kw, commit):
     """The fixed-shape path (what a CUDA graph replays) gives the dynamic path's samples: padded rows,
-    masked spans over the zeroed cache, the verify call as k = 1 with every row's logits."""
+    masked spans over the zeroed cache, the verify call as k = 1 with every row's logits; per-sample
+    commits through RowStepper's per-sample masks."""
     model = mixy(seed=8, block_size=40, vocab_size=11, s=0.1)
     n, B = 40, 3
     given = torch.full((n,), -1)
     given[[0, 5, 17]] = torch.tensor([4, 9, 1])
+    kw = dict(kw, batch_commit=commit)
     a, sa = generate_speculative(model, n, B, given=given, generator=gen(4), **kw)
-    step = sample.SlotStepper(model, B, 'static', kv_bucket=16)
+    step = (sample.SlotStepper(model, B, 'static', kv_bucket=16) if commit == 'min' else
+            speculative.row_stepper(model, B, 'static', n, kw['k'], 3, kv_bucket=16))
     b, sb = generate_speculative(model, n, B, given=given, generator=gen(4), stepper=step, **kw)
     assert torch.equal(a, b) and sa['committed'] == sb['committed']
     c, _ = generate_speculative(model, n, B, given=given, generator=gen(4), stepper=step, **kw)  # reused
@@ -297,12 +302,13 @@ def test_calls_per_token_and_passes():
 
 
 @pytest.mark.parametrize('bad, msg', [
-    (dict(order='confidence'), 'not\\s+be exact'), (dict(k=0), 'k must be'),
-    (dict(batch_commit='max'), 'batch_commit'), (dict(batch_commit='per_row', stepper='static'), 'dynamic'),
+    (dict(order='confidence'), 'not\\s+be exact'), (dict(k=0), 'k must be'), (dict(batch_commit='max'), 'batch_commit'),
 ])
 def test_bad_arguments_are_one_clear_error(m4, bad, msg):
     with pytest.raises(ValueError, match=msg):
         generate_speculative(m4, 4, 2, **bad)
+    with pytest.raises(ValueError, match='RowStepper'):
+        generate_speculative(m4, 4, 2, batch_commit='per_row', stepper=sample.SlotStepper(m4, 2, 'static'))
 
 
 @pytest.mark.parametrize('kw', [dict(cond='none'), dict(causal=False, cond='none', mask_token_id=7)])
@@ -389,21 +395,21 @@ def test_greedy_is_greedy_sequential_decoding():
             assert torch.equal(x, ref)
 
 
-def test_compacting_the_per_sample_cache_changes_nothing(monkeypatch):
+@pytest.mark.parametrize('mode', ['dynamic', 'static'])
+def test_compacting_the_per_sample_cache_changes_nothing(monkeypatch, mode):
     """Per-sample commits leave holes in the buffer; when it runs out, RowCache.room moves each sample's
     kept slots to the front. Attention does not see where a key sits, so a buffer small enough to compact
     often gives the same samples as the roomy default."""
-    import speculative
     model = mixy(seed=5, block_size=32, vocab_size=11)
     kw = dict(k=6, vocab_size=11, batch_commit='per_row', given=torch.tensor([3] + [-1] * 23))
     a, _ = generate_speculative(model, 24, 16, generator=gen(7), **kw)
-    room, init, seen = speculative.RowCache.room, speculative.RowCache.__init__, []
+    real, seen = speculative._room, []
 
-    def spy(self, r):
-        seen.append(self.len + r > self.shape[2])
-        return room(self, r)
-    monkeypatch.setattr(speculative.RowCache, 'room', spy)
-    # n + 1 slots for the kept ones, + the widest call (6 copies and the given slot)
-    monkeypatch.setattr(speculative.RowCache, '__init__', lambda self, m, B, slots, dev: init(self, m, B, 32, dev))
-    b, _ = generate_speculative(model, 24, 16, generator=gen(7), **kw)
+    def spy(cache, valid, r, limit):
+        seen.append(cache.len + r > limit)
+        return real(cache, valid, r, limit)
+    monkeypatch.setattr(speculative, '_room', spy)
+    # about n + 1 slots for the kept ones + the widest call (static: 32 with the scratch row)
+    monkeypatch.setattr(speculative, 'row_slots', lambda n, k, g=0: 32 if mode == 'dynamic' else 31)
+    b, _ = generate_speculative(model, 24, 16, generator=gen(7), stepper=mode, **kw)
     assert sum(seen) >= 2 and torch.equal(a, b)
