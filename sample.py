@@ -1001,7 +1001,9 @@ def main(argv=None):
           f"{stats['forward_calls']:g} forward calls (last batch)")
     if c.speculative:
         print(f"speculative (k={c.speculative}): {stats['tokens_generated'] / stats['forward_calls']:.2f} tokens per "
-              f"forward call; {stats['rounds_per_sample']:.1f} rounds per sample (the batch: {stats['rounds']}), "
+              f"forward call of the batch, {stats['tokens_generated'] / stats['calls_per_sample']:.2f} per call a "
+              f"sample needs on its own ({stats['calls_per_sample']:.1f} calls); {stats['rounds_per_sample']:.1f} "
+              f"rounds per sample (the batch: {stats['rounds']}), "
               f"{stats['tokens_generated'] / stats['rounds_per_sample']:.2f} tokens committed per round; drafts "
               f"accepted in {stats['accept_rate']:.1%} of the tests")
     if c.trace:

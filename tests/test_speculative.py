@@ -90,6 +90,7 @@ L2R4 = [(0, 1, 2, 3)]
 
 
 def run(model, n=4, V=3, seed=0, **kw):
+    kw.setdefault('batch_commit', 'min')
     x, st = generate_speculative(model, n, N, vocab_size=V, generator=gen(seed), **kw)
     assert x.max() < V
     assert st['forward_calls'] <= st['tokens_generated']  # the batch's calls, so every sample's too
@@ -173,7 +174,7 @@ def test_rows_of_a_batch_accept_different_counts(m4):
                                  batch_commit='per_row', trace=True)
     t = st['events'][0][2]
     assert len(set(t.tolist())) > 1
-    _, st = generate_speculative(m4, 4, 256, k=4, order='l2r', vocab_size=3, generator=gen(1))
+    _, st = generate_speculative(m4, 4, 256, k=4, order='l2r', vocab_size=3, generator=gen(1), batch_commit='min')
     assert st['committed'] == [2, 2]
 
 
@@ -181,7 +182,7 @@ def test_one_sample_per_row_equals_batch_minimum(m4):
     """With B = 1 the two commit rules are the same algorithm with the same draws: same samples."""
     for seed in range(20):
         for k in (2, 3, 'auto'):
-            a, sa = generate_speculative(m4, 4, 1, k=k, vocab_size=3, generator=gen(seed))
+            a, sa = generate_speculative(m4, 4, 1, k=k, vocab_size=3, generator=gen(seed), batch_commit='min')
             b, sb = generate_speculative(m4, 4, 1, k=k, vocab_size=3, generator=gen(seed), batch_commit='per_row')
             assert torch.equal(a, b) and sa['forward_calls'] == sb['forward_calls']
 
@@ -255,8 +256,9 @@ def test_cache_equals_a_cache_free_recomputation(kw, cond):
     n, B = 24, 16
     given = torch.full((n,), -1)
     given[[0, 1, 9]] = torch.tensor([4, 9, 1])
-    a, sa = generate_speculative(model, n, B, given=given, generator=gen(3), **kw)
-    b, sb = generate_speculative(model, n, B, given=given, generator=gen(3), stepper=Uncached(model, B), **kw)
+    b, sb = generate_speculative(model, n, B, given=given, generator=gen(3), stepper=Uncached(model, B),
+                                 batch_commit='min', **kw)
+    a, sa = generate_speculative(model, n, B, given=given, generator=gen(3), batch_commit='min', **kw)
     assert torch.equal(a, b) and sa['committed'] == sb['committed'] and sa['forward_calls'] < n
 
 
@@ -264,8 +266,8 @@ def test_the_cache_free_check_catches_a_rejected_row_kept(monkeypatch):
     """The check above has power: keeping the rejected draft's row changes the samples."""
     model = mixy(seed=5, block_size=32, vocab_size=11)
     n, B = 24, 16
-    a, _ = generate_speculative(model, n, B, k=3, generator=gen(3))
-    b, _ = generate_speculative(model, n, B, k=3, generator=gen(3), _bug='keep_rejected')
+    a, _ = generate_speculative(model, n, B, k=3, generator=gen(3), batch_commit='min')
+    b, _ = generate_speculative(model, n, B, k=3, generator=gen(3), batch_commit='min', _bug='keep_rejected')
     assert not torch.equal(a, b)
 
 
