@@ -1008,9 +1008,9 @@ def main(argv=None):
               f"accepted in {stats['accept_rate']:.1%} of the tests")
     if c.trace:
         import tracepage
+        what = f"speculative k={c.speculative}" if c.speculative else f"{family}, {stats['steps']} steps"
         tracepage.write(c.trace, samples[-c.batch_size:], stats, int((given >= 0).sum()),
-                        lambda t: codec.decode([t]), f"{c.ckpt or c.out_dir}: " + (
-                            f"speculative k={c.speculative}" if c.speculative else f"{family}, {stats.get('steps')} steps"))
+                        lambda t: codec.decode([t]), f"{c.ckpt or c.out_dir}: {what}")
         print(f"trace: {c.trace}")
     result = dict(config=c.config, n=n, wall_s=wall, stats={k: v for k, v in stats.items()
                                                             if k not in ('order', 'events', 'step_of')},
@@ -1033,7 +1033,8 @@ def read_config(argv=None):
                     ('batch_size', c.batch_size >= 1), ('num_batches', c.num_batches >= 1),
                     ('stepper', c.stepper in _STEPPERS), ('blank_len', c.blank_len >= 1),
                     ('judge_batch_size', c.judge_batch_size >= 1), ('length', c.length == -1 or c.length >= 1),
-                    ('speculative', c.speculative in ('', 'auto') or c.speculative.isdigit() and int(c.speculative) >= 2)):
+                    ('speculative', c.speculative in ('', 'auto') or
+                     c.speculative.isdigit() and int(c.speculative) >= 2)):
         if not ok:
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
     try:
@@ -1124,9 +1125,9 @@ def generation_order(c, ck, family, n):
         die(f"--order {o} is the any-order decoder's (it scores every masked position on the exact KV cache); "
             f"the encoder MDM takes random, l2r, blocks:K or a file")
     if c.speculative and (family != 'ao' or adaptive):
-        die(f"--speculative needs an any-order decoder (AO-GPT or sigma-GPT) and an order fixed before the draws "
-            f"(random, l2r, blocks:K or a file): " + (f"--order {o} is chosen from the drawn values, so it would "
-            f"not be exact" if adaptive else "an encoder MDM or an L2R GPT cannot verify drafts in one pass"))
+        die("--speculative needs an any-order decoder (AO-GPT or sigma-GPT) and an order fixed before the draws "
+            "(random, l2r, blocks:K or a file): " + (f"--order {o} is chosen from the drawn values, so it would "
+            "not be exact" if adaptive else "an encoder MDM or an L2R GPT cannot verify drafts in one pass"))
     if family == 'ar':
         if isinstance(o, torch.Tensor) or o != 'l2r':
             die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")

@@ -52,8 +52,6 @@ round: k uniforms per sample for the drafts, k - 1 for the accept tests, 1 for t
 (a round with k = 1, the last lone token, draws only its draft uniform). All float64, inverse CDF.
 """
 
-import math
-
 import torch
 
 from model import parallel_mask
@@ -122,8 +120,8 @@ def generate_speculative(model, n, batch_size, k=4, order='random', given=None, 
     k: draft length per round (>= 2; 1 is plain one-token-per-call decoding) or 'auto'.
     order: 'random', 'l2r', 'blocks:K' or a permutation, fixed before the first draw; the confidence
     orders are refused (not exact). given: as generate_ao (the given tokens enter the cache first).
-    stepper: 'dynamic', 'static', 'cuda_graph' or a SlotStepper (RowStepper for per_row) to reuse. bonus: the extra verify slot
-    that earns a token when every draft is kept. batch_commit: 'per_row' (each sample commits what it
+    stepper: 'dynamic', 'static', 'cuda_graph' or a SlotStepper (RowStepper for per_row) to reuse.
+    bonus: the extra verify slot that earns a token when every draft is kept. batch_commit: 'per_row' (each sample commits what it
     accepted, under a per-sample cache mask; a mode name, or a RowStepper for the fixed shapes) or 'min'
     (every sample commits the batch's fewest: exact, simpler, but at B = 32 almost always 2 a round).
     stats: forward_calls, token_passes (rows per sample through the network), tokens_generated, rounds
