@@ -182,9 +182,12 @@ class SlotStepper:
         K/V reads dominate (bench/sample_roofline.py's second table)."""
         return S if not kv_bucket else min(S, -(-(L + R) // kv_bucket) * kv_bucket)
 
-    def __call__(self, tok, pos, tgt, k):
+    def __call__(self, tok, pos, tgt, k, n_logits=None):
+        """Logits (B, n_logits, V) of the last n_logits rows: by default the k copies' (the speculative
+        sampler's verify call asks for every causal row's)."""
         B, r = tok.shape
         L = self.cache.len
+        nl = k if n_logits is None else n_logits
         if self.mode == 'dynamic':
             if L + r > self.model.config.block_size:
                 raise ValueError(f"KV cache overflow: {L} cached + {r} new rows > block_size "
@@ -193,7 +196,7 @@ class SlotStepper:
             # needs no mask
             mask = parallel_mask(r, k, L, tok.device) if r > 1 and (k > 1 or L) else None
             kv = self.cache, torch.arange(L, L + r, device=tok.device), L + r
-            return self.model.forward_slots(tok, pos, tgt, mask=mask, kv=kv, n_logits=k)
+            return self.model.forward_slots(tok, pos, tgt, mask=mask, kv=kv, n_logits=nl)
         R = self.rows_for(r)
         key = R, self.span_for(L, R, self.cache.shape[2], self.kv_bucket)
         if R not in self.bufs:
@@ -215,7 +218,16 @@ class SlotStepper:
                 self._capture(*key)
             self.graphs[key].replay()
             h = self.outs[key]
-        return self.model.lm_head(h[:, r - k:r])                          # (B, k, V)
+        return self.model.lm_head(h[:, r - nl:r])                         # (B, nl, V)
+
+    def visible(self, R, span):
+        """The fixed-shape call's mask (R, span) and the slots its rows write (R,); see _forward."""
+        L, blk, r = self.scalars
+        S = self.cache.shape[2]
+        i = torch.arange(R, device=self.dev)[:, None]                    # (R, 1) row
+        j = torch.arange(span, device=self.dev)[None, :]                 # (1, span) cache slot
+        vis = (j < L + torch.minimum(i + 1, blk)) | (j == L + i) | ((i >= r) & (j == 0))   # (R, span)
+        return vis, (L + i[:, 0]).clamp(max=S - 1)
 
     def _forward(self, R, span):
         """The fixed-shape call: final-norm hidden states (B, R, C) of R rows (blk pending slots, then
@@ -226,11 +238,8 @@ class SlotStepper:
         never an empty softmax, which some kernels turn into 0 and others into NaN, and a NaN anywhere in
         the cache poisons every row through 0 * NaN. Real rows are written at L + i; padding rows past
         the buffer share its last (scratch) slot, which no real row ever sees."""
-        buf, (L, blk, r), S = self.bufs[R], self.scalars, self.cache.shape[2]
-        i = torch.arange(R, device=self.dev)[:, None]                    # (R, 1) row
-        j = torch.arange(span, device=self.dev)[None, :]                 # (1, span) cache slot
-        vis = (j < L + torch.minimum(i + 1, blk)) | (j == L + i) | ((i >= r) & (j == 0))   # (R, span)
-        input_pos = (L + i[:, 0]).clamp(max=S - 1)                        # (R,)
+        buf = self.bufs[R]
+        vis, input_pos = self.visible(R, span)
         return self.model.hidden_slots(buf[0], buf[1], buf[2], mask=vis, kv=(self.cache, input_pos, span))
 
     def _capture(self, R, span):

@@ -130,7 +130,7 @@ def _sample_rows(logits, u, temperature, top_p, ban, score=None):
     p = torch.softmax(logp if temperature == 1 else logp / temperature, dim=1)  # (R, V) float64
     idx = None
     if top_p < 1.0:
-        p, idx = _sorted_nucleus(p, top_p)
+        p, idx = sorted_nucleus(p, top_p)
     cdf = p.cumsum(1)
     total = cdf[:, -1:]
     # the first index whose cdf exceeds u * total; clamping below total keeps the index at or before the
@@ -156,7 +156,7 @@ def _scores(p, j, score):
     return s, top2[:, 0]
 
 
-def _sorted_nucleus(p, top_p):
+def sorted_nucleus(p, top_p):
     """p (R, V) sorted in descending order with every token after the nucleus zeroed (a token is dropped
     once the mass before it reaches top_p), and the sorted ids. A full sort of a 50k vocab is slow on a
     CPU and the nucleus is usually small, so there the top 64, then 1024 are tried first: exact whenever
@@ -496,5 +496,5 @@ def generate_mdm(model, n, batch_size, steps, *, cache_trick=False, counts='shar
                                   ban=cfg.mask_token_id)
         stale = True
     stats = dict(steps=steps, forward_calls=passes, token_passes=passes * n, tokens_generated=nf,
-                 order=reveal.to(dev))
+                 order=reveal.to(dev), step_of=step)  # step_of (B, n): each position's step, -1 if given
     return x, stats

@@ -416,6 +416,136 @@ def generation_study(c, names):
     return rows
 
 
+SPEC_DRAFTS = (4, 'auto')  # finding 8: draft lengths k of the speculative sampler
+FRAC_BINS = 8              # finding 8: bins of the fraction revealed for accepted tokens per round
+
+
+def speculative_study(c, names):
+    """Finding 8: how much parallelism is free. The exact speculative sampler (speculative.py, per-sample
+    commits) on `ao` (and `sigma`), random order and L2R, k in SPEC_DRAFTS; against generate_ao at T = n
+    (the same exact law, n calls; two seeds give the seed spread) and the Lemma-1 sampler at the
+    speculative sampler's own calls per sample (random order). Both GEN_SETTINGS ends, judged by
+    `judge` as finding 7. Per row: gen PPL (both averages), unigram entropy, forward calls per sample,
+    token-passes, and for the speculative rows the mean tokens committed per round in FRAC_BINS bins
+    of the fraction already revealed."""
+    import torch
+    from checkpoint import checkpoint_codec, load_model
+    from sample import generate_ao, generative_ppl
+    from speculative import generate_speculative
+    judge, ck, _ = load_model(os.path.join(c.runs_dir, 'judge'), c.device)
+    codec = checkpoint_codec(ck)
+    n, rows, nb = c.block_size, [], max(1, c.gen_samples // c.gen_batch)
+    for key in [k for k in ('ao', 'sigma') if k in names]:
+        model = load_model(os.path.join(c.runs_dir, key), c.device)[0]
+        for top_p, temp in (GEN_SETTINGS[0], GEN_SETTINGS[-1]):
+            def cell(label, fn, seed):
+                g = torch.Generator().manual_seed(seed)
+                kw = dict(temperature=temp, top_p=top_p, vocab_size=codec.vocab_size, generator=g)
+                xs, calls, passes, bins = [], 0.0, 0.0, [[0.0, 0] for _ in range(FRAC_BINS)]
+                for _ in range(nb):
+                    x, st = fn(kw)
+                    xs.append(x.cpu())
+                    calls += st.get('calls_per_sample', st['forward_calls']) / nb
+                    passes += st['token_passes'] / nb
+                    for m, _, t, *_ in st.get('events', []):  # (m (B,), k, t (B,), ...) per round
+                        live = m < n
+                        for b, tb in zip((m[live] * FRAC_BINS // n).tolist(), t[live].tolist()):
+                            bins[b][0] += tb
+                            bins[b][1] += 1
+                r = generative_ppl(judge, codec, torch.cat(xs), codec, 'none')
+                rows.append(dict(model=key, sampler=label, top_p=top_p, temperature=temp, calls=calls,
+                                 token_passes=passes, by_frac=[s_ / k_ if k_ else None for s_, k_ in bins],
+                                 **{k: r[k] for k in ('per_sequence', 'token', 'unigram_entropy')}))
+                return rows[-1]
+            spec_calls = {}
+            for order in ('random', 'l2r'):
+                for k in SPEC_DRAFTS:
+                    r = cell(f"speculative k={k}, {order}", lambda kw, o=order, k=k: generate_speculative(
+                        model, n, c.gen_batch, k=k, order=o, batch_commit='per_row', trace=True, **kw), c.seed)
+                    spec_calls[order, k] = r['calls']
+            for order in ('random', 'l2r'):
+                for i, seed in enumerate((c.seed, c.seed + 1)):
+                    cell(f"T = n, {order}" + (', seed 2' if i else ''), lambda kw, o=order: generate_ao(
+                        model, n, c.gen_batch, n, order=o, fixed_counts=True, **kw), seed)  # one token a call
+            for k in SPEC_DRAFTS:
+                T = max(1, round(spec_calls['random', k]))
+                cell(f"Lemma-1 T={T} (= speculative k={k} calls), random", lambda kw, T=T: generate_ao(
+                    model, n, c.gen_batch, T, order='random', fixed_counts=True, **kw), c.seed)
+        for r in rows[-len(rows) // (2 if key == 'sigma' else 1):]:
+            if r['model'] == key and (r['top_p'], r['temperature']) == GEN_SETTINGS[0]:
+                print(f"  {key}, {r['sampler']}: gen PPL {r['per_sequence']:.3f} / {r['token']:.3f}, H "
+                      f"{r['unigram_entropy']:.3f}, {r['calls']:.1f} calls, {r['token_passes']:.0f} passes per sample")
+    return rows
+
+
+def draw_speculative(c, spec):
+    """Finding 8's plot: tokens committed per round against the fraction revealed (speculative rows),
+    and gen PPL against forward calls per sample (every sampler), for the untempered setting."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    path = os.path.join(c.results_dir, FIGS[8])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    x = [(i + 0.5) / FRAC_BINS for i in range(FRAC_BINS)]
+    for r in spec:
+        if (r['top_p'], r['temperature']) != GEN_SETTINGS[0]:
+            continue
+        if r['sampler'].startswith('speculative'):
+            pts = [(xi, v) for xi, v in zip(x, r['by_frac']) if v is not None]
+            a.plot(*zip(*pts), '-o' if 'random' in r['sampler'] else '--s', label=f"{r['model']}, {r['sampler']}")
+        b.plot(r['calls'], r['per_sequence'], 'o' if r['sampler'].startswith('spec') else
+               's' if r['sampler'].startswith('T = n') else '^', label=f"{r['model']}, {r['sampler']}")
+    a.set(xlabel='fraction revealed at the round start', ylabel='tokens committed per round',
+          title='accepted per round (d_0 + kept drafts + 1)')
+    b.set(xlabel='forward calls per sample', ylabel='gen PPL per char (per-sequence mean)', xscale='log',
+          title=f"gen PPL vs calls, n = {c.block_size}")
+    a.legend(fontsize=6)
+    b.legend(fontsize=5)
+    fig.suptitle('Finding 8: exact speculative sampling (top-p 1, temperature 1)')
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return FIGS[8]
+
+
+def judge_speculative(c, spec, fig):
+    """Finding 8's verdict: the speculative sampler (random order, k=auto, `ao`, untempered) matches
+    T = n within the seed spread at <= n/3 calls per sample."""
+    get = lambda label: next(r for r in spec if r['model'] == 'ao' and r['sampler'] == label and  # noqa: E731
+                             (r['top_p'], r['temperature']) == GEN_SETTINGS[0])
+    sp, t1, t2 = get('speculative k=auto, random'), get('T = n, random'), get('T = n, random, seed 2')
+    lem = get(next(r['sampler'] for r in spec if r['sampler'].startswith('Lemma-1') and 'k=auto' in r['sampler']))
+    noise = abs(math.log(t1['per_sequence'] / t2['per_sequence']))
+    gap = abs(math.log(sp['per_sequence'] / t1['per_sequence']))
+    n = c.block_size
+    ev = (f"`ao`, random order, k=auto: {sp['calls']:.1f} forward calls per sample for n = {n} "
+          f"({n / sp['calls']:.2f}x fewer than T = n), gen PPL {sp['per_sequence']:.3f} vs {t1['per_sequence']:.3f} "
+          f"at T = n (seed spread {noise:.3f} in log PPL, gap {gap:.3f}); the Lemma-1 sampler at the same calls: "
+          f"{lem['per_sequence']:.3f}")
+    ok = gap <= max(noise, 0.01) and sp['calls'] <= n / 3
+    return ('8', 'Exact speculative sampling matches the T = n sampler at <= n/3 forward calls per sample',
+            fig, ('confirmed' if ok else 'not confirmed', ev))
+
+
+def write_speculative(c, spec):
+    """Finding 8's table, appended to the report, and its rows in results.json (key 'speculative')."""
+    md = ['', f"Finding 8 ({c.gen_samples} samples of {c.block_size} characters per row, judged by `judge`; "
+          f"calls = forward calls per sample (each sample's own, the speculative sampler committing per "
+          f"sample); T = n runs one token per call):", '',
+          '| model | sampler | top-p / T | gen PPL seq / tok | H | calls | passes | tokens per round by fraction '
+          'revealed |', '|---|---|---|---|---|---|---|---|']
+    md += [f"| {r['model']} | {r['sampler']} | {r['top_p']} / {r['temperature']} | {r['per_sequence']:.3f} / "
+           f"{r['token']:.3f} | {r['unigram_entropy']:.3f} | {r['calls']:.1f} | {r['token_passes']:.0f} | "
+           + ' '.join('-' if v is None else f"{v:.2f}" for v in r['by_frac']) + ' |' for r in spec]
+    with open(os.path.join(c.results_dir, 'README.md'), 'a') as f:
+        f.write('\n'.join(md) + '\n')
+    path = os.path.join(c.results_dir, 'results.json')
+    d = json.load(open(path))
+    d['speculative'] = spec
+    with open(path, 'w') as f:
+        json.dump(d, f, indent=1)
+
+
 def gen_summary(rows, key='per_sequence'):
     """{(sampler, setting): geometric mean gen PPL over JUDGED_STEPS}."""
     out = {}
@@ -450,9 +580,16 @@ def main(argv=None):
     print(f"finding 7: generative perplexity, {c.gen_samples} samples per sampler, setting and T, judged by `judge`")
     gen = generation_study(c, names)
     timing['generation'] = time.time() - t0
+    t0 = time.time()
+    print(f"finding 8: exact speculative sampling, {c.gen_samples} samples per sampler, judged by `judge`")
+    spec = speculative_study(c, names)
+    timing['speculative'] = time.time() - t0
     figs = draw_plots(c, logs, ens, samp, gen)
     findings = judge_findings(c, names, logs, ens, ema, samp, gen, figs)
+    f8 = judge_speculative(c, spec, draw_speculative(c, spec))
+    findings.append(f8 if not c.quick else (*f8[:3], ('not judged (--quick)', f8[3][1])))
     write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, timing, time.time() - t_all)
+    write_speculative(c, spec)
 
 
 def read_config(argv):
@@ -497,7 +634,8 @@ def evaluate_runs(c, names):
 
 
 FIGS = {1: 'f1_ao_vs_l2r.png', 2: 'f2_orders.png', 3: 'f3_l2r_mix.png', 4: 'f4_ensemble.png',
-        5: 'f5_adaln_sigma.png', 6: 'f6_sampling_time.png', 7: 'f7_gen_ppl.png', '7b': 'f7b_gen_ppl_annealed.png'}
+        5: 'f5_adaln_sigma.png', 6: 'f6_sampling_time.png', 7: 'f7_gen_ppl.png', '7b': 'f7b_gen_ppl_annealed.png',
+        8: 'f8_speculative.png'}
 
 
 def redraw(c):

@@ -50,12 +50,14 @@ prompt = ''                # text the samples start with
 suffix = ''                # text the samples end with
 template = ''              # text with [BLANK] (blank_len tokens) or [BLANK:k] (k tokens) spans to fill
 blank_len = 8              # tokens per [BLANK], >= 1
+speculative = ''           # K (draft length >= 2) or auto: exact speculative sampling along --order (speculative.py)
 stepper = 'dynamic'        # forward calls: dynamic | static (fixed padded shapes) | cuda_graph (static, replayed)
 cache_trick = True         # encoder MDM: a step that reveals nothing reuses the last pass (MDLM)
 mdm_counts = 'shared'      # encoder MDM: shared (one count per step for the batch) | independent (per sample)
 gen_ppl = ''               # judge: a checkpoint of ours (any --ckpt form), or HF GPT-2 (a dir or hf:owner/repo)
 gen_ppl_mode = 'auto'      # none: all n scored after [None]; hf: no BOS, token 0 unscored; auto: hf for HF
 judge_batch_size = 16      # judge forward batch, >= 1
+trace = ''                 # write an HTML page of how each sample (of the last batch) filled in, step by step
 save = ''                  # write the samples (ids, text) and stats as JSON to this file (its folder must exist)
 seed = 1337
 device = 'auto'            # auto | cpu | cuda | cuda:1 | mps
@@ -143,7 +145,21 @@ def main(argv=None):
           f"{wall:.2f} s wall, {N * stats['tokens_generated'] / wall:.1f} tokens/s; per sample "
           f"{stats['token_passes']:g} token-passes ({stats['token_passes'] / n:.2f} n) in "
           f"{stats['forward_calls']:g} forward calls (last batch)")
-    result = dict(config=c.config, n=n, wall_s=wall, stats={k: v for k, v in stats.items() if k != 'order'},
+    if c.speculative:
+        print(f"speculative (k={c.speculative}): {stats['tokens_generated'] / stats['forward_calls']:.2f} tokens per "
+              f"forward call of the batch, {stats['tokens_generated'] / stats['calls_per_sample']:.2f} per call a "
+              f"sample needs on its own ({stats['calls_per_sample']:.1f} calls); {stats['rounds_per_sample']:.1f} "
+              f"rounds per sample (the batch: {stats['rounds']}), "
+              f"{stats['tokens_generated'] / stats['rounds_per_sample']:.2f} tokens committed per round; drafts "
+              f"accepted in {stats['accept_rate']:.1%} of the tests")
+    if c.trace:
+        import tracepage
+        what = f"speculative k={c.speculative}" if c.speculative else f"{family}, {stats['steps']} steps"
+        tracepage.write(c.trace, samples[-c.batch_size:], stats, int((given >= 0).sum()),
+                        lambda t: codec.decode([t]), f"{c.ckpt or c.out_dir}: {what}")
+        print(f"trace: {c.trace}")
+    result = dict(config=c.config, n=n, wall_s=wall, stats={k: v for k, v in stats.items()
+                                                            if k not in ('order', 'events', 'step_of')},
                   samples=samples.tolist(), texts=texts)
     if judge is not None:
         result['gen_ppl'] = score(c, judge, samples, codec)
@@ -165,7 +181,9 @@ def read_config(argv=None):
                     ('gen_ppl_mode', c.gen_ppl_mode in ('auto', 'none', 'hf')), ('steps', c.steps >= 1),
                     ('batch_size', c.batch_size >= 1), ('num_batches', c.num_batches >= 1),
                     ('stepper', c.stepper in STEPPERS), ('blank_len', c.blank_len >= 1),
-                    ('judge_batch_size', c.judge_batch_size >= 1), ('length', c.length == -1 or c.length >= 1)):
+                    ('judge_batch_size', c.judge_batch_size >= 1), ('length', c.length == -1 or c.length >= 1),
+                    ('speculative', c.speculative in ('', 'auto') or
+                     c.speculative.isdigit() and int(c.speculative) >= 2)):
         if not ok:
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
     try:
@@ -259,6 +277,10 @@ def generation_order(c, ck, family, n):
     if family == 'mdm' and adaptive:
         die(f"--order {o} is the any-order decoder's (it scores every masked position on the exact KV cache); "
             f"the encoder MDM takes random, l2r, blocks:K or a file")
+    if c.speculative and (family != 'ao' or adaptive):
+        die("--speculative needs an any-order decoder (AO-GPT or sigma-GPT) and an order fixed before the draws "
+            "(random, l2r, blocks:K or a file): " + (f"--order {o} is chosen from the drawn values, so it would "
+            "not be exact" if adaptive else "an encoder MDM or an L2R GPT cannot verify drafts in one pass"))
     if family == 'ar':
         if isinstance(o, torch.Tensor) or o != 'l2r':
             die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")
@@ -307,9 +329,17 @@ def draw(c, model, family, n, given, order, codec):
     with c.ctx:
         stp = (EncoderStepper(model, c.batch_size, n, c.stepper) if family == 'mdm' else
                SlotStepper(model, c.batch_size, c.stepper))  # one for all batches: its graphs are kept
+        if c.speculative:
+            from speculative import generate_speculative, row_stepper
+            k = 'auto' if c.speculative == 'auto' else int(c.speculative)
+            stp = c.stepper if c.stepper == 'dynamic' else row_stepper(model, c.batch_size, c.stepper, n, k,
+                                                                       int((given >= 0).sum()))
         for _ in tqdm(range(c.num_batches), desc='batches', unit='batch', disable=c.num_batches == 1,
                       file=sys.stderr):
-            if family == 'ao':
+            if c.speculative:  # each sample commits what it accepted (per-sample cache masks)
+                x, stats = generate_speculative(model, n, c.batch_size, k=k, order=order, given=given, stepper=stp,
+                                                batch_commit='per_row', trace=bool(c.trace), **common)
+            elif family == 'ao':
                 x, stats = generate_ao(model, n, c.batch_size, c.steps, order=order, fixed_counts=c.fixed_counts,
                                        schedule=c.schedule, given=given, stepper=stp, threshold=c.threshold,
                                        **common)

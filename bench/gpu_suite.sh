@@ -6,6 +6,7 @@
 #   bash bench/gpu_suite.sh graphs   # the CUDA-graph samplers: their GPU tests, then the table: graphed
 #                                    # AO against the plain encoder, the best encoder (graphed, skipping
 #                                    # empty steps) and graphed AR (medium, n=1024, B=32; ~6 min estimated)
+#   bash bench/gpu_suite.sh spec     # exact speculative sampling (graphed and dynamic) vs graphed AR and AO, T=n
 #   bash bench/gpu_suite.sh spans    # what the cache spans buy: graphed AO and AR with kv_bucket 128 vs the
 #                                    # whole cache (0), then the profile of graphed AO at T=128
 #   bash bench/gpu_suite.sh pytest   # the whole test suite on the GPU machine, with the packages its image lacks
@@ -34,6 +35,16 @@ if [[ $what == graphs || $what == all ]]; then
   $PY bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
       --steps=64,128,256,512,1024 --samplers=ao_graph,ar_graph,mdm,mdm_cache_graph --repeats=2 \
       --write=True 2>&1 | tee -a $LOG/bench_full.log | grep -v '^  '
+fi
+
+if [[ $what == spec || $what == all ]]; then
+  # exact speculative sampling on the fixed-shape engine against graphed AR and graphed AO at T = n (random
+  # weights: the calls depend on the acceptance, which the table's passes/calls column shows)
+  for order in random l2r; do
+    $PY bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
+        --steps=1024 --samplers=spec_graph,spec,ao_graph,ar_graph --spec_order=$order --repeats=2 \
+        --write=True 2>&1 | tee -a $LOG/bench_full.log | grep -v '^  '
+  done
 fi
 
 if [[ $what == spans || $what == all ]]; then

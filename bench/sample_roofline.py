@@ -9,6 +9,13 @@ floor they cost and the graphs a run captures.
 
     python bench/sample_roofline.py                       # medium, n = 1024, B = 32, H100 SXM figures
 
+The exact speculative sampler (speculative.py) is counted last. Its calls depend on how many drafts the
+model accepts, which a count cannot know: each sample is taken to accept each draft independently with
+probability alpha (spec_alphas, an assumption, not a measurement), simulated with a fixed seed;
+per-sample commits (keys counted as the sampler's buffer holds them, holes included; compaction not
+counted), dynamic and fixed shapes, and for contrast the batch minimum's calls. It is compared at the
+same law: against AR (L2R order, one token a call) and generate_ao at T = n (random order, likewise).
+
 What a call costs (bf16, B samples, a call of r rows with L slots cached, k of them to predict):
   decoder FLOPs  2 B (r P_trunk + k d V) + 4 B n_layer d r (L + r)   (matmuls, then scores and values)
   decoder bytes  2 (P_trunk + d V) + 4 B n_layer d (L + 2r)          (weights once, K/V read + written)
@@ -27,6 +34,7 @@ import torch  # noqa: E402
 from configurator import configure, print_config  # noqa: E402
 from engine import KV_BUCKET, KVCache, SlotStepper  # noqa: E402
 from generate import ao_calls, draw_plan  # noqa: E402
+from speculative import row_slots  # noqa: E402
 
 n_layer = 24
 n_embd = 1024
@@ -40,6 +48,8 @@ hbm_bandwidth = 3.35e12      # bytes/s: H100 SXM HBM3 datasheet
 seed = 0                     # the sampler's seed: the same plans bench/sample_speed.py times
 kv_bucket = KV_BUCKET         # the fixed-shape spans: the sampler's own default
 buckets = '0,64,128,256'     # span buckets to compare (0: attend over the whole cache)
+spec_ks = '4,8'              # speculative: draft lengths
+spec_alphas = '0.5,0.7,0.8,0.9'  # speculative: assumed per-draft acceptance probabilities
 config = configure(globals())
 print_config(config)
 
@@ -62,7 +72,7 @@ def call_time(flops, nbytes):
     return max(flops / peak_flops, nbytes / hbm_bandwidth)
 
 
-def decoder_time(plan, adaln, fixed=False, bucket=0):
+def decoder_time(plan, adaln, fixed=False, bucket=0, slots=S):
     """plan: [(r rows, L cached, k predicted)] -> (seconds, FLOPs, bytes, shapes) summed over the calls.
     fixed: the fixed-shape path (engine.SlotStepper 'static' / 'cuda_graph'): rows padded by rows_for,
     every row attending over the cache up to the span of kv_bucket = bucket (0: the whole cache);
@@ -72,7 +82,7 @@ def decoder_time(plan, adaln, fixed=False, bucket=0):
     shapes = set()
     for r, L, k in plan:
         R = SlotStepper.rows_for(r)
-        shape = (R, SlotStepper.span_for(L, R, S, bucket)) if fixed else (r, L + r)
+        shape = (R, SlotStepper.span_for(L, R, slots, bucket)) if fixed else (r, L + r)
         f, y = call_cost(*shape, k, P)
         s, F, Y = s + call_time(f, y), F + f, Y + y
         shapes.add(shape)
@@ -126,4 +136,58 @@ for name, plan, adaln in [(f'AO, T = {T}', p, True) for T, (_, p) in plans.items
     dyn = decoder_time(plan, adaln)[0]
     cells = [decoder_time(plan, adaln, fixed=True, bucket=b) for b in bks]
     lines.append(f"| {name} | " + ' | '.join(f"{c[0] / dyn:.2f}x, {c[3]}" for c in cells) + ' |')
+print('\n'.join(lines))
+
+
+def spec_plan(k, alpha, commit, rng):
+    """The speculative sampler's calls [(r rows, keys attended, logits)] for B samples of n tokens, each
+    accepting each draft with probability alpha; commit 'per_row' (RowCache: the buffer advances by the
+    longest kept run) or 'min' (every sample commits the batch minimum; the cache is the tokens so far)."""
+    m, L, plan = torch.zeros(B, dtype=torch.long), 0, []
+    while bool((m < n).any()):
+        live = m < n
+        kk = min(k, int((n - m).max()))
+        kb = torch.clamp(n - m, max=kk)
+        plan.append((kk, L + kk, kk))                                   # draft: kk copies of the last slot
+        L += 1
+        if kk == 1:
+            m += live.long()
+            continue
+        nb = int(bool((m + kk < n).any()))
+        nv = kk - 1 + nb
+        plan.append((nv, L + nv, nv))                                   # verify: every row's logits
+        ok = (torch.rand(B, kk - 1, generator=rng) < alpha) & (torch.arange(1, kk)[None] < kb[:, None])
+        a = ok.long().cumprod(1).sum(1)
+        full = a == kb - 1
+        t = torch.where(full, kb + (full & (m + kb < n)).long(), a + 2) * live
+        if commit == 'min':
+            A = int(a[live].min())
+            t = torch.full_like(t, A + 2 if A < kk - 1 else kk + nb) * live
+        L += int((t - 1).clamp(min=0).max())
+        if commit == 'min':
+            L = int(m.max()) + int(t.max())
+        m += t
+    return plan
+
+
+ao_n = ao_calls([1] * n)  # generate_ao at T = n: the random-order law, one token a call
+ao_n_s = decoder_time(ao_n, adaln=True)[0]
+ao_n_fixed = decoder_time(ao_n, adaln=True, fixed=True, bucket=kv_bucket)[0]
+cols = ['k', 'alpha (assumed)', 'calls / token-passes', 'floor s', 'fixed-shape floor s',
+        'calls (batch minimum)', 'vs AR floor (L2R)', 'vs AR fixed-shape floor', 'vs AO T = n floor (random)',
+        'vs AO T = n fixed-shape floor']
+lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
+for k in [int(v) for v in spec_ks.split(',')]:
+    for alpha in [float(v) for v in spec_alphas.split(',')]:
+        per = spec_plan(k, alpha, 'per_row', torch.Generator().manual_seed(seed))
+        mn = spec_plan(k, alpha, 'min', torch.Generator().manual_seed(seed))
+        # decoder_time reads (r, L cached, k): keys = L + r, so hand it L = keys - r
+        dyn = decoder_time([(r, keys - r, lg) for r, keys, lg in per], adaln=True)[0]
+        fix = decoder_time([(r, keys - r, lg) for r, keys, lg in per], adaln=True, fixed=True, bucket=kv_bucket,
+                           slots=KVCache.static_len(row_slots(n, k)))[0]  # RowStepper's longer buffer
+        lines.append(f"| {k} | {alpha} | {len(per)} / {sum(r for r, _, _ in per)} | {dyn:.3f} | {fix:.3f} | "
+                     f"{len(mn)} | "
+                     f"{ar_s / dyn:.2f}x | {ar_fixed / fix:.2f}x | {ao_n_s / dyn:.2f}x | {ao_n_fixed / fix:.2f}x |")
+print(f"Exact speculative sampling, n = {n}, B = {B} (AR floor {ar_s:.3f} s, fixed {ar_fixed:.3f} s; AO at T = n "
+      f"floor {ao_n_s:.3f} s, fixed {ao_n_fixed:.3f} s):")
 print('\n'.join(lines))

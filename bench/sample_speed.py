@@ -6,6 +6,10 @@ Sampling wall time vs. the number of steps T, for one backbone size, measured si
   ar         plain L2R KV-cache decoding of a GPT, one token per call (independent of T)
   ao_static, ar_static   the same with fixed padded shapes (engine.SlotStepper 'static')
   ao_graph, ar_graph     those shapes captured once and replayed as CUDA graphs ('cuda_graph'; CUDA only)
+  spec       exact speculative sampling (speculative.py, draft length spec_k, random order; T is not used):
+             per-sample commits (speculative.RowStepper on fixed shapes: spec_static, spec_graph).
+             Its calls depend on the acceptance, and a random model's is not a trained one's: the row says
+             the calls it took (bench/sample_roofline.py counts the floor at stated acceptance rates)
   mdm_graph, mdm_cache_graph   the encoder's one pass captured once and replayed (engine.EncoderStepper);
              mdm_cache_graph is the best encoder baseline we can build: graphed, and skipping empty steps
 Speed does not depend on the weights, so the models are random. The ratios are the result. Each decoder
@@ -31,6 +35,7 @@ from configurator import configure, print_config  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from engine import KV_BUCKET, EncoderStepper, SlotStepper  # noqa: E402
 from generate import generate_ao, generate_ar, generate_mdm  # noqa: E402
+from speculative import generate_speculative, row_stepper  # noqa: E402
 
 device = 'cpu'
 dtype = 'bfloat16'           # CUDA: weights cast to this dtype (no autocast casts per call); CPU: fp32
@@ -42,6 +47,8 @@ n = 128                      # sequence length
 batch_size = 4
 steps = '16,32,64,128'       # comma-separated T values
 samplers = 'ao,mdm,mdm_cache,ar'  # each optionally with _static or _graph (see above)
+spec_k = '4'                 # spec*: the draft length (an int >= 2, or auto)
+spec_order = 'random'        # spec*: random | l2r
 seed = 0
 repeats = 1                  # decoders: run each T this many times and time the last (2: shapes already seen)
 kv_bucket = KV_BUCKET         # fixed-shape decoders: attend over the cache up to a multiple of this (0: all of it)
@@ -90,12 +97,12 @@ SUFFIX = {'': 'dynamic', '_static': 'static', '_graph': 'cuda_graph'}
 ENCODERS = {'mdm': False, 'mdm_cache': True}  # name -> MDLM's skip-empty-steps trick
 named = {}  # sampler -> (family, stepper mode): ao*/ar* decoders, mdm*/mdm_cache* encoders
 for name in want:
-    for base in ('ao', 'ar', 'mdm_cache', 'mdm'):
+    for base in ('ao', 'ar', 'spec', 'mdm_cache', 'mdm'):
         if name.startswith(base) and name[len(base):] in SUFFIX:  # mdm_cache*: never mdm + a suffix
             named[name] = base, SUFFIX[name[len(base):]]
 unknown = [w for w in want if w not in named]
 if unknown:
-    sys.exit(f"error: unknown samplers {unknown}; choose from ao, ar, mdm, mdm_cache, each optionally with "
+    sys.exit(f"error: unknown samplers {unknown}; choose from ao, ar, spec, mdm, mdm_cache, each optionally with "
              f"_static or _graph")
 if not cuda and any(mode == 'cuda_graph' for _, mode in named.values()):
     sys.exit("error: the _graph samplers need --device=cuda")
@@ -120,19 +127,25 @@ def measure(name, setup, Ts_timed, reps):
             res.pop((name, T), None)
 
 
-for kind in ('ao', 'ar'):
+for kind in ('ao', 'ar', 'spec'):
     mine = [(name, mode) for name, (k, mode) in named.items() if k == kind]
     if not mine:
         continue
-    model = build(cond='adaln' if kind == 'ao' else 'none')
+    model = build(cond='none' if kind == 'ar' else 'adaln')
     for name, mode in mine:
         def setup(mode=mode):
             st = SlotStepper(model, batch_size, mode, kv_bucket=kv_bucket)  # one for all runs: its graphs
+            if kind == 'spec':
+                k = spec_k if spec_k == 'auto' else int(spec_k)
+                st = mode if mode == 'dynamic' else row_stepper(model, batch_size, mode, n, k, kv_bucket=kv_bucket)
             if kind == 'ao':
                 return lambda T: generate_ao(model, n, batch_size, T, generator=gen(), vocab_size=50257, stepper=st)
+            if kind == 'spec':
+                return lambda T: generate_speculative(model, n, batch_size, k=k, order=spec_order, generator=gen(),
+                                                      vocab_size=50257, stepper=st, batch_commit='per_row')
             return lambda T: generate_ar(model, n, batch_size, generator=gen(), vocab_size=50257, stepper=st)
         measure(name, setup, Ts if kind == 'ao' else Ts[:1], repeats)
-        for T in Ts[1:] if kind == 'ar' and name not in failed else ():  # AR does not depend on T
+        for T in Ts[1:] if kind != 'ao' and name not in failed else ():  # AR and spec do not depend on T
             res[name, T] = res[name, Ts[0]]
     del model
 mine = [(name, ENCODERS[k], mode) for name, (k, mode) in named.items() if k in ENCODERS]
@@ -148,9 +161,12 @@ if mine:
 
 cols = [c for c in want if any(c == k for k, _ in res)]
 aos = [c for c in cols if c.startswith('ao')]
-# the ratios: every encoder sampler over every AO variant, and every AO variant over its AR twin
+# the ratios: every encoder sampler over every AO variant, every AO variant over its AR twin, and each
+# speculative variant over its AR and AO twins
+specs = [c for c in cols if c.startswith('spec')]
 pairs = [(m, a) for a in aos for m in cols if named[m][0] in ENCODERS] + \
-        [(a, 'ar' + a[2:]) for a in aos if 'ar' + a[2:] in cols]
+        [(a, 'ar' + a[2:]) for a in aos if 'ar' + a[2:] in cols] + \
+        [(s_, t + s_[4:]) for s_ in specs for t in ('ar', 'ao') if t + s_[4:] in cols]
 head = ('| T | ' + ' | '.join(f'{c} s' for c in cols) + ' | ' + ' | '.join(f'{c} passes/calls' for c in cols)
         + ''.join(f' | {a} / {b}' for a, b in pairs) + ' |')
 lines = [head, '|' + '---|' * (head.count('|') - 1)]

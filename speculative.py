@@ -1,0 +1,405 @@
+"""
+Exact parallel decoding for an any-order decoder: self-speculative sampling (ASSD, Guo & Ermon,
+arXiv 2504.20456) on the KV-cached slot sampler of sample.py.
+
+The law we want is sequential sampling along an order sigma fixed before any token is drawn:
+x_sigma(j) ~ p(. | x_sigma(<j)) for j = 0..n-1, each conditional after the same temperature / top-p
+transform. A round at m revealed tokens does it for several j at once with two forward calls:
+
+  draft   one call: k copies of the last slot behind the parallel mask, copy j carrying target
+          sigma(m+j). Copy j sees only the m committed tokens, so it gives q_j = p(x_sigma(m+j) | x_sigma(<m)),
+          a guess that ignores the tokens between. Draw d_j ~ q_j, independently. Copy 0 is the causal
+          slot m itself: q_0 is the true conditional, so d_0 is committed at once, and its row stays
+          in the cache (as in generate_ao).
+  verify  one call: d_0..d_{k-2} as causal slots m+1..m+k-1 with chained targets sigma(m+1..m+k-1) give
+          the true conditionals p_j = p(x_sigma(m+j) | x_sigma(<m), d_0..d_{j-1}) for j = 1..k-1; one more
+          slot (d_{k-1}, target sigma(m+k)) gives p_k, the bonus conditional when every draft is kept.
+  accept  for j = 1, 2, ...: keep d_j with probability min(1, p_j(d_j) / q_j(d_j)). At the first
+          rejection draw y ~ norm(max(p_j - q_j, 0)) in its place and end the round; if every draft is
+          kept, draw the bonus y ~ p_k.
+
+Why it is exact. Given the committed prefix, d_j is proposed from q_j and kept with probability
+min(1, p_j/q_j); otherwise the replacement comes from the residual. The kept-or-replaced token then has
+law sum_x q(x) min(1, p(x)/q(x)) [at x] + (1 - sum_x min(q, p)) norm(p - q)+ = min(p, q) + (p - q)+ = p,
+exactly p_j, whatever q_j is (Leviathan et al. 2022; Chen et al. 2023). The tokens after a rejection are
+thrown away, so every committed token has its true conditional given the tokens committed before it,
+and the chain rule gives the joint along sigma. The proposal only moves the acceptance rate: a draft
+copy with a wrong target is still exact (it is just a worse q), except copy 0, which is committed
+untested and must be the true conditional. With sigma drawn uniformly per sample (independent of the
+drafts) the law is the mixture over sigma, that of generate_ao at T = n. Orders chosen from the drawn
+values (confidence) change sigma after the fact: not exact, refused.
+
+The cache. A slot's K/V depend on its token, its position and its target (AdaLN or sigma-GPT's input),
+so a row may stay only if both its token and its target's token are committed. After a accepted drafts
+and a replacement y the verify rows of slots m+1..m+a+1 qualify (the last one's target is where y
+lands); y's own slot is the last slot of the next round, whose draft copy 0 computes it.
+
+Batches. Rows accept different counts, but the cache is rectangular: every row commits the batch
+minimum A (+2 tokens: d_0..d_A, then row b's replacement y_b if it stopped at A, else its accepted
+d_{A+1}). This is exact: for row b, the minimum over the *other* rows is independent of row b's draws,
+and committing min(a_b, that) is exactly a round with the shorter draft length A + 2 (no bonus).
+batch_commit='per_row' wastes nothing instead: every sample commits its own count, the cache buffer stays
+rectangular with holes that each sample masks out (attention does not care where a key sits, as
+positions enter through the slot embeddings), compacted when it runs out; on fixed shapes too
+(RowStepper), so that the CUDA-graph path gets it.
+
+Cost: a round is 2 calls and commits >= 2 tokens (d_0, then a kept draft or a replacement), so calls <=
+tokens; a last lone token costs the draft call alone. Token-passes per round: the draft's pending +
+k copies, then k - 1 (+1 bonus) verify rows.
+
+Randomness, from one CPU torch.Generator in a fixed order: first the order (free_order), then per
+round: k uniforms per sample for the drafts, k - 1 for the accept tests, 1 for the replacement / bonus
+(a round with k = 1, the last lone token, draws only its draft uniform). All float64, inverse CDF.
+"""
+
+import torch
+
+from engine import KV_BUCKET, KVCache, SlotStepper
+from generate import ADAPTIVE, check_order, free_order, sorted_nucleus, split_given
+from model import parallel_mask
+
+K_MAX = 16  # the largest draft length k='auto' goes to
+
+
+def probs(logits, temperature=1.0, top_p=1.0, vocab_size=None):
+    """The distribution sample_tokens draws from, as float64 probabilities (..., V'): ids >= vocab_size
+    cut, then temperature (0: one-hot on the argmax), then the nucleus, renormalised. The accept test
+    needs the numbers, not just a draw, and must apply the same transform to q and p."""
+    V = logits.size(-1) if vocab_size is None else min(vocab_size, logits.size(-1))
+    shape = logits.shape[:-1]
+    logp = logits.reshape(-1, logits.size(-1))[:, :V].double()            # (R, V)
+    if temperature == 0:
+        return torch.zeros_like(logp).scatter_(1, logp.argmax(1, keepdim=True), 1.0).view(*shape, V)
+    p = torch.softmax(logp if temperature == 1 else logp / temperature, dim=1)
+    if top_p < 1.0:
+        ps, idx = sorted_nucleus(p, top_p)
+        p = torch.zeros_like(p).scatter_(1, idx, ps)
+    return (p / p.sum(1, keepdim=True)).view(*shape, V)
+
+
+def draw(p, u):
+    """One token per row of p (..., V) (non-negative, not necessarily normalised) by inverse CDF with
+    the uniforms u (...); a zero-probability token is never drawn (see sample._sample_rows)."""
+    cdf = p.cumsum(-1)
+    total = cdf[..., -1:]
+    v = torch.minimum(u.to(cdf)[..., None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf.contiguous(), v.contiguous(), right=True).squeeze(-1).clamp(max=p.size(-1) - 1)
+
+
+def _residual(p, q):
+    """max(p - q, 0) per row (R, V); a rejection needs p(d) < q(d), so the mass is positive but for float
+    rounding when p and q agree to the last bit, where p itself is the answer."""
+    r = (p - q).clamp(min=0)
+    return torch.where(r.sum(-1, keepdim=True) > 0, r, p)
+
+
+def auto_k(accepted, rounds, k_max=K_MAX):
+    """k for the next round from the past ones (a function of the past only, so still exact): about
+    twice the mean tokens a round has committed, so the drafts rarely run out, at most k_max."""
+    if not rounds:
+        return 4
+    return max(2, min(k_max, round(2 * accepted / rounds)))
+
+
+def _stepper(model, B, stepper):
+    if isinstance(stepper, str):
+        return SlotStepper(model, B, stepper)
+    if stepper.B != B:
+        raise ValueError(f"this stepper was built for batch size {stepper.B}, not {B}")
+    stepper.cache.keep(None)
+    return stepper
+
+
+@torch.no_grad()
+def generate_speculative(model, n, batch_size, *, k=4, order='random', given=None, temperature=1.0, top_p=1.0,
+                         vocab_size=None, generator=None, stepper='dynamic', bonus=True, batch_commit='per_row',
+                         trace=False, _bug=None):
+    """Samples (B, n) from the model's exact joint along `order` (or the mixture over random orders),
+    at under one forward call per token (module docstring). Returns (tokens (B, n), stats).
+
+    k: draft length per round (>= 2; 1 is plain one-token-per-call decoding) or 'auto'.
+    order: 'random', 'l2r', 'blocks:K' or a permutation, fixed before the first draw; the confidence
+    orders are refused (not exact). given: as generate_ao (the given tokens enter the cache first).
+    stepper: 'dynamic', 'static', 'cuda_graph' or a SlotStepper (RowStepper for per_row) to reuse.
+    bonus: the extra verify slot that earns a token when every draft is kept. batch_commit: 'per_row' (each sample commits what it
+    accepted, under a per-sample cache mask; a mode name, or a RowStepper for the fixed shapes) or 'min'
+    (every sample commits the batch's fewest: exact, simpler, but at B = 32 almost always 2 a round).
+    stats: forward_calls, token_passes (rows per sample through the network), tokens_generated, rounds
+    (the batch's), rounds_per_sample and calls_per_sample (the mean over samples of the rounds and calls
+    each needed on its own: under per_row commits a sample that is done waits for the batch),
+    committed (tokens per round), drafted (k per round), accept_rate (kept / tested drafts over all
+    rows, before the batch minimum), frac (revealed fraction at each round's start), order (B, n);
+    with trace=True also events: per round (m (B,) tokens revealed before it, k, t (B,) tokens it committed,
+    a (B,) drafts each sample's tests kept past d_0, drafts (B, k), the committed tokens (B, >= t)).
+    _bug: the tests' negative controls ('resample_p', 'keep_rejected', 'wrong_target'): wrong on purpose.
+    """
+    if not (model.config.causal and model.any_order):
+        raise ValueError("speculative sampling needs an any-order decoder (AO-GPT or sigma-GPT); an encoder "
+                         "MDM or an L2R GPT cannot score a drafted sequence in one pass")
+    if isinstance(check_order(order), str) and order in ADAPTIVE:
+        raise ValueError(f"order {order!r} is chosen from the drawn values, so speculative sampling would not "
+                         f"be exact: use random, l2r, blocks:K or a permutation")
+    if k != 'auto' and (not isinstance(k, int) or k < 1):
+        raise ValueError(f"k must be an integer >= 1 or 'auto', got {k!r}")
+    if n > model.config.block_size:
+        raise ValueError(f"n = {n} > block_size {model.config.block_size}")
+    if batch_commit not in ('min', 'per_row'):
+        raise ValueError(f"batch_commit must be 'min' or 'per_row', got {batch_commit!r}")
+    if _bug and batch_commit != 'min':
+        raise ValueError("the negative controls (_bug) live in the batch-minimum path")
+    dev = next(model.parameters()).device
+    B = batch_size
+    gpos, gtok, free = split_given(given, n)
+    g = gpos.numel()
+    reveal = torch.cat([gpos.expand(B, g), free_order(order, free, B, generator)], 1)  # (B, n) positions
+    slot_tok = torch.full((B, n + 1), -1, dtype=torch.long)                 # slot j: the j-th revealed token
+    slot_tok[:, 1:g + 1] = gtok
+    slot_tok = slot_tok.to(dev)
+    slot_pos = torch.cat([torch.full((B, 1), -1), reveal], 1).to(dev)        # its position; [None] is -1
+    reveal = reveal.to(dev)
+    tf = dict(temperature=temperature, top_p=top_p, vocab_size=vocab_size)
+    rnd = lambda *shape: torch.rand(*shape, dtype=torch.float64, generator=generator).to(dev)  # noqa: E731
+    if batch_commit == 'per_row':
+        if getattr(stepper, 'mode', 'dynamic') != 'dynamic' and not isinstance(stepper, RowStepper):
+            raise ValueError("batch_commit='per_row' at fixed shapes takes a mode name or a RowStepper "
+                             "(speculative.row_stepper), not a SlotStepper")
+        stats = _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper)
+        tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
+        return tokens, dict(stats, steps=stats['rounds'], tokens_generated=n - g, order=reveal)
+    step = _stepper(model, B, stepper)
+    ar = torch.arange(B, device=dev)
+    m, calls, passes = g, 0, 0
+    committed, drafted, frac, events = [], [], [], []
+    kept_tests = all_tests = 0
+    while m < n:
+        kk = min(auto_k(sum(committed), len(committed)) if k == 'auto' else k, n - m)
+        c = step.cache.len
+        # draft: the pending slots c..m-1 (the given tokens at the first round, else none), then kk copies
+        # of slot m, copy j with target reveal[m + j]
+        idx = list(range(c, m)) + [m] * kk
+        tgt = torch.cat([reveal[:, c:m], reveal[:, m:m + kk]], 1)           # (empty pending when c > m: a bug)
+        if _bug == 'wrong_target' and kk > 1:  # copy 0 drafts the next position's conditional
+            tgt = tgt.clone()
+            tgt[:, m - c], tgt[:, m - c + 1] = reveal[:, m + 1], reveal[:, m]
+        q = probs(step(slot_tok[:, idx], slot_pos[:, idx], tgt, kk), **tf)   # (B, kk, V)
+        step.cache.keep(max(0, m - c + 1))                                  # the pending slots and copy 0
+        calls, passes = calls + 1, passes + len(idx)
+        d = draw(q, rnd(B, kk))                                             # (B, kk) drafts
+        if kk == 1:
+            slot_tok[:, m + 1] = d[:, 0]
+            committed.append(1), drafted.append(1), frac.append(m / n)
+            if trace:
+                events.append((torch.full((B,), m), 1, torch.ones(B, dtype=torch.long),
+                               torch.zeros(B, dtype=torch.long), d.cpu(), d.cpu()))
+            m += 1
+            continue
+        # verify: d_0..d_{kk-2} in slots m+1..m+kk-1, targets chained; + the bonus slot when there is room
+        nb = int(bonus and m + kk < n)
+        nv = kk - 1 + nb
+        p = probs(step(d[:, :nv], reveal[:, m:m + nv], reveal[:, m + 1:m + 1 + nv], 1, n_logits=nv), **tf)
+        calls, passes = calls + 1, passes + nv                               # p: (B, nv, V)
+        ua, ur = rnd(B, kk - 1), rnd(B)
+        dj = d[:, 1:, None]                                                  # (B, kk-1, 1)
+        ratio = p[:, :kk - 1].gather(2, dj).squeeze(2) / q[:, 1:].gather(2, dj).squeeze(2)
+        a = (ua < ratio).long().cumprod(1).sum(1)                            # (B,) drafts kept past d_0
+        kept_tests += int(a.sum())
+        all_tests += int(torch.clamp(a + 1, max=kk - 1).sum())
+        # each row's replacement: the residual at its first rejection j = a + 1, or the bonus p_kk
+        j = torch.clamp(a + 1, max=kk - 1)
+        pj = p[ar, j - 1] if not nb else torch.where((a == kk - 1)[:, None], p[:, -1], p[ar, j - 1])
+        qj = torch.where((a == kk - 1)[:, None], torch.zeros_like(pj), q[ar, j])
+        resid = pj if _bug == 'resample_p' else _residual(pj, qj)
+        y = draw(resid, ur)                                                  # (B,)
+        A = int(a.min())
+        if A < kk - 1:   # d_0..d_A, then y where the row stopped at A, else its kept d_{A+1}
+            t = A + 2
+            new = torch.cat([d[:, :A + 1], torch.where(a == A, y, d[:, A + 1])[:, None]], 1)
+        else:            # every draft kept in every row: d_0..d_{kk-1} (+ the bonus)
+            t = kk + nb
+            new = torch.cat([d, y[:, None]], 1)[:, :t]
+        slot_tok[:, m + 1:m + 1 + t] = new
+        # keep the verify rows whose token and target are committed: slots m+1..m+t-1
+        step.cache.keep(t if _bug == 'keep_rejected' and A < kk - 1 else t - 1)
+        committed.append(t), drafted.append(kk), frac.append(m / n)
+        if trace:
+            events.append((torch.full((B,), m), kk, torch.full((B,), t), a.cpu(), d.cpu(), new.cpu()))
+        m += t
+    tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
+    stats = dict(steps=len(committed), forward_calls=calls, token_passes=passes, tokens_generated=n - g,
+                 rounds=len(committed),
+                 rounds_per_sample=len(committed), calls_per_sample=calls,
+                 committed=committed, drafted=drafted, frac=frac,
+                 accept_rate=kept_tests / all_tests if all_tests else float('nan'), order=reveal)
+    if trace:
+        stats['events'] = events
+    return tokens, stats
+
+
+class RowCache(KVCache):
+    """A KVCache whose rows (samples) keep different slots: the buffer stays rectangular, every call
+    writes all samples' rows at [len, len + r), and `valid` (B, S) says which slots each sample attends
+    to. Attention does not care where a key sits (positions enter through the slot embeddings), so a
+    slot a sample did not keep is just masked out; compact() moves each sample's kept slots to the front
+    when the buffer runs out."""
+
+    def __init__(self, model, batch_size, slots, device):
+        super().__init__(model, batch_size)
+        self.shape = self.shape[:2] + (slots,) + self.shape[3:]
+        self.valid = torch.zeros(batch_size, slots, dtype=torch.bool, device=device)
+
+    def mask(self, inner):
+        """(B, 1, r, len + r) attention mask: each sample's kept slots, then `inner` (r, r) among the rows."""
+        B, r, L = self.shape[0], inner.size(0), self.len
+        return torch.cat([self.valid[:, None, :L].expand(B, r, L), inner.expand(B, r, r)], 2)[:, None]
+
+    def commit(self, keep):
+        _commit(self, self.valid, keep)
+
+    def room(self, r, limit=None):
+        _room(self, self.valid, r, self.shape[2])
+
+
+def _commit(cache, valid, keep):
+    """Keep the last call's row i for the samples where keep (B, r) is set; the buffer advances to the
+    last row any sample keeps (the rows after it are overwritten by the next call)."""
+    r = keep.size(1)
+    valid[:, cache.len:cache.len + r] = keep
+    cols = keep.any(0).nonzero()
+    cache.len += int(cols.max()) + 1 if cols.numel() else 0
+
+
+def _room(cache, valid, r, limit):
+    """Before a call of r rows: if they would pass `limit` slots, move each sample's kept slots to the
+    front (in place: a captured graph reads these very tensors)."""
+    if cache.len + r > limit:
+        idx = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices    # (B, S) kept first
+        for buf in cache.k + cache.v:
+            buf.copy_(buf.gather(2, idx[:, None, :, None].expand_as(buf)))
+        valid.copy_(valid.gather(1, idx))
+        cache.len = int(valid.sum(1).max())
+        if cache.len + r > limit:
+            raise RuntimeError(f"per-sample cache: {cache.len} kept + {r} rows > {limit} slots")
+
+
+class RowStepper(SlotStepper):
+    """SlotStepper's fixed shapes ('static', 'cuda_graph') with per-sample commits: the cache buffer is
+    longer (room for the holes), and every row also masks out the slots its sample did not keep (`valid`,
+    a device tensor updated in place, so a replayed graph reads the current one)."""
+
+    def __init__(self, model, batch_size, mode, slots, kv_bucket=KV_BUCKET):
+        super().__init__(model, batch_size, mode, kv_bucket)
+        c = self.cache
+        c.shape = c.shape[:2] + (KVCache.slots(slots),) + c.shape[3:]        # + a scratch row, 16-aligned
+        self.valid = torch.zeros(batch_size, c.shape[2], dtype=torch.bool, device=self.dev)
+
+    def commit(self, keep):
+        _commit(self.cache, self.valid, keep)
+
+    def room(self, r):
+        _room(self.cache, self.valid, r, self.cache.shape[2] - 1)  # padding rows past it share the scratch row
+
+    def _forward(self, R, span):
+        # SlotStepper's fixed-shape mask, and each sample's kept slots among the cached ones
+        buf, L = self.bufs[R], self.scalars[0]
+        vis, input_pos = self.visible(R, span)                           # (R, span), (R,)
+        j = torch.arange(span, device=self.dev)
+        vis = vis & ((j >= L) | self.valid[:, :span])[:, None]           # (B, R, span)
+        return self.model.hidden_slots(buf[0], buf[1], buf[2], mask=vis[:, None], kv=(self.cache, input_pos, span))
+
+
+def row_slots(n, k, n_given=0):
+    """Buffer slots for per-sample commits: room for the kept slots, about as many holes, and a call."""
+    return 2 * (n + 1) + (K_MAX if k == 'auto' else k) + n_given
+
+
+def row_stepper(model, batch_size, mode, n, k, n_given=0, kv_bucket=KV_BUCKET):
+    """A RowStepper for runs of n tokens at draft length k (reusable across runs: its graphs are kept)."""
+    return RowStepper(model, batch_size, mode, row_slots(n, k, n_given), kv_bucket)
+
+
+def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper):
+    """generate_speculative with batch_commit='per_row': each sample commits what it accepted (RowCache at
+    dynamic shapes, RowStepper at fixed ones). Same draws, in the same order, as the batch-minimum path."""
+    mode = getattr(stepper, 'mode', stepper)
+    dev = slot_tok.device
+    kmax = K_MAX if k == 'auto' else k
+    if mode == 'dynamic':
+        cache = RowCache(model, B, row_slots(n, k, g), dev)
+    else:
+        cache = row_stepper(model, B, mode, n, k, g) if isinstance(stepper, str) else stepper
+        cache.cache.keep(None)
+        cache.valid.zero_()
+
+    def call(tok, pos, tgt, n_par, n_logits, inner):
+        """One forward call of r rows: the last n_par form the parallel block (1: all causal)."""
+        cache.room(tok.size(1))
+        if mode == 'dynamic':
+            L, r = cache.len, tok.size(1)
+            kv = cache, torch.arange(L, L + r, device=dev), L + r
+            return model.forward_slots(tok, pos, tgt, mask=cache.mask(inner), kv=kv, n_logits=n_logits)
+        return cache(tok, pos, tgt, n_par, n_logits=n_logits)
+    tok_buf = torch.full((B, n + kmax + 3), -1, dtype=torch.long, device=dev)   # room past n for done rows
+    tok_buf[:, :n + 1] = slot_tok
+    m = torch.full((B,), g, dtype=torch.long, device=dev)                        # tokens revealed, per sample
+    ar = torch.arange(B, device=dev)
+    at = lambda idx: reveal.gather(1, idx.clamp(max=n - 1))                      # noqa: E731 positions at slots
+    calls = passes = kept_tests = all_tests = 0
+    committed, drafted, frac, events, tot, live, own_calls = [], [], [], [], 0, 0, 0
+    while bool((m < n).any()):
+        active = m < n
+        live += int(active.sum())
+        kk = min(auto_k(tot, len(committed)) if k == 'auto' else k, int((n - m).max()))
+        kb = torch.clamp(n - m, max=kk)                                          # (B,) drafts that fit
+        own_calls += int(active.sum()) + int((active & (kb > 1)).sum())          # a lone last token: 1 call
+        P = g if calls == 0 else 0                                               # the given slots, once
+        j = torch.arange(kk, device=dev)
+        tok = torch.cat([tok_buf[:, :P], tok_buf.gather(1, m[:, None]).expand(B, kk)], 1)
+        pos = torch.cat([slot_pos[:, :P], slot_pos.gather(1, m.clamp(max=n)[:, None]).expand(B, kk)], 1)
+        tgt = torch.cat([reveal[:, :P], at(m[:, None] + j)], 1)
+        q = probs(call(tok, pos, tgt, kk, kk, parallel_mask(P + kk, kk, 0, dev)), **tf)   # (B, kk, V)
+        cache.commit(torch.cat([torch.ones(B, P, dtype=torch.bool, device=dev), active[:, None],
+                                torch.zeros(B, kk - 1, dtype=torch.bool, device=dev)], 1))
+        calls, passes = calls + 1, passes + P + kk
+        d = draw(q, rnd(B, kk))                                                  # (B, kk)
+        if kk == 1:
+            t, a, new = active.long(), torch.zeros(B, dtype=torch.long, device=dev), d
+        else:
+            nb = int(bonus and bool((m + kk < n).any()))
+            nv = kk - 1 + nb
+            jv = torch.arange(nv, device=dev)
+            p = probs(call(d[:, :nv], at(m[:, None] + jv), at(m[:, None] + 1 + jv), 1, nv,
+                           torch.ones(nv, nv, dtype=torch.bool, device=dev).tril()), **tf)  # (B, nv, V)
+            calls, passes = calls + 1, passes + nv
+            ua, ur = rnd(B, kk - 1), rnd(B)
+            dj = d[:, 1:, None]
+            ratio = p[:, :kk - 1].gather(2, dj).squeeze(2) / q[:, 1:].gather(2, dj).squeeze(2)
+            ok = (ua < ratio) & (j[1:] < kb[:, None])                           # tests past a row's end fail
+            a = ok.long().cumprod(1).sum(1)                                      # (B,) drafts kept past d_0
+            full = a == kb - 1
+            nbr = full & (m + kb < n) & bool(nb)                                 # the row earns the bonus
+            kept_tests += int(a[active].sum())
+            all_tests += int(torch.minimum(a + 1, kb - 1)[active].sum())
+            jr = torch.clamp(a + 1, max=kk - 1)
+            pj = torch.where(nbr[:, None], p[:, -1], p[ar, jr - 1])
+            qj = torch.where(nbr[:, None], torch.zeros_like(pj), q[ar, jr])
+            y = draw(_residual(pj, qj), ur)                                      # (B,) replacement or bonus
+            t = torch.where(full, kb + nbr.long(), a + 2) * active               # (B,) tokens committed
+            new = torch.cat([d, d[:, :1]], 1)                                    # (B, kk + 1)
+            new.scatter_(1, (t - 1).clamp(min=0)[:, None], torch.where(full & ~nbr, new.gather(
+                1, (t - 1).clamp(min=0)[:, None]).squeeze(1), y)[:, None])
+            cache.commit(jv[None] < (t - 1)[:, None])                            # rows m+1..m+t-1 per sample
+        w = new.size(1)
+        cols = m[:, None] + 1 + torch.arange(w, device=dev)
+        keep = torch.arange(w, device=dev)[None] < t[:, None]
+        tok_buf.scatter_(1, cols, torch.where(keep, new, tok_buf.gather(1, cols)))
+        committed.append(float(t[active].float().mean())), drafted.append(kk)
+        frac.append(float(m[active].float().mean()) / n)
+        tot += committed[-1]
+        if trace:
+            events.append((m.cpu(), kk, t.cpu(), a.cpu(), d.cpu(), new.cpu()))
+        m = m + t
+    slot_tok.copy_(tok_buf[:, :n + 1])
+    return dict(forward_calls=calls, token_passes=passes, rounds=len(committed), rounds_per_sample=live / B,
+                calls_per_sample=own_calls / B,                committed=committed,
+                drafted=drafted, frac=frac, accept_rate=kept_tests / all_tests if all_tests else float('nan'),
+                events=events)

@@ -1,0 +1,419 @@
+"""speculative.py: samples against the model's exact joint (enumeration of every sequence over a tiny
+vocabulary, chi-square of whole sequences) in every setting the sampler offers, negative controls that
+the same test must reject, the cache against a cache-free recomputation, fixed shapes, the cost bound,
+and the CLI."""
+import itertools
+
+import pytest
+import torch
+
+import engine
+import generate
+import sample
+import speculative
+from helpers import tiny
+from model import parallel_mask
+from speculative import generate_speculative, probs
+
+ALPHA = 1e-4
+N = 20000   # samples per law: the negative controls below are rejected at p < 1e-10 with this many
+
+
+def gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def sharp(model, scale=25.0):
+    with torch.no_grad():
+        model.lm_head.weight.mul_(scale)
+    return model
+
+
+def mixy(seed=3, s=0.3, head=5.0, **kw):
+    """tiny(), with noise on the attention and token embeddings too: its conditionals depend on the
+    *tokens* before them, not just on positions and targets, so a wrong context (a rejected draft left in
+    the cache) or a wrong proposal law shows in the samples. Vocab 4 of which the samplers use 3: id 3
+    plays a padded id that must never be drawn."""
+    m = tiny(seed=seed, **dict(dict(vocab_size=4, block_size=8), **kw))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if 'attn' in name or 'wte' in name:
+                p.add_(torch.randn(p.shape, generator=g) * s)
+    return sharp(m, head).double()
+
+
+@pytest.fixture(scope='module')
+def m4():
+    return mixy()
+
+
+@torch.no_grad()
+def seq_law(model, n, V, orders, given=None, **tf):
+    """P(x) over all V^n sequences x of sequential sampling along each order (given tokens first,
+    ascending), averaged over `orders`; tf: temperature / top_p. One uncached forward per order reads
+    every conditional: slot j of model(x, order) predicts order[j] from order[:j]."""
+    xs = torch.tensor(list(itertools.product(range(V), repeat=n)))            # (V^n, n)
+    law = torch.zeros(len(xs), dtype=torch.float64)
+    g = [] if given is None else [i for i in range(n) if given[i] >= 0]
+    ok = torch.ones(len(xs), dtype=torch.bool)
+    for i in g:
+        ok &= xs[:, i] == given[i]
+    for sigma in orders:
+        o = torch.tensor(g + [s for s in sigma if s not in g])
+        logits = model(xs, order=o.expand(len(xs), n))[0]                     # (V^n, n, V')
+        p = probs(logits, vocab_size=V, **tf)
+        lp = torch.ones(len(xs), dtype=torch.float64)
+        for j in range(len(g), n):
+            lp *= p[:, j].gather(1, xs[:, o[j]][:, None]).squeeze(1)
+        law += torch.where(ok, lp, 0.0) / len(orders)
+    return xs, law
+
+
+def chi2_pvalue(samples, xs, law):
+    """Pearson chi-square of samples (N, n) against law over the cells xs, cells expecting < 5 pooled."""
+    V = int(xs.max()) + 1
+    code = lambda t: (t * (V ** torch.arange(t.size(1) - 1, -1, -1))).sum(1)  # noqa: E731
+    obs = torch.bincount(code(samples), minlength=V ** xs.size(1)).double()[code(xs)]
+    assert obs.sum() == samples.size(0), "a sample outside the enumerated cells"
+    exp = law * samples.size(0)
+    small = exp < 5
+    o = torch.cat([obs[~small], obs[small].sum()[None]])
+    e = torch.cat([exp[~small], exp[small].sum()[None]])
+    keep = e > 0
+    if bool((o[~keep] > 0).any()):
+        return 0.0  # a sample the law gives probability 0
+    stat = ((o[keep] - e[keep]) ** 2 / e[keep]).sum()
+    df = int(keep.sum()) - 1
+    return torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2).item()
+
+
+L2R4 = [(0, 1, 2, 3)]
+
+
+def run(model, n=4, V=3, seed=0, **kw):
+    kw.setdefault('batch_commit', 'min')
+    x, st = generate_speculative(model, n, N, vocab_size=V, generator=gen(seed), **kw)
+    assert x.max() < V
+    assert st['forward_calls'] <= st['tokens_generated']  # the batch's calls, so every sample's too
+    return x, st
+
+
+def passes(model, x, orders, n=4, V=3, given=None, **tf):
+    xs, law = seq_law(model, n, V, orders, given, **tf)
+    return chi2_pvalue(x, xs, law) > ALPHA
+
+
+PERMS4 = list(itertools.permutations(range(4)))
+
+
+@pytest.mark.parametrize('k', [2, 3, 4])
+@pytest.mark.parametrize('bonus', [True, False])
+def test_l2r_is_the_exact_joint(m4, k, bonus):
+    """Left to right, per-sample commits (rows commit 1..k+1 tokens a round), k in {2, 3, n}, with and
+    without the bonus slot: the law of whole sequences is the model's chain rule."""
+    x, st = run(m4, k=k, bonus=bonus, order='l2r', batch_commit='per_row')
+    assert passes(m4, x, L2R4)
+    assert st['accept_rate'] > 0.5 and (max(st['committed']) > 2) == (k + bonus > 2)  # long runs were tested
+    assert not passes(m4, x, PERMS4)  # power: the random-order mixture is another law, rejected
+
+
+def test_fixed_permutation_and_batch_minimum(m4):
+    """A fixed permutation, the batch-minimum commits (any stepper's path)."""
+    perm = (2, 0, 3, 1)
+    x, st = run(m4, k=3, order=torch.tensor(perm))
+    assert passes(m4, x, [perm]) and not passes(m4, x, L2R4)
+
+
+def test_blocks_order_is_the_mixture_over_its_orders(m4):
+    x, _ = run(m4, k=4, order='blocks:2', batch_commit='per_row')
+    allowed = [a + b for a in itertools.permutations((0, 1)) for b in itertools.permutations((2, 3))]
+    assert passes(m4, x, allowed) and not passes(m4, x, PERMS4) and not passes(m4, x, L2R4)
+
+
+@pytest.mark.parametrize('commit', ['min', 'per_row'])
+def test_random_order_is_the_mixture_over_orders(m4, commit):
+    """A fresh uniform order per sample: the law of generate_ao at T = n, the mixture over all n!."""
+    x, _ = run(m4, k=3, order='random', batch_commit=commit)
+    assert passes(m4, x, PERMS4) and not passes(m4, x, L2R4)
+
+
+def test_sigma_gpt_random_order():
+    model = mixy(cond='sigma')
+    x, _ = run(model, k=3, order='random', batch_commit='per_row')
+    assert passes(model, x, PERMS4) and not passes(model, x, L2R4)
+
+
+@pytest.mark.parametrize('where', ['prompt', 'infill'])
+def test_prompt_and_infill(m4, where):
+    given = torch.tensor([2, -1, -1, -1]) if where == 'prompt' else torch.tensor([-1, 1, -1, 0])
+    x, st = run(m4, k=3, order='random', given=given, batch_commit='per_row')
+    assert (x[:, given >= 0] == given[given >= 0]).all() and st['tokens_generated'] == int((given < 0).sum())
+    assert passes(m4, x, PERMS4, given=given)
+    free = [i for i in range(4) if given[i] < 0]
+    xs, law = seq_law(m4, 4, 3, PERMS4, given=given)
+    # power: every free position drawn from the conditional given only the given tokens is another law
+    wrong = torch.ones(len(xs), dtype=torch.float64)
+    for i in free:
+        o = [j for j in range(4) if given[j] >= 0] + [i] + [j for j in free if j != i]
+        p = probs(m4(xs, order=torch.tensor(o).expand(len(xs), 4))[0].detach(), vocab_size=3)
+        wrong *= p[:, 4 - len(free)].gather(1, xs[:, i:i + 1]).squeeze(1)
+    ok = (xs[:, given >= 0] == given[given >= 0]).all(1)
+    assert chi2_pvalue(x, xs, torch.where(ok, wrong, 0.0)) < ALPHA
+
+
+@pytest.mark.parametrize('tf', [dict(temperature=0.7), dict(top_p=0.8), dict(temperature=0.7, top_p=0.8)])
+def test_temperature_and_top_p_transform_both_laws(m4, tf):
+    """The transform acts on q and p alike: the output is sequential sampling under the transform."""
+    x, _ = run(m4, k=3, order='l2r', batch_commit='per_row', **tf)
+    assert passes(m4, x, L2R4, **tf) and not passes(m4, x, L2R4)
+
+
+def test_rows_of_a_batch_accept_different_counts(m4):
+    """One batch: under per-sample commits rows commit different counts in the same round, and under the
+    batch minimum they all commit the fewest (2 a round at this batch size); both exact (the tests above)."""
+    _, st = generate_speculative(m4, 4, 256, k=4, order='l2r', vocab_size=3, generator=gen(1),
+                                 batch_commit='per_row', trace=True)
+    t = st['events'][0][2]
+    assert len(set(t.tolist())) > 1
+    _, st = generate_speculative(m4, 4, 256, k=4, order='l2r', vocab_size=3, generator=gen(1), batch_commit='min')
+    assert st['committed'] == [2, 2]
+
+
+def test_one_sample_per_row_equals_batch_minimum(m4):
+    """With B = 1 the two commit rules are the same algorithm with the same draws: same samples."""
+    for seed in range(20):
+        for k in (2, 3, 'auto'):
+            a, sa = generate_speculative(m4, 4, 1, k=k, vocab_size=3, generator=gen(seed), batch_commit='min')
+            b, sb = generate_speculative(m4, 4, 1, k=k, vocab_size=3, generator=gen(seed), batch_commit='per_row')
+            assert torch.equal(a, b) and sa['forward_calls'] == sb['forward_calls']
+
+
+# --------------------------------------------------------------------------- negative controls
+
+@pytest.mark.parametrize('bug', ['resample_p', 'keep_rejected', 'wrong_target'])
+def test_negative_controls_are_rejected(m4, bug):
+    """The same chi-square rejects each wrong variant: resampling from p instead of the residual (the
+    token after a rejection is biased towards what q proposed), keeping the rejected draft's verify row
+    in the cache (the next round conditions on a token that was never committed), and draft copy 0 with
+    the next position's target (it is committed untested, so it must be the true conditional)."""
+    x, _ = run(m4, k=2, order='l2r', _bug=bug)  # the same run without the bug: test_l2r_batch_minimum
+    assert not passes(m4, x, L2R4)
+
+
+def test_l2r_batch_minimum(m4):
+    x, _ = run(m4, k=2, order='l2r')
+    assert passes(m4, x, L2R4)
+
+
+def test_a_wrong_target_past_copy_0_is_only_a_worse_proposal(m4, monkeypatch):
+    """The accept test corrects any proposal: copies 1.. drafting from the wrong target keep the law
+    exact (fewer drafts are accepted). This is why the control above must break copy 0."""
+    real = engine.SlotStepper.__call__
+
+    def shifted(self, tok, pos, tgt, k, n_logits=None):
+        if k > 1:  # a draft call: copy j >= 1 gets copy 1's target
+            tgt, c1 = tgt.clone(), tgt.size(1) - k + 1
+            tgt[:, c1:] = tgt[:, c1:c1 + 1]
+        return real(self, tok, pos, tgt, k, n_logits)
+    _, st0 = run(m4, k=4, order='l2r')
+    monkeypatch.setattr(engine.SlotStepper, '__call__', shifted)
+    x, st = run(m4, k=4, order='l2r')
+    assert passes(m4, x, L2R4) and st['accept_rate'] < st0['accept_rate']
+
+
+# --------------------------------------------------------------------------- the cache, fixed shapes, cost
+
+class Uncached:
+    """SlotStepper's interface without a KV cache: each call runs every committed slot again, then the
+    call's rows (the same masks), so its logits are what the cache should reproduce."""
+
+    def __init__(self, model, B):
+        self.model, self.B, self.cache = model, B, self
+        self.len, self.done, self.last = 0, None, None
+
+    def keep(self, rows):
+        if rows is None:
+            self.len, self.done = 0, None
+            return
+        kept = [t[:, :rows] for t in self.last]
+        self.done = kept if self.done is None else [torch.cat([a, b], 1) for a, b in zip(self.done, kept)]
+        self.len += rows
+
+    def __call__(self, tok, pos, tgt, k, n_logits=None):
+        self.last = (tok, pos, tgt)
+        full = [t if self.done is None else torch.cat([d, t], 1) for d, t in zip(self.done or [None] * 3, self.last)]
+        mask = parallel_mask(full[0].size(1), k, 0)  # k = 1: causal
+        return self.model.forward_slots(*full, mask=mask, n_logits=k if n_logits is None else n_logits)
+
+
+@pytest.mark.parametrize('cond', [dict(cond='adaln'), dict(cond='adaln', adaln_table=True), dict(cond='sigma')])
+@pytest.mark.parametrize('kw', [dict(order='random', k=3), dict(order='l2r', k='auto'),
+                                dict(order='random', k=4, bonus=False), dict(order='random', k=2, top_p=0.8)])
+def test_cache_equals_a_cache_free_recomputation(kw, cond):
+    """Every call's logits on the KV cache equal a full pass over the committed slots and the call's rows:
+    the cache holds exactly the rows whose token and target are committed. Same samples, on a model too
+    large to enumerate (n = 24, given tokens at the start and in the middle); AdaLN and sigma-GPT."""
+    model = mixy(seed=5, block_size=32, vocab_size=11, **cond)
+    n, B = 24, 16
+    given = torch.full((n,), -1)
+    given[[0, 1, 9]] = torch.tensor([4, 9, 1])
+    b, sb = generate_speculative(model, n, B, given=given, generator=gen(3), stepper=Uncached(model, B),
+                                 batch_commit='min', **kw)
+    a, sa = generate_speculative(model, n, B, given=given, generator=gen(3), batch_commit='min', **kw)
+    assert torch.equal(a, b) and sa['committed'] == sb['committed'] and sa['forward_calls'] < n
+
+
+def test_the_cache_free_check_catches_a_rejected_row_kept(monkeypatch):
+    """The check above has power: keeping the rejected draft's row changes the samples."""
+    model = mixy(seed=5, block_size=32, vocab_size=11)
+    n, B = 24, 16
+    a, _ = generate_speculative(model, n, B, k=3, generator=gen(3), batch_commit='min')
+    b, _ = generate_speculative(model, n, B, k=3, generator=gen(3), batch_commit='min', _bug='keep_rejected')
+    assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize('commit', ['min', 'per_row'])
+@pytest.mark.parametrize('kw', [dict(order='random', k=3), dict(order='l2r', k=5, top_p=0.9),
+                                dict(order='blocks:8', k='auto')])
+def test_static_stepper_gives_the_dynamic_samples(kw, commit):
+    """The fixed-shape path (what a CUDA graph replays) gives the dynamic path's samples: padded rows,
+    masked spans over the zeroed cache, the verify call as k = 1 with every row's logits; per-sample
+    commits through RowStepper's per-sample masks."""
+    model = mixy(seed=8, block_size=40, vocab_size=11, s=0.1)
+    n, B = 40, 3
+    given = torch.full((n,), -1)
+    given[[0, 5, 17]] = torch.tensor([4, 9, 1])
+    kw = dict(kw, batch_commit=commit)
+    a, sa = generate_speculative(model, n, B, given=given, generator=gen(4), **kw)
+    step = (engine.SlotStepper(model, B, 'static', kv_bucket=16) if commit == 'min' else
+            speculative.row_stepper(model, B, 'static', n, kw['k'], 3, kv_bucket=16))
+    b, sb = generate_speculative(model, n, B, given=given, generator=gen(4), stepper=step, **kw)
+    assert torch.equal(a, b) and sa['committed'] == sb['committed']
+    c, _ = generate_speculative(model, n, B, given=given, generator=gen(4), stepper=step, **kw)  # reused
+    assert torch.equal(a, c)
+
+
+def test_calls_per_token_and_passes():
+    """A round is 2 calls for >= 2 tokens: calls <= tokens for every k; k = 1 is one call per token."""
+    model = mixy(seed=5, block_size=32, vocab_size=11)
+    for k in (1, 3, 'auto'):
+        for commit in ('min', 'per_row'):
+            _, st = generate_speculative(model, 32, 8, k=k, generator=gen(0), batch_commit=commit)
+            assert st['forward_calls'] <= 32 and st['tokens_generated'] == 32
+            if k == 1:
+                assert st['forward_calls'] == st['token_passes'] == 32
+
+
+@pytest.mark.parametrize('bad, msg', [
+    (dict(order='confidence'), 'not\\s+be exact'), (dict(k=0), 'k must be'), (dict(batch_commit='max'), 'batch_commit'),
+])
+def test_bad_arguments_are_one_clear_error(m4, bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        generate_speculative(m4, 4, 2, **bad)
+    with pytest.raises(ValueError, match='RowStepper'):
+        generate_speculative(m4, 4, 2, batch_commit='per_row', stepper=engine.SlotStepper(m4, 2, 'static'))
+
+
+@pytest.mark.parametrize('kw', [dict(cond='none'), dict(causal=False, cond='none', mask_token_id=7)])
+def test_gpt_and_encoder_are_refused(kw):
+    model = tiny(vocab_size=8, block_size=8, **kw)
+    with pytest.raises(ValueError, match='any-order decoder'):
+        generate_speculative(model, 4, 2)
+
+
+# --------------------------------------------------------------------------- the CLI
+
+def test_cli_speculative(tmp_path, monkeypatch, capsys):
+    from test_sample import write_ckpt
+    ck = tmp_path / 'ck.pt'
+    write_ckpt(ck)
+    defaults = {k: v for k, v in vars(sample).items() if not k.startswith('_') and
+                isinstance(v, (int, float, bool, str, type(None)))}
+
+    def cli(*args):
+        for k, v in defaults.items():
+            monkeypatch.setattr(sample, k, v)
+        monkeypatch.setattr('sys.argv', ['sample.py', '--device', 'cpu', '--seed', '1', '--ckpt', str(ck),
+                                         '--quiet', *args])
+        code = 0
+        try:
+            sample.main()
+        except SystemExit as e:
+            code = e.code
+        out = capsys.readouterr()
+        return code, out.out + out.err
+
+    for args in (['--speculative', '3'], ['--speculative', 'auto', '--order', 'l2r', '--prompt', 'ab'],
+                 ['--speculative', '2', '--order', 'blocks:4', '--template', 'a[BLANK:5]b', '--temperature', '0.7',
+                  '--top_p', '0.9', '--stepper', 'static'],
+                 ['--speculative', '4', '--save', str(tmp_path / 's.json')]):
+        code, out = cli(*args, '--length', '16')
+        assert code == 0, out
+        assert 'tokens per forward call' in out and 'rounds per sample' in out
+    # --trace: one page per run, for the speculative sampler (which drafts were kept) and the others
+    for args in (['--speculative', '3'], ['--steps', '4'], ['--order', 'confidence', '--steps', '4']):
+        page = tmp_path / 'trace.html'
+        code, out = cli(*args, '--length', '12', '--batch_size', '2', '--prompt', 'a', '--trace', str(page))
+        assert code == 0, out
+        text = page.read_text()
+        assert text.count('<h3>sample') == 2 and text.count('<table>') == 2
+        assert ("<td class='d0'" in text) == (args[0] == '--speculative') and "<td class='given'" in text
+    code, out = cli('--speculative', '3', '--order', 'confidence')
+    assert code != 0 and 'not be exact' in out
+    code, out = cli('--speculative', '1')
+    assert code != 0 and 'speculative' in out
+    write_ckpt(ck, cond='none')  # a GPT: one clear line
+    code, out = cli('--speculative', '3', '--length', '8')
+    assert code != 0 and 'cannot verify drafts' in out
+
+
+def test_trace_steps_cover_every_position_once(m4):
+    """The trace's steps, rebuilt from a run's stats, reveal every free position exactly once, in the
+    run's order, and call a token resampled exactly when its draft was rejected."""
+    import tracepage
+    given = torch.tensor([-1, 2, -1, -1])
+    for commit in ('min', 'per_row'):
+        x, st = generate_speculative(m4, 4, 64, k=3, vocab_size=3, given=given, generator=gen(0),
+                                     batch_commit=commit, trace=True)
+        for b, steps in enumerate(tracepage.steps_of(st, 4, 1, 64)):
+            flat = [(p, kind) for row in steps for p, kind, _ in row]
+            assert [p for p, _ in flat] == st['order'][b].tolist()
+            assert flat[0][1] == 'given' and all(kind != 'given' for _, kind in flat[1:])
+            for row in steps[1:]:
+                assert row[0][1] == 'd0'
+                for p, kind, rej in row:
+                    assert (kind == 'resampled') == (rej is not None)
+
+
+def test_greedy_is_greedy_sequential_decoding():
+    """Temperature 0: q and p are one-hot, a draft is kept iff it is the argmax given the drafts before
+    it, so the output is greedy decoding along the order, token for token."""
+    model = mixy(seed=5, block_size=32, vocab_size=11)
+    for order in ('l2r', 'random'):
+        ref, st = generate.generate_ao(model, 24, 8, 24, order=order, fixed_counts=True, temperature=0.0,
+                                     generator=gen(2))
+        for commit in ('min', 'per_row'):
+            x, _ = generate_speculative(model, 24, 8, k=4, order=st['order'], temperature=0.0, generator=gen(2),
+                                        batch_commit=commit)  # generate_ao's orders, per sample
+            assert torch.equal(x, ref)
+
+
+@pytest.mark.parametrize('mode', ['dynamic', 'static'])
+def test_compacting_the_per_sample_cache_changes_nothing(monkeypatch, mode):
+    """Per-sample commits leave holes in the buffer; when it runs out, RowCache.room moves each sample's
+    kept slots to the front. Attention does not see where a key sits, so a buffer small enough to compact
+    often gives the same samples as the roomy default."""
+    model = mixy(seed=5, block_size=32, vocab_size=11)
+    kw = dict(k=6, vocab_size=11, batch_commit='per_row', given=torch.tensor([3] + [-1] * 23))
+    a, _ = generate_speculative(model, 24, 16, generator=gen(7), **kw)
+    real, seen = speculative._room, []
+
+    def spy(cache, valid, r, limit):
+        seen.append(cache.len + r > limit)
+        return real(cache, valid, r, limit)
+    monkeypatch.setattr(speculative, '_room', spy)
+    # about n + 1 slots for the kept ones + the widest call (static: 32 with the scratch row)
+    monkeypatch.setattr(speculative, 'row_slots', lambda n, k, g=0: 32 if mode == 'dynamic' else 31)
+    b, _ = generate_speculative(model, 24, 16, generator=gen(7), stepper=mode, **kw)
+    assert sum(seen) >= 2 and torch.equal(a, b)
