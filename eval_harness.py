@@ -23,7 +23,7 @@ Estimators of log p(continuation | context) (--likelihood; the JSON records whic
              with the whole continuation masked. This is what the MDM repos (LLaDA, SMDM) plug in.
 loglikelihood_rolling (perplexity tasks) is exact L2R for a decoder (the ELBO for an encoder), over the
 harness's own rolling windows (natively: eval_ppl.py's chunks, the last partial one with left context).
-generate_until is L2R KV-cache decoding (sample.generate_ar), greedy
+generate_until is L2R KV-cache decoding (generate.generate_ar), greedy
 unless the task asks for sampling.
 
 Where the sequence starts (--bos; docs/downstream.md has the details):
@@ -385,7 +385,7 @@ class AOGPTLM(TemplateLM):
         return text
 
     def _decode(self, ids, k, temperature, top_p, g):
-        """k more tokens after ids. Natively sample.generate_ar ([None] + ids, KV cache). With bos=hf the
+        """k more tokens after ids. Natively generate.generate_ar ([None] + ids, KV cache). With bos=hf the
         first token sits in [None]'s slot, which generate_ar does not do: a plain loop of full passes
         (what HF GPT-2 computes; this mode is for checking against the hf class, not for speed)."""
         from generate import generate_ar, sample_tokens
@@ -411,7 +411,7 @@ class AOGPTLM(TemplateLM):
                  precision=self.precision, seed=self.seed, batch_size=self._batch,
                  rolling='exact L2R over the harness rolling windows',
                  generation=('full passes, first token in slot 0 (bos=hf)' if self.hf else
-                             'sample.generate_ar: L2R KV cache from [None] + context') +
+                             'generate.generate_ar: L2R KV cache from [None] + context') +
                  ', greedy unless the task sets do_sample')
         if self.encoder:
             d.update(likelihood=f'mdm_elbo:mc={self.mc}', rolling=f'MDM ELBO, {self.mc} masks per window',
@@ -596,7 +596,8 @@ def make_record(lm, c, results):
     ckpt_path = c.ckpt or c.out_dir
     from checkpoint import fingerprint
     record = dict(checkpoint=os.path.abspath(ckpt_path) if os.path.exists(ckpt_path) else ckpt_path,
-                  ema=lm.used_ema, iter_num=lm.iter_num, weights=fingerprint(lm.model), estimator=lm.describe(), lm_eval_version=lm_eval.__version__,
+                  ema=lm.used_ema, iter_num=lm.iter_num, weights=fingerprint(lm.model), estimator=lm.describe(),
+                  lm_eval_version=lm_eval.__version__,
                   tasks=c.task_names, world_size=c.world_size, limit=c.limit, num_fewshot=c.num_fewshot,
                   include_path=c.include_path,
                   time=time.strftime('%Y-%m-%d %H:%M:%S'), **clean(results['primary']))

@@ -430,7 +430,8 @@ def speculative_study(c, names):
     of the fraction already revealed."""
     import torch
     from checkpoint import checkpoint_codec, load_model
-    from sample import generate_ao, generative_ppl
+    from generate import generate_ao
+    from genppl import generative_ppl
     from speculative import generate_speculative
     judge, ck, _ = load_model(os.path.join(c.runs_dir, 'judge'), c.device)
     codec = checkpoint_codec(ck)
@@ -656,9 +657,11 @@ def redraw(c):
         die(f"{path} is not a reproduce.py record: " + (f"it holds a {type(d).__name__}, not an object" if not
             isinstance(d, dict) else f"{', '.join(wrong)} missing or of the wrong type") + f"; {again}")
     try:
-        for k in ('sample_batch', 'sample_n', 'device'):  # what the plots' titles say of that run
+        for k in ('sample_batch', 'sample_n', 'device', 'block_size'):  # what the plots' titles say of that run
             setattr(c, k, d['config'][k])
         figs = draw_plots(c, d['logs'], d['ensemble'], d['sampling'], d['generation'])
+        if 'speculative' in d:  # finding 8 (records written before it existed have none)
+            figs.append(draw_speculative(c, d['speculative']))
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:  # a field inside them
         die(f"{path} lacks or mangles what a plot needs ({type(e).__name__}: {first_line(e, 120)}); {again}")
     print(f"redrew {len(figs)} plots in {c.results_dir} from {path}")

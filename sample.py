@@ -25,9 +25,9 @@ import unicodedata
 import torch
 
 from configurator import die, namespace, print_config, stop_on_ctrl_c
-from engine import STEPPERS, EncoderStepper, SlotStepper
-from generate import ADAPTIVE, check_order, generate_ao, generate_ar, generate_mdm
-from genppl import generative_ppl, load_judge
+import engine
+import generate
+import genppl
 from runtime import autocast, resolve_device
 
 # -----------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def read_config(argv=None):
                     ('mdm_counts', c.mdm_counts in ('shared', 'independent')), ('temperature', c.temperature >= 0),
                     ('gen_ppl_mode', c.gen_ppl_mode in ('auto', 'none', 'hf')), ('steps', c.steps >= 1),
                     ('batch_size', c.batch_size >= 1), ('num_batches', c.num_batches >= 1),
-                    ('stepper', c.stepper in STEPPERS), ('blank_len', c.blank_len >= 1),
+                    ('stepper', c.stepper in engine.STEPPERS), ('blank_len', c.blank_len >= 1),
                     ('judge_batch_size', c.judge_batch_size >= 1), ('length', c.length == -1 or c.length >= 1),
                     ('speculative', c.speculative in ('', 'auto') or
                      c.speculative.isdigit() and int(c.speculative) >= 2)):
@@ -267,10 +267,10 @@ def generation_order(c, ck, family, n):
         die(f"--order {o}: no such file (an order file is a .npy or text list of positions)")
     else:
         try:
-            check_order(o)
+            generate.check_order(o)
         except ValueError as e:
             die(f"--order: {e}, or a file of positions")
-    adaptive = isinstance(o, str) and o in ADAPTIVE
+    adaptive = isinstance(o, str) and o in generate.ADAPTIVE
     if not 0 <= c.threshold <= 1 or (c.threshold and not adaptive):
         die(f"invalid --threshold={c.threshold!r}: a probability in (0, 1], for --order confidence, margin or "
             f"entropy (0: take the counts from the Lemma-1 schedule)")
@@ -292,7 +292,7 @@ def generation_order(c, ck, family, n):
 
 
 def load_judge_for(c, codec):
-    judge, judge_codec, is_hf = load_judge(c.gen_ppl, c.device)
+    judge, judge_codec, is_hf = genppl.load_judge(c.gen_ppl, c.device)
     if judge.config.vocab_size < judge_codec.vocab_size:
         die(f"judge {c.gen_ppl}: its {judge_codec.name} codec has {judge_codec.vocab_size} symbols, the model "
             f"only {judge.config.vocab_size}")
@@ -327,8 +327,8 @@ def draw(c, model, family, n, given, order, codec):
     sync()
     t0 = time.time()
     with c.ctx:
-        stp = (EncoderStepper(model, c.batch_size, n, c.stepper) if family == 'mdm' else
-               SlotStepper(model, c.batch_size, c.stepper))  # one for all batches: its graphs are kept
+        stp = (engine.EncoderStepper(model, c.batch_size, n, c.stepper) if family == 'mdm' else
+               engine.SlotStepper(model, c.batch_size, c.stepper))  # one for all batches: its graphs are kept
         if c.speculative:
             from speculative import generate_speculative, row_stepper
             k = 'auto' if c.speculative == 'auto' else int(c.speculative)
@@ -340,16 +340,16 @@ def draw(c, model, family, n, given, order, codec):
                 x, stats = generate_speculative(model, n, c.batch_size, k=k, order=order, given=given, stepper=stp,
                                                 batch_commit='per_row', trace=bool(c.trace), **common)
             elif family == 'ao':
-                x, stats = generate_ao(model, n, c.batch_size, c.steps, order=order, fixed_counts=c.fixed_counts,
-                                       schedule=c.schedule, given=given, stepper=stp, threshold=c.threshold,
-                                       **common)
+                x, stats = generate.generate_ao(model, n, c.batch_size, c.steps, order=order,
+                                                fixed_counts=c.fixed_counts, schedule=c.schedule, given=given,
+                                                stepper=stp, threshold=c.threshold, **common)
             elif family == 'mdm':
-                x, stats = generate_mdm(model, n, c.batch_size, c.steps, cache_trick=c.cache_trick,
-                                        counts=c.mdm_counts, order=order, fixed_counts=c.fixed_counts,
-                                        schedule=c.schedule, given=given, stepper=stp, **common)
+                x, stats = generate.generate_mdm(model, n, c.batch_size, c.steps, cache_trick=c.cache_trick,
+                                                 counts=c.mdm_counts, order=order, fixed_counts=c.fixed_counts,
+                                                 schedule=c.schedule, given=given, stepper=stp, **common)
             else:
                 prefix = given[:int((given >= 0).sum())]
-                x, stats = generate_ar(model, n, c.batch_size, prompt=prefix, stepper=stp, **common)
+                x, stats = generate.generate_ar(model, n, c.batch_size, prompt=prefix, stepper=stp, **common)
             samples.append(x.cpu())
     sync()
     return torch.cat(samples), stats, time.time() - t0
@@ -358,7 +358,7 @@ def draw(c, model, family, n, given, order, codec):
 def score(c, judge, samples, codec):
     """Generative perplexity of the samples under the judge, both averages, with their unigram entropy."""
     try:
-        r = generative_ppl(judge, judge.codec, samples, codec, judge.mode, c.judge_batch_size)
+        r = genppl.generative_ppl(judge, judge.codec, samples, codec, judge.mode, c.judge_batch_size)
     except ValueError as e:
         die(f"--gen_ppl: {e}")
     print(f"gen ppl ({c.gen_ppl}, mode {judge.mode}): per-sequence mean {r['per_sequence']:.3f} (the paper's "

@@ -121,9 +121,10 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
     order: 'random', 'l2r', 'blocks:K' or a permutation, fixed before the first draw; the confidence
     orders are refused (not exact). given: as generate_ao (the given tokens enter the cache first).
     stepper: 'dynamic', 'static', 'cuda_graph' or a SlotStepper (RowStepper for per_row) to reuse.
-    bonus: the extra verify slot that earns a token when every draft is kept. batch_commit: 'per_row' (each sample commits what it
-    accepted, under a per-sample cache mask; a mode name, or a RowStepper for the fixed shapes) or 'min'
-    (every sample commits the batch's fewest: exact, simpler, but at B = 32 almost always 2 a round).
+    bonus: the extra verify slot that earns a token when every draft is kept. batch_commit: 'per_row'
+    (each sample commits what it accepted, under a per-sample cache mask; a mode name, or a RowStepper
+    for the fixed shapes) or 'min' (every sample commits the batch's fewest: exact, simpler, but at
+    B = 32 almost always 2 a round).
     stats: forward_calls, token_passes (rows per sample through the network), tokens_generated, rounds
     (the batch's), rounds_per_sample and calls_per_sample (the mean over samples of the rounds and calls
     each needed on its own: under per_row commits a sample that is done waits for the batch),

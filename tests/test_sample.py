@@ -455,7 +455,7 @@ def test_bf16_logits_are_drawn_in_float64_on_gpu(monkeypatch):
         out = real(logits, u, *a, **k)
         seen.append((logits.cpu(), u.cpu(), out.cpu(), a, k))
         return out
-    monkeypatch.setattr(sample, 'sample_tokens', spy)
+    monkeypatch.setattr(generate, 'sample_tokens', spy)
     generate_ao(model, 40, 3, 7, top_p=0.9, generator=gen(7), stepper='cuda_graph')
     assert seen
     for logits, u, out, a, k in seen:
@@ -922,7 +922,7 @@ def test_bad_destinations_and_judges_fail_before_any_sampling(tmp_path, cli, mon
     """--save to a missing folder and a judge that cannot load once failed only after all the sampling."""
     write_ckpt(tmp_path / 'ckpt.pt')
     calls = []
-    monkeypatch.setattr(sample, 'generate_ao', lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(generate, 'generate_ao', lambda *a, **k: calls.append(1))
     write_ckpt(tmp_path / 'mdm.pt', cond='none', causal=False)
     char = load_checkpoint(str(tmp_path / 'ckpt.pt'))
     char['codec'] = {'tokenizer': 'char', 'vocab_size': 3, 'chars': 'abc', 'eot': None}
