@@ -50,6 +50,7 @@ import torch
 from torch.nn import functional as F
 
 from configurator import die, first_line, namespace, print_config
+from runtime import start_ranks
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
 tasks = ''               # comma list of harness task (or group) names
@@ -479,20 +480,6 @@ def read_config(argv):
     except ValueError as e:
         die(f"--{e}")
     return c
-
-
-def start_ranks(device):
-    """(rank, world size, this rank's device): one process, or one per torchrun rank. The harness shards
-    the requests over ranks itself (lm.rank, lm.world_size) and gathers them with the LM's all_gather /
-    gather_object, which the class implements with torch.distributed."""
-    if int(os.environ.get('RANK', -1)) == -1:
-        return 0, 1, device
-    import torch.distributed as dist
-    dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
-    if device.startswith('cuda'):
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-        torch.cuda.set_device(device)
-    return dist.get_rank(), dist.get_world_size(), device
 
 
 def find_tasks(c):

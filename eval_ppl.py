@@ -44,7 +44,7 @@ from configurator import die, namespace, print_config, stop_on_ctrl_c
 from evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
 from model import random_orders, stratified_uniform
 from plot import plot_eval
-from runtime import autocast, resolve_device
+from runtime import autocast, resolve_device, start_ranks
 from tokenizer import DataError
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
@@ -450,18 +450,6 @@ def read_config(argv):
     except ValueError as e:
         die(f"--{e}")
     return c
-
-
-def start_ranks(device):
-    """(rank, world size, this rank's device): one process, or one per torchrun rank."""
-    if int(os.environ.get('RANK', -1)) == -1:
-        return 0, 1, device
-    import torch.distributed as dist
-    dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
-    if device.startswith('cuda'):
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-        torch.cuda.set_device(device)
-    return dist.get_rank(), dist.get_world_size(), device
 
 
 def quiet_hf_bars(show):

@@ -65,3 +65,16 @@ PEAK_FLOPS = (('H100 PCIe', 756e12), ('H100', 989e12), ('H200', 989e12), ('H800'
 
 def gpu_peak_flops(device_name):
     return next((f for key, f in PEAK_FLOPS if key in device_name), 0.0)
+
+
+def start_ranks(device):
+    """(rank, world size, this rank's device): one process, or one per torchrun rank (NCCL on CUDA, gloo
+    on the CPU), each rank on its own GPU."""
+    if int(os.environ.get('RANK', -1)) == -1:
+        return 0, 1, device
+    import torch.distributed as dist
+    dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
+    if device.startswith('cuda'):
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        torch.cuda.set_device(device)
+    return dist.get_rank(), dist.get_world_size(), device

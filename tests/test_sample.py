@@ -827,29 +827,6 @@ def write_ckpt(path, **kw):
                          ema=ema, config={'dataset': 'no-such-dataset'}, order=None), str(path))
 
 
-@pytest.fixture
-def cli(monkeypatch, capsys):
-    """Run sample.main() in-process, each call from the module's default config (main() writes the
-    resolved config into the module's globals; they are restored before every call and at the end)."""
-    defaults = {k: v for k, v in vars(sample).items() if not k.startswith('_') and
-                isinstance(v, (int, float, bool, str, type(None)))}
-    for k, v in defaults.items():
-        monkeypatch.setattr(sample, k, v)
-
-    def run(*args):
-        for k, v in defaults.items():
-            setattr(sample, k, v)
-        monkeypatch.setattr(sys, 'argv', ['sample.py', '--device', 'cpu', '--seed', '1', *args])
-        code = 0
-        try:
-            sample.main()
-        except SystemExit as e:
-            code = e.code
-        out = capsys.readouterr()
-        return code, out.out, out.err
-    return run
-
-
 def test_cli_generates_infills_and_scores(tmp_path, cli):
     write_ckpt(tmp_path / 'ao.pt', seed=1)
     write_ckpt(tmp_path / 'gpt.pt', cond='none', seed=2)

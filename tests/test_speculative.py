@@ -9,7 +9,6 @@ import torch
 
 import engine
 import generate
-import sample
 import speculative
 from helpers import tiny
 from model import parallel_mask
@@ -324,47 +323,36 @@ def test_gpt_and_encoder_are_refused(kw):
 
 # --------------------------------------------------------------------------- the CLI
 
-def test_cli_speculative(tmp_path, monkeypatch, capsys):
+def test_cli_speculative(tmp_path, cli):
     from test_sample import write_ckpt
     ck = tmp_path / 'ck.pt'
     write_ckpt(ck)
-    defaults = {k: v for k, v in vars(sample).items() if not k.startswith('_') and
-                isinstance(v, (int, float, bool, str, type(None)))}
 
-    def cli(*args):
-        for k, v in defaults.items():
-            monkeypatch.setattr(sample, k, v)
-        monkeypatch.setattr('sys.argv', ['sample.py', '--device', 'cpu', '--seed', '1', '--ckpt', str(ck),
-                                         '--quiet', *args])
-        code = 0
-        try:
-            sample.main()
-        except SystemExit as e:
-            code = e.code
-        out = capsys.readouterr()
-        return code, out.out + out.err
+    def run(*args):
+        code, out, err = cli('--ckpt', str(ck), '--quiet', *args)
+        return code, out + err
 
     for args in (['--speculative', '3'], ['--speculative', 'auto', '--order', 'l2r', '--prompt', 'ab'],
                  ['--speculative', '2', '--order', 'blocks:4', '--template', 'a[BLANK:5]b', '--temperature', '0.7',
                   '--top_p', '0.9', '--stepper', 'static'],
                  ['--speculative', '4', '--save', str(tmp_path / 's.json')]):
-        code, out = cli(*args, '--length', '16')
+        code, out = run(*args, '--length', '16')
         assert code == 0, out
         assert 'tokens per forward call' in out and 'rounds per sample' in out
     # --trace: one page per run, for the speculative sampler (which drafts were kept) and the others
     for args in (['--speculative', '3'], ['--steps', '4'], ['--order', 'confidence', '--steps', '4']):
         page = tmp_path / 'trace.html'
-        code, out = cli(*args, '--length', '12', '--batch_size', '2', '--prompt', 'a', '--trace', str(page))
+        code, out = run(*args, '--length', '12', '--batch_size', '2', '--prompt', 'a', '--trace', str(page))
         assert code == 0, out
         text = page.read_text()
         assert text.count('<h3>sample') == 2 and text.count('<table>') == 2
         assert ("<td class='d0'" in text) == (args[0] == '--speculative') and "<td class='given'" in text
-    code, out = cli('--speculative', '3', '--order', 'confidence')
+    code, out = run('--speculative', '3', '--order', 'confidence')
     assert code != 0 and 'not be exact' in out
-    code, out = cli('--speculative', '1')
+    code, out = run('--speculative', '1')
     assert code != 0 and 'speculative' in out
     write_ckpt(ck, cond='none')  # a GPT: one clear line
-    code, out = cli('--speculative', '3', '--length', '8')
+    code, out = run('--speculative', '3', '--length', '8')
     assert code != 0 and 'cannot verify drafts' in out
 
 
