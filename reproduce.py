@@ -661,7 +661,7 @@ def redraw(c):
             setattr(c, k, d['config'][k])
         figs = draw_plots(c, d['logs'], d['ensemble'], d['sampling'], d['generation'])
         if 'speculative' in d:  # finding 8 (records written before it existed have none)
-            figs.append(draw_speculative(c, d['speculative']))
+            figs[8] = draw_speculative(c, d['speculative'])
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:  # a field inside them
         die(f"{path} lacks or mangles what a plot needs ({type(e).__name__}: {first_line(e, 120)}); {again}")
     print(f"redrew {len(figs)} plots in {c.results_dir} from {path}")
