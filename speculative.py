@@ -1,6 +1,6 @@
 """
 Exact parallel decoding for an any-order decoder: self-speculative sampling (ASSD, Guo & Ermon,
-arXiv 2504.20456) on the KV-cached slot sampler of sample.py.
+arXiv 2504.20456) on the KV-cached slot sampler of generate.py and engine.py.
 
 The law we want is sequential sampling along an order sigma fixed before any token is drawn:
 x_sigma(j) ~ p(. | x_sigma(<j)) for j = 0..n-1, each conditional after the same temperature / top-p
