@@ -131,14 +131,21 @@ def _sample_rows(logits, u, temperature, top_p, ban, score=None):
     idx = None
     if top_p < 1.0:
         p, idx = sorted_nucleus(p, top_p)
-    cdf = p.cumsum(1)
-    total = cdf[:, -1:]
-    # the first index whose cdf exceeds u * total; clamping below total keeps the index at or before the
-    # last token with positive probability, and a zero-probability token can never be the first to exceed
-    v = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    j = torch.searchsorted(cdf, v, right=True)  # (R, 1)
+    j, total = inverse_cdf(p, u)
+    j = j[:, None]                                                          # (R, 1)
     tok = (idx.gather(1, j) if idx is not None else j).squeeze(1)
     return tok if score is None else (tok, *_scores(p / total, j, score))
+
+
+def inverse_cdf(p, u):
+    """One index per row of p (..., V) (non-negative, not necessarily normalised) from the uniforms u (...),
+    and each row's total mass (..., 1): the first index whose cdf exceeds u * total. Clamping below the
+    total keeps the index at or before the last token with positive probability, so a zero-probability
+    token can never be the first to exceed it."""
+    cdf = p.cumsum(-1)
+    total = cdf[..., -1:]
+    v = torch.minimum(u.to(cdf)[..., None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf.contiguous(), v.contiguous(), right=True).squeeze(-1), total
 
 
 def _scores(p, j, score):

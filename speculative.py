@@ -55,7 +55,7 @@ round: k uniforms per sample for the drafts, k - 1 for the accept tests, 1 for t
 import torch
 
 from engine import KV_BUCKET, KVCache, SlotStepper
-from generate import ADAPTIVE, check_order, free_order, sorted_nucleus, split_given
+from generate import ADAPTIVE, check_order, free_order, inverse_cdf, sorted_nucleus, split_given
 from model import parallel_mask
 
 K_MAX = 16  # the largest draft length k='auto' goes to
@@ -78,12 +78,9 @@ def probs(logits, temperature=1.0, top_p=1.0, vocab_size=None):
 
 
 def draw(p, u):
-    """One token per row of p (..., V) (non-negative, not necessarily normalised) by inverse CDF with
-    the uniforms u (...); a zero-probability token is never drawn (see sample._sample_rows)."""
-    cdf = p.cumsum(-1)
-    total = cdf[..., -1:]
-    v = torch.minimum(u.to(cdf)[..., None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf.contiguous(), v.contiguous(), right=True).squeeze(-1).clamp(max=p.size(-1) - 1)
+    """One token per row of p (..., V) by generate.inverse_cdf (sample_tokens' draw) with the uniforms u
+    (...); the clamp only guards the last index against rounding."""
+    return inverse_cdf(p, u)[0].clamp(max=p.size(-1) - 1)
 
 
 def _residual(p, q):
