@@ -50,7 +50,7 @@ import torch
 from torch.nn import functional as F
 
 from configurator import die, first_line, namespace, print_config
-from runtime import start_ranks
+from runtime import autocast, resolve_device, start_ranks
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
 tasks = ''               # comma list of harness task (or group) names
@@ -118,7 +118,6 @@ class AOGPTLM(TemplateLM):
                  dataset='', seed=1234, max_batch_size=None):
         # max_batch_size: the lm_eval CLI passes it to every model; a fixed batch_size is used instead
         super().__init__()
-        from runtime import autocast, resolve_device
         self.estimator, self.K = parse_likelihood(likelihood)
         if orders_score not in ('mean', 'lme'):
             raise ValueError(f"orders_score must be 'mean' or 'lme', got {orders_score!r}")
@@ -474,7 +473,6 @@ def read_config(argv):
     if c.include_path and not os.path.isdir(c.include_path):
         die(f"--include_path {c.include_path}: no such folder")
     try:
-        from runtime import autocast, resolve_device
         c.device = resolve_device(c.device)
         autocast(c.device, c.dtype)
     except ValueError as e:
