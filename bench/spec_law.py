@@ -1,0 +1,51 @@
+"""
+Does the speculative sampler draw from the T = n sampler's law on a trained model? The mean judge NLL per
+token of many samples from each (with its standard error), side by side: exact samplers of one law agree
+within a few standard errors; a biased one drifts. Needs the runs `make findings` trains (out-reproduce:
+`ao` and the L2R `judge`). A statistical companion of the enumeration tests in tests/test_speculative.py,
+at a size enumeration cannot reach.
+
+    python bench/spec_law.py                       # n = 32, 8 batches of 256 samples per sampler
+"""
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch  # noqa: E402
+
+from checkpoint import checkpoint_codec, load_model  # noqa: E402
+from configurator import configure, print_config  # noqa: E402
+from generate import generate_ao  # noqa: E402
+from genppl import judge_token_nll  # noqa: E402
+from speculative import generate_speculative  # noqa: E402
+
+runs_dir = 'out-reproduce'   # where make findings trained `ao` and `judge`
+n = 32                       # sequence length (the findings' block_size)
+batch_size = 256
+batches = 8                  # seeds 100, 101, ...: batches x batch_size samples per sampler
+config = configure(globals())
+print_config(config)
+
+model = load_model(os.path.join(runs_dir, 'ao'), 'cpu')[0]
+judge, ck, _ = load_model(os.path.join(runs_dir, 'judge'), 'cpu')
+V = checkpoint_codec(ck).vocab_size
+SAMPLERS = {
+    'T = n, random': lambda g: generate_ao(model, n, batch_size, n, fixed_counts=True, vocab_size=V, generator=g),
+    'speculative k=4, random, per-sample commits':
+        lambda g: generate_speculative(model, n, batch_size, k=4, vocab_size=V, generator=g),
+    'speculative k=auto, random, per-sample commits':
+        lambda g: generate_speculative(model, n, batch_size, k='auto', vocab_size=V, generator=g),
+    'speculative k=4, random, batch-minimum commits':
+        lambda g: generate_speculative(model, n, batch_size, k=4, vocab_size=V, generator=g, batch_commit='min'),
+}
+print('| sampler | mean judge NLL per token | standard error | forward calls per sample |')
+print('|---|---|---|---|')
+for name, fn in SAMPLERS.items():
+    nll = []
+    for i in range(batches):
+        x, st = fn(torch.Generator().manual_seed(100 + i))
+        nll += [t.mean().item() for t in judge_token_nll(judge, list(x), 'none', batch_size)]
+    v = torch.tensor(nll, dtype=torch.float64)
+    calls = st.get('calls_per_sample', st['forward_calls'])
+    print(f"| {name} | {v.mean().item():.4f} | {v.std().item() / math.sqrt(len(v)):.4f} | {calls:.1f} |", flush=True)
