@@ -139,7 +139,7 @@ class SlotStepper:
         self.siblings = {batch_size: self}
         if mode != 'dynamic':
             self.scalars = torch.zeros(3, dtype=torch.long, device=dev)  # L, blk, r: read at replay
-            self.bufs, self.graphs, self.outs = {}, {}, {}
+            self.bufs, self.inners, self.graphs, self.outs = {}, {}, {}, {}
             self.pool = torch.cuda.graph_pool_handle() if mode == 'cuda_graph' else None
         if mode == 'cuda_graph':
             # A call's scalars go up from pinned buffers, asynchronously: a copy from pageable memory waits
@@ -182,9 +182,11 @@ class SlotStepper:
         K/V reads dominate (bench/sample_roofline.py's second table)."""
         return S if not kv_bucket else min(S, -(-(L + R) // kv_bucket) * kv_bucket)
 
-    def __call__(self, tok, pos, tgt, k, n_logits=None):
+    def __call__(self, tok, pos, tgt, k, n_logits=None, inner=None):
         """Logits (B, n_logits, V) of the last n_logits rows: by default the k copies' (the speculative
-        sampler's verify call asks for every causal row's)."""
+        sampler's verify call asks for every causal row's). inner (r, r) bool, if given, is which of the
+        call's rows each row sees, in place of the pending-then-parallel pattern (k is then unused): the
+        fused speculative call hangs draft copies off several rows of one causal chain."""
         B, r = tok.shape
         L = self.cache.len
         nl = k if n_logits is None else n_logits
@@ -194,16 +196,24 @@ class SlotStepper:
                                  f"{self.model.config.block_size}")
             # causal after the cache, the last k rows a parallel block; one row, or a first causal call,
             # needs no mask
-            mask = parallel_mask(r, k, L, tok.device) if r > 1 and (k > 1 or L) else None
+            if inner is not None:
+                mask = torch.cat([inner.new_ones(r, L), inner], 1)
+            else:
+                mask = parallel_mask(r, k, L, tok.device) if r > 1 and (k > 1 or L) else None
             kv = self.cache, torch.arange(L, L + r, device=tok.device), L + r
             return self.model.forward_slots(tok, pos, tgt, mask=mask, kv=kv, n_logits=nl)
         R = self.rows_for(r)
-        key = R, self.span_for(L, R, self.cache.shape[2], self.kv_bucket)
+        key = R, self.span_for(L, R, self.cache.shape[2], self.kv_bucket), inner is not None
         if R not in self.bufs:
             self.bufs[R] = torch.empty(3, B, R, dtype=torch.long, device=self.dev)
         buf = self.bufs[R]                                                # (3, B, R): tok, pos, tgt
         buf[:, :, :r] = torch.stack([tok, pos, tgt])
         buf[:, :, r:] = buf[:, :, r - 1:r]                                # padding: repeat the last row
+        if inner is not None:
+            if R not in self.inners:
+                self.inners[R] = torch.zeros(R, R, dtype=torch.bool, device=self.dev)
+            self.inners[R].copy_(torch.eye(R, dtype=torch.bool, device=self.dev))  # padding rows: themselves
+            self.inners[R][:r, :r] = inner
         if self.mode == 'static':
             self.scalars.copy_(torch.tensor([L, r - k, r]))
             h = self._forward(*key)
@@ -220,16 +230,22 @@ class SlotStepper:
             h = self.outs[key]
         return self.model.lm_head(h[:, r - nl:r])                         # (B, nl, V)
 
-    def visible(self, R, span):
-        """The fixed-shape call's mask (R, span) and the slots its rows write (R,); see _forward."""
+    def visible(self, R, span, tree=False):
+        """The fixed-shape call's mask (R, span) and the slots its rows write (R,); see _forward. tree:
+        the rows see each other as the call's inner mask says (self.inners[R]), placed at slots L.."""
         L, blk, r = self.scalars
         S = self.cache.shape[2]
         i = torch.arange(R, device=self.dev)[:, None]                    # (R, 1) row
         j = torch.arange(span, device=self.dev)[None, :]                 # (1, span) cache slot
-        vis = (j < L + torch.minimum(i + 1, blk)) | (j == L + i) | ((i >= r) & (j == 0))   # (R, span)
+        if tree:
+            rel = (j - L).expand(R, span)                                 # (R, span) row index of a slot
+            among = self.inners[R].gather(1, rel.clamp(0, R - 1)) & (rel >= 0) & (rel < R)
+            vis = (j < L) | among | ((i >= r) & (j == 0))
+        else:
+            vis = (j < L + torch.minimum(i + 1, blk)) | (j == L + i) | ((i >= r) & (j == 0))   # (R, span)
         return vis, (L + i[:, 0]).clamp(max=S - 1)
 
-    def _forward(self, R, span):
+    def _forward(self, R, span, tree=False):
         """The fixed-shape call: final-norm hidden states (B, R, C) of R rows (blk pending slots, then
         r - blk copies, then padding), with L, blk and r read from device tensors, so that a captured
         graph reads their values at replay. Every row attends over the first `span` cache slots under a
@@ -237,19 +253,20 @@ class SlotStepper:
         itself, a copy sees the cache, the pending rows and itself, a padding row the same plus slot 0:
         never an empty softmax, which some kernels turn into 0 and others into NaN, and a NaN anywhere in
         the cache poisons every row through 0 * NaN. Real rows are written at L + i; padding rows past
-        the buffer share its last (scratch) slot, which no real row ever sees."""
+        the buffer share its last (scratch) slot, which no real row ever sees. tree: the call's own
+        inner mask among its rows instead (visible)."""
         buf = self.bufs[R]
-        vis, input_pos = self.visible(R, span)
+        vis, input_pos = self.visible(R, span, tree)
         return self.model.hidden_slots(buf[0], buf[1], buf[2], mask=vis, kv=(self.cache, input_pos, span))
 
-    def _capture(self, R, span):
+    def _capture(self, R, span, tree):
         if self.cache.k is None:  # the K/V dtype is what c_attn returns: the autocast dtype or the weights'
             ac = torch.is_autocast_enabled('cuda')
             self.cache.allocate(self.dev, torch.get_autocast_dtype('cuda') if ac
                                 else next(self.model.parameters()).dtype)
         # The warm-up calls write the same K/V rows the replay will, so they change nothing.
-        self.graphs[R, span], self.outs[R, span] = capture_graph(lambda: self._forward(R, span), self.dev,
-                                                                 self.pool)
+        key = R, span, tree
+        self.graphs[key], self.outs[key] = capture_graph(lambda: self._forward(R, span, tree), self.dev, self.pool)
 
 
 class EncoderStepper:

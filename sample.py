@@ -51,6 +51,7 @@ suffix = ''                # text the samples end with
 template = ''              # text with [BLANK] (blank_len tokens) or [BLANK:k] (k tokens) spans to fill
 blank_len = 8              # tokens per [BLANK], >= 1
 speculative = ''           # K (draft length >= 2) or auto: exact speculative sampling along --order (speculative.py)
+fused = False              # speculative: one forward call a round (the next drafts hang off the verify call)
 stepper = 'dynamic'        # forward calls: dynamic | static (fixed padded shapes) | cuda_graph (static, replayed)
 cache_trick = True         # encoder MDM: a step that reveals nothing reuses the last pass (MDLM)
 mdm_counts = 'shared'      # encoder MDM: shared (one count per step for the batch) | independent (per sample)
@@ -146,7 +147,7 @@ def main(argv=None):
           f"{stats['token_passes']:g} token-passes ({stats['token_passes'] / n:.2f} n) in "
           f"{stats['forward_calls']:g} forward calls (last batch)")
     if c.speculative:
-        print(f"speculative (k={c.speculative}): {stats['tokens_generated'] / stats['forward_calls']:.2f} tokens per "
+        print(f"speculative (k={c.speculative}{', fused' if c.fused else ''}): {stats['tokens_generated'] / stats['forward_calls']:.2f} tokens per "
               f"forward call of the batch, {stats['tokens_generated'] / stats['calls_per_sample']:.2f} per call a "
               f"sample needs on its own ({stats['calls_per_sample']:.1f} calls); {stats['rounds_per_sample']:.1f} "
               f"rounds per sample (the batch: {stats['rounds']}), "
@@ -154,7 +155,7 @@ def main(argv=None):
               f"accepted in {stats['accept_rate']:.1%} of the tests")
     if c.trace:
         import tracepage
-        what = f"speculative k={c.speculative}" if c.speculative else f"{family}, {stats['steps']} steps"
+        what = f"speculative k={c.speculative}{', fused' if c.fused else ''}" if c.speculative else f"{family}, {stats['steps']} steps"
         tracepage.write(c.trace, samples[-c.batch_size:], stats, int((given >= 0).sum()),
                         lambda t: codec.decode([t]), f"{c.ckpt or c.out_dir}: {what}")
         print(f"trace: {c.trace}")
@@ -281,6 +282,8 @@ def generation_order(c, ck, family, n):
         die("--speculative needs an any-order decoder (AO-GPT or sigma-GPT) and an order fixed before the draws "
             "(random, l2r, blocks:K or a file): " + (f"--order {o} is chosen from the drawn values, so it would "
             "not be exact" if adaptive else "an encoder MDM or an L2R GPT cannot verify drafts in one pass"))
+    if c.fused and not c.speculative:
+        die("--fused is a speculative sampler's option: add --speculative K (or auto)")
     if family == 'ar':
         if isinstance(o, torch.Tensor) or o != 'l2r':
             die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")
@@ -333,12 +336,12 @@ def draw(c, model, family, n, given, order, codec):
             from speculative import generate_speculative, row_stepper
             k = 'auto' if c.speculative == 'auto' else int(c.speculative)
             stp = c.stepper if c.stepper == 'dynamic' else row_stepper(model, c.batch_size, c.stepper, n, k,
-                                                                       int((given >= 0).sum()))
+                                                                       int((given >= 0).sum()), fused=c.fused)
         for _ in tqdm(range(c.num_batches), desc='batches', unit='batch', disable=c.num_batches == 1,
                       file=sys.stderr):
             if c.speculative:  # each sample commits what it accepted (per-sample cache masks)
                 x, stats = generate_speculative(model, n, c.batch_size, k=k, order=order, given=given, stepper=stp,
-                                                batch_commit='per_row', trace=bool(c.trace), **common)
+                                                batch_commit='per_row', fused=c.fused, trace=bool(c.trace), **common)
             elif family == 'ao':
                 x, stats = generate.generate_ao(model, n, c.batch_size, c.steps, order=order,
                                                 fixed_counts=c.fixed_counts, schedule=c.schedule, given=given,

@@ -58,7 +58,8 @@ from engine import KV_BUCKET, KVCache, SlotStepper
 from generate import ADAPTIVE, check_order, free_order, inverse_cdf, sorted_nucleus, split_given
 from model import parallel_mask
 
-K_MAX = 16  # the largest draft length k='auto' goes to
+K_MAX = 16   # the largest draft length k='auto' goes to
+K_FUSED = 8  # the same for fused rounds, whose calls carry (k + 1)^2 rows
 
 
 def probs(logits, temperature=1.0, top_p=1.0, vocab_size=None):
@@ -110,7 +111,7 @@ def _stepper(model, B, stepper):
 @torch.no_grad()
 def generate_speculative(model, n, batch_size, *, k=4, order='random', given=None, temperature=1.0, top_p=1.0,
                          vocab_size=None, generator=None, stepper='dynamic', bonus=True, batch_commit='per_row',
-                         trace=False, _bug=None):
+                         fused=False, trace=False, _bug=None):
     """Samples (B, n) from the model's exact joint along `order` (or the mixture over random orders),
     at under one forward call per token (module docstring). Returns (tokens (B, n), stats).
 
@@ -122,6 +123,9 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
     (each sample commits what it accepted, under a per-sample cache mask; a mode name, or a RowStepper
     for the fixed shapes) or 'min' (every sample commits the batch's fewest: exact, simpler, but at
     B = 32 almost always 2 a round).
+    fused: one call a round instead of two (per_row only, always with the bonus; see _fused): the next
+    round's drafts hang off the verify call's rows, so they miss the round's last token and every draft,
+    the first too, is tested; k is then the drafts per round (auto: at most K_FUSED).
     stats: forward_calls, token_passes (rows per sample through the network), tokens_generated, rounds
     (the batch's), rounds_per_sample and calls_per_sample (the mean over samples of the rounds and calls
     each needed on its own: under per_row commits a sample that is done waits for the batch),
@@ -143,8 +147,11 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
         raise ValueError(f"n = {n} > block_size {model.config.block_size}")
     if batch_commit not in ('min', 'per_row'):
         raise ValueError(f"batch_commit must be 'min' or 'per_row', got {batch_commit!r}")
-    if _bug and batch_commit != 'min':
-        raise ValueError("the negative controls (_bug) live in the batch-minimum path")
+    if fused and (batch_commit != 'per_row' or not bonus):
+        raise ValueError("fused=True needs batch_commit='per_row' and the bonus slot (its drafts for the next "
+                         "round hang off the bonus row when every draft is kept)")
+    if _bug and not (batch_commit == 'min' or fused and _bug in ('keep_rejected', 'stale_q')):
+        raise ValueError("the negative controls (_bug) live in the batch-minimum and fused paths")
     dev = next(model.parameters()).device
     B = batch_size
     gpos, gtok, free = split_given(given, n)
@@ -161,9 +168,23 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
         if getattr(stepper, 'mode', 'dynamic') != 'dynamic' and not isinstance(stepper, RowStepper):
             raise ValueError("batch_commit='per_row' at fixed shapes takes a mode name or a RowStepper "
                              "(speculative.row_stepper), not a SlotStepper")
-        stats = _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper)
-        tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
-        return tokens, dict(stats, steps=stats['rounds'], tokens_generated=n - g, order=reveal)
+        if fused:
+            stats = _fused(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, trace, stepper, _bug)
+        else:
+            stats = _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper)
+    else:
+        stats = _batch_min(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper, _bug)
+    tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
+    stats = dict(stats, steps=stats['rounds'], tokens_generated=n - g, order=reveal)
+    if not trace:
+        stats.pop('events')
+    return tokens, stats
+
+
+def _batch_min(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper, _bug):
+    """generate_speculative with batch_commit='min': every sample commits the batch's fewest (any
+    SlotStepper, and the tests' negative controls)."""
+    dev = slot_tok.device
     step = _stepper(model, B, stepper)
     ar = torch.arange(B, device=dev)
     m, calls, passes = g, 0, 0
@@ -222,15 +243,9 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
         if trace:
             events.append((torch.full((B,), m), kk, torch.full((B,), t), a.cpu(), d.cpu(), new.cpu()))
         m += t
-    tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
-    stats = dict(steps=len(committed), forward_calls=calls, token_passes=passes, tokens_generated=n - g,
-                 rounds=len(committed),
-                 rounds_per_sample=len(committed), calls_per_sample=calls,
-                 committed=committed, drafted=drafted, frac=frac,
-                 accept_rate=kept_tests / all_tests if all_tests else float('nan'), order=reveal)
-    if trace:
-        stats['events'] = events
-    return tokens, stats
+    return dict(forward_calls=calls, token_passes=passes, rounds=len(committed),
+                rounds_per_sample=len(committed), calls_per_sample=calls, committed=committed, drafted=drafted,
+                frac=frac, accept_rate=kept_tests / all_tests if all_tests else float('nan'), events=events)
 
 
 class RowCache(KVCache):
@@ -296,46 +311,54 @@ class RowStepper(SlotStepper):
     def room(self, r):
         _room(self.cache, self.valid, r, self.cache.shape[2] - 1)  # padding rows past it share the scratch row
 
-    def _forward(self, R, span):
+    def _forward(self, R, span, tree=False):
         # SlotStepper's fixed-shape mask, and each sample's kept slots among the cached ones
         buf, L = self.bufs[R], self.scalars[0]
-        vis, input_pos = self.visible(R, span)                           # (R, span), (R,)
+        vis, input_pos = self.visible(R, span, tree)                     # (R, span), (R,)
         j = torch.arange(span, device=self.dev)
         vis = vis & ((j >= L) | self.valid[:, :span])[:, None]           # (B, R, span)
         return self.model.hidden_slots(buf[0], buf[1], buf[2], mask=vis[:, None], kv=(self.cache, input_pos, span))
 
 
-def row_slots(n, k, n_given=0):
+def row_slots(n, k, n_given=0, fused=False):
     """Buffer slots for per-sample commits: room for the kept slots, about as many holes, and a call."""
-    return 2 * (n + 1) + (K_MAX if k == 'auto' else k) + n_given
+    kmax = (K_FUSED if fused else K_MAX) if k == 'auto' else k
+    return 2 * (n + 1) + ((kmax + 1) ** 2 if fused else kmax) + n_given
 
 
-def row_stepper(model, batch_size, mode, n, k, n_given=0, kv_bucket=KV_BUCKET):
+def row_stepper(model, batch_size, mode, n, k, n_given=0, kv_bucket=KV_BUCKET, fused=False):
     """A RowStepper for runs of n tokens at draft length k (reusable across runs: its graphs are kept)."""
-    return RowStepper(model, batch_size, mode, row_slots(n, k, n_given), kv_bucket)
+    return RowStepper(model, batch_size, mode, row_slots(n, k, n_given, fused), kv_bucket)
 
 
-def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper):
-    """generate_speculative with batch_commit='per_row': each sample commits what it accepted (RowCache at
-    dynamic shapes, RowStepper at fixed ones). Same draws, in the same order, as the batch-minimum path."""
+def _row_caller(model, n, B, k, g, stepper, dev, fused=False):
+    """The per-sample cache (RowCache at dynamic shapes, a RowStepper at fixed ones) and call(tok, pos,
+    tgt, n_par, n_logits, inner) -> logits of one forward call of r rows: inner (r, r) is which of them
+    each row sees; at fixed shapes the last n_par rows form the parallel block instead, unless fused."""
     mode = getattr(stepper, 'mode', stepper)
-    dev = slot_tok.device
-    kmax = K_MAX if k == 'auto' else k
     if mode == 'dynamic':
-        cache = RowCache(model, B, row_slots(n, k, g), dev)
+        cache = RowCache(model, B, row_slots(n, k, g, fused), dev)
     else:
-        cache = row_stepper(model, B, mode, n, k, g) if isinstance(stepper, str) else stepper
+        cache = row_stepper(model, B, mode, n, k, g, fused=fused) if isinstance(stepper, str) else stepper
         cache.cache.keep(None)
         cache.valid.zero_()
 
     def call(tok, pos, tgt, n_par, n_logits, inner):
-        """One forward call of r rows: the last n_par form the parallel block (1: all causal)."""
         cache.room(tok.size(1))
         if mode == 'dynamic':
             L, r = cache.len, tok.size(1)
             kv = cache, torch.arange(L, L + r, device=dev), L + r
             return model.forward_slots(tok, pos, tgt, mask=cache.mask(inner), kv=kv, n_logits=n_logits)
-        return cache(tok, pos, tgt, n_par, n_logits=n_logits)
+        return cache(tok, pos, tgt, n_par, n_logits=n_logits, inner=inner if fused else None)
+    return cache, call
+
+
+def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper):
+    """generate_speculative with batch_commit='per_row': each sample commits what it accepted (RowCache at
+    dynamic shapes, RowStepper at fixed ones). Same draws, in the same order, as the batch-minimum path."""
+    dev = slot_tok.device
+    kmax = K_MAX if k == 'auto' else k
+    cache, call = _row_caller(model, n, B, k, g, stepper, dev)
     tok_buf = torch.full((B, n + kmax + 3), -1, dtype=torch.long, device=dev)   # room past n for done rows
     tok_buf[:, :n + 1] = slot_tok
     m = torch.full((B,), g, dtype=torch.long, device=dev)                        # tokens revealed, per sample
@@ -401,3 +424,101 @@ def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trac
                 calls_per_sample=own_calls / B,                committed=committed,
                 drafted=drafted, frac=frac, accept_rate=kept_tests / all_tests if all_tests else float('nan'),
                 events=events)
+
+
+def fused_mask(P, C, K2, device=None):
+    """(r, r) bool, r = P + C + C * K2: which of a fused call's rows each row sees. P pending rows and C
+    chain rows are causal; then K2 draft copies of each chain row i, each seeing the pending rows, the
+    chain rows before i and itself: what row i sees, with its own target in place of row i's."""
+    r = P + C + C * K2
+    m = torch.ones(r, r, dtype=torch.bool, device=device).tril()
+    hang = torch.arange(C, device=device).repeat_interleave(K2)              # (C * K2,) the row each copies
+    m[P + C:] = False
+    m[P + C:, :P] = True
+    m[P + C:, P:P + C] = torch.arange(C, device=device)[None] < hang[:, None]
+    cp = torch.arange(P + C, r, device=device)
+    m[cp, cp] = True
+    return m
+
+
+def _fused(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, trace, stepper, _bug=None):
+    """Per-sample commits at one forward call a round. A round at m revealed tokens carries drafts
+    e_0..e_{K-1} for sigma(m..m+K-1), drawn last round from proposals qd. Its one call runs the chain
+    (slot m, target sigma(m); then e_i in slot m+1+i, target sigma(m+1+i)), giving the true conditionals
+    p_0..p_K, and K2 draft copies hung off every chain row i (targets sigma(m+i+1..m+i+K2)). Accept:
+    e_j with probability min(1, p_j(e_j) / qd_j(e_j)) for j = 0, 1, ...; at the first rejection a, y from
+    norm(max(p_a - qd_a, 0)); if all K are kept, y from p_K (the bonus). The round commits e_0..e_{a-1}, y
+    (a + 1 tokens) and keeps chain rows 0..a in the cache; the next drafts are the copies of row a, which
+    saw every committed token but y. Exact for the reason the two-call round is (each draft is fixed
+    before its own test, and its proposal is a function of the past); a first round has no drafts and is
+    one exact token. Draws per round: K accept uniforms, 1 for y, K2 for the next drafts. _bug: the tests'
+    negative controls, 'keep_rejected' (chain row a + 1 stays in the cache) and 'stale_q' (drafts drawn
+    from row a's copies are tested against row 0's)."""
+    dev = slot_tok.device
+    cache, call = _row_caller(model, n, B, k, g, stepper, dev, fused=True)
+    kmax = K_FUSED if k == 'auto' else k
+    tok_buf = torch.full((B, n + kmax + 3), -1, dtype=torch.long, device=dev)   # room past n for done rows
+    tok_buf[:, :n + 1] = slot_tok
+    m = torch.full((B,), g, dtype=torch.long, device=dev)                        # tokens revealed, per sample
+    ar = torch.arange(B, device=dev)
+    at = lambda idx: reveal.gather(1, idx.clamp(max=n - 1))                      # noqa: E731 positions at slots
+    e = torch.zeros(B, 0, dtype=torch.long, device=dev)                          # (B, K) drafts carried
+    qd, kd = None, torch.zeros(B, dtype=torch.long, device=dev)                  # their proposals, count
+    calls = passes = kept_tests = all_tests = live = tot = 0
+    committed, drafted, frac, events = [], [], [], []
+    while bool((m < n).any()):
+        active = m < n
+        live += int(active.sum())
+        K, C = e.size(1), e.size(1) + 1
+        K2 = auto_k(tot, len(committed), K_FUSED) if k == 'auto' else k
+        K2 = max(0, min(K2, int((n - m - 2)[active].max())))                    # drafts the next round can use
+        P = g if calls == 0 else 0                                               # the given slots, once
+        i = torch.arange(C, device=dev)
+        c_tok = torch.cat([tok_buf.gather(1, m[:, None]), e], 1)                # (B, C) the chain
+        c_pos = torch.cat([slot_pos.gather(1, m[:, None]), at(m[:, None] + i[:-1])], 1)
+        c_tgt = at(m[:, None] + i)
+        cp_tgt = at((m[:, None, None] + i[None, :, None] + 1 + torch.arange(K2, device=dev)).reshape(B, -1))
+        tok = torch.cat([tok_buf[:, :P], c_tok, c_tok.repeat_interleave(K2, 1)], 1)
+        pos = torch.cat([slot_pos[:, :P], c_pos, c_pos.repeat_interleave(K2, 1)], 1)
+        tgt = torch.cat([reveal[:, :P], c_tgt, cp_tgt], 1)                        # copies: (B, C * K2)
+        pr = probs(call(tok, pos, tgt, 1, C * (K2 + 1), fused_mask(P, C, K2, dev)), **tf)
+        calls, passes = calls + 1, passes + tok.size(1)
+        p, qn = pr[:, :C], pr[:, C:].reshape(B, C, K2, pr.size(-1))                   # (B, C, V), (B, C, K2, V)
+        ua, ur = rnd(B, K), rnd(B)
+        if K:
+            ej = e[:, :, None]
+            ratio = p[:, :K].gather(2, ej).squeeze(2) / qd.gather(2, ej).squeeze(2)
+            ok = (ua < ratio) & (i[None, :K] < kd[:, None])                     # no test past a row's drafts
+            a = ok.long().cumprod(1).sum(1)                                      # (B,) drafts kept
+            qa = torch.where((a < kd)[:, None], qd[ar, a.clamp(max=K - 1)], torch.zeros_like(p[:, 0]))
+        else:
+            a = torch.zeros(B, dtype=torch.long, device=dev)
+            qa = torch.zeros_like(p[:, 0])
+        y = draw(_residual(p[ar, a], qa), ur)                                    # (B,) replacement or bonus
+        t = (a + 1) * active                                                     # (B,) tokens committed
+        kept_tests += int(a[active].sum())
+        all_tests += int(torch.minimum(a + 1, kd)[active].sum())
+        keep = t + (a < kd) if _bug == 'keep_rejected' else t
+        cache.commit(torch.cat([torch.ones(B, P, dtype=torch.bool, device=dev), i[None] < keep[:, None],
+                                torch.zeros(B, C * K2, dtype=torch.bool, device=dev)], 1))
+        new = torch.cat([e, y[:, None]], 1).scatter(1, a[:, None], y[:, None])   # (B, C): e_0..e_{a-1}, y
+        cols = m[:, None] + 1 + i
+        tok_buf.scatter_(1, cols, torch.where(i[None] < t[:, None], new, tok_buf.gather(1, cols)))
+        committed.append(float(t[active].float().mean())), drafted.append(K)
+        frac.append(float(m[active].float().mean()) / n)
+        tot += committed[-1]
+        if trace:
+            events.append((m.cpu(), kd.cpu(), t.cpu(), a.cpu(), e.cpu(), new.cpu()))
+        m = m + t
+        # the next round's drafts: the copies of each sample's row a
+        qd = qn[ar, a]                                                           # (B, K2, V)
+        e = draw(qd, rnd(B, K2)) if K2 else e[:, :0]
+        if _bug == 'stale_q':
+            qd = qn[:, 0]
+        kd = torch.clamp(n - m - 1, min=0, max=K2) * (m < n)
+        Kn = int(kd.max())
+        e, qd = e[:, :Kn], qd[:, :Kn]
+    slot_tok.copy_(tok_buf[:, :n + 1])
+    return dict(forward_calls=calls, token_passes=passes, rounds=len(committed), rounds_per_sample=live / B,
+                calls_per_sample=live / B, committed=committed, drafted=drafted, frac=frac,
+                accept_rate=kept_tests / all_tests if all_tests else float('nan'), events=events)

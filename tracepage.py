@@ -2,8 +2,9 @@
 --trace FILE: one self-contained HTML page showing, per sample, how the sequence filled in, one line per
 forward step (a round of the speculative sampler, a step of the others). Given tokens are grey; a step's
 new tokens are coloured; positions not yet revealed show a dot. For the speculative sampler each new
-token says how it was decided: d_0 (the draft call's exact first copy), a kept draft, a replacement
-drawn from the residual after a rejected draft (hover: the rejected draft), or the bonus token.
+token says how it was decided: d_0 (the draft call's exact first copy; in a fused round without drafts,
+its one exact token), a kept draft, a replacement drawn from the residual after a rejected draft (hover:
+the rejected draft), or the bonus token.
 """
 
 import html
@@ -34,7 +35,11 @@ def steps_of(stats, n, n_given, batch_size):
                 mb, tb, ab = int(m[b]), int(t[b]), int(a[b])
                 row = []
                 for i in range(tb):
-                    kind = 'd0' if i == 0 else 'bonus' if i == kk else 'kept' if i <= ab else 'resampled'
+                    if torch.is_tensor(kk):  # a fused round: kk (B,) drafts per sample, all of them tested
+                        kb = int(kk[b])
+                        kind = 'kept' if i < ab else 'resampled' if ab < kb else 'bonus' if kb else 'd0'
+                    else:
+                        kind = 'd0' if i == 0 else 'bonus' if i == kk else 'kept' if i <= ab else 'resampled'
                     row.append((int(order[b, mb + i]), kind, int(d[b, i]) if kind == 'resampled' else None))
                 if row:
                     st.append(row)

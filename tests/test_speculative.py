@@ -272,7 +272,7 @@ def test_the_cache_free_check_catches_a_rejected_row_kept(monkeypatch):
     assert not torch.equal(a, b)
 
 
-@pytest.mark.parametrize('commit', ['min', 'per_row'])
+@pytest.mark.parametrize('commit', ['min', 'per_row', 'fused'])
 @pytest.mark.parametrize('kw', [dict(order='random', k=3), dict(order='l2r', k=5, top_p=0.9),
                                 dict(order='blocks:8', k='auto')])
 def test_static_stepper_gives_the_dynamic_samples(kw, commit):
@@ -283,10 +283,11 @@ def test_static_stepper_gives_the_dynamic_samples(kw, commit):
     n, B = 40, 3
     given = torch.full((n,), -1)
     given[[0, 5, 17]] = torch.tensor([4, 9, 1])
-    kw = dict(kw, batch_commit=commit)
+    fused = commit == 'fused'
+    kw = dict(kw, batch_commit='per_row' if fused else commit, fused=fused)
     a, sa = generate_speculative(model, n, B, given=given, generator=gen(4), **kw)
     step = (engine.SlotStepper(model, B, 'static', kv_bucket=16) if commit == 'min' else
-            speculative.row_stepper(model, B, 'static', n, kw['k'], 3, kv_bucket=16))
+            speculative.row_stepper(model, B, 'static', n, kw['k'], 3, kv_bucket=16, fused=fused))
     b, sb = generate_speculative(model, n, B, given=given, generator=gen(4), stepper=step, **kw)
     assert torch.equal(a, b) and sa['committed'] == sb['committed']
     c, _ = generate_speculative(model, n, B, given=given, generator=gen(4), stepper=step, **kw)  # reused
@@ -335,12 +336,14 @@ def test_cli_speculative(tmp_path, cli):
     for args in (['--speculative', '3'], ['--speculative', 'auto', '--order', 'l2r', '--prompt', 'ab'],
                  ['--speculative', '2', '--order', 'blocks:4', '--template', 'a[BLANK:5]b', '--temperature', '0.7',
                   '--top_p', '0.9', '--stepper', 'static'],
-                 ['--speculative', '4', '--save', str(tmp_path / 's.json')]):
+                 ['--speculative', '4', '--save', str(tmp_path / 's.json')],
+                 ['--speculative', '3', '--fused', 'True', '--stepper', 'static', '--prompt', 'ab']):
         code, out = run(*args, '--length', '16')
         assert code == 0, out
         assert 'tokens per forward call' in out and 'rounds per sample' in out
     # --trace: one page per run, for the speculative sampler (which drafts were kept) and the others
-    for args in (['--speculative', '3'], ['--steps', '4'], ['--order', 'confidence', '--steps', '4']):
+    for args in (['--speculative', '3'], ['--speculative', '3', '--fused', 'True'], ['--steps', '4'],
+                 ['--order', 'confidence', '--steps', '4']):
         page = tmp_path / 'trace.html'
         code, out = run(*args, '--length', '12', '--batch_size', '2', '--prompt', 'a', '--trace', str(page))
         assert code == 0, out
@@ -349,6 +352,8 @@ def test_cli_speculative(tmp_path, cli):
         assert ("<td class='d0'" in text) == (args[0] == '--speculative') and "<td class='given'" in text
     code, out = run('--speculative', '3', '--order', 'confidence')
     assert code != 0 and 'not be exact' in out
+    code, out = run('--fused', 'True', '--length', '8')
+    assert code != 0 and 'add --speculative' in out
     code, out = run('--speculative', '1')
     assert code != 0 and 'speculative' in out
     write_ckpt(ck, cond='none')  # a GPT: one clear line
@@ -361,15 +366,16 @@ def test_trace_steps_cover_every_position_once(m4):
     run's order, and call a token resampled exactly when its draft was rejected."""
     import tracepage
     given = torch.tensor([-1, 2, -1, -1])
-    for commit in ('min', 'per_row'):
+    for commit in ('min', 'per_row', 'fused'):
         x, st = generate_speculative(m4, 4, 64, k=3, vocab_size=3, given=given, generator=gen(0),
-                                     batch_commit=commit, trace=True)
+                                     batch_commit='per_row' if commit == 'fused' else commit,
+                                     fused=commit == 'fused', trace=True)
         for b, steps in enumerate(tracepage.steps_of(st, 4, 1, 64)):
             flat = [(p, kind) for row in steps for p, kind, _ in row]
             assert [p for p, _ in flat] == st['order'][b].tolist()
             assert flat[0][1] == 'given' and all(kind != 'given' for _, kind in flat[1:])
             for row in steps[1:]:
-                assert row[0][1] == 'd0'
+                assert row[0][1] == 'd0' or commit == 'fused'
                 for p, kind, rej in row:
                     assert (kind == 'resampled') == (rej is not None)
 
@@ -402,6 +408,116 @@ def test_compacting_the_per_sample_cache_changes_nothing(monkeypatch, mode):
         return real(cache, valid, r, limit)
     monkeypatch.setattr(speculative, '_room', spy)
     # about n + 1 slots for the kept ones + the widest call (static: 32 with the scratch row)
-    monkeypatch.setattr(speculative, 'row_slots', lambda n, k, g=0: 32 if mode == 'dynamic' else 31)
+    monkeypatch.setattr(speculative, 'row_slots', lambda n, k, g=0, fused=False: 32 if mode == 'dynamic' else 31)
     b, _ = generate_speculative(model, 24, 16, generator=gen(7), stepper=mode, **kw)
     assert sum(seen) >= 2 and torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------- per-sample caches, fused rounds
+
+def checked_calls(model, monkeypatch):
+    """Checks every per-sample call against a cache-free recomputation: a shadow keeps each sample's
+    committed (token, position, target) rows in commit order, and each call's logits must equal one
+    uncached pass per sample over its kept rows (causal: each saw every row kept before it) and the
+    call's rows under the call's own mask. Returns the list of per-call maximum differences."""
+    # the per-sample mask lives on RowCache; the shadow rebuilds it, so a wrong one shows
+    shadow, last, diffs = {}, {}, []
+    real_fwd, real_commit = model.forward_slots, speculative.RowCache.commit
+
+    def fwd(tok, pos, tgt, mask=None, kv=None, n_logits=None):
+        out = real_fwd(tok, pos, tgt, mask=mask, kv=kv, n_logits=n_logits)
+        L, r = kv[0].len, tok.size(1)
+        last['rows'] = torch.stack([tok, pos, tgt], 2)                          # (B, r, 3)
+        worst = 0.0
+        for b in range(tok.size(0)):
+            kept = shadow.get(b, torch.zeros(0, 3, dtype=torch.long))
+            full = torch.cat([kept, last['rows'][b]])                            # (Lk + r, 3)
+            Lk = kept.size(0)
+            m = torch.zeros(Lk + r, Lk + r, dtype=torch.bool)
+            m[:Lk, :Lk] = torch.ones(Lk, Lk, dtype=torch.bool).tril()
+            m[Lk:, :Lk] = True
+            m[Lk:, Lk:] = mask[b, 0, :, L:]
+            ref = real_fwd(*full.T[:, None], mask=m, n_logits=n_logits)[0]
+            worst = max(worst, (ref - out[b]).abs().max().item())
+        diffs.append(worst)
+        return out
+
+    def commit(self, keep):
+        for b in range(keep.size(0)):
+            rows = last['rows'][b][keep[b]]
+            shadow[b] = torch.cat([shadow.get(b, torch.zeros(0, 3, dtype=torch.long)), rows])
+        real_commit(self, keep)
+    monkeypatch.setattr(model, 'forward_slots', fwd)
+    monkeypatch.setattr(speculative.RowCache, 'commit', commit)
+    return diffs
+
+
+@pytest.mark.parametrize('kw', [dict(k=3), dict(k='auto', order='l2r'), dict(k=4, fused=True),
+                                dict(k='auto', fused=True, top_p=0.8), dict(k=2, fused=True, bug='holes')])
+@pytest.mark.parametrize('cond', [dict(cond='adaln'), dict(cond='sigma')])
+def test_per_sample_cache_equals_a_cache_free_recomputation(monkeypatch, kw, cond):
+    """Per-sample commits (two-call and fused rounds), with holes in the buffer and compaction: every
+    call's logits equal an uncached pass over what that sample committed. The control attends over the
+    holes too (the rows a sample did not keep), and the check must see it."""
+    kw = dict(kw)
+    holes = bool(kw.pop('bug', None))
+    if holes:
+        monkeypatch.setattr(speculative.RowCache, 'mask', lambda self, inner: torch.cat(
+            [torch.ones(self.shape[0], inner.size(0), self.len, dtype=torch.bool), inner.expand(
+                self.shape[0], -1, -1)], 2)[:, None])
+    model = mixy(seed=5, block_size=32, vocab_size=11, **cond)
+    n, B = 24, 4
+    given = torch.full((n,), -1)
+    given[[0, 1, 9]] = torch.tensor([4, 9, 1])
+    monkeypatch.setattr(speculative, 'row_slots', lambda n, k, g=0, fused=False: 96)   # compacts now and then
+    diffs = checked_calls(model, monkeypatch)
+    generate_speculative(model, n, B, given=given, generator=gen(3), batch_commit='per_row', **kw)
+    assert len(diffs) > 4
+    assert (max(diffs) > 1e-3) if holes else (max(diffs) < 1e-9)
+
+
+PERM4 = (2, 0, 3, 1)
+
+
+@pytest.mark.parametrize('kw, orders, n', [
+    (dict(order='l2r', k=2), L2R4, 4), (dict(order='l2r', k=2), [tuple(range(5))], 5),
+    (dict(order='l2r', k=3), [tuple(range(5))], 5), (dict(order=torch.tensor(PERM4), k=3), [PERM4], 4),
+    (dict(order='blocks:2', k=2), [a + b for a in itertools.permutations((0, 1))
+                                   for b in itertools.permutations((2, 3))], 4),
+    (dict(order='random', k='auto'), PERMS4, 4),
+    (dict(order='random', k=2, given=torch.tensor([-1, 1, -1, -1])), PERMS4, 4),
+    (dict(order='l2r', k=3, temperature=0.7, top_p=0.8), L2R4, 4)])
+def test_fused_rounds_are_the_exact_joint(m4, kw, orders, n):
+    """One call a round: every draft, the first too, is tested against the true conditional, and the
+    drafts miss the round's last token. Still the exact law in each setting; k in {2, 3} (the drafts a
+    round can use are capped by what is left, so k = n is k = n - 2 here)."""
+    x, st = run(m4, n=n, fused=True, batch_commit='per_row', **kw)
+    tf = {key: kw[key] for key in ('temperature', 'top_p') if key in kw}
+    assert passes(m4, x, orders, n=n, given=kw.get('given'), **tf)
+    assert st['calls_per_sample'] < st['tokens_generated'] and max(st['committed']) > 1.5
+    assert not passes(m4, x, PERMS4 if orders != PERMS4 else L2R4, n=4, given=kw.get('given'), **tf) if n == 4 else True
+
+
+@pytest.mark.parametrize('bug', [None, 'keep_rejected', 'stale_q'])
+def test_fused_negative_controls_are_rejected(bug):
+    """A rejected chain row left in the cache, and drafts tested against another row's proposal (the
+    ratio p/q with the wrong q): the same chi-square rejects both, and passes the same run without the
+    bug. Fused drafts miss one token only, so this needs a model whose conditionals lean hard on the
+    tokens before them (strong attention noise, a sharp head) and sequences long enough (n = 6 over two
+    ids) for drafts that outlive a rejection."""
+    model = mixy(s=2.0, head=10.0)
+    x, _ = run(model, n=6, V=2, fused=True, batch_commit='per_row', order='l2r', k=2, _bug=bug)
+    assert passes(model, x, [tuple(range(6))], n=6, V=2) == (bug is None)
+
+
+def test_fused_rows_commit_different_counts_and_one_call_a_round(m4):
+    _, st = generate_speculative(m4, 4, 256, k=2, order='l2r', vocab_size=3, generator=gen(1), fused=True,
+                                 trace=True)
+    assert len(set(st['events'][1][2].tolist())) > 1
+    assert st['forward_calls'] == st['rounds'] and st['calls_per_sample'] <= st['rounds']
+
+
+def test_fused_needs_per_row_commits_and_the_bonus(m4):
+    for bad in (dict(batch_commit='min'), dict(bonus=False)):
+        with pytest.raises(ValueError, match='fused'):
+            generate_speculative(m4, 4, 2, fused=True, **bad)
