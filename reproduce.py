@@ -40,7 +40,6 @@ smaller than the ao/ao_seed2 spread is reported as within noise, i.e. not reprod
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import time
