@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+import findings_sampling as S
 import reproduce as R
 
 
@@ -79,7 +80,7 @@ def test_finding6_slopes():
 
 
 def test_finding7_annealing():
-    plain, hot = R.GEN_SETTINGS[0], R.GEN_SETTINGS[-1]
+    plain, hot = S.GEN_SETTINGS[0], S.GEN_SETTINGS[-1]
     ppl = lambda ao1, mdm1, ao3, mdm3: {('ao', plain): ao1, ('mdm', plain): mdm1, ('ao', hot): ao3,  # noqa: E731
                                         ('mdm', hot): mdm3}
     noise = {plain: 0.05, hot: 0.05}
@@ -93,8 +94,8 @@ def test_finding7_annealing():
 
 def test_gen_summary_is_a_geometric_mean_over_the_judged_steps():
     rows = [dict(sampler='ao', top_p=1.0, temperature=1.0, T=T, per_sequence=p, token=p)
-            for T, p in zip(R.GEN_STEPS, [100.0, 100.0, 2.0, 8.0, 4.0, 16.0])]
-    assert R.gen_summary(rows)[('ao', (1.0, 1.0))] == pytest.approx((2 * 8 * 4 * 16) ** 0.25)
+            for T, p in zip(S.GEN_STEPS, [100.0, 100.0, 2.0, 8.0, 4.0, 16.0])]
+    assert S.gen_summary(rows)[('ao', (1.0, 1.0))] == pytest.approx((2 * 8 * 4 * 16) ** 0.25)
 
 
 def test_runs_differ_only_in_what_they_test():
@@ -127,7 +128,7 @@ def test_quick_pipeline_runs_end_to_end(tmp_path):
     assert sorted(d.name for d in runs.iterdir()) == sorted(k for k in R.RUNS if k != 'ao_seed2')
     gen = json.loads((res / 'results.json').read_text())['generation']
     assert {r['sampler'] for r in gen} == {'ao', 'mdm', 'ao, blocks:8', 'ao, confidence'}
-    assert len(gen) == 4 * len(R.GEN_SETTINGS) * 2  # quick: two step counts
+    assert len(gen) == 4 * len(S.GEN_SETTINGS) * 2  # quick: two step counts
     assert all(r['per_sequence'] > 1 and r['token'] > 1 and r['unigram_entropy'] > 0 for r in gen)
     # --replot redraws every plot from results.json alone (the runs gone), and leaves the record as it was
     record = (res / 'results.json').read_bytes()
