@@ -42,7 +42,7 @@ if [[ $what == spec || $what == all ]]; then
   # weights: the calls depend on the acceptance, which the table's passes/calls column shows)
   for order in random l2r; do
     $PY bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
-        --steps=1024 --samplers=spec_graph,spec,ao_graph,ar_graph --spec_order=$order --repeats=2 \
+        --steps=1024 --samplers=spec_graph,spec_fused_graph,spec,ao_graph,ar_graph --spec_order=$order --repeats=2 \
         --write=True 2>&1 | tee -a $LOG/bench_full.log | grep -v '^  '
   done
 fi

@@ -142,7 +142,10 @@ print('\n'.join(lines))
 def spec_plan(k, alpha, commit, rng):
     """The speculative sampler's calls [(r rows, keys attended, logits)] for B samples of n tokens, each
     accepting each draft with probability alpha; commit 'per_row' (RowCache: the buffer advances by the
-    longest kept run) or 'min' (every sample commits the batch minimum; the cache is the tokens so far)."""
+    longest kept run), 'min' (every sample commits the batch minimum; the cache is the tokens so far) or
+    'fused' (per_row, one call a round: the chain and k copies off each chain row, every draft tested)."""
+    if commit == 'fused':
+        return fused_plan(k, alpha, rng)
     m, L, plan = torch.zeros(B, dtype=torch.long), 0, []
     while bool((m < n).any()):
         live = m < n
@@ -170,24 +173,39 @@ def spec_plan(k, alpha, commit, rng):
     return plan
 
 
+def fused_plan(k, alpha, rng):
+    m, kd, L, plan = torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.long), 0, []
+    while bool((m < n).any()):
+        live = m < n
+        K, K2 = int(kd.max()), max(0, min(k, int((n - m - 2)[live].max())))
+        r = (K + 1) * (K2 + 1)
+        plan.append((r, L + r, r))                                      # every row's logits
+        ok = (torch.rand(B, K, generator=rng) < alpha) & (torch.arange(K)[None] < kd[:, None])
+        t = (ok.long().cumprod(1).sum(1) + 1) * live
+        L += int(t.max())
+        m += t
+        kd = torch.clamp(n - m - 1, min=0, max=K2) * (m < n)
+    return plan
+
+
 ao_n = ao_calls([1] * n)  # generate_ao at T = n: the random-order law, one token a call
 ao_n_s = decoder_time(ao_n, adaln=True)[0]
 ao_n_fixed = decoder_time(ao_n, adaln=True, fixed=True, bucket=kv_bucket)[0]
-cols = ['k', 'alpha (assumed)', 'calls / token-passes', 'floor s', 'fixed-shape floor s',
+cols = ['round', 'k', 'alpha (assumed)', 'calls / token-passes', 'floor s', 'fixed-shape floor s',
         'calls (batch minimum)', 'vs AR floor (L2R)', 'vs AR fixed-shape floor', 'vs AO T = n floor (random)',
         'vs AO T = n fixed-shape floor']
 lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
-for k in [int(v) for v in spec_ks.split(',')]:
-    for alpha in [float(v) for v in spec_alphas.split(',')]:
-        per = spec_plan(k, alpha, 'per_row', torch.Generator().manual_seed(seed))
-        mn = spec_plan(k, alpha, 'min', torch.Generator().manual_seed(seed))
-        # decoder_time reads (r, L cached, k): keys = L + r, so hand it L = keys - r
-        dyn = decoder_time([(r, keys - r, lg) for r, keys, lg in per], adaln=True)[0]
-        fix = decoder_time([(r, keys - r, lg) for r, keys, lg in per], adaln=True, fixed=True, bucket=kv_bucket,
-                           slots=KVCache.slots(row_slots(n, k)))[0]  # RowStepper's longer buffer
-        lines.append(f"| {k} | {alpha} | {len(per)} / {sum(r for r, _, _ in per)} | {dyn:.3f} | {fix:.3f} | "
-                     f"{len(mn)} | "
-                     f"{ar_s / dyn:.2f}x | {ar_fixed / fix:.2f}x | {ao_n_s / dyn:.2f}x | {ao_n_fixed / fix:.2f}x |")
+for fused, k, alpha in [(f, int(k), float(a)) for f in (False, True) for k in spec_ks.split(',')
+                        for a in spec_alphas.split(',')]:
+    per = spec_plan(k, alpha, 'fused' if fused else 'per_row', torch.Generator().manual_seed(seed))
+    mn = '-' if fused else len(spec_plan(k, alpha, 'min', torch.Generator().manual_seed(seed)))
+    # decoder_time reads (r, L cached, k): keys = L + r, so hand it L = keys - r
+    dyn = decoder_time([(r, keys - r, lg) for r, keys, lg in per], adaln=True)[0]
+    fix = decoder_time([(r, keys - r, lg) for r, keys, lg in per], adaln=True, fixed=True, bucket=kv_bucket,
+                       slots=KVCache.slots(row_slots(n, k, fused=fused)))[0]  # RowStepper's longer buffer
+    lines.append(f"| {'fused' if fused else 'two calls'} | {k} | {alpha} | {len(per)} / "
+                 f"{sum(r for r, _, _ in per)} | {dyn:.3f} | {fix:.3f} | {mn} | "
+                 f"{ar_s / dyn:.2f}x | {ar_fixed / fix:.2f}x | {ao_n_s / dyn:.2f}x | {ao_n_fixed / fix:.2f}x |")
 print(f"Exact speculative sampling, n = {n}, B = {B} (AR floor {ar_s:.3f} s, fixed {ar_fixed:.3f} s; AO at T = n "
       f"floor {ao_n_s:.3f} s, fixed {ao_n_fixed:.3f} s):")
 print('\n'.join(lines))

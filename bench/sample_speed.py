@@ -7,7 +7,8 @@ Sampling wall time vs. the number of steps T, for one backbone size, measured si
   ao_static, ar_static   the same with fixed padded shapes (engine.SlotStepper 'static')
   ao_graph, ar_graph     those shapes captured once and replayed as CUDA graphs ('cuda_graph'; CUDA only)
   spec       exact speculative sampling (speculative.py, draft length spec_k, random order; T is not used):
-             per-sample commits (speculative.RowStepper on fixed shapes: spec_static, spec_graph).
+             per-sample commits (speculative.RowStepper on fixed shapes: spec_static, spec_graph);
+  spec_fused one call a round (speculative.py's fused rounds): spec_fused, spec_fused_static, spec_fused_graph.
              Its calls depend on the acceptance, and a random model's is not a trained one's: the row says
              the calls it took (bench/sample_roofline.py counts the floor at stated acceptance rates)
   mdm_graph, mdm_cache_graph   the encoder's one pass captured once and replayed (engine.EncoderStepper);
@@ -97,12 +98,12 @@ SUFFIX = {'': 'dynamic', '_static': 'static', '_graph': 'cuda_graph'}
 ENCODERS = {'mdm': False, 'mdm_cache': True}  # name -> MDLM's skip-empty-steps trick
 named = {}  # sampler -> (family, stepper mode): ao*/ar* decoders, mdm*/mdm_cache* encoders
 for name in want:
-    for base in ('ao', 'ar', 'spec', 'mdm_cache', 'mdm'):
+    for base in ('ao', 'ar', 'spec', 'spec_fused', 'mdm_cache', 'mdm'):
         if name.startswith(base) and name[len(base):] in SUFFIX:  # mdm_cache*: never mdm + a suffix
             named[name] = base, SUFFIX[name[len(base):]]
 unknown = [w for w in want if w not in named]
 if unknown:
-    sys.exit(f"error: unknown samplers {unknown}; choose from ao, ar, spec, mdm, mdm_cache, each optionally with "
+    sys.exit(f"error: unknown samplers {unknown}; choose from ao, ar, spec, spec_fused, mdm, mdm_cache, each optionally with "
              f"_static or _graph")
 if not cuda and any(mode == 'cuda_graph' for _, mode in named.values()):
     sys.exit("error: the _graph samplers need --device=cuda")
@@ -127,7 +128,7 @@ def measure(name, setup, Ts_timed, reps):
             res.pop((name, T), None)
 
 
-for kind in ('ao', 'ar', 'spec'):
+for kind in ('ao', 'ar', 'spec', 'spec_fused'):
     mine = [(name, mode) for name, (k, mode) in named.items() if k == kind]
     if not mine:
         continue
@@ -135,14 +136,16 @@ for kind in ('ao', 'ar', 'spec'):
     for name, mode in mine:
         def setup(mode=mode):
             st = SlotStepper(model, batch_size, mode, kv_bucket=kv_bucket)  # one for all runs: its graphs
-            if kind == 'spec':
+            fused = kind == 'spec_fused'
+            if kind.startswith('spec'):
                 k = spec_k if spec_k == 'auto' else int(spec_k)
-                st = mode if mode == 'dynamic' else row_stepper(model, batch_size, mode, n, k, kv_bucket=kv_bucket)
+                st = mode if mode == 'dynamic' else row_stepper(model, batch_size, mode, n, k, kv_bucket=kv_bucket,
+                                                                fused=fused)
             if kind == 'ao':
                 return lambda T: generate_ao(model, n, batch_size, T, generator=gen(), vocab_size=50257, stepper=st)
-            if kind == 'spec':
+            if kind.startswith('spec'):
                 return lambda T: generate_speculative(model, n, batch_size, k=k, order=spec_order, generator=gen(),
-                                                      vocab_size=50257, stepper=st, batch_commit='per_row')
+                                                      vocab_size=50257, stepper=st, fused=fused)
             return lambda T: generate_ar(model, n, batch_size, generator=gen(), vocab_size=50257, stepper=st)
         measure(name, setup, Ts if kind == 'ao' else Ts[:1], repeats)
         for T in Ts[1:] if kind != 'ao' and name not in failed else ():  # AR and spec do not depend on T
@@ -166,7 +169,8 @@ aos = [c for c in cols if c.startswith('ao')]
 specs = [c for c in cols if c.startswith('spec')]
 pairs = [(m, a) for a in aos for m in cols if named[m][0] in ENCODERS] + \
         [(a, 'ar' + a[2:]) for a in aos if 'ar' + a[2:] in cols] + \
-        [(s_, t + s_[4:]) for s_ in specs for t in ('ar', 'ao') if t + s_[4:] in cols]
+        [(s_, t + sfx) for s_ in specs for t in ('ar', 'ao') for sfx, md in SUFFIX.items()
+         if md == named[s_][1] and t + sfx in cols]
 head = ('| T | ' + ' | '.join(f'{c} s' for c in cols) + ' | ' + ' | '.join(f'{c} passes/calls' for c in cols)
         + ''.join(f' | {a} / {b}' for a, b in pairs) + ' |')
 lines = [head, '|' + '---|' * (head.count('|') - 1)]

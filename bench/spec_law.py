@@ -38,6 +38,10 @@ SAMPLERS = {
         lambda g: generate_speculative(model, n, batch_size, k='auto', vocab_size=V, generator=g),
     'speculative k=4, random, batch-minimum commits':
         lambda g: generate_speculative(model, n, batch_size, k=4, vocab_size=V, generator=g, batch_commit='min'),
+    'speculative fused k=4, random':
+        lambda g: generate_speculative(model, n, batch_size, k=4, vocab_size=V, generator=g, fused=True),
+    'speculative fused k=auto, random':
+        lambda g: generate_speculative(model, n, batch_size, k='auto', vocab_size=V, generator=g, fused=True),
 }
 print('| sampler | mean judge NLL per token | standard error | forward calls per sample |')
 print('|---|---|---|---|')
