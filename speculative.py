@@ -47,6 +47,14 @@ Cost: a round is 2 calls and commits >= 2 tokens (d_0, then a kept draft or a re
 tokens; a last lone token costs the draft call alone. Token-passes per round: the draft's pending +
 k copies, then k - 1 (+1 bonus) verify rows.
 
+Fused rounds (fused=True, per-sample commits): one call a round. The verify call also carries the next
+round's draft copies, k of them hung off every row of its chain (which row's copies are used depends on
+where the round's tests stop), under a tree mask (fused_mask). Those drafts miss the round's last token,
+so the next round tests every draft, the first too, against its chain; the round commits the kept
+drafts and a replacement or bonus (>= 1 token a call). Still exact: each draft is drawn before its test
+from a proposal that is a function of the past. Rows per call (k + 1)^2, so it pays where a call's cost
+is its latency, not its rows (bench/sample_roofline.py counts both).
+
 Randomness, from one CPU torch.Generator in a fixed order: first the order (free_order), then per
 round: k uniforms per sample for the drafts, k - 1 for the accept tests, 1 for the replacement / bonus
 (a round with k = 1, the last lone token, draws only its draft uniform). All float64, inverse CDF.
