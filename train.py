@@ -72,6 +72,7 @@ from tokenizer import DataError, get_codec
 from model import GPT, GPTConfig, config_fields, mdm_corrupt, random_orders
 from plot import plot_log
 from runtime import autocast, gpu_peak_flops, resolve_device
+from valloss import progress_of, val_losses, val_passes, val_windows
 
 # -----------------------------------------------------------------------------
 # defaults: AO-GPT-Small (12/768/12, context 1024) on OpenWebText, as in the paper
@@ -149,7 +150,6 @@ _given = set()  # the keys the config files and the command line set
 cfg = configure(globals(), given=_given)
 
 ORDER_MODES = ('random', 'l2r', 'fixed_random', 'block_random')
-PROGRESS_EVERY = 30.0  # seconds between progress lines of a long eval when there is no progress bar
 ddp = int(os.environ.get('RANK', -1)) != -1
 rank = int(os.environ.get('RANK', 0))
 master = rank == 0
@@ -507,7 +507,6 @@ if model_args['causal'] and model_args['cond'] == 'none' and order_mode == 'rand
          "orders: use order_mode='l2r' (or a fixed order), or cond='adaln' / 'sigma'")
 if not model_args['causal']:
     model.transformer.wnonee.weight.requires_grad_(False)  # the encoder never uses [None]; DDP needs all used
-any_order = model.any_order
 model.to(device)
 say(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {world_size} rank(s) on {device_type}, "
     f"{dtype}; {tokens_per_iter:,} tokens per iteration ({batch_size} x {block_size} x "
@@ -629,72 +628,20 @@ def get_lr(it):
 
 
 # ------------------------------------------------------------------ validation
-n_avail = n_val // block_size
-n_windows = min(eval_iters * batch_size, n_avail)
-val_starts = [(i * n_avail // n_windows) * block_size for i in range(n_windows)]  # spread, no overlap
-val_batches = [val_starts[i:i + batch_size] for i in range(0, n_windows, batch_size)]
+val_batches = val_windows(n_val, block_size, eval_iters, batch_size)  # fixed, the same at every eval
 
 
-def eval_seed(k, j):  # independent of `seed`: every run is scored on the same orders and masks
-    return int(np.random.SeedSequence([20250619, k, j]).generate_state(1, np.uint64)[0]) >> 1
-
-
-def progress_of(items, what):
-    """Yield items, showing on rank 0 how far the loop has got: a bar on a terminal, else a line every
-    PROGRESS_EVERY seconds (a long eval on a CPU must not look like a hang)."""
-    if show_bar:
-        yield from tqdm(items, desc=what, unit='batch', leave=False, dynamic_ncols=True)
-        return
-    t0 = t_line = time.monotonic()
-    for i, x in enumerate(items):
-        yield x
-        now = time.monotonic()
-        if now - t_line >= PROGRESS_EVERY and i + 1 < len(items):
-            say(f"{what}: {i + 1}/{len(items)} val batches, {now - t0:.0f} s")
-            t_line = now
-
-
-@torch.no_grad()
 def evaluate():
-    """Token-weighted val NLLs: this rank's share of the fixed windows, then summed over ranks."""
-    raw_model.eval()
+    """The val losses (valloss.py): this rank's share of the val batches, summed over ranks; with the EMA
+    weights when eval_ema."""
     use_ema = eval_ema and ema is not None
     if use_ema:
         swap_ema()
-    s = torch.zeros(8, device=device, dtype=torch.float64)  # (nll, tokens) for l2r, ao, order, elbo
-    gen = torch.Generator(device=device)
-    for k in progress_of(range(rank, len(val_batches), world_size), f"eval {iter_num}"):
-        x = read_windows('val', val_batches[k])
-        B, ntok = x.size(0), x.numel()
-        with ctx:
-            if not model_args['causal']:
-                for j in range(eval_orders):
-                    xt, t = mdm_corrupt(x, model_args['mask_token_id'], generator=gen.manual_seed(eval_seed(k, j)))
-                    _, nll = raw_model(xt, targets=x, reduction='none')
-                    s[6] += (nll.sum(1) / t).sum()
-                    s[7] += ntok
-                continue
-            s[0] += raw_model(x, targets=x, reduction='none')[1].sum()
-            s[1] += ntok
-            if any_order:
-                for j in range(eval_orders):
-                    order = random_orders(B, block_size, device=device, generator=gen.manual_seed(eval_seed(k, j)))
-                    s[2] += raw_model(x, order=order, targets=x, reduction='none')[1].sum()
-                    s[3] += ntok
-            if fixed_order is not None:
-                s[4] += raw_model(x, order=fixed_order.expand(B, -1), targets=x, reduction='none')[1].sum()
-                s[5] += ntok
-    if ddp:
-        dist.all_reduce(s)
+    mine = progress_of(range(rank, len(val_batches), world_size), f"eval {iter_num}", show_bar, say)
+    out = val_losses(raw_model, val_batches, mine, read_windows, ctx, eval_orders, order_mode, fixed_order)
     if use_ema:
         swap_ema()
-    raw_model.train()
-    mean = lambda i: (s[i] / s[i + 1]).item() if s[i + 1] > 0 else None
-    out = dict(val_l2r=mean(0), val_ao=mean(2), val_order=mean(4), val_elbo=mean(6), ema=use_ema)
-    headline = {'random': 'val_ao', 'l2r': 'val_l2r', 'fixed_random': 'val_order',
-                'block_random': 'val_order'}[order_mode] if model_args['causal'] else 'val_elbo'
-    out['val_loss'] = out[headline]
-    return out
+    return dict(out, ema=use_ema)
 
 
 # ------------------------------------------------------------------ checkpoints and logs
@@ -753,9 +700,8 @@ if master:
 flops_per_token = raw_model.estimate_flops_per_token(block_size)  # training: forward + backward
 if peak_flops <= 0 and device_type == 'cuda':
     peak_flops = gpu_peak_flops(torch.cuda.get_device_name())
-passes = (eval_orders if not model_args['causal'] else
-          1 + (eval_orders if any_order else 0) + (fixed_order is not None))  # forward passes per val batch
-eval_flops = n_windows * block_size * passes * flops_per_token / 3  # a forward is a third of a training step
+passes = val_passes(raw_model, eval_orders, fixed_order)  # forward passes per val batch
+eval_flops = sum(map(len, val_batches)) * block_size * passes * flops_per_token / 3  # a forward: a third of a step
 step_flops = tokens_per_iter * flops_per_token
 between = max(1, min(eval_interval, max_iters - iter_num))  # training steps from one eval to the next
 
