@@ -43,11 +43,9 @@ preemptible nodes. While a run is live it holds an OS lock on out_dir/.lock, so 
 out_dir is refused. out_dir/loss.png is redrawn from log.jsonl at every eval.
 """
 
-import importlib.util
 import json
 import math
 import os
-import re
 import signal
 import socket
 import sys
@@ -65,12 +63,12 @@ try:
 except ImportError:
     fcntl = None
 
-from checkpoint import (CKPT_NAME as _CKPT, checkpoint_codec, load_checkpoint, load_model, parse_hub_spec,
-                        run_checkpoints, save_checkpoint, strip_prefixes)
+from checkpoint import (CKPT_NAME as _CKPT, checkpoint_codec, load_checkpoint, load_model, run_checkpoints,
+                        save_checkpoint, strip_prefixes)
 from configurator import configure, die, print_config, tell_torchrun
-from tokenizer import DataError, get_codec
 from model import GPT, GPTConfig, config_fields, mdm_corrupt, random_orders
 from plot import plot_log
+from preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
 from runtime import autocast, gpu_peak_flops, resolve_device
 from valloss import progress_of, val_losses, val_passes, val_windows
 
@@ -149,7 +147,6 @@ seed = 1337
 _given = set()  # the keys the config files and the command line set
 cfg = configure(globals(), given=_given)
 
-ORDER_MODES = ('random', 'l2r', 'fixed_random', 'block_random')
 ddp = int(os.environ.get('RANK', -1)) != -1
 rank = int(os.environ.get('RANK', 0))
 master = rank == 0
@@ -218,49 +215,7 @@ def stop_interrupted():
     raise SystemExit(130)
 
 
-# ------------------------------------------------------------------ validate the config
-# Every key is checked here, before anything is read or written: a bad value costs one line, not a run.
-def need(ok, key, what):
-    if not ok:
-        fail(f"{key} must be {what}, got {globals()[key]!r}")
-
-
-for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters', 'eval_interval', 'eval_iters',
-          'eval_orders', 'log_interval', 'block_size_order'):
-    need(globals()[k] >= 1, k, "an integer >= 1")
-for k in ('ckpt_interval', 'keep_ckpt_every', 'warmup_iters', 'lr_decay_iters', 'l2r_frac_iters'):
-    need(globals()[k] >= 0, k, "an integer >= 0")
-for k in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'):
-    need(0 <= globals()[k] < math.inf, k, "a number >= 0")
-need(not decay_lr or min_lr <= learning_rate, 'min_lr', f"<= learning_rate ({learning_rate}), the peak the cosine "
-     f"decays from (or decay_lr=False)")
-for k in ('beta1', 'beta2', 'ema_decay'):
-    need(0 <= globals()[k] < 1, k, "in [0, 1)")
-need(0 <= l2r_frac <= 1, 'l2r_frac', "a probability in [0, 1]")
-need(l2r_frac_end is None or 0 <= l2r_frac_end <= 1, 'l2r_frac_end', "a probability in [0, 1], or None")
-need(0 <= seed < 2 ** 32, 'seed', "in [0, 2**32)")
-need(order_mode in ORDER_MODES, 'order_mode', f"one of {', '.join(ORDER_MODES)}")
-need(order_mode != 'block_random' or block_size % block_size_order == 0, 'block_size',
-     f"a multiple of block_size_order ({block_size_order}) for order_mode='block_random'")
-need(dtype in ('auto', 'float32', 'bfloat16', 'float16'), 'dtype', "auto, float32, bfloat16 or float16")
-need(re.fullmatch(r'auto|cpu|mps|cuda(:\d+)?', device), 'device', "auto, cpu, cuda, cuda:N or mps")
-need(out_dir.strip() != '', 'out_dir', "a directory")
-need(wandb_mode in ('offline', 'disabled', 'online'), 'wandb_mode', "offline, disabled or online")
-if wandb_log and importlib.util.find_spec('wandb') is None:
-    fail("wandb_log=True but wandb is not installed: pip install wandb, or leave wandb_log off")
-try:  # the model keys: GPTConfig checks them (a None vocab_size or [MASK] id is resolved from the data later)
-    _m = {k: cfg[k] for k in config_fields() if k in cfg}
-    _m['mask_token_id'] = 0 if _m['mask_token_id'] is None else _m['mask_token_id']
-    _m['vocab_size'] = max(_m['mask_token_id'], 0) + 1 if _m['vocab_size'] is None else _m['vocab_size']
-    GPTConfig(**_m)
-except ValueError as e:
-    fail(str(e))
-if not (init_from in ('scratch', 'resume', 'auto') or init_from.startswith(('gpt2:', 'hf:')) or
-        init_from.endswith('.pt') or os.path.exists(init_from)):
-    fail(f"init_from must be scratch, resume, auto, gpt2:<local HF GPT-2 dir>, a checkpoint file, an export.py "
-         f"folder or hf:owner/repo[/path/ckpt.pt], got {init_from!r}")
-if init_from.startswith('hf:'):
-    parse_hub_spec(init_from)  # a malformed hub id fails here, before any data is read
+check_config(cfg, fail)  # every key, before anything is read or written: a bad value costs one line, not a run
 
 # ------------------------------------------------------------------ devices and processes
 try:
@@ -339,32 +294,8 @@ ckpt_path = os.path.join(out_dir, _CKPT)
 log_path = os.path.join(out_dir, 'log.jsonl')
 
 # ------------------------------------------------------------------ data
-data_dir = os.path.join(data_root, dataset)
-script = os.path.join('data', dataset, 'prepare.py')
-for split in ('train', 'val'):
-    f = os.path.join(data_dir, f'{split}.bin')
-    fix = (f"run `python {script}`" if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), script))
-           else f"write {split}.bin (uint16 token ids) and meta.json into {data_dir}")
-    if not os.path.exists(f):
-        fail(f"{f} not found: {fix} first")
-    size = os.path.getsize(f)
-    if size == 0:
-        fail(f"{f} is empty: {fix} again")
-    if size % 2:
-        fail(f"{f} has {size:,} bytes, an odd number, so it is not a whole number of uint16 token ids (2 bytes "
-             f"each): it is truncated or not a token file; {fix} again")
-if not os.path.exists(os.path.join(data_dir, 'meta.json')) and not os.path.exists(os.path.join(data_dir, 'meta.pkl')):
-    say(f"no {data_dir}/meta.json: assuming GPT-2 BPE token ids (vocab 50257)")
-try:
-    codec = get_codec(data_dir)  # saved in every checkpoint: what the model's ids mean
-except DataError as e:
-    fail(e.msg)
+data_dir, codec, n_train, n_val = check_data(cfg, fail, say)  # codec: saved in every checkpoint
 data_vocab = codec.vocab_size
-n_train = len(np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r'))
-n_val = len(np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r'))
-if n_train < block_size or n_val < block_size:
-    fail(f"{data_dir}: train ({n_train}) and val ({n_val}) must each hold at least block_size "
-         f"({block_size}) tokens")
 
 
 def read_windows(split, starts):
@@ -494,17 +425,7 @@ if weights is not None:
     model.load_state_dict(weights)
 del weights
 
-if data_vocab > model_args['vocab_size']:
-    fail(f"{dataset} has {data_vocab} token ids but the model only {model_args['vocab_size']}")
-if not model_args['causal'] and model_args['mask_token_id'] < data_vocab:
-    fail(f"mask_token_id {model_args['mask_token_id']} is a real token of {data_dir} (its codec uses the ids 0.."
-         f"{data_vocab - 1}): the encoder's [MASK] must be an id the data never holds; leave mask_token_id unset "
-         f"(the first padding id, {data_vocab}) or pick one in [{data_vocab}, vocab_size)")
-if block_size > model_args['block_size']:
-    fail(f"block_size {block_size} > the model's {model_args['block_size']}")
-if model_args['causal'] and model_args['cond'] == 'none' and order_mode == 'random':
-    fail("a GPT (cond='none') is never told which position to predict, so it cannot train on random "
-         "orders: use order_mode='l2r' (or a fixed order), or cond='adaln' / 'sigma'")
+check_model(model_args, cfg, data_vocab, data_dir, fail)  # against the data and the orders
 if not model_args['causal']:
     model.transformer.wnonee.weight.requires_grad_(False)  # the encoder never uses [None]; DDP needs all used
 model.to(device)
@@ -701,46 +622,8 @@ flops_per_token = raw_model.estimate_flops_per_token(block_size)  # training: fo
 if peak_flops <= 0 and device_type == 'cuda':
     peak_flops = gpu_peak_flops(torch.cuda.get_device_name())
 passes = val_passes(raw_model, eval_orders, fixed_order)  # forward passes per val batch
-eval_flops = sum(map(len, val_batches)) * block_size * passes * flops_per_token / 3  # a forward: a third of a step
-step_flops = tokens_per_iter * flops_per_token
-between = max(1, min(eval_interval, max_iters - iter_num))  # training steps from one eval to the next
-
-
-def duration(sec):
-    return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.0f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
-
-
-if device_type == 'cpu' and (step_flops > 1e11 or eval_flops > 1e12):  # else a CPU takes it in seconds
-    a = torch.ones(512, 512)
-    t0 = time.perf_counter()
-    for _ in range(4):
-        a @ a
-    cpu_flops = 4 * 2 * 512 ** 3 / (time.perf_counter() - t0)  # rough: training reaches less; a busy CPU varies
-    if step_flops / cpu_flops > 10 or eval_flops / cpu_flops > 60:
-        say(f"warning: a GPU-sized run on a CPU: one step is {tokens_per_iter:,} tokens x "
-            f"{flops_per_token / 1e9:.2f} GFLOP, roughly {duration(step_flops / cpu_flops)} here (this CPU did "
-            f"{cpu_flops / 1e9:.0f} GFLOP/s on a matmul just now), and one eval roughly "
-            f"{duration(eval_flops / cpu_flops)}. For a CPU, shrink the run, e.g. to config/train_ptb_tiny.py's "
-            f"sizes: --n_layer=4 --n_head=4 --n_embd=128 --block_size=128 --batch_size=16 "
-            f"--gradient_accumulation_steps=1 --eval_iters=8 --eval_orders=2")
-if not eval_only and eval_flops > 0.25 * between * step_flops:
-    say(f"warning: one eval ({len(val_batches)} val batches x {passes} forward passes) costs about "
-        f"{eval_flops / (between * step_flops):.1f}x the {between} training steps before it; lower eval_iters "
-        f"(now {eval_iters})" + (f" or eval_orders (now {eval_orders})" if passes > 2 else "") +
-        ", or raise eval_interval")
-if decay_lr and not eval_only:
-    if warmup_iters >= max_iters:
-        say(f"warning: warmup_iters ({warmup_iters}) >= max_iters ({max_iters}): the learning rate never "
-            f"reaches learning_rate ({learning_rate:.1e}), only {get_lr(max_iters - 1):.1e}; lower warmup_iters, "
-            f"e.g. --warmup_iters={max_iters // 10}")
-    elif lr_decay_iters > 2 * max_iters:
-        say(f"warning: lr_decay_iters ({lr_decay_iters}) is far beyond max_iters ({max_iters}): the cosine ends "
-            f"at {get_lr(max_iters):.1e}, not min_lr ({min_lr:.1e}); set --lr_decay_iters={max_iters} to decay "
-            f"fully (or leave it, if a near-constant learning rate is the plan)")
-    elif lr_decay_iters < max_iters / 2:
-        say(f"warning: lr_decay_iters ({lr_decay_iters}) is well short of max_iters ({max_iters}): the last "
-            f"{max_iters - max(lr_decay_iters, warmup_iters)} iterations run at min_lr ({min_lr:.1e}); set "
-            f"--lr_decay_iters={max_iters} to decay over the whole run")
+cost_warnings(cfg, device_type == 'cpu', flops_per_token, val_batches, passes, iter_num, say)
+lr_warnings(cfg, get_lr, say)
 
 # ------------------------------------------------------------------ the loop
 t_start = time.time()
