@@ -47,7 +47,6 @@ import json
 import math
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import asdict
@@ -58,17 +57,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-try:
-    import fcntl  # the out_dir lock; absent on Windows, where runs go unlocked
-except ImportError:
-    fcntl = None
-
-from checkpoint import (CKPT_NAME as _CKPT, checkpoint_codec, load_checkpoint, load_model, run_checkpoints,
+from checkpoint import (CKPT_NAME, checkpoint_codec, load_checkpoint, load_model, run_checkpoints,
                         save_checkpoint, strip_prefixes)
 from configurator import configure, die, print_config, tell_torchrun
 from model import GPT, GPTConfig, config_fields, mdm_corrupt, random_orders
 from plot import plot_log
 from preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
+from rundir import claim_out_dir, release_out_dir, rewind_out_dir
 from runtime import autocast, gpu_peak_flops, resolve_device
 from valloss import progress_of, val_losses, val_passes, val_windows
 
@@ -152,8 +147,7 @@ rank = int(os.environ.get('RANK', 0))
 master = rank == 0
 show_bar = progress and master and sys.stderr.isatty()
 bar = None  # the training progress bar, while it is shown
-lock_fd = None  # out_dir/.lock, held (rank 0) while the run is live
-made_out_dir = False  # this run created out_dir (a failed start removes it again)
+lock = None  # out_dir/.lock, held (rank 0) while the run is live: see rundir.py
 iter_num, last_saved = 0, None  # optimizer steps done; (path, iteration) of the last checkpoint
 saving = interrupted = False  # a checkpoint is being written; Ctrl-C came meanwhile
 
@@ -161,9 +155,10 @@ saving = interrupted = False  # a checkpoint is being written; Ctrl-C came meanw
 def fail(msg):
     """One clear line (from rank 0 only; every rank's goes to torchrun's error file) and exit: bad input must
     never cost a traceback."""
+    global lock
     if bar is not None:
         bar.close()
-    release_out_dir(failed=True)
+    lock = release_out_dir(lock, failed=True)
     if master:
         die(msg)
     tell_torchrun(f"error: {msg}")
@@ -179,17 +174,6 @@ def say(*a):
             print(*a, flush=True)
 
 
-def release_out_dir(failed=False):
-    global lock_fd
-    if lock_fd is not None:
-        if failed and os.listdir(out_dir) == ['.lock']:  # a start that failed leaves nothing, not an empty run
-            os.remove(os.path.join(out_dir, '.lock'))
-            if made_out_dir:
-                os.rmdir(out_dir)
-        os.close(lock_fd)  # closing the file releases the lock
-        lock_fd = None
-
-
 def on_interrupt(signum, frame):
     global interrupted
     if saving:
@@ -200,7 +184,7 @@ def on_interrupt(signum, frame):
 
 def stop_interrupted():
     """Ctrl-C: one line, and exit status 130 as a shell expects; nothing half-written is left behind."""
-    global bar
+    global bar, lock
     if bar is not None:
         bar.disable = True  # no redraw of the bar after the line (not closed: we may be inside its update)
         bar = None
@@ -211,7 +195,7 @@ def stop_interrupted():
               (f"{last_saved[0]} (iteration {last_saved[1]}) is intact; continue with the same command and "
                f"--init_from=auto" if last_saved and not eval_only else "no checkpoint was written"),
               file=sys.stderr, flush=True)
-    release_out_dir()
+    lock = release_out_dir(lock)
     raise SystemExit(130)
 
 
@@ -252,45 +236,11 @@ else:
     torch.set_flush_denormal(True)  # denormals in the CE gradient can make CPU matmuls 10x slower
 
 
-def claim_out_dir():
-    """Make out_dir, lock it, and prove it writable, all before the first step: a run must not learn at its
-    first checkpoint that it cannot save one, nor share its directory with another live run."""
-    global lock_fd, made_out_dir
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        fail(f"out_dir {out_dir} is a file, not a directory: pick another out_dir")
-    made_out_dir = not os.path.exists(out_dir)
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        fd = os.open(os.path.join(out_dir, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        fail(f"cannot write in out_dir {out_dir} ({e.strerror}): pick a directory you can write to")
-    # flock: the OS drops it when the holder exits, however it dies, so a killed run never blocks a resume
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 200).decode(errors='replace').strip() or 'a process that has not said its pid yet'
-            os.close(fd)
-            fail(f"out_dir {out_dir} is in use by another training run ({holder}): wait for it to end, or pick "
-                 f"another out_dir")
-    lock_fd = fd
-    probe = os.path.join(out_dir, f'.write_test.{os.getpid()}')
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
-        with open(probe, 'wb') as f:
-            f.write(b'x')
-        os.remove(probe)
-    except OSError as e:
-        fail(f"cannot write in out_dir {out_dir} ({e.strerror}): checkpoints could not be saved there; pick a "
-             f"directory you can write to")
-
-
 signal.signal(signal.SIGINT, on_interrupt)  # from here on, Ctrl-C is one line (see stop_interrupted)
 if master:
-    claim_out_dir()
+    lock = claim_out_dir(out_dir, fail)  # made, locked and proven writable before the first step
     print_config(cfg)
-ckpt_path = os.path.join(out_dir, _CKPT)
+ckpt_path = os.path.join(out_dir, CKPT_NAME)
 log_path = os.path.join(out_dir, 'log.jsonl')
 
 # ------------------------------------------------------------------ data
@@ -603,15 +553,7 @@ def save():
 
 last_saved = (resume_path, start_iter) if start_iter > 0 else None
 if master:
-    for f in os.listdir(out_dir):  # temp files of a save that was killed mid-write
-        if f.startswith(f'.{_CKPT}.tmp.'):
-            os.remove(os.path.join(out_dir, f))
-    if start_iter > 0 and os.path.exists(log_path):  # drop evals logged after the checkpoint we resumed
-        kept = [l for l in open(log_path) if l.strip() and json.loads(l)['iter'] <= start_iter]
-        with open(log_path, 'w') as f:
-            f.writelines(kept)
-    elif start_iter == 0 and not eval_only:
-        open(log_path, 'w').close()
+    rewind_out_dir(out_dir, log_path, start_iter, eval_only)  # as the checkpoint resumed left it
     if wandb_log:
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name, config=cfg, mode=wandb_mode, dir=out_dir)
@@ -726,7 +668,7 @@ while True:
 if bar is not None:
     bar.close()
     bar = None
-release_out_dir()  # the OS would at exit; a caller that runs train.py in-process may start another run here
+lock = release_out_dir(lock)  # the OS would at exit; a caller that runs train.py in-process may start another run here
 if master and wandb_log:
     wandb.finish()
 if ddp:
