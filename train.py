@@ -62,7 +62,7 @@ from model import GPT, GPTConfig, mdm_corrupt, random_orders
 from plot import plot_log
 from preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
 from rundir import claim_out_dir, release_out_dir, rewind_out_dir
-from runtime import autocast, gpu_peak_flops, resolve_device
+from runtime import autocast, gpu_peak_flops, resolve_device, start_ranks
 from valloss import progress_of, val_losses, val_passes, val_windows
 
 # -----------------------------------------------------------------------------
@@ -204,21 +204,8 @@ try:
     device = resolve_device(device)
 except ValueError as e:
     fail(str(e))
+rank, world_size, device = start_ranks(device)  # one process, or this torchrun rank's (on its own GPU)
 device_type = device.split(':')[0]
-if ddp:
-    local_rank, world_size = int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
-    if device_type == 'cuda':
-        device = f'cuda:{local_rank}'
-        torch.cuda.set_device(device)
-    # torchrun restarts workers against the same TCPStore server, which still holds the keys the
-    # failed attempt wrote (gloo's peer addresses among them): a restarted rank can read a dead
-    # peer's address and fail or hang in connectFullMesh. Each attempt gets its own key prefix.
-    store, _, _ = next(dist.rendezvous('env://'))
-    attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
-    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
-                            store=dist.PrefixStore(f'attempt{attempt}/', store), rank=rank, world_size=world_size)
-else:
-    local_rank, world_size = 0, 1
 if gradient_accumulation_steps % world_size:
     fail(f"gradient_accumulation_steps ({gradient_accumulation_steps}) counts micro-steps over all "
          f"ranks and must be a multiple of the world size ({world_size})")
@@ -386,7 +373,7 @@ if compile:
     say("compiling the model (takes a minute)...")
     model = torch.compile(model)
 if ddp:
-    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+    model = DDP(model, device_ids=[torch.cuda.current_device()] if device_type == 'cuda' else None)
 
 
 def get_lr(it):
