@@ -58,7 +58,7 @@ from tqdm import tqdm
 
 from checkpoint import CKPT_NAME, model_source, save_checkpoint, strip_prefixes
 from configurator import configure, die, print_config, tell_torchrun
-from model import GPT, GPTConfig, mdm_corrupt, random_orders
+from model import GPT, GPTConfig, block_order, mdm_corrupt, random_orders
 from plot import plot_log
 from preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
 from rundir import claim_out_dir, release_out_dir, rewind_out_dir
@@ -275,13 +275,8 @@ say(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {world_size} rank(s
 # ------------------------------------------------------------------ orders
 fixed_order = None  # (n,) for fixed_random / block_random
 if model_args['causal'] and order_mode in ('fixed_random', 'block_random'):
-    g = torch.Generator().manual_seed(order_seed)
-    k = block_size if order_mode == 'fixed_random' else block_size_order
-    pattern = torch.randperm(k, generator=g)
-    while k > 1 and torch.equal(pattern, torch.arange(k)):  # a "random" order must not be L2R
-        pattern = torch.randperm(k, generator=g)
-    # block_random: blocks left to right, the same permutation inside each, e.g. 0 2 3 1 4 6 7 5 ...
-    fixed_order = (torch.arange(block_size // k)[:, None] * k + pattern[None, :]).flatten()
+    fixed_order = block_order(block_size, block_size if order_mode == 'fixed_random' else block_size_order,
+                              order_seed)
     if ckpt is not None and ckpt.get('order') is not None and not torch.equal(ckpt['order'], fixed_order):
         say("using the fixed order saved in the checkpoint (the config now gives a different one)")
         fixed_order = ckpt['order'].clone()
