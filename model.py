@@ -559,6 +559,17 @@ def random_orders(B, n, device=None, generator=None):
     return torch.rand(B, n, device=device, generator=generator, dtype=torch.float64).argsort(dim=1)
 
 
+def block_order(n, k, seed):
+    """A fixed order of range(n) (k divides n): blocks of k positions left to right, the same seeded permutation
+    inside each, never the identity (a "random" order must not be L2R), e.g. 0 2 3 1 4 6 7 5 ... for k = 4. k = n:
+    one random permutation (order_mode fixed_random); k < n: order_mode block_random."""
+    g = torch.Generator().manual_seed(seed)
+    pattern = torch.randperm(k, generator=g)
+    while k > 1 and torch.equal(pattern, torch.arange(k)):
+        pattern = torch.randperm(k, generator=g)
+    return (torch.arange(n // k)[:, None] * k + pattern[None, :]).flatten()
+
+
 def stratified_uniform(count, generator=None, device=None, dtype=torch.float64):
     """count draws in (0, 1], each uniform marginally, jointly spread evenly (systematic sampling: one
     uniform offset, count evenly spaced points, then shuffled). Stratifying the masking rate (or the

@@ -73,8 +73,15 @@ def start_ranks(device):
     if int(os.environ.get('RANK', -1)) == -1:
         return 0, 1, device
     import torch.distributed as dist
-    dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
+    rank, world_size = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
     if device.startswith('cuda'):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
         torch.cuda.set_device(device)
-    return dist.get_rank(), dist.get_world_size(), device
+    # torchrun restarts workers against the same TCPStore server, which still holds the keys the
+    # failed attempt wrote (gloo's peer addresses among them): a restarted rank can read a dead
+    # peer's address and fail or hang in connectFullMesh. Each attempt gets its own key prefix.
+    store, _, _ = next(dist.rendezvous('env://'))
+    attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
+    dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo',
+                            store=dist.PrefixStore(f'attempt{attempt}/', store), rank=rank, world_size=world_size)
+    return rank, world_size, device

@@ -43,16 +43,12 @@ preemptible nodes. While a run is live it holds an OS lock on out_dir/.lock, so 
 out_dir is refused. out_dir/loss.png is redrawn from log.jsonl at every eval.
 """
 
-import importlib.util
 import json
 import math
 import os
-import re
 import signal
-import socket
 import sys
 import time
-from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -60,18 +56,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-try:
-    import fcntl  # the out_dir lock; absent on Windows, where runs go unlocked
-except ImportError:
-    fcntl = None
-
-from checkpoint import (CKPT_NAME as _CKPT, checkpoint_codec, load_checkpoint, load_model, parse_hub_spec,
-                        run_checkpoints, save_checkpoint, strip_prefixes)
+from checkpoint import CKPT_NAME, model_source, save_checkpoint, strip_prefixes
 from configurator import configure, die, print_config, tell_torchrun
-from tokenizer import DataError, get_codec
-from model import GPT, GPTConfig, config_fields, mdm_corrupt, random_orders
+from model import GPT, GPTConfig, block_order, mdm_corrupt, random_orders
 from plot import plot_log
-from runtime import autocast, gpu_peak_flops, resolve_device
+from preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
+from rundir import claim_out_dir, release_out_dir, rewind_out_dir
+from runtime import autocast, gpu_peak_flops, resolve_device, start_ranks
+from valloss import progress_of, val_losses, val_passes, val_windows
 
 # -----------------------------------------------------------------------------
 # defaults: AO-GPT-Small (12/768/12, context 1024) on OpenWebText, as in the paper
@@ -148,15 +140,12 @@ seed = 1337
 _given = set()  # the keys the config files and the command line set
 cfg = configure(globals(), given=_given)
 
-ORDER_MODES = ('random', 'l2r', 'fixed_random', 'block_random')
-PROGRESS_EVERY = 30.0  # seconds between progress lines of a long eval when there is no progress bar
 ddp = int(os.environ.get('RANK', -1)) != -1
 rank = int(os.environ.get('RANK', 0))
 master = rank == 0
 show_bar = progress and master and sys.stderr.isatty()
 bar = None  # the training progress bar, while it is shown
-lock_fd = None  # out_dir/.lock, held (rank 0) while the run is live
-made_out_dir = False  # this run created out_dir (a failed start removes it again)
+lock = None  # out_dir/.lock, held (rank 0) while the run is live: see rundir.py
 iter_num, last_saved = 0, None  # optimizer steps done; (path, iteration) of the last checkpoint
 saving = interrupted = False  # a checkpoint is being written; Ctrl-C came meanwhile
 
@@ -164,9 +153,10 @@ saving = interrupted = False  # a checkpoint is being written; Ctrl-C came meanw
 def fail(msg):
     """One clear line (from rank 0 only; every rank's goes to torchrun's error file) and exit: bad input must
     never cost a traceback."""
+    global lock
     if bar is not None:
         bar.close()
-    release_out_dir(failed=True)
+    lock = release_out_dir(lock, failed=True)
     if master:
         die(msg)
     tell_torchrun(f"error: {msg}")
@@ -182,17 +172,6 @@ def say(*a):
             print(*a, flush=True)
 
 
-def release_out_dir(failed=False):
-    global lock_fd
-    if lock_fd is not None:
-        if failed and os.listdir(out_dir) == ['.lock']:  # a start that failed leaves nothing, not an empty run
-            os.remove(os.path.join(out_dir, '.lock'))
-            if made_out_dir:
-                os.rmdir(out_dir)
-        os.close(lock_fd)  # closing the file releases the lock
-        lock_fd = None
-
-
 def on_interrupt(signum, frame):
     global interrupted
     if saving:
@@ -203,7 +182,7 @@ def on_interrupt(signum, frame):
 
 def stop_interrupted():
     """Ctrl-C: one line, and exit status 130 as a shell expects; nothing half-written is left behind."""
-    global bar
+    global bar, lock
     if bar is not None:
         bar.disable = True  # no redraw of the bar after the line (not closed: we may be inside its update)
         bar = None
@@ -214,74 +193,19 @@ def stop_interrupted():
               (f"{last_saved[0]} (iteration {last_saved[1]}) is intact; continue with the same command and "
                f"--init_from=auto" if last_saved and not eval_only else "no checkpoint was written"),
               file=sys.stderr, flush=True)
-    release_out_dir()
+    lock = release_out_dir(lock)
     raise SystemExit(130)
 
 
-# ------------------------------------------------------------------ validate the config
-# Every key is checked here, before anything is read or written: a bad value costs one line, not a run.
-def need(ok, key, what):
-    if not ok:
-        fail(f"{key} must be {what}, got {globals()[key]!r}")
-
-
-for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters', 'eval_interval', 'eval_iters',
-          'eval_orders', 'log_interval', 'block_size_order'):
-    need(globals()[k] >= 1, k, "an integer >= 1")
-for k in ('ckpt_interval', 'keep_ckpt_every', 'warmup_iters', 'lr_decay_iters', 'l2r_frac_iters'):
-    need(globals()[k] >= 0, k, "an integer >= 0")
-for k in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'):
-    need(0 <= globals()[k] < math.inf, k, "a number >= 0")
-need(not decay_lr or min_lr <= learning_rate, 'min_lr', f"<= learning_rate ({learning_rate}), the peak the cosine "
-     f"decays from (or decay_lr=False)")
-for k in ('beta1', 'beta2', 'ema_decay'):
-    need(0 <= globals()[k] < 1, k, "in [0, 1)")
-need(0 <= l2r_frac <= 1, 'l2r_frac', "a probability in [0, 1]")
-need(l2r_frac_end is None or 0 <= l2r_frac_end <= 1, 'l2r_frac_end', "a probability in [0, 1], or None")
-need(0 <= seed < 2 ** 32, 'seed', "in [0, 2**32)")
-need(order_mode in ORDER_MODES, 'order_mode', f"one of {', '.join(ORDER_MODES)}")
-need(order_mode != 'block_random' or block_size % block_size_order == 0, 'block_size',
-     f"a multiple of block_size_order ({block_size_order}) for order_mode='block_random'")
-need(dtype in ('auto', 'float32', 'bfloat16', 'float16'), 'dtype', "auto, float32, bfloat16 or float16")
-need(re.fullmatch(r'auto|cpu|mps|cuda(:\d+)?', device), 'device', "auto, cpu, cuda, cuda:N or mps")
-need(out_dir.strip() != '', 'out_dir', "a directory")
-need(wandb_mode in ('offline', 'disabled', 'online'), 'wandb_mode', "offline, disabled or online")
-if wandb_log and importlib.util.find_spec('wandb') is None:
-    fail("wandb_log=True but wandb is not installed: pip install wandb, or leave wandb_log off")
-try:  # the model keys: GPTConfig checks them (a None vocab_size or [MASK] id is resolved from the data later)
-    _m = {k: cfg[k] for k in config_fields() if k in cfg}
-    _m['mask_token_id'] = 0 if _m['mask_token_id'] is None else _m['mask_token_id']
-    _m['vocab_size'] = max(_m['mask_token_id'], 0) + 1 if _m['vocab_size'] is None else _m['vocab_size']
-    GPTConfig(**_m)
-except ValueError as e:
-    fail(str(e))
-if not (init_from in ('scratch', 'resume', 'auto') or init_from.startswith(('gpt2:', 'hf:')) or
-        init_from.endswith('.pt') or os.path.exists(init_from)):
-    fail(f"init_from must be scratch, resume, auto, gpt2:<local HF GPT-2 dir>, a checkpoint file, an export.py "
-         f"folder or hf:owner/repo[/path/ckpt.pt], got {init_from!r}")
-if init_from.startswith('hf:'):
-    parse_hub_spec(init_from)  # a malformed hub id fails here, before any data is read
+check_config(cfg, fail)  # every key, before anything is read or written: a bad value costs one line, not a run
 
 # ------------------------------------------------------------------ devices and processes
 try:
     device = resolve_device(device)
 except ValueError as e:
     fail(str(e))
+rank, world_size, device = start_ranks(device)  # one process, or this torchrun rank's (on its own GPU)
 device_type = device.split(':')[0]
-if ddp:
-    local_rank, world_size = int(os.environ['LOCAL_RANK']), int(os.environ['WORLD_SIZE'])
-    if device_type == 'cuda':
-        device = f'cuda:{local_rank}'
-        torch.cuda.set_device(device)
-    # torchrun restarts workers against the same TCPStore server, which still holds the keys the
-    # failed attempt wrote (gloo's peer addresses among them): a restarted rank can read a dead
-    # peer's address and fail or hang in connectFullMesh. Each attempt gets its own key prefix.
-    store, _, _ = next(dist.rendezvous('env://'))
-    attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
-    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
-                            store=dist.PrefixStore(f'attempt{attempt}/', store), rank=rank, world_size=world_size)
-else:
-    local_rank, world_size = 0, 1
 if gradient_accumulation_steps % world_size:
     fail(f"gradient_accumulation_steps ({gradient_accumulation_steps}) counts micro-steps over all "
          f"ranks and must be a multiple of the world size ({world_size})")
@@ -297,74 +221,16 @@ else:
     torch.set_flush_denormal(True)  # denormals in the CE gradient can make CPU matmuls 10x slower
 
 
-def claim_out_dir():
-    """Make out_dir, lock it, and prove it writable, all before the first step: a run must not learn at its
-    first checkpoint that it cannot save one, nor share its directory with another live run."""
-    global lock_fd, made_out_dir
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        fail(f"out_dir {out_dir} is a file, not a directory: pick another out_dir")
-    made_out_dir = not os.path.exists(out_dir)
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        fd = os.open(os.path.join(out_dir, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        fail(f"cannot write in out_dir {out_dir} ({e.strerror}): pick a directory you can write to")
-    # flock: the OS drops it when the holder exits, however it dies, so a killed run never blocks a resume
-    if fcntl is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 200).decode(errors='replace').strip() or 'a process that has not said its pid yet'
-            os.close(fd)
-            fail(f"out_dir {out_dir} is in use by another training run ({holder}): wait for it to end, or pick "
-                 f"another out_dir")
-    lock_fd = fd
-    probe = os.path.join(out_dir, f'.write_test.{os.getpid()}')
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
-        with open(probe, 'wb') as f:
-            f.write(b'x')
-        os.remove(probe)
-    except OSError as e:
-        fail(f"cannot write in out_dir {out_dir} ({e.strerror}): checkpoints could not be saved there; pick a "
-             f"directory you can write to")
-
-
 signal.signal(signal.SIGINT, on_interrupt)  # from here on, Ctrl-C is one line (see stop_interrupted)
 if master:
-    claim_out_dir()
+    lock = claim_out_dir(out_dir, fail)  # made, locked and proven writable before the first step
     print_config(cfg)
-ckpt_path = os.path.join(out_dir, _CKPT)
+ckpt_path = os.path.join(out_dir, CKPT_NAME)
 log_path = os.path.join(out_dir, 'log.jsonl')
 
 # ------------------------------------------------------------------ data
-data_dir = os.path.join(data_root, dataset)
-script = os.path.join('data', dataset, 'prepare.py')
-for split in ('train', 'val'):
-    f = os.path.join(data_dir, f'{split}.bin')
-    fix = (f"run `python {script}`" if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), script))
-           else f"write {split}.bin (uint16 token ids) and meta.json into {data_dir}")
-    if not os.path.exists(f):
-        fail(f"{f} not found: {fix} first")
-    size = os.path.getsize(f)
-    if size == 0:
-        fail(f"{f} is empty: {fix} again")
-    if size % 2:
-        fail(f"{f} has {size:,} bytes, an odd number, so it is not a whole number of uint16 token ids (2 bytes "
-             f"each): it is truncated or not a token file; {fix} again")
-if not os.path.exists(os.path.join(data_dir, 'meta.json')) and not os.path.exists(os.path.join(data_dir, 'meta.pkl')):
-    say(f"no {data_dir}/meta.json: assuming GPT-2 BPE token ids (vocab 50257)")
-try:
-    codec = get_codec(data_dir)  # saved in every checkpoint: what the model's ids mean
-except DataError as e:
-    fail(e.msg)
+data_dir, codec, n_train, n_val = check_data(cfg, fail, say)  # codec: saved in every checkpoint
 data_vocab = codec.vocab_size
-n_train = len(np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r'))
-n_val = len(np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r'))
-if n_train < block_size or n_val < block_size:
-    fail(f"{data_dir}: train ({n_train}) and val ({n_val}) must each hold at least block_size "
-         f"({block_size}) tokens")
 
 
 def read_windows(split, starts):
@@ -388,103 +254,7 @@ dev_gen = torch.Generator(device=device)
 # ------------------------------------------------------------------ model
 torch.manual_seed(seed)  # the initial weights (identical on every rank; DDP also broadcasts rank 0's)
 
-
-def check_codec(src, where):
-    """Training on from a checkpoint must read the data with the codec its ids were trained in."""
-    theirs = checkpoint_codec(src)
-    if theirs.record() != codec.record():
-        fail(f"{data_dir} is tokenized with a {codec.name} codec ({codec.vocab_size} symbols), but {where} "
-             f"was trained with a {theirs.name} one ({theirs.vocab_size}): its ids would mean other symbols. "
-             f"Use the dataset it was trained on, or re-prepare the data with its codec")
-
-
-held = run_checkpoints(out_dir)  # ckpt.pt, else the newest periodic copy (ckpt.pt deleted or lost)
-resume_path = held[0] if held else ckpt_path
-if init_from == 'auto':
-    init_from = 'resume' if held else 'scratch'
-if init_from == 'scratch' and held:
-    fail(f"{out_dir} already holds checkpoints ({', '.join(os.path.basename(h) for h in held[:3])}"
-         f"{', ...' if len(held) > 3 else ''}): continue with init_from=resume (or auto), or pick another out_dir; "
-         f"starting from scratch here would overwrite them (to start over, delete them first)")
-
-
-def refuse_other_model(model, asked, where, why):
-    """A run keeps the model it starts from, so a key asked for that contradicts it is refused, not quietly
-    overruled: the saved config must say what was trained."""
-    other = [k for k, v in asked.items() if v != model[k]]
-    if other:
-        fail(f"{where} holds a model with {', '.join(f'{k}={model[k]!r}' for k in other)}, but this config asks "
-             f"for {', '.join(f'{k}={cfg[k]!r}' for k in other)}: {why}")
-
-
-def shape_keys(model, only=None):
-    """The config's values of the model's keys that say which model it is: not dropout or adaln_table (how
-    the same weights train), not block_size (the training length, which may be shorter than the model's),
-    not a None vocab_size / mask_token_id (the model's)."""
-    return {k: cfg[k] for k in model if k in cfg and k not in ('dropout', 'adaln_table', 'block_size')
-            and (only is None or k in only) and not (cfg[k] is None and k in ('vocab_size', 'mask_token_id'))}
-
-
-def model_source():
-    """Where the model comes from, by init_from: (its GPTConfig arguments, its weights or None, the
-    checkpoint being resumed or None). Only the shape comes from here; how the weights train (dropout,
-    adaln_table: the same function computed another way) always follows this run's config."""
-    if init_from == 'resume':
-        if not os.path.exists(resume_path):
-            fail(f"init_from=resume but {ckpt_path} does not exist: use init_from=scratch, or auto")
-        ck = load_checkpoint(resume_path)
-        if ck.get('format') != 'aogpt-v1' or 'optimizer' not in ck:
-            fail(f"{resume_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
-                 f"with init_from={resume_path}")
-        check_codec(ck, resume_path)
-        trained = asdict(GPTConfig(**ck['model_args']))  # keys older checkpoints lack take their defaults
-        # A value is accepted if it is the model's, or the one the run was started with (a fine-tune takes
-        # its shape from the source, so its config may hold defaults the model does not have).
-        asked = {k: v for k, v in shape_keys(trained).items() if v != ck['config'].get(k, trained[k])}
-        refuse_other_model(trained, asked, resume_path, "a resumed run keeps its model. Resume with the config it "
-                           "was trained with, or train the new model in another out_dir")
-        changed = {k: (ck['config'].get(k), v) for k, v in cfg.items()
-                   if k in ck['config'] and ck['config'][k] != v and k != 'init_from'}
-        if changed:
-            say("resuming with changed keys (checkpoint -> now): " +
-                ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
-        return trained, strip_prefixes(ck['model']), ck
-    if init_from.startswith('gpt2:'):
-        hf_dir = init_from[len('gpt2:'):]
-        if not os.path.exists(os.path.join(hf_dir, 'config.json')):
-            fail(f"{hf_dir} is not a local Hugging Face GPT-2 directory (config.json + model.safetensors)")
-        n_pos = json.load(open(os.path.join(hf_dir, 'config.json')))['n_positions']
-        if block_size > n_pos - 1:
-            fail(f"GPT-2 has {n_pos} positions and the [None] start slot takes one: use block_size<={n_pos - 1}")
-        if not causal:
-            fail("init_from=gpt2:... warm-starts a decoder; the encoder MDM starts from scratch")
-        # GPT-2's own architecture (layer norm, tied head, ...) with our conditioning switches on top
-        src = GPT.from_pretrained(hf_dir, cond=cond, target_dim=target_dim, adaln_init=adaln_init,
-                                  block_size=block_size)
-        say(f"warm start from GPT-2 weights in {hf_dir}: model shape from its config.json")
-        return asdict(src.config), src.state_dict(), None
-    if init_from != 'scratch':  # fine-tune from a checkpoint (ours, an export, or the paper's released ones)
-        src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if init_ema else False)
-        check_codec(src_ckpt, init_from)
-        if src.config.block_size < block_size:
-            fail(f"{init_from} was trained with block_size {src.config.block_size}: use block_size<= that")
-        shape = ', '.join(f"{k}={getattr(src.config, k)!r}" for k in ('causal', 'cond', 'n_layer', 'n_head', 'n_embd'))
-        say(f"fine-tuning from {init_from} ({'EMA' if used_ema else 'raw'} weights); model shape from it ({shape}), "
-            f"whatever the config above says of keys not set")
-        return asdict(src.config), src.state_dict(), None
-    args = {k: cfg[k] for k in config_fields() if k in cfg}
-    if args['vocab_size'] is None:  # pad for fast matmuls; the MDM needs one id for [MASK]
-        args['vocab_size'] = -(-(data_vocab + (0 if causal else 1)) // 64) * 64
-    if args['mask_token_id'] is None:
-        args['mask_token_id'] = data_vocab  # the first padding id (50257 for GPT-2)
-    return args, None, None
-
-
-source_args, weights, ckpt = model_source()
-if init_from not in ('scratch', 'resume'):  # a fine-tune or warm start: only the keys set may contradict it
-    refuse_other_model(source_args, shape_keys(source_args, _given), init_from, "a fine-tuned model keeps its "
-                       "source's shape. Leave these keys out (the shape comes from the checkpoint), or train "
-                       "the new model from scratch")
+source_args, weights, ckpt, resume_path = model_source(cfg, _given, codec, data_dir, fail, say)
 model_args = dict(source_args, dropout=dropout, adaln_table=adaln_table)
 try:
     model = GPT(GPTConfig(**model_args))
@@ -494,20 +264,9 @@ if weights is not None:
     model.load_state_dict(weights)
 del weights
 
-if data_vocab > model_args['vocab_size']:
-    fail(f"{dataset} has {data_vocab} token ids but the model only {model_args['vocab_size']}")
-if not model_args['causal'] and model_args['mask_token_id'] < data_vocab:
-    fail(f"mask_token_id {model_args['mask_token_id']} is a real token of {data_dir} (its codec uses the ids 0.."
-         f"{data_vocab - 1}): the encoder's [MASK] must be an id the data never holds; leave mask_token_id unset "
-         f"(the first padding id, {data_vocab}) or pick one in [{data_vocab}, vocab_size)")
-if block_size > model_args['block_size']:
-    fail(f"block_size {block_size} > the model's {model_args['block_size']}")
-if model_args['causal'] and model_args['cond'] == 'none' and order_mode == 'random':
-    fail("a GPT (cond='none') is never told which position to predict, so it cannot train on random "
-         "orders: use order_mode='l2r' (or a fixed order), or cond='adaln' / 'sigma'")
+check_model(model_args, cfg, data_vocab, data_dir, fail)  # against the data and the orders
 if not model_args['causal']:
     model.transformer.wnonee.weight.requires_grad_(False)  # the encoder never uses [None]; DDP needs all used
-any_order = model.any_order
 model.to(device)
 say(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {world_size} rank(s) on {device_type}, "
     f"{dtype}; {tokens_per_iter:,} tokens per iteration ({batch_size} x {block_size} x "
@@ -516,13 +275,8 @@ say(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {world_size} rank(s
 # ------------------------------------------------------------------ orders
 fixed_order = None  # (n,) for fixed_random / block_random
 if model_args['causal'] and order_mode in ('fixed_random', 'block_random'):
-    g = torch.Generator().manual_seed(order_seed)
-    k = block_size if order_mode == 'fixed_random' else block_size_order
-    pattern = torch.randperm(k, generator=g)
-    while k > 1 and torch.equal(pattern, torch.arange(k)):  # a "random" order must not be L2R
-        pattern = torch.randperm(k, generator=g)
-    # block_random: blocks left to right, the same permutation inside each, e.g. 0 2 3 1 4 6 7 5 ...
-    fixed_order = (torch.arange(block_size // k)[:, None] * k + pattern[None, :]).flatten()
+    fixed_order = block_order(block_size, block_size if order_mode == 'fixed_random' else block_size_order,
+                              order_seed)
     if ckpt is not None and ckpt.get('order') is not None and not torch.equal(ckpt['order'], fixed_order):
         say("using the fixed order saved in the checkpoint (the config now gives a different one)")
         fixed_order = ckpt['order'].clone()
@@ -614,7 +368,7 @@ if compile:
     say("compiling the model (takes a minute)...")
     model = torch.compile(model)
 if ddp:
-    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
+    model = DDP(model, device_ids=[torch.cuda.current_device()] if device_type == 'cuda' else None)
 
 
 def get_lr(it):
@@ -629,72 +383,20 @@ def get_lr(it):
 
 
 # ------------------------------------------------------------------ validation
-n_avail = n_val // block_size
-n_windows = min(eval_iters * batch_size, n_avail)
-val_starts = [(i * n_avail // n_windows) * block_size for i in range(n_windows)]  # spread, no overlap
-val_batches = [val_starts[i:i + batch_size] for i in range(0, n_windows, batch_size)]
+val_batches = val_windows(n_val, block_size, eval_iters, batch_size)  # fixed, the same at every eval
 
 
-def eval_seed(k, j):  # independent of `seed`: every run is scored on the same orders and masks
-    return int(np.random.SeedSequence([20250619, k, j]).generate_state(1, np.uint64)[0]) >> 1
-
-
-def progress_of(items, what):
-    """Yield items, showing on rank 0 how far the loop has got: a bar on a terminal, else a line every
-    PROGRESS_EVERY seconds (a long eval on a CPU must not look like a hang)."""
-    if show_bar:
-        yield from tqdm(items, desc=what, unit='batch', leave=False, dynamic_ncols=True)
-        return
-    t0 = t_line = time.monotonic()
-    for i, x in enumerate(items):
-        yield x
-        now = time.monotonic()
-        if now - t_line >= PROGRESS_EVERY and i + 1 < len(items):
-            say(f"{what}: {i + 1}/{len(items)} val batches, {now - t0:.0f} s")
-            t_line = now
-
-
-@torch.no_grad()
 def evaluate():
-    """Token-weighted val NLLs: this rank's share of the fixed windows, then summed over ranks."""
-    raw_model.eval()
+    """The val losses (valloss.py): this rank's share of the val batches, summed over ranks; with the EMA
+    weights when eval_ema."""
     use_ema = eval_ema and ema is not None
     if use_ema:
         swap_ema()
-    s = torch.zeros(8, device=device, dtype=torch.float64)  # (nll, tokens) for l2r, ao, order, elbo
-    gen = torch.Generator(device=device)
-    for k in progress_of(range(rank, len(val_batches), world_size), f"eval {iter_num}"):
-        x = read_windows('val', val_batches[k])
-        B, ntok = x.size(0), x.numel()
-        with ctx:
-            if not model_args['causal']:
-                for j in range(eval_orders):
-                    xt, t = mdm_corrupt(x, model_args['mask_token_id'], generator=gen.manual_seed(eval_seed(k, j)))
-                    _, nll = raw_model(xt, targets=x, reduction='none')
-                    s[6] += (nll.sum(1) / t).sum()
-                    s[7] += ntok
-                continue
-            s[0] += raw_model(x, targets=x, reduction='none')[1].sum()
-            s[1] += ntok
-            if any_order:
-                for j in range(eval_orders):
-                    order = random_orders(B, block_size, device=device, generator=gen.manual_seed(eval_seed(k, j)))
-                    s[2] += raw_model(x, order=order, targets=x, reduction='none')[1].sum()
-                    s[3] += ntok
-            if fixed_order is not None:
-                s[4] += raw_model(x, order=fixed_order.expand(B, -1), targets=x, reduction='none')[1].sum()
-                s[5] += ntok
-    if ddp:
-        dist.all_reduce(s)
+    mine = progress_of(range(rank, len(val_batches), world_size), f"eval {iter_num}", show_bar, say)
+    out = val_losses(raw_model, val_batches, mine, read_windows, ctx, eval_orders, order_mode, fixed_order)
     if use_ema:
         swap_ema()
-    raw_model.train()
-    mean = lambda i: (s[i] / s[i + 1]).item() if s[i + 1] > 0 else None
-    out = dict(val_l2r=mean(0), val_ao=mean(2), val_order=mean(4), val_elbo=mean(6), ema=use_ema)
-    headline = {'random': 'val_ao', 'l2r': 'val_l2r', 'fixed_random': 'val_order',
-                'block_random': 'val_order'}[order_mode] if model_args['causal'] else 'val_elbo'
-    out['val_loss'] = out[headline]
-    return out
+    return dict(out, ema=use_ema)
 
 
 # ------------------------------------------------------------------ checkpoints and logs
@@ -735,15 +437,7 @@ def save():
 
 last_saved = (resume_path, start_iter) if start_iter > 0 else None
 if master:
-    for f in os.listdir(out_dir):  # temp files of a save that was killed mid-write
-        if f.startswith(f'.{_CKPT}.tmp.'):
-            os.remove(os.path.join(out_dir, f))
-    if start_iter > 0 and os.path.exists(log_path):  # drop evals logged after the checkpoint we resumed
-        kept = [l for l in open(log_path) if l.strip() and json.loads(l)['iter'] <= start_iter]
-        with open(log_path, 'w') as f:
-            f.writelines(kept)
-    elif start_iter == 0 and not eval_only:
-        open(log_path, 'w').close()
+    rewind_out_dir(out_dir, log_path, start_iter, eval_only)  # as the checkpoint resumed left it
     if wandb_log:
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name, config=cfg, mode=wandb_mode, dir=out_dir)
@@ -753,48 +447,9 @@ if master:
 flops_per_token = raw_model.estimate_flops_per_token(block_size)  # training: forward + backward
 if peak_flops <= 0 and device_type == 'cuda':
     peak_flops = gpu_peak_flops(torch.cuda.get_device_name())
-passes = (eval_orders if not model_args['causal'] else
-          1 + (eval_orders if any_order else 0) + (fixed_order is not None))  # forward passes per val batch
-eval_flops = n_windows * block_size * passes * flops_per_token / 3  # a forward is a third of a training step
-step_flops = tokens_per_iter * flops_per_token
-between = max(1, min(eval_interval, max_iters - iter_num))  # training steps from one eval to the next
-
-
-def duration(sec):
-    return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.0f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
-
-
-if device_type == 'cpu' and (step_flops > 1e11 or eval_flops > 1e12):  # else a CPU takes it in seconds
-    a = torch.ones(512, 512)
-    t0 = time.perf_counter()
-    for _ in range(4):
-        a @ a
-    cpu_flops = 4 * 2 * 512 ** 3 / (time.perf_counter() - t0)  # rough: training reaches less; a busy CPU varies
-    if step_flops / cpu_flops > 10 or eval_flops / cpu_flops > 60:
-        say(f"warning: a GPU-sized run on a CPU: one step is {tokens_per_iter:,} tokens x "
-            f"{flops_per_token / 1e9:.2f} GFLOP, roughly {duration(step_flops / cpu_flops)} here (this CPU did "
-            f"{cpu_flops / 1e9:.0f} GFLOP/s on a matmul just now), and one eval roughly "
-            f"{duration(eval_flops / cpu_flops)}. For a CPU, shrink the run, e.g. to config/train_ptb_tiny.py's "
-            f"sizes: --n_layer=4 --n_head=4 --n_embd=128 --block_size=128 --batch_size=16 "
-            f"--gradient_accumulation_steps=1 --eval_iters=8 --eval_orders=2")
-if not eval_only and eval_flops > 0.25 * between * step_flops:
-    say(f"warning: one eval ({len(val_batches)} val batches x {passes} forward passes) costs about "
-        f"{eval_flops / (between * step_flops):.1f}x the {between} training steps before it; lower eval_iters "
-        f"(now {eval_iters})" + (f" or eval_orders (now {eval_orders})" if passes > 2 else "") +
-        ", or raise eval_interval")
-if decay_lr and not eval_only:
-    if warmup_iters >= max_iters:
-        say(f"warning: warmup_iters ({warmup_iters}) >= max_iters ({max_iters}): the learning rate never "
-            f"reaches learning_rate ({learning_rate:.1e}), only {get_lr(max_iters - 1):.1e}; lower warmup_iters, "
-            f"e.g. --warmup_iters={max_iters // 10}")
-    elif lr_decay_iters > 2 * max_iters:
-        say(f"warning: lr_decay_iters ({lr_decay_iters}) is far beyond max_iters ({max_iters}): the cosine ends "
-            f"at {get_lr(max_iters):.1e}, not min_lr ({min_lr:.1e}); set --lr_decay_iters={max_iters} to decay "
-            f"fully (or leave it, if a near-constant learning rate is the plan)")
-    elif lr_decay_iters < max_iters / 2:
-        say(f"warning: lr_decay_iters ({lr_decay_iters}) is well short of max_iters ({max_iters}): the last "
-            f"{max_iters - max(lr_decay_iters, warmup_iters)} iterations run at min_lr ({min_lr:.1e}); set "
-            f"--lr_decay_iters={max_iters} to decay over the whole run")
+passes = val_passes(raw_model, eval_orders, fixed_order)  # forward passes per val batch
+cost_warnings(cfg, device_type == 'cpu', flops_per_token, val_batches, passes, iter_num, say)
+lr_warnings(cfg, get_lr, say)
 
 # ------------------------------------------------------------------ the loop
 t_start = time.time()
@@ -897,7 +552,7 @@ while True:
 if bar is not None:
     bar.close()
     bar = None
-release_out_dir()  # the OS would at exit; a caller that runs train.py in-process may start another run here
+lock = release_out_dir(lock)  # the OS would at exit; a caller that runs train.py in-process may start another run here
 if master and wandb_log:
     wandb.finish()
 if ddp:

@@ -1,0 +1,175 @@
+"""
+What train.py checks before its first step, so that a run that cannot work, or will cost far more than its
+config suggests, says so in one line instead of hours later:
+
+    check_config(cfg, fail)                 every key, before anything is read or written
+    data_dir, codec, n_train, n_val = check_data(cfg, fail, say)
+    check_model(model_args, cfg, data_vocab, data_dir, fail)    the model against the data and the orders
+    cost_warnings(...); lr_warnings(cfg, get_lr, say)           what the run will cost, what its schedule does
+
+Each takes the config as a dict and reports through the callables it is given: train.py passes its own fail
+(rank 0 prints; every rank releases out_dir and exits 1) and say (rank 0, above the progress bar).
+"""
+
+import importlib.util
+import math
+import os
+import re
+import time
+
+import numpy as np
+import torch
+
+from checkpoint import parse_hub_spec
+from configurator import die
+from model import GPTConfig, config_fields
+from tokenizer import DataError, get_codec
+
+ORDER_MODES = ('random', 'l2r', 'fixed_random', 'block_random')
+
+
+def check_config(cfg, fail=die):
+    """Every key is checked here, before anything is read or written: a bad value costs one line, not a run."""
+    def need(ok, key, what):
+        if not ok:
+            fail(f"{key} must be {what}, got {cfg[key]!r}")
+
+    for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters', 'eval_interval', 'eval_iters',
+              'eval_orders', 'log_interval', 'block_size_order'):
+        need(cfg[k] >= 1, k, "an integer >= 1")
+    for k in ('ckpt_interval', 'keep_ckpt_every', 'warmup_iters', 'lr_decay_iters', 'l2r_frac_iters'):
+        need(cfg[k] >= 0, k, "an integer >= 0")
+    for k in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'):
+        need(0 <= cfg[k] < math.inf, k, "a number >= 0")
+    need(not cfg['decay_lr'] or cfg['min_lr'] <= cfg['learning_rate'], 'min_lr',
+         f"<= learning_rate ({cfg['learning_rate']}), the peak the cosine decays from (or decay_lr=False)")
+    for k in ('beta1', 'beta2', 'ema_decay'):
+        need(0 <= cfg[k] < 1, k, "in [0, 1)")
+    need(0 <= cfg['l2r_frac'] <= 1, 'l2r_frac', "a probability in [0, 1]")
+    need(cfg['l2r_frac_end'] is None or 0 <= cfg['l2r_frac_end'] <= 1, 'l2r_frac_end',
+         "a probability in [0, 1], or None")
+    need(0 <= cfg['seed'] < 2 ** 32, 'seed', "in [0, 2**32)")
+    need(cfg['order_mode'] in ORDER_MODES, 'order_mode', f"one of {', '.join(ORDER_MODES)}")
+    need(cfg['order_mode'] != 'block_random' or cfg['block_size'] % cfg['block_size_order'] == 0, 'block_size',
+         f"a multiple of block_size_order ({cfg['block_size_order']}) for order_mode='block_random'")
+    need(cfg['dtype'] in ('auto', 'float32', 'bfloat16', 'float16'), 'dtype', "auto, float32, bfloat16 or float16")
+    need(re.fullmatch(r'auto|cpu|mps|cuda(:\d+)?', cfg['device']), 'device', "auto, cpu, cuda, cuda:N or mps")
+    need(cfg['out_dir'].strip() != '', 'out_dir', "a directory")
+    need(cfg['wandb_mode'] in ('offline', 'disabled', 'online'), 'wandb_mode', "offline, disabled or online")
+    if cfg['wandb_log'] and importlib.util.find_spec('wandb') is None:
+        fail("wandb_log=True but wandb is not installed: pip install wandb, or leave wandb_log off")
+    try:  # the model keys: GPTConfig checks them (a None vocab_size or [MASK] id is resolved from the data later)
+        m = {k: cfg[k] for k in config_fields() if k in cfg}
+        m['mask_token_id'] = 0 if m['mask_token_id'] is None else m['mask_token_id']
+        m['vocab_size'] = max(m['mask_token_id'], 0) + 1 if m['vocab_size'] is None else m['vocab_size']
+        GPTConfig(**m)
+    except ValueError as e:
+        fail(str(e))
+    init_from = cfg['init_from']
+    if not (init_from in ('scratch', 'resume', 'auto') or init_from.startswith(('gpt2:', 'hf:')) or
+            init_from.endswith('.pt') or os.path.exists(init_from)):
+        fail(f"init_from must be scratch, resume, auto, gpt2:<local HF GPT-2 dir>, a checkpoint file, an export.py "
+             f"folder or hf:owner/repo[/path/ckpt.pt], got {init_from!r}")
+    if init_from.startswith('hf:'):
+        parse_hub_spec(init_from)  # a malformed hub id fails here, before any data is read
+
+
+def check_data(cfg, fail=die, say=print):
+    """The dataset's token files (train.bin, val.bin: uint16 ids) and codec, checked before the model is built:
+    returns (its directory, its codec, train tokens, val tokens)."""
+    data_dir, block_size = os.path.join(cfg['data_root'], cfg['dataset']), cfg['block_size']
+    script = os.path.join('data', cfg['dataset'], 'prepare.py')
+    for split in ('train', 'val'):
+        f = os.path.join(data_dir, f'{split}.bin')
+        fix = (f"run `python {script}`" if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                       script))
+               else f"write {split}.bin (uint16 token ids) and meta.json into {data_dir}")
+        if not os.path.exists(f):
+            fail(f"{f} not found: {fix} first")
+        size = os.path.getsize(f)
+        if size == 0:
+            fail(f"{f} is empty: {fix} again")
+        if size % 2:
+            fail(f"{f} has {size:,} bytes, an odd number, so it is not a whole number of uint16 token ids (2 bytes "
+                 f"each): it is truncated or not a token file; {fix} again")
+    if not os.path.exists(os.path.join(data_dir, 'meta.json')) and not os.path.exists(os.path.join(data_dir,
+                                                                                                   'meta.pkl')):
+        say(f"no {data_dir}/meta.json: assuming GPT-2 BPE token ids (vocab 50257)")
+    try:
+        codec = get_codec(data_dir)  # saved in every checkpoint: what the model's ids mean
+    except DataError as e:
+        fail(e.msg)
+    n_train = len(np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r'))
+    n_val = len(np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r'))
+    if n_train < block_size or n_val < block_size:
+        fail(f"{data_dir}: train ({n_train}) and val ({n_val}) must each hold at least block_size "
+             f"({block_size}) tokens")
+    return data_dir, codec, n_train, n_val
+
+
+def check_model(model_args, cfg, data_vocab, data_dir, fail=die):
+    """The model against the data it will read and the orders it will train on."""
+    if data_vocab > model_args['vocab_size']:
+        fail(f"{cfg['dataset']} has {data_vocab} token ids but the model only {model_args['vocab_size']}")
+    if not model_args['causal'] and model_args['mask_token_id'] < data_vocab:
+        fail(f"mask_token_id {model_args['mask_token_id']} is a real token of {data_dir} (its codec uses the ids 0.."
+             f"{data_vocab - 1}): the encoder's [MASK] must be an id the data never holds; leave mask_token_id unset "
+             f"(the first padding id, {data_vocab}) or pick one in [{data_vocab}, vocab_size)")
+    if cfg['block_size'] > model_args['block_size']:
+        fail(f"block_size {cfg['block_size']} > the model's {model_args['block_size']}")
+    if model_args['causal'] and model_args['cond'] == 'none' and cfg['order_mode'] == 'random':
+        fail("a GPT (cond='none') is never told which position to predict, so it cannot train on random "
+             "orders: use order_mode='l2r' (or a fixed order), or cond='adaln' / 'sigma'")
+
+
+def duration(sec):
+    return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.0f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
+
+
+def cost_warnings(cfg, on_cpu, flops_per_token, val_batches, passes, start_iter, say=print):
+    """Said before the first eval, which for a GPU-sized config on a CPU can take many silent minutes: a step or
+    an eval that a CPU takes minutes over, and an eval that costs more than the training between two evals.
+    flops_per_token: of a training step (forward + backward); each of the val_batches takes `passes` forwards."""
+    tokens_per_iter = cfg['gradient_accumulation_steps'] * cfg['batch_size'] * cfg['block_size']
+    n_windows = sum(map(len, val_batches))
+    eval_flops = n_windows * cfg['block_size'] * passes * flops_per_token / 3  # a forward is a third of a step
+    step_flops = tokens_per_iter * flops_per_token
+    between = max(1, min(cfg['eval_interval'], cfg['max_iters'] - start_iter))  # training steps between evals
+    if on_cpu and (step_flops > 1e11 or eval_flops > 1e12):  # else a CPU takes it in seconds
+        a = torch.ones(512, 512)
+        t0 = time.perf_counter()
+        for _ in range(4):
+            a @ a
+        cpu_flops = 4 * 2 * 512 ** 3 / (time.perf_counter() - t0)  # rough: training reaches less; a busy CPU varies
+        if step_flops / cpu_flops > 10 or eval_flops / cpu_flops > 60:
+            say(f"warning: a GPU-sized run on a CPU: one step is {tokens_per_iter:,} tokens x "
+                f"{flops_per_token / 1e9:.2f} GFLOP, roughly {duration(step_flops / cpu_flops)} here (this CPU did "
+                f"{cpu_flops / 1e9:.0f} GFLOP/s on a matmul just now), and one eval roughly "
+                f"{duration(eval_flops / cpu_flops)}. For a CPU, shrink the run, e.g. to config/train_ptb_tiny.py's "
+                f"sizes: --n_layer=4 --n_head=4 --n_embd=128 --block_size=128 --batch_size=16 "
+                f"--gradient_accumulation_steps=1 --eval_iters=8 --eval_orders=2")
+    if not cfg['eval_only'] and eval_flops > 0.25 * between * step_flops:
+        say(f"warning: one eval ({len(val_batches)} val batches x {passes} forward passes) costs about "
+            f"{eval_flops / (between * step_flops):.1f}x the {between} training steps before it; lower eval_iters "
+            f"(now {cfg['eval_iters']})" + (f" or eval_orders (now {cfg['eval_orders']})" if passes > 2 else "") +
+            ", or raise eval_interval")
+
+
+def lr_warnings(cfg, get_lr, say=print):
+    """A learning-rate schedule that does not fit max_iters: a warmup that never ends, a cosine that never
+    decays, or one that decays long before the end."""
+    if not cfg['decay_lr'] or cfg['eval_only']:
+        return
+    max_iters, warmup_iters, lr_decay_iters = cfg['max_iters'], cfg['warmup_iters'], cfg['lr_decay_iters']
+    if warmup_iters >= max_iters:
+        say(f"warning: warmup_iters ({warmup_iters}) >= max_iters ({max_iters}): the learning rate never "
+            f"reaches learning_rate ({cfg['learning_rate']:.1e}), only {get_lr(max_iters - 1):.1e}; lower "
+            f"warmup_iters, e.g. --warmup_iters={max_iters // 10}")
+    elif lr_decay_iters > 2 * max_iters:
+        say(f"warning: lr_decay_iters ({lr_decay_iters}) is far beyond max_iters ({max_iters}): the cosine ends "
+            f"at {get_lr(max_iters):.1e}, not min_lr ({cfg['min_lr']:.1e}); set --lr_decay_iters={max_iters} to "
+            f"decay fully (or leave it, if a near-constant learning rate is the plan)")
+    elif lr_decay_iters < max_iters / 2:
+        say(f"warning: lr_decay_iters ({lr_decay_iters}) is well short of max_iters ({max_iters}): the last "
+            f"{max_iters - max(lr_decay_iters, warmup_iters)} iterations run at min_lr ({cfg['min_lr']:.1e}); set "
+            f"--lr_decay_iters={max_iters} to decay over the whole run")

@@ -1,0 +1,88 @@
+"""
+A training run's hold on its out_dir (train.py, rank 0):
+
+    lock = claim_out_dir(out_dir, fail)          # made, locked and proven writable before the first step
+    rewind_out_dir(out_dir, log_path, start_iter, eval_only)   # as the checkpoint being resumed left it
+    lock = release_out_dir(lock)                 # at the end; failed=True: a start that failed leaves nothing
+
+While a run is live it holds an OS lock (flock) on out_dir/.lock, which names its pid and host: a second run on
+the same out_dir is refused in one line. The OS drops the lock when the holder exits, however it dies, so a
+killed run never blocks its resume. Without fcntl (Windows) runs go unlocked.
+"""
+
+import json
+import os
+import socket
+from collections import namedtuple
+
+try:
+    import fcntl
+except ImportError:
+    fcntl = None
+
+from checkpoint import CKPT_NAME
+from configurator import die
+
+Lock = namedtuple('Lock', 'fd out_dir made')  # made: this run created out_dir (a failed start removes it again)
+
+
+def claim_out_dir(out_dir, fail=die):
+    """Make out_dir, lock it, and prove it writable, all before the first step: a run must not learn at its
+    first checkpoint that it cannot save one, nor share its directory with another live run."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        fail(f"out_dir {out_dir} is a file, not a directory: pick another out_dir")
+    made = not os.path.exists(out_dir)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        fd = os.open(os.path.join(out_dir, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        fail(f"cannot write in out_dir {out_dir} ({e.strerror}): pick a directory you can write to")
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 200).decode(errors='replace').strip() or 'a process that has not said its pid yet'
+            os.close(fd)
+            fail(f"out_dir {out_dir} is in use by another training run ({holder}): wait for it to end, or pick "
+                 f"another out_dir")
+    lock = Lock(fd, out_dir, made)
+    probe = os.path.join(out_dir, f'.write_test.{os.getpid()}')
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        with open(probe, 'wb') as f:
+            f.write(b'x')
+        os.remove(probe)
+    except OSError as e:
+        release_out_dir(lock, failed=True)
+        fail(f"cannot write in out_dir {out_dir} ({e.strerror}): checkpoints could not be saved there; pick a "
+             f"directory you can write to")
+    return lock
+
+
+def release_out_dir(lock, failed=False):
+    """Let go of out_dir (closing the file releases the lock). failed: a start that failed leaves nothing, not
+    an empty run: its lock file goes, and out_dir too if this run made it. Returns None, so that
+    `lock = release_out_dir(lock)` lets go once however many ways the run ends (None: nothing held)."""
+    if lock is None:
+        return None
+    if failed and os.listdir(lock.out_dir) == ['.lock']:
+        os.remove(os.path.join(lock.out_dir, '.lock'))
+        if lock.made:
+            os.rmdir(lock.out_dir)
+    os.close(lock.fd)
+    return None
+
+
+def rewind_out_dir(out_dir, log_path, start_iter, eval_only):
+    """out_dir as the checkpoint being resumed left it: temp files of a save that was killed mid-write go, and
+    log.jsonl keeps only the evals up to start_iter (a run from scratch starts it empty)."""
+    for f in os.listdir(out_dir):
+        if f.startswith(f'.{CKPT_NAME}.tmp.'):
+            os.remove(os.path.join(out_dir, f))
+    if start_iter > 0 and os.path.exists(log_path):  # drop evals logged after the checkpoint we resumed
+        kept = [l for l in open(log_path) if l.strip() and json.loads(l)['iter'] <= start_iter]
+        with open(log_path, 'w') as f:
+            f.writelines(kept)
+    elif start_iter == 0 and not eval_only:
+        open(log_path, 'w').close()

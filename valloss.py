@@ -1,0 +1,99 @@
+"""
+The val losses train.py logs at every eval (its docstring lists them). They are scored on a fixed set of
+non-overlapping windows spread over val.bin, and the any-order losses on a fixed seeded set of eval_orders orders
+per batch (the encoder: mask draws), the same for every run and every eval, so runs compare like with like.
+They are token-weighted: each rank sums the NLLs and token counts of its share of the batches, then the ranks
+add theirs up.
+
+    batches = val_windows(n_val, block_size, eval_iters, batch_size)
+    mine = progress_of(range(rank, len(batches), world_size), "eval 0", show_bar, say)
+    out = val_losses(model, batches, mine, read, ctx, eval_orders, order_mode, fixed_order)
+"""
+
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from model import mdm_corrupt, random_orders
+
+PROGRESS_EVERY = 30.0  # seconds between progress lines of a long eval when there is no progress bar
+
+
+def val_windows(n_val, block_size, eval_iters, batch_size):
+    """Up to eval_iters batches of window starts into val.bin (n_val tokens): spread over it, no overlap."""
+    n_avail = n_val // block_size
+    n_windows = min(eval_iters * batch_size, n_avail)
+    starts = [(i * n_avail // n_windows) * block_size for i in range(n_windows)]
+    return [starts[i:i + batch_size] for i in range(0, n_windows, batch_size)]
+
+
+def eval_seed(k, j):  # independent of the run's seed: every run is scored on the same orders and masks
+    return int(np.random.SeedSequence([20250619, k, j]).generate_state(1, np.uint64)[0]) >> 1
+
+
+def val_passes(model, eval_orders, fixed_order):
+    """Forward passes per val batch: L2R, eval_orders random orders (any-order models) and the fixed order,
+    if any (decoders); eval_orders mask draws (the encoder)."""
+    if not model.config.causal:
+        return eval_orders
+    return 1 + (eval_orders if model.any_order else 0) + (fixed_order is not None)
+
+
+def progress_of(items, what, show_bar, say):
+    """Yield items, showing on rank 0 how far the loop has got: a bar on a terminal, else a line every
+    PROGRESS_EVERY seconds (a long eval on a CPU must not look like a hang)."""
+    if show_bar:
+        yield from tqdm(items, desc=what, unit='batch', leave=False, dynamic_ncols=True)
+        return
+    t0 = t_line = time.monotonic()
+    for i, x in enumerate(items):
+        yield x
+        now = time.monotonic()
+        if now - t_line >= PROGRESS_EVERY and i + 1 < len(items):
+            say(f"{what}: {i + 1}/{len(items)} val batches, {now - t0:.0f} s")
+            t_line = now
+
+
+@torch.no_grad()
+def val_losses(model, batches, mine, read, ctx, eval_orders, order_mode, fixed_order=None):
+    """Token-weighted val NLLs of `model` over batches[k] for k in `mine` (this rank's share), summed over the
+    ranks: val_l2r, val_ao, val_order, val_elbo (None where not defined) and val_loss, the one of them under
+    the orders being trained. read(split, starts) gives the (B, n) token windows on the model's device."""
+    model.eval()
+    causal, mask_id = model.config.causal, model.config.mask_token_id
+    device = next(model.parameters()).device
+    s = torch.zeros(8, device=device, dtype=torch.float64)  # (nll, tokens) for l2r, ao, order, elbo
+    gen = torch.Generator(device=device)
+    for k in mine:
+        x = read('val', batches[k])
+        B, ntok = x.size(0), x.numel()
+        with ctx:
+            if not causal:
+                for j in range(eval_orders):
+                    xt, t = mdm_corrupt(x, mask_id, generator=gen.manual_seed(eval_seed(k, j)))
+                    _, nll = model(xt, targets=x, reduction='none')
+                    s[6] += (nll.sum(1) / t).sum()
+                    s[7] += ntok
+                continue
+            s[0] += model(x, targets=x, reduction='none')[1].sum()
+            s[1] += ntok
+            if model.any_order:
+                for j in range(eval_orders):
+                    order = random_orders(B, x.size(1), device=device, generator=gen.manual_seed(eval_seed(k, j)))
+                    s[2] += model(x, order=order, targets=x, reduction='none')[1].sum()
+                    s[3] += ntok
+            if fixed_order is not None:
+                s[4] += model(x, order=fixed_order.expand(B, -1), targets=x, reduction='none')[1].sum()
+                s[5] += ntok
+    if dist.is_initialized():
+        dist.all_reduce(s)
+    model.train()
+    mean = lambda i: (s[i] / s[i + 1]).item() if s[i + 1] > 0 else None
+    out = dict(val_l2r=mean(0), val_ao=mean(2), val_order=mean(4), val_elbo=mean(6))
+    headline = {'random': 'val_ao', 'l2r': 'val_l2r', 'fixed_random': 'val_order',
+                'block_random': 'val_order'}[order_mode] if causal else 'val_elbo'
+    out['val_loss'] = out[headline]
+    return out
