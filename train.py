@@ -22,25 +22,7 @@ Validation (every eval_interval, on all ranks, NLL sums and token counts all-red
 set of non-overlapping val windows, with the EMA weights when eval_ema. Any-order losses use a fixed
 seeded set of eval_orders orders per batch (the same for every run and every eval).
 
-out_dir/log.jsonl holds one JSON object per eval (losses in nats per token, null where not defined):
-  iter        optimizer steps done          tokens      training tokens consumed (all ranks)
-  train_loss  mean training loss since the previous eval (the objective being trained)
-  val_loss    the headline: the val loss under the orders being trained, i.e. val_ao (random),
-              val_l2r (l2r), val_order (fixed_random, block_random) or val_elbo (encoder)
-  val_l2r     left-to-right loss (decoders)
-  val_ao      loss averaged over eval_orders uniform random orders (any-order decoders)
-  val_order   loss in the fixed training order (fixed_random, block_random)
-  val_elbo    the MDM's ELBO per token, averaged over eval_orders mask draws (encoder)
-  lr, l2r_frac  at this iteration;   ema  whether the val losses used the EMA weights
-  time        wall-clock seconds of the run so far, summed over resumes;   tok_per_s  since last eval
-
-out_dir/ckpt.pt (written atomically at evals, see checkpoint.py) holds what an exact continuation
-needs: model, ema (by name), optimizer, scaler, iter_num, the training losses since the last eval,
-best_val_loss, the fixed order, and config, model_args and codec to check the resumed run against.
-Nothing else: every draw comes from (seed, iteration, micro-step), so no RNG state or data cursor is
-saved. init_from=auto resumes it when it exists, which is what `torchrun --max-restarts=N` needs on
-preemptible nodes. While a run is live it holds an OS lock on out_dir/.lock, so a second run on the same
-out_dir is refused. out_dir/loss.png is redrawn from log.jsonl at every eval.
+What a run writes (out_dir/log.jsonl's fields, what ckpt.pt holds): docs/training.md.
 """
 
 import json
