@@ -551,12 +551,18 @@ def _load_hf_state_dict(path):
 
 # ---------------------------------------------------------------------- helpers shared by the scripts
 
-def random_orders(B, n, device=None, generator=None):
+def random_orders(B, n, device=None, generator=None, l2r_frac=0.0):
     """B independent uniform permutations of range(n): argsort of uniform noise, on the device. The one
     place every order, shuffle and uniform subset is drawn (training, eval, sampling). float64 keys:
     float32 ones take 2^24 values, so a row of 1024 holds a tie with probability ~3%, and argsort breaks
-    ties by index, a bias toward left to right; with 53 bits a tie is practically impossible."""
-    return torch.rand(B, n, device=device, generator=generator, dtype=torch.float64).argsort(dim=1)
+    ties by index, a bias toward left to right; with 53 bits a tie is practically impossible.
+    l2r_frac > 0 (training's order_mode=random): each row is instead the identity with that probability,
+    drawn after the permutations, from the same generator."""
+    orders = torch.rand(B, n, device=device, generator=generator, dtype=torch.float64).argsort(dim=1)
+    if l2r_frac > 0:
+        l2r = torch.rand(B, 1, device=device, generator=generator) < l2r_frac
+        orders = torch.where(l2r, torch.arange(n, device=device), orders)
+    return orders
 
 
 def block_order(n, k, seed):

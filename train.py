@@ -272,19 +272,6 @@ def l2r_frac_at(it):
     return l2r_frac + w * (l2r_frac_end - l2r_frac)
 
 
-def draw_orders(B, frac, gen):
-    """(B, n) orders for one micro-batch, or None for left to right."""
-    if order_mode == 'l2r':
-        return None
-    if fixed_order is not None:
-        return fixed_order.expand(B, -1)
-    orders = random_orders(B, block_size, device=device, generator=gen)
-    if frac > 0:  # each sequence independently takes the identity order with probability frac
-        l2r = torch.rand(B, 1, device=device, generator=gen) < frac
-        orders = torch.where(l2r, torch.arange(block_size, device=device), orders)
-    return orders
-
-
 def train_micro_batch(it, m, frac):
     """Global micro-step m of iteration it: a pure function of (seed, it, m), whatever the world size."""
     cpu_gen.manual_seed(seed_for(it, m, 0))
@@ -298,7 +285,13 @@ def train_micro_batch(it, m, frac):
     if not model_args['causal']:
         xt, t = mdm_corrupt(x, model_args['mask_token_id'], generator=dev_gen)
         return dict(idx=xt, targets=x, t=t)
-    return dict(idx=x, order=draw_orders(batch_size, frac, dev_gen), targets=x)
+    if order_mode == 'l2r':
+        order = None
+    elif fixed_order is not None:
+        order = fixed_order.expand(batch_size, -1)
+    else:  # a uniform permutation per sequence, or with probability frac the L2R order
+        order = random_orders(batch_size, block_size, device=device, generator=dev_gen, l2r_frac=frac)
+    return dict(idx=x, order=order, targets=x)
 
 
 # ------------------------------------------------------------------ optimizer, EMA, scaler
