@@ -1,5 +1,5 @@
 """
-The val losses train.py logs at every eval (its docstring lists them). They are scored on a fixed set of
+The val losses train.py logs at every eval (docs/training.md lists them). They are scored on a fixed set of
 non-overlapping windows spread over val.bin, and the any-order losses on a fixed seeded set of eval_orders orders
 per batch (the encoder: mask draws), the same for every run and every eval, so runs compare like with like.
 They are token-weighted: each rank sums the NLLs and token counts of its share of the batches, then the ranks
