@@ -416,6 +416,20 @@ def model_source(cfg, given, codec, data_dir, fail=die, say=print):
     return args, src.state_dict(), None, None
 
 
+def resume_state(ckpt, optimizer, scaler, ema):
+    """Put back what a resumed train.py checkpoint holds besides the weights: the optimizer's, the scaler's and
+    the EMA's state (ema.py; an EMA the checkpoint lacks starts from the resumed weights). Returns (iter_num,
+    best_val_loss, elapsed seconds, the training losses since the last eval, which a save between evals
+    carries on). No RNG state or data cursor: every draw is a function of (seed, iteration)."""
+    optimizer.load_state_dict(ckpt['optimizer'])
+    if ckpt.get('scaler'):
+        scaler.load_state_dict(ckpt['scaler'])
+    if ema is not None and ckpt.get('ema'):
+        ema.load_state_dict(ckpt['ema'])
+    return (ckpt['iter_num'], ckpt.get('best_val_loss', float('inf')), ckpt.get('elapsed', 0.0),
+            list(ckpt.get('train_losses') or []))
+
+
 def check_codec(ckpt, codec, data_dir, where, fail=die):
     """Training on from a checkpoint must read the data with the codec its ids were trained in."""
     theirs = checkpoint_codec(ckpt)

@@ -38,8 +38,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from checkpoint import CKPT_NAME, model_source, save_checkpoint, strip_prefixes
+from checkpoint import CKPT_NAME, model_source, resume_state, save_checkpoint
 from configurator import configure, die, print_config, tell_torchrun
+from ema import EMA
 from model import GPT, GPTConfig, block_order, mdm_corrupt, random_orders
 from plot import plot_log
 from preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
@@ -297,46 +298,16 @@ def train_micro_batch(it, m, frac):
 # ------------------------------------------------------------------ optimizer, EMA, scaler
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
-params = {n: p for n, p in model.named_parameters()}  # tied weights appear once, by their first name
-ema = {n: p.detach().clone().float() for n, p in params.items()} if ema_decay > 0 else None
-ema_updates = 0
+ema = EMA(model, ema_decay) if ema_decay > 0 else None  # see ema.py
 iter_num, best_val_loss, elapsed = 0, float('inf'), 0.0
 train_losses = []  # the training losses since the last eval, averaged into its train_loss
-
 if ckpt is not None:
-    optimizer.load_state_dict(ckpt['optimizer'])
-    if ckpt.get('scaler'):
-        scaler.load_state_dict(ckpt['scaler'])
-    if ema is not None and ckpt.get('ema'):
-        for n, v in strip_prefixes(ckpt['ema']['params']).items():
-            ema[n].copy_(v)
-        ema_updates = ckpt['ema']['num_updates']
-    iter_num, best_val_loss = ckpt['iter_num'], ckpt.get('best_val_loss', float('inf'))
-    elapsed = ckpt.get('elapsed', 0.0)
-    train_losses = list(ckpt.get('train_losses') or [])  # a checkpoint between evals carries them on
+    iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizer, scaler, ema)
     say(f"resumed {resume_path} at iteration {iter_num}")
     if iter_num >= max_iters and not eval_only:
         say(f"it has reached max_iters ({max_iters}): nothing to train (raise max_iters to train on)")
     del ckpt
 start_iter = iter_num
-
-
-def ema_update():
-    global ema_updates
-    d = min(ema_decay, (1 + ema_updates) / (10 + ema_updates))  # warm-up: early weights fade fast
-    with torch.no_grad():
-        torch._foreach_lerp_(list(ema.values()), [params[n].detach() for n in ema], 1.0 - d)
-    ema_updates += 1
-
-
-def swap_ema():
-    """Exchange the live weights with the EMA weights in place (doing it twice restores both exactly)."""
-    with torch.no_grad():
-        for n, e in ema.items():
-            tmp = params[n].detach().clone()
-            params[n].copy_(e)
-            e.copy_(tmp)
-
 
 raw_model = model
 if compile:
@@ -366,18 +337,18 @@ def evaluate():
     weights when eval_ema."""
     use_ema = eval_ema and ema is not None
     if use_ema:
-        swap_ema()
+        ema.swap()
     mine = progress_of(range(rank, len(val_batches), world_size), f"eval {iter_num}", show_bar, say)
     out = val_losses(raw_model, val_batches, mine, read_windows, ctx, eval_orders, order_mode, fixed_order)
     if use_ema:
-        swap_ema()
+        ema.swap()
     return dict(out, ema=use_ema)
 
 
 # ------------------------------------------------------------------ checkpoints and logs
 def write_checkpoint():
     ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(), model=raw_model.state_dict(),
-                ema=dict(decay=ema_decay, num_updates=ema_updates, params=ema) if ema is not None else None,
+                ema=ema.state_dict() if ema is not None else None,
                 optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), iter_num=iter_num,
                 best_val_loss=best_val_loss, config=cfg, order=fixed_order.cpu() if fixed_order is not None else None,
                 train_losses=train_losses, tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
@@ -499,7 +470,7 @@ while True:
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     if ema is not None:
-        ema_update()
+        ema.update()
     iter_num += 1
 
     dt = time.time() - t0
