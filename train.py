@@ -45,7 +45,7 @@ from model import GPT, GPTConfig, block_order, mdm_corrupt, random_orders
 from plot import plot_log
 from preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
 from rundir import claim_out_dir, release_out_dir, rewind_out_dir
-from runtime import autocast, gpu_peak_flops, resolve_device, start_ranks
+from runtime import autocast, fast_math, gpu_peak_flops, resolve_device, start_ranks
 from valloss import progress_of, val_losses, val_passes, val_windows
 
 # -----------------------------------------------------------------------------
@@ -197,12 +197,7 @@ my_micro_steps = range(rank * local_steps, (rank + 1) * local_steps)  # global m
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 
 ctx, dtype = autocast(device, dtype)
-if device_type == 'cuda':
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-else:
-    torch.set_flush_denormal(True)  # denormals in the CE gradient can make CPU matmuls 10x slower
-
+fast_math(device)  # TF32 on CUDA; on the CPU, denormals flushed to zero
 
 signal.signal(signal.SIGINT, on_interrupt)  # from here on, Ctrl-C is one line (see stop_interrupted)
 if master:
