@@ -124,6 +124,15 @@ def run_checkpoints(folder):
     return [os.path.join(folder, f) for f in [CKPT_NAME] * os.path.exists(os.path.join(folder, CKPT_NAME)) + copies]
 
 
+def keep_copy(path, iter_num):
+    """Keep the checkpoint at `path` also as ckpt_<iter>.pt beside it (train.py's keep_ckpt_every; found by
+    run_checkpoints): a hard link, the same bytes with no second write, which survives the next os.replace."""
+    keep = os.path.join(os.path.dirname(path), f'ckpt_{iter_num:07d}.pt')
+    if os.path.exists(keep):
+        os.remove(keep)
+    os.link(path, keep)
+
+
 def runs_here(root='.', limit=6):
     """The folders under root (one level) that hold a checkpoint: a train.py run or an export."""
     try:

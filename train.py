@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from checkpoint import CKPT_NAME, model_source, resume_state, save_checkpoint
+from checkpoint import CKPT_NAME, keep_copy, model_source, resume_state, save_checkpoint
 from configurator import configure, die, print_config, tell_torchrun
 from ema import EMA
 from model import GPT, GPTConfig, block_order, mdm_corrupt, random_orders
@@ -341,29 +341,21 @@ def evaluate():
 
 
 # ------------------------------------------------------------------ checkpoints and logs
-def write_checkpoint():
-    ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(), model=raw_model.state_dict(),
-                ema=ema.state_dict() if ema is not None else None,
-                optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), iter_num=iter_num,
-                best_val_loss=best_val_loss, config=cfg, order=fixed_order.cpu() if fixed_order is not None else None,
-                train_losses=train_losses, tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
-    save_checkpoint(ckpt, ckpt_path)
-    if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
-        keep = os.path.join(out_dir, f'ckpt_{iter_num:07d}.pt')
-        if os.path.exists(keep):
-            os.remove(keep)
-        os.link(ckpt_path, keep)  # the same bytes, no second write; survives the next os.replace
-    return ckpt_path
-
-
 def save():
-    """Write the checkpoint (rank 0). A Ctrl-C meanwhile waits until it is complete; a failed write (a
-    full disk) stops the run with one line and leaves the previous checkpoint as it was."""
+    """Write ckpt.pt (rank 0), and its copy every keep_ckpt_every. A Ctrl-C meanwhile waits until it is complete;
+    a failed write (a full disk) stops the run with one line and leaves the previous checkpoint as it was."""
     global saving, last_saved
     if master:
         saving = True
         try:
-            write_checkpoint()
+            ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(), model=raw_model.state_dict(),
+                        ema=ema.state_dict() if ema is not None else None, optimizer=optimizer.state_dict(),
+                        scaler=scaler.state_dict(), iter_num=iter_num, best_val_loss=best_val_loss, config=cfg,
+                        order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
+                        tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
+            save_checkpoint(ckpt, ckpt_path)
+            if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
+                keep_copy(ckpt_path, iter_num)
         except OSError as e:  # save_checkpoint removed its temp file
             fail(f"could not write {ckpt_path} at iteration {iter_num} ({e}); "
                  + (f"the previous one (iteration {last_saved[1]}) is intact" if last_saved else
