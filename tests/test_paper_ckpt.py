@@ -12,8 +12,9 @@ import random
 import pytest
 import torch
 
-from checkpoint import convert_paper_checkpoint, load_model, paper_param_names
+from checkpoint import load_model
 from model import GPT, GPTConfig
+from paper_ckpt import convert_paper_checkpoint, paper_param_names
 
 V, N, L, D, H, TD = 13, 8, 2, 16, 2, 8  # vocab, block_size, layers, width, heads, AdaLN target width
 
