@@ -31,7 +31,7 @@ if [[ $what == sample || $what == all ]]; then
 fi
 
 if [[ $what == graphs || $what == all ]]; then
-  $PY -m pytest -q tests/test_sample.py -k "on_gpu or encoder_stepper" 2>&1 | tee $LOG/gpu_tests.log | tail -n 8
+  $PY -m pytest -q tests/test_sample.py tests/test_speculative.py -k "on_gpu or encoder_stepper" 2>&1 | tee $LOG/gpu_tests.log | tail -n 8
   $PY bench/sample_speed.py --device=cuda --n_layer=24 --n_embd=1024 --n_head=16 --n=1024 --batch_size=32 \
       --steps=64,128,256,512,1024 --samplers=ao_graph,ar_graph,mdm,mdm_cache_graph --repeats=2 \
       --write=True 2>&1 | tee -a $LOG/bench_full.log | grep -v '^  '

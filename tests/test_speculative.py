@@ -521,3 +521,20 @@ def test_fused_needs_per_row_commits_and_the_bonus(m4):
     for bad in (dict(batch_commit='min'), dict(bonus=False)):
         with pytest.raises(ValueError, match='fused'):
             generate_speculative(m4, 4, 2, fused=True, **bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU (bench/gpu_suite.sh graphs)')
+@pytest.mark.parametrize('fused', [False, True])
+def test_cuda_graph_speculative_equals_static_on_gpu(fused):
+    """Replayed graphs (RowStepper, its per-sample masks, the fused call's tree mask) give the eager
+    fixed-shape path's samples, in float32, with given tokens and a reused stepper."""
+    model = mixy(seed=8, block_size=40, vocab_size=11, s=0.1).float().cuda()
+    n, B = 40, 3
+    given = torch.full((n,), -1)
+    given[[0, 5, 17]] = torch.tensor([4, 9, 1])
+    kw = dict(k=3, fused=fused, given=given)
+    out = {}
+    for mode in ('static', 'cuda_graph'):
+        step = speculative.row_stepper(model, B, mode, n, 3, 3, kv_bucket=16, fused=fused)
+        out[mode] = [generate_speculative(model, n, B, generator=gen(s), stepper=step, **kw)[0] for s in (4, 5)]
+    assert all(torch.equal(a, b) for a, b in zip(out['static'], out['cuda_graph']))
