@@ -1,9 +1,11 @@
 """
-A training run's hold on its out_dir (train.py, rank 0):
+A training run's hold on its out_dir (train.py, rank 0), and its way out from anywhere:
 
-    lock = claim_out_dir(out_dir, fail)          # made, locked and proven writable before the first step
+    run = Run(master)                            # run.say, run.fail, run.interrupt; run.bar, run.lock
+    run.lock = claim_out_dir(out_dir, run.fail)  # made, locked and proven writable before the first step
     rewind_out_dir(out_dir, log_path, start_iter, eval_only)   # as the checkpoint being resumed left it
-    lock = release_out_dir(lock)                 # at the end; failed=True: a start that failed leaves nothing
+    with run.deferring():                        # a checkpoint write: a Ctrl-C meanwhile waits for it
+    run.lock = release_out_dir(run.lock)         # at the end; failed=True: a start that failed leaves nothing
 
 While a run is live it holds an OS lock (flock) on out_dir/.lock, which names its pid and host: a second run on
 the same out_dir is refused in one line. The OS drops the lock when the holder exits, however it dies, so a
@@ -13,15 +15,19 @@ killed run never blocks its resume. Without fcntl (Windows) runs go unlocked.
 import json
 import os
 import socket
+import sys
 from collections import namedtuple
+from contextlib import contextmanager
 
 try:
     import fcntl
 except ImportError:
     fcntl = None
 
+from tqdm import tqdm
+
 from checkpoint import CKPT_NAME
-from configurator import die
+from configurator import die, tell_torchrun
 
 Lock = namedtuple('Lock', 'fd out_dir made')  # made: this run created out_dir (a failed start removes it again)
 
@@ -86,3 +92,59 @@ def rewind_out_dir(out_dir, log_path, start_iter, eval_only):
             f.writelines(kept)
     elif start_iter == 0 and not eval_only:
         open(log_path, 'w').close()
+
+
+class Run:
+    """What ending a run needs, wherever it ends: whether this is rank 0 (the one that speaks), the progress
+    bar while one is shown, and the out_dir lock. Bad input, a failed write and a Ctrl-C all end the same
+    way: one line, the lock let go, no traceback, nothing half-written."""
+
+    def __init__(self, master):
+        self.master, self.bar, self.lock = master, None, None
+        self.saving, self.pending = False, None  # a checkpoint is being written; a Ctrl-C's line meanwhile
+
+    def say(self, *a):
+        if self.master:
+            if self.bar is not None:
+                tqdm.write(' '.join(map(str, a)), file=sys.stdout)  # above the bar
+                sys.stdout.flush()
+            else:
+                print(*a, flush=True)
+
+    def fail(self, msg):
+        """One clear line (from rank 0 only; every rank's goes to torchrun's error file) and exit: bad input
+        must never cost a traceback."""
+        if self.bar is not None:
+            self.bar.close()
+        self.lock = release_out_dir(self.lock, failed=True)
+        if self.master:
+            die(msg)
+        tell_torchrun(f"error: {msg}")
+        raise SystemExit(1)
+
+    def interrupt(self, line):
+        """Ctrl-C (line() says where the run stands): one line, and exit status 130 as a shell expects; during
+        a checkpoint write, once the checkpoint is complete."""
+        if self.saving:
+            self.pending = line
+            return
+        if self.bar is not None:
+            self.bar.disable = True  # no redraw of the bar after the line (not closed: we may be inside its update)
+            self.bar = None
+            if self.master:
+                print(file=sys.stderr)
+        if self.master:
+            print(line(), file=sys.stderr, flush=True)
+        self.lock = release_out_dir(self.lock)
+        raise SystemExit(130)
+
+    @contextmanager
+    def deferring(self):
+        """A checkpoint write: a Ctrl-C meanwhile ends the run after the block, if the block completes."""
+        self.saving = True
+        try:
+            yield
+        finally:
+            self.saving = False
+        if self.pending is not None:
+            self.interrupt(self.pending)

@@ -39,12 +39,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from checkpoint import CKPT_NAME, keep_copy, model_source, resume_state, save_checkpoint
-from configurator import configure, die, print_config, tell_torchrun
+from configurator import configure, print_config
 from ema import EMA
 from model import GPT, GPTConfig, block_order, mdm_corrupt, random_orders
 from plot import plot_log
 from preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
-from rundir import claim_out_dir, release_out_dir, rewind_out_dir
+from rundir import Run, claim_out_dir, release_out_dir, rewind_out_dir
 from runtime import autocast, fast_math, gpu_peak_flops, resolve_device, start_ranks
 from valloss import progress_of, val_losses, val_passes, val_windows
 
@@ -127,57 +127,16 @@ ddp = int(os.environ.get('RANK', -1)) != -1
 rank = int(os.environ.get('RANK', 0))
 master = rank == 0
 show_bar = progress and master and sys.stderr.isatty()
-bar = None  # the training progress bar, while it is shown
-lock = None  # out_dir/.lock, held (rank 0) while the run is live: see rundir.py
+run = Run(master)  # its progress bar and out_dir lock, and one line and a released out_dir however it ends
+say, fail = run.say, run.fail
 iter_num, last_saved = 0, None  # optimizer steps done; (path, iteration) of the last checkpoint
-saving = interrupted = False  # a checkpoint is being written; Ctrl-C came meanwhile
 
 
-def fail(msg):
-    """One clear line (from rank 0 only; every rank's goes to torchrun's error file) and exit: bad input must
-    never cost a traceback."""
-    global lock
-    if bar is not None:
-        bar.close()
-    lock = release_out_dir(lock, failed=True)
-    if master:
-        die(msg)
-    tell_torchrun(f"error: {msg}")
-    raise SystemExit(1)
-
-
-def say(*a):
-    if master:
-        if bar is not None:
-            tqdm.write(' '.join(map(str, a)), file=sys.stdout)  # above the bar
-            sys.stdout.flush()
-        else:
-            print(*a, flush=True)
-
-
-def on_interrupt(signum, frame):
-    global interrupted
-    if saving:
-        interrupted = True  # save() stops once the checkpoint is complete
-    else:
-        stop_interrupted()
-
-
-def stop_interrupted():
-    """Ctrl-C: one line, and exit status 130 as a shell expects; nothing half-written is left behind."""
-    global bar, lock
-    if bar is not None:
-        bar.disable = True  # no redraw of the bar after the line (not closed: we may be inside its update)
-        bar = None
-        if master:
-            print(file=sys.stderr)
-    if master:
-        print(f"interrupted at iteration {iter_num}: " +
-              (f"{last_saved[0]} (iteration {last_saved[1]}) is intact; continue with the same command and "
-               f"--init_from=auto" if last_saved and not eval_only else "no checkpoint was written"),
-              file=sys.stderr, flush=True)
-    lock = release_out_dir(lock)
-    raise SystemExit(130)
+def interrupted_at():
+    """What a Ctrl-C says: where the run stands, and how to continue."""
+    return f"interrupted at iteration {iter_num}: " + (
+        f"{last_saved[0]} (iteration {last_saved[1]}) is intact; continue with the same command and "
+        f"--init_from=auto" if last_saved and not eval_only else "no checkpoint was written")
 
 
 check_config(cfg, fail)  # every key, before anything is read or written: a bad value costs one line, not a run
@@ -199,9 +158,9 @@ tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 ctx, dtype = autocast(device, dtype)
 fast_math(device)  # TF32 on CUDA; on the CPU, denormals flushed to zero
 
-signal.signal(signal.SIGINT, on_interrupt)  # from here on, Ctrl-C is one line (see stop_interrupted)
+signal.signal(signal.SIGINT, lambda signum, frame: run.interrupt(interrupted_at))  # from here on: one line
 if master:
-    lock = claim_out_dir(out_dir, fail)  # made, locked and proven writable before the first step
+    run.lock = claim_out_dir(out_dir, fail)  # made, locked and proven writable before the first step
     print_config(cfg)
 ckpt_path = os.path.join(out_dir, CKPT_NAME)
 log_path = os.path.join(out_dir, 'log.jsonl')
@@ -344,28 +303,25 @@ def evaluate():
 def save():
     """Write ckpt.pt (rank 0), and its copy every keep_ckpt_every. A Ctrl-C meanwhile waits until it is complete;
     a failed write (a full disk) stops the run with one line and leaves the previous checkpoint as it was."""
-    global saving, last_saved
-    if master:
-        saving = True
-        try:
-            ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(), model=raw_model.state_dict(),
-                        ema=ema.state_dict() if ema is not None else None, optimizer=optimizer.state_dict(),
-                        scaler=scaler.state_dict(), iter_num=iter_num, best_val_loss=best_val_loss, config=cfg,
-                        order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
-                        tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
-            save_checkpoint(ckpt, ckpt_path)
-            if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
-                keep_copy(ckpt_path, iter_num)
-        except OSError as e:  # save_checkpoint removed its temp file
-            fail(f"could not write {ckpt_path} at iteration {iter_num} ({e}); "
-                 + (f"the previous one (iteration {last_saved[1]}) is intact" if last_saved else
-                    "no checkpoint was written"))
-        finally:
-            saving = False
-        say(f"saved {ckpt_path} (iteration {iter_num})")
-    last_saved = (ckpt_path, iter_num)
-    if interrupted:
-        stop_interrupted()
+    global last_saved
+    with run.deferring():
+        if master:
+            try:
+                ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(),
+                            model=raw_model.state_dict(), ema=ema.state_dict() if ema is not None else None,
+                            optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), iter_num=iter_num,
+                            best_val_loss=best_val_loss, config=cfg,
+                            order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
+                            tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
+                save_checkpoint(ckpt, ckpt_path)
+                if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
+                    keep_copy(ckpt_path, iter_num)
+            except OSError as e:  # save_checkpoint removed its temp file
+                fail(f"could not write {ckpt_path} at iteration {iter_num} ({e}); "
+                     + (f"the previous one (iteration {last_saved[1]}) is intact" if last_saved else
+                        "no checkpoint was written"))
+            say(f"saved {ckpt_path} (iteration {iter_num})")
+        last_saved = (ckpt_path, iter_num)
 
 
 last_saved = (resume_path, start_iter) if start_iter > 0 else None
@@ -389,7 +345,7 @@ t_start = time.time()
 interval_losses = []
 t_interval, tokens_interval, t_eval_window, tokens_eval_window = 0.0, 0, 0.0, 0
 if show_bar and not eval_only:
-    bar = tqdm(total=max_iters, initial=iter_num, desc='train', unit='it', dynamic_ncols=True, file=sys.stderr)
+    run.bar = tqdm(total=max_iters, initial=iter_num, desc='train', unit='it', dynamic_ncols=True, file=sys.stderr)
 
 while True:
     lr = get_lr(iter_num)
@@ -467,25 +423,25 @@ while True:
     tokens_interval += tokens_per_iter
     t_eval_window += dt
     tokens_eval_window += tokens_per_iter
-    if bar is not None:  # the bar stands in for the log lines: the same numbers, since the last log_interval
+    if run.bar is not None:  # the bar stands in for the log lines: the same numbers, since the last log_interval
         tps = tokens_interval / t_interval
         mfu = f", mfu {flops_per_token * tps / world_size / peak_flops:.1%}" if peak_flops > 0 else ""
-        bar.set_postfix_str(f"loss {sum(interval_losses) / len(interval_losses):.4f}, lr {lr:.2e}, "
-                            f"{tps:,.0f} tok/s{mfu}", refresh=False)
-        bar.update()
+        run.bar.set_postfix_str(f"loss {sum(interval_losses) / len(interval_losses):.4f}, lr {lr:.2e}, "
+                                f"{tps:,.0f} tok/s{mfu}", refresh=False)
+        run.bar.update()
     if iter_num % log_interval == 0:
         tps = tokens_interval / t_interval
         mfu = f", mfu {flops_per_token * tps / world_size / peak_flops:.1%}" if peak_flops > 0 else ""
         gn = f", grad norm {gnorm.item():.2f}" if grad_clip > 0 else ""
-        if bar is None:
+        if run.bar is None:
             say(f"iter {iter_num}/{max_iters}: loss {sum(interval_losses) / len(interval_losses):.4f}, "
                 f"lr {lr:.2e}{gn}, {tps:,.0f} tok/s{mfu}, {1000 * t_interval / len(interval_losses):.0f} ms/iter")
         interval_losses, t_interval, tokens_interval = [], 0.0, 0
 
-if bar is not None:
-    bar.close()
-    bar = None
-lock = release_out_dir(lock)  # the OS would at exit; a caller that runs train.py in-process may start another run here
+if run.bar is not None:
+    run.bar.close()
+    run.bar = None
+run.lock = release_out_dir(run.lock)  # the OS would at exit; a caller that runs train.py in-process may start another run here
 if master and wandb_log:
     wandb.finish()
 if ddp:
