@@ -4,6 +4,7 @@ Where the scripts run: the device and the precision, decided in one place so tha
 
     dev = resolve_device('auto')               # 'cuda' if available, else 'cpu'
     ctx, name = autocast('cuda', 'auto')       # bf16 autocast (fp16 where bf16 is unsupported)
+    fast_math(dev)                             # TF32 on CUDA; flushed denormals elsewhere
 
 'auto' is bfloat16 autocast on CUDA (float16 on GPUs without bf16) and float32 on every other device:
 CPU autocast to bf16 is slower than fp32 on most CPUs and changes the numbers the CPU tests pin.

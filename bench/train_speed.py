@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from bench.common import append_benchmark  # noqa: E402
 from configurator import configure, print_config  # noqa: E402
 from model import GPT, GPTConfig, mdm_corrupt, random_orders  # noqa: E402
+from runtime import fast_math  # noqa: E402
 
 device = 'cpu'
 dtype = 'bfloat16'           # autocast dtype on CUDA; CPU runs fp32
@@ -48,12 +49,8 @@ config = configure(globals())
 print_config(config)
 
 torch.manual_seed(seed)
-if device == 'cpu':
-    torch.set_flush_denormal(True)
+fast_math(device)  # as train.py: TF32 on CUDA, denormals flushed on the CPU
 cuda = device.startswith('cuda')
-if cuda:
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
 ptdtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16, 'float32': torch.float32}[dtype]
 ctx = torch.autocast('cuda', dtype=ptdtype) if cuda else torch.autocast('cpu', enabled=False)
 if sdpa != 'default':
