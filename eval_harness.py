@@ -50,7 +50,7 @@ import torch
 from torch.nn import functional as F
 
 from configurator import die, first_line, namespace, print_config
-from runtime import autocast, resolve_device, start_ranks
+from runtime import autocast, resolve_device, script_device, start_ranks
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
 tasks = ''               # comma list of harness task (or group) names
@@ -472,11 +472,7 @@ def read_config(argv):
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
     if c.include_path and not os.path.isdir(c.include_path):
         die(f"--include_path {c.include_path}: no such folder")
-    try:
-        c.device = resolve_device(c.device)
-        autocast(c.device, c.dtype)
-    except ValueError as e:
-        die(f"--{e}")
+    c.device = script_device(c.device, c.dtype)[0]  # a device this machine lacks, or a bad --dtype: one line
     return c
 
 

@@ -44,7 +44,7 @@ from configurator import die, namespace, print_config, stop_on_ctrl_c
 from evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
 from model import random_orders, stratified_uniform
 from plot import plot_eval
-from runtime import autocast, resolve_device, start_ranks
+from runtime import autocast, script_device, start_ranks
 from tokenizer import DataError
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
@@ -444,11 +444,7 @@ def read_config(argv):
     extra = sorted(set(c.revision_of) - set(c.names))
     if extra:
         die(f"--revisions names {extra}, which are not in --datasets {c.names}")
-    try:  # a device this machine lacks, or a bad --dtype, is an error before the model loads
-        c.device = resolve_device(c.device)
-        autocast(c.device, c.dtype)
-    except ValueError as e:
-        die(f"--{e}")
+    c.device = script_device(c.device, c.dtype)[0]  # a device this machine lacks, or a bad --dtype: one line
     return c
 
 

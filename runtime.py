@@ -4,6 +4,7 @@ Where the scripts run: the device and the precision, decided in one place so tha
 
     dev = resolve_device('auto')               # 'cuda' if available, else 'cpu'
     ctx, name = autocast('cuda', 'auto')       # bf16 autocast (fp16 where bf16 is unsupported)
+    dev, ctx, name = script_device(c.device, c.dtype)   # both, for a script's flags: one line if impossible
     fast_math(dev)                             # TF32 on CUDA; flushed denormals elsewhere
 
 'auto' is bfloat16 autocast on CUDA (float16 on GPUs without bf16) and float32 on every other device:
@@ -56,6 +57,17 @@ def autocast(device, dtype='auto'):
     if dtype == 'float32':
         return nullcontext(), dtype
     return torch.autocast(device_type=kind, dtype=getattr(torch, dtype)), dtype
+
+
+def script_device(device, dtype):
+    """A script's --device and --dtype: (device, autocast context, dtype name), or one line and exit when
+    this machine cannot run them, before the model loads."""
+    from configurator import die
+    try:
+        device = resolve_device(device)
+        return (device, *autocast(device, dtype))
+    except ValueError as e:
+        die(f"--{e}")
 
 
 def fast_math(device):

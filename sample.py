@@ -28,7 +28,7 @@ from configurator import die, namespace, print_config, stop_on_ctrl_c
 import engine
 import generate
 import genppl
-from runtime import autocast, resolve_device
+from runtime import script_device
 
 # -----------------------------------------------------------------------------
 # CLI config (python sample.py --help lists these with their comments)
@@ -187,11 +187,7 @@ def read_config(argv=None):
                      c.speculative.isdigit() and int(c.speculative) >= 2)):
         if not ok:
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
-    try:
-        c.device = resolve_device(c.device)
-        c.ctx, c.precision = autocast(c.device, c.dtype)
-    except ValueError as e:
-        die(f"--{e}")
+    c.device, c.ctx, c.precision = script_device(c.device, c.dtype)
     if c.stepper == 'cuda_graph' and not c.device.startswith('cuda'):
         die(f"--stepper cuda_graph needs a CUDA device (got --device {c.device}); use static or dynamic")
     if c.save:
