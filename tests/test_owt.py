@@ -10,7 +10,6 @@ import json
 import lzma
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -214,19 +213,25 @@ def big_layout(n_subsets=8, words=250_000):
                                      for p in (1, 2)} for s in range(n_subsets)}
 
 
-def test_sigkill_mid_prepare_resumes_to_the_same_bins(tmp_path):
+def stopped_mid_prepare(tmp_path, out, **popen):
+    """The big layout prepared once whole (into tmp_path/clean), then again into `out`, returned running
+    once its first shard is written: (the arguments of both runs, the running process)."""
     write_tars(tmp_path / "src", big_layout())
     args = [f"--source={tmp_path / 'src'}", "--val_fraction=0.01", "--num_proc=2"]
     r = run(*args, f"--out_dir={tmp_path / 'clean'}")
     assert r.returncode == 0, r.stderr
-
-    out = tmp_path / "killed"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
     p = subprocess.Popen([sys.executable, PREPARE, *args, f"--out_dir={out}"], cwd=ROOT, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         stdout=subprocess.DEVNULL, **popen)
     deadline = time.time() + 60
     while not list(out.glob("shards/*.json")) and p.poll() is None and time.time() < deadline:
         time.sleep(0.005)
+    return args, p
+
+
+def test_sigkill_mid_prepare_resumes_to_the_same_bins(tmp_path):
+    out = tmp_path / "killed"
+    args, p = stopped_mid_prepare(tmp_path, out, stderr=subprocess.DEVNULL)
     p.send_signal(signal.SIGKILL)  # the main process only: its workers are orphaned mid-archive
     assert p.wait() == -signal.SIGKILL, "prepare.py finished before it could be killed"
     assert not (out / "meta.json").exists() and not (out / "train.bin").exists()
@@ -242,17 +247,8 @@ def test_sigkill_mid_prepare_resumes_to_the_same_bins(tmp_path):
 def test_ctrl_c_mid_prepare_is_one_line_and_status_130_then_resumes(tmp_path):
     """Ctrl-C reaches the whole process group (the workers too): one line, exit 130, no traceback from any
     process; the same command then finishes with the bins of an uninterrupted run."""
-    write_tars(tmp_path / "src", big_layout())
-    args = [f"--source={tmp_path / 'src'}", "--val_fraction=0.01", "--num_proc=2"]
-    r = run(*args, f"--out_dir={tmp_path / 'clean'}")
-    assert r.returncode == 0, r.stderr
     out = tmp_path / "stopped"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1")
-    p = subprocess.Popen([sys.executable, PREPARE, *args, f"--out_dir={out}"], cwd=ROOT, env=env, text=True,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.time() + 60
-    while not list(out.glob("shards/*.json")) and p.poll() is None and time.time() < deadline:
-        time.sleep(0.005)
+    args, p = stopped_mid_prepare(tmp_path, out, text=True, stderr=subprocess.PIPE, start_new_session=True)
     os.killpg(p.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
     err = [ln for ln in p.communicate(timeout=60)[1].splitlines() if ln.strip()]
     assert p.returncode == 130 and len(err) == 1 and err[0].startswith("interrupted: run the same command again"), err

@@ -413,25 +413,32 @@ def test_an_out_dir_that_cannot_take_a_checkpoint_is_one_line_before_the_first_s
         undo()
 
 
-def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_last_one_stays(env, monkeypatch, capsys, tmp_path):
-    """The disk fills up during the second save: one line, the first checkpoint as it was, no temp file."""
+def fail_second_save(env, monkeypatch, capsys, out, exc):
+    """Train 8 iterations with checkpoints at 4 and 8, the second save writing half a file and then raising
+    exc: the run must exit 1 with one line, leave checkpoint 4 as it was, and no temp file. Returns the line."""
     orig, calls = torch.save, [0]
 
     def save(obj, f, *a, **k):
         calls[0] += 1
         if calls[0] == 2:
             f.write(b'half a checkpoint')
-            raise OSError(28, 'No space left on device')
+            raise exc
         return orig(obj, f, *a, **k)
     monkeypatch.setattr(torch, 'save', save)
     with pytest.raises(SystemExit) as e:
-        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=8', '--eval_interval=4'))
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={out}', '--max_iters=8', '--eval_interval=4'))
     err = capsys.readouterr().err.strip()
     assert e.value.code == 1 and len(err.splitlines()) == 1, err
+    assert load_checkpoint(str(out))['iter_num'] == 4
+    assert sorted(os.listdir(out)) == ['.lock', 'ckpt.pt', 'log.jsonl', 'loss.png']  # no temp file left
+    return err
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_the_last_one_stays(env, monkeypatch, capsys, tmp_path):
+    """The disk fills up during the second save: one line, the first checkpoint as it was, no temp file."""
+    err = fail_second_save(env, monkeypatch, capsys, tmp_path, OSError(28, 'No space left on device'))
     assert err.startswith(f"error: could not write {tmp_path / 'ckpt.pt'} at iteration 8 ([Errno 28] No space left on "
                           f"device); the previous one (iteration 4) is intact"), err
-    assert load_checkpoint(str(tmp_path))['iter_num'] == 4
-    assert sorted(os.listdir(tmp_path)) == ['.lock', 'ckpt.pt', 'log.jsonl', 'loss.png']  # no temp file left
 
 
 @pytest.mark.parametrize('split,size', [('train', 0), ('val', 7999)])
@@ -881,7 +888,7 @@ def test_a_run_dir_with_only_periodic_copies_resumes_from_the_newest_and_scratch
     with pytest.raises(SystemExit):
         checkpoint.resolve_path(str(tmp_path))
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"holds no ckpt.pt but periodic copies (ckpt_0000004.pt, ckpt_0000002.pt)" \
+    assert len(err.splitlines()) == 1 and "holds no ckpt.pt but periodic copies (ckpt_0000004.pt, ckpt_0000002.pt)" \
         in err and f"--ckpt {tmp_path / 'ckpt_0000004.pt'}" in err, err
     run_inprocess(monkeypatch, argv + ['--max_iters=6', '--init_from=auto'])
     assert f"resumed {tmp_path / 'ckpt_0000004.pt'} at iteration 4" in capsys.readouterr().out
@@ -934,23 +941,9 @@ def test_a_mask_token_id_that_is_a_real_token_is_refused(env, monkeypatch, capsy
 def test_a_full_disk_mid_checkpoint_is_the_clean_line_whichever_layer_notices(env, monkeypatch, capsys, tmp_path,
                                                                                exc):
     """torch's zip writer reports a full disk as a RuntimeError at some sizes: the same line, no temp file."""
-    orig, calls = torch.save, [0]
-
-    def save(obj, f, *a, **k):
-        calls[0] += 1
-        if calls[0] == 2:
-            f.write(b'half a checkpoint')
-            raise exc
-        return orig(obj, f, *a, **k)
-    monkeypatch.setattr(torch, 'save', save)
-    with pytest.raises(SystemExit) as e:
-        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=8', '--eval_interval=4'))
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 1 and len(err.splitlines()) == 1, err
+    err = fail_second_save(env, monkeypatch, capsys, tmp_path, exc)
     assert err.startswith(f"error: could not write {tmp_path / 'ckpt.pt'} at iteration 8 (") and \
         err.endswith("the previous one (iteration 4) is intact"), err
-    assert load_checkpoint(str(tmp_path))['iter_num'] == 4
-    assert sorted(os.listdir(tmp_path)) == ['.lock', 'ckpt.pt', 'log.jsonl', 'loss.png']
 
 
 def test_fine_tuning_an_encoder_says_it_trains_the_encoder(env, monkeypatch, capsys, tmp_path):
