@@ -212,7 +212,7 @@ class SlotStepper:
         if inner is not None:
             if R not in self.inners:
                 self.inners[R] = torch.zeros(R, R, dtype=torch.bool, device=self.dev)
-            self.inners[R].copy_(torch.eye(R, dtype=torch.bool, device=self.dev))  # padding rows: themselves
+            self.inners[R].zero_()  # no real row sees a padding row; a padding row sees slot 0 (visible)
             self.inners[R][:r, :r] = inner
         if self.mode == 'static':
             self.scalars.copy_(torch.tensor([L, r - k, r]))
