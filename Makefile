@@ -22,13 +22,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP)
-	PYTHON=$(BIN)/python bash demo.sh
+	PYTHON=$(BIN)/python bash findings/demo.sh
 
 findings: $(STAMP)  # 15-25 minutes on 2 CPU cores, by the machine (23.6 on 2026-11-23); writes results/ (plots + README.md)
-	$(BIN)/python reproduce.py
+	$(BIN)/python findings/reproduce.py
 
 findings-quick: $(STAMP)  # the same pipeline with tiny runs, a few minutes; judges nothing
-	$(BIN)/python reproduce.py --quick
+	$(BIN)/python findings/reproduce.py --quick
 
 clean:
 	rm -rf out-demo __pycache__ tests/__pycache__

@@ -49,8 +49,8 @@ from types import SimpleNamespace
 import torch
 from torch.nn import functional as F
 
-from configurator import die, first_line, namespace, print_config
-from runtime import autocast, resolve_device, script_device, start_ranks
+from aogpt.configurator import die, first_line, namespace, print_config
+from aogpt.runtime import autocast, resolve_device, script_device, start_ranks
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
 tasks = ''               # comma list of harness task (or group) names
@@ -126,12 +126,12 @@ class AOGPTLM(TemplateLM):
         dev = resolve_device(device or 'auto')
         self.ckpt, self.used_ema, self.iter_num = ckpt, None, None
         if model is None:
-            from checkpoint import checkpoint_codec, load_model
+            from aogpt.checkpoint import checkpoint_codec, load_model
             model, ck, self.used_ema = load_model(ckpt, dev, use_ema)
             codec = checkpoint_codec(ck, dataset)
             self.iter_num = ck.get('iter_num')
         if codec is None:
-            from tokenizer import gpt2_codec
+            from aogpt.tokenizer import gpt2_codec
             codec = gpt2_codec()
         self.model, self.codec = model.to(dev).eval(), codec
         cfg = model.config
@@ -388,7 +388,7 @@ class AOGPTLM(TemplateLM):
         """k more tokens after ids. Natively generate.generate_ar ([None] + ids, KV cache). With bos=hf the
         first token sits in [None]'s slot, which generate_ar does not do: a plain loop of full passes
         (what HF GPT-2 computes; this mode is for checking against the hf class, not for speed)."""
-        from generate import generate_ar, sample_tokens
+        from aogpt.generate import generate_ar, sample_tokens
         if not self.hf:
             toks, _ = generate_ar(self.model, len(ids) + k, 1, temperature=temperature, top_p=top_p,
                                   vocab_size=self.codec.vocab_size, prompt=ids, generator=g)
@@ -523,7 +523,7 @@ def check_alphabet(codec, c):
 
 
 def load_lm(c):
-    from tokenizer import DataError
+    from aogpt.tokenizer import DataError
     try:
         return AOGPTLM(ckpt=c.ckpt or c.out_dir, likelihood=c.likelihood, orders_score=c.orders_score, mc=c.mc,
                        bos=c.bos, batch_size=c.batch_size, max_gen_toks=c.max_gen_toks, device=c.device,
@@ -538,7 +538,8 @@ def run_harness(lm, tm, task_names, c):
     """simple_evaluate on our LM object; for orders:K a second pass that scores the other number of the
     pair (mean / log-mean-exp) straight from the LM's memo, so both accuracies come from the same draws."""
     from lm_eval import simple_evaluate
-    from tokenizer import DataError
+
+    from aogpt.tokenizer import DataError
     kw = dict(tasks=task_names, task_manager=tm, limit=c.limit or None, num_fewshot=c.num_fewshot,
               bootstrap_iters=c.bootstrap_iters, log_samples=c.log_samples, random_seed=c.seed,
               numpy_random_seed=c.seed, torch_random_seed=c.seed, fewshot_random_seed=c.seed)
@@ -575,7 +576,7 @@ def make_record(lm, c, results):
     def clean(r):  # the harness's dict, JSON-safe
         return json.loads(json.dumps({k: r[k] for k in keep if k in r}, default=handle_non_serializable))
     ckpt_path = c.ckpt or c.out_dir
-    from checkpoint import fingerprint
+    from aogpt.checkpoint import fingerprint
     record = dict(checkpoint=os.path.abspath(ckpt_path) if os.path.exists(ckpt_path) else ckpt_path,
                   ema=lm.used_ema, iter_num=lm.iter_num, weights=fingerprint(lm.model), estimator=lm.describe(),
                   lm_eval_version=lm_eval.__version__,

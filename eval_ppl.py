@@ -39,13 +39,13 @@ import time
 import torch
 from torch.nn import functional as F
 
-from checkpoint import atomic_write, checkpoint_codec, fingerprint, load_model
-from configurator import die, namespace, print_config, stop_on_ctrl_c
-from evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
+from aogpt.checkpoint import atomic_write, checkpoint_codec, fingerprint, load_model
+from aogpt.configurator import die, namespace, print_config, stop_on_ctrl_c
+from aogpt.evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
+from aogpt.plot import plot_eval
+from aogpt.runtime import autocast, script_device, start_ranks
+from aogpt.tokenizer import DataError
 from model import random_orders, stratified_uniform
-from plot import plot_eval
-from runtime import autocast, script_device, start_ranks
-from tokenizer import DataError
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
 out_dir = 'out'          # checkpoint directory (evaluates out_dir/ckpt.pt)

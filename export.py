@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import torch
 
-import checkpoint
+from aogpt import checkpoint
 
 ckpt = ''                  # checkpoint file or dir, exported folder, or hf:owner/repo[/path.pt]; overrides out_dir
 out_dir = 'out'            # run directory (its ckpt.pt) when --ckpt is empty
@@ -44,7 +44,7 @@ _HUB_DATASETS = {'openwebtext': 'Skylion007/openwebtext', 'ptb': 'ptb-text-only/
 
 
 def main(argv=None):
-    from configurator import configure, die, first_line, print_config
+    from aogpt.configurator import configure, die, first_line, print_config
     cfg = configure(dict(globals()), argv)  # a copy: main() can run more than once in one process (tests)
     print_config(cfg)
     c = SimpleNamespace(**cfg)
@@ -91,7 +91,7 @@ def default_dest(src):
 
 def check_dest(path, overwrite):
     """Refuse to replace anything but an earlier export (--overwrite) or an empty folder."""
-    from configurator import die
+    from aogpt.configurator import die
     if not os.path.exists(path):
         return
     if not os.path.isdir(path):
@@ -165,7 +165,7 @@ def write_folder(path, config, tensors, card):
         if os.path.exists(old) and not os.path.exists(path):
             os.rename(old, path)
         shutil.rmtree(tmp, ignore_errors=True)
-        from configurator import die
+        from aogpt.configurator import die
         die(f"cannot write {path} ({getattr(e, 'strerror', None) or e}); nothing was changed there")
     shutil.rmtree(old, ignore_errors=True)
 
@@ -176,7 +176,7 @@ def find_evals(src, listed, iter_num, used_ema, weights_id):
     files, else every eval_ppl.json / *.eval_ppl.json beside the checkpoint. A result of other weights (another
     checkpoint, another iteration: ckpt.pt moves on as training runs, or the other weight set) is refused if it
     was listed, else left out with a note: a card must never show another model's numbers."""
-    from configurator import die
+    from aogpt.configurator import die
     if listed:
         paths = [p.strip() for p in listed.split(',') if p.strip()]
     elif src.startswith(checkpoint.HUB_PREFIX):
@@ -310,7 +310,7 @@ def model_card(config, results, repo, license, folder, title=''):
                      f"# test.txt: held-out text in the model's alphabet")
     lines.append(f"python train.py --init_from={spec} --dataset <data>   # fine-tune (data in the same codec)")
     lines += ['```', '', "Eval sets other than ptb come from the hub on first use, or from local copies with "
-              "`--data_path NAME=FILE`.", '', 'In Python:', '', '```python', 'from checkpoint import load_model',
+              "`--data_path NAME=FILE`.", '', 'In Python:', '', '```python', 'from aogpt.checkpoint import load_model',
               f"model, ckpt, _ = load_model('{spec}')   # model.py's GPT, eval mode; ckpt['codec'] decodes its ids",
               '```', '']
 

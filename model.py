@@ -595,6 +595,17 @@ def mdm_corrupt(x, mask_token_id, generator=None, t=None):
     return torch.where(masked, torch.full_like(x, mask_token_id), x), t
 
 
+def strip_prefixes(sd):
+    """A state dict's parameter names without the wrappers' prefixes, '_orig_mod.' (torch.compile) and
+    'module.' (DDP), wherever they are: the names GPT itself gives."""
+    out = {}
+    for k, v in sd.items():
+        for p in ('_orig_mod.', 'module.'):
+            k = k.replace(p, '')
+        out[k] = v
+    return out
+
+
 def config_fields():
     return {f.name: f.default for f in fields(GPTConfig)}
 

@@ -24,11 +24,9 @@ import unicodedata
 
 import torch
 
-from configurator import die, namespace, print_config, stop_on_ctrl_c
-import engine
-import generate
-import genppl
-from runtime import script_device
+from aogpt import engine, generate, genppl
+from aogpt.configurator import die, namespace, print_config, stop_on_ctrl_c
+from aogpt.runtime import script_device
 
 # -----------------------------------------------------------------------------
 # CLI config (python sample.py --help lists these with their comments)
@@ -154,7 +152,7 @@ def main(argv=None):
               f"{stats['tokens_generated'] / stats['rounds_per_sample']:.2f} tokens committed per round; drafts "
               f"accepted in {stats['accept_rate']:.1%} of the tests")
     if c.trace:
-        import tracepage
+        from aogpt import tracepage
         what = f"speculative k={c.speculative}{', fused' if c.fused else ''}" if c.speculative else f"{family}, {stats['steps']} steps"
         tracepage.write(c.trace, samples[-c.batch_size:], stats, int((given >= 0).sum()),
                         lambda t: codec.decode([t]), f"{c.ckpt or c.out_dir}: {what}")
@@ -165,7 +163,7 @@ def main(argv=None):
     if judge is not None:
         result['gen_ppl'] = score(c, judge, samples, codec)
     if c.save:
-        from checkpoint import atomic_write
+        from aogpt.checkpoint import atomic_write
         try:  # atomically, as checkpoints are written: a full disk leaves no 0-byte file
             atomic_write(c.save, lambda f: json.dump(result, f), 'w')
         except OSError as e:
@@ -204,7 +202,7 @@ def read_config(argv=None):
 def load_for_sampling(c):
     """The model (EMA weights by default), its checkpoint dict, its codec, and which sampler it takes:
     'ao' (an any-order decoder), 'mdm' (an encoder) or 'ar' (a left-to-right GPT)."""
-    from checkpoint import checkpoint_codec, load_model
+    from aogpt.checkpoint import checkpoint_codec, load_model
     model, ck, used_ema = load_model(c.ckpt or c.out_dir, c.device, c.use_ema)
     mc = model.config
     codec = checkpoint_codec(ck, c.dataset)
@@ -329,7 +327,7 @@ def draw(c, model, family, n, given, order, codec):
         stp = (engine.EncoderStepper(model, c.batch_size, n, c.stepper) if family == 'mdm' else
                engine.SlotStepper(model, c.batch_size, c.stepper))  # one for all batches: its graphs are kept
         if c.speculative:
-            from speculative import generate_speculative, row_stepper
+            from aogpt.speculative import generate_speculative, row_stepper
             k = 'auto' if c.speculative == 'auto' else int(c.speculative)
             stp = c.stepper if c.stepper == 'dynamic' else row_stepper(model, c.batch_size, c.stepper, n, k,
                                                                        int((given >= 0).sum()), fused=c.fused)

@@ -36,9 +36,11 @@ from dataclasses import asdict, fields
 
 import torch
 
-from configurator import die, first_line
-from model import GPT, GPTConfig, config_fields
-from tokenizer import DataError, codec_from_record, get_codec
+from aogpt import ROOT
+from aogpt.configurator import die, first_line
+from aogpt.paper_ckpt import convert_paper_checkpoint
+from aogpt.tokenizer import DataError, codec_from_record, get_codec
+from model import GPT, GPTConfig, config_fields, strip_prefixes
 
 CKPT_NAME = 'ckpt.pt'
 EXPORT_FORMAT, EXPORT_VERSION = 'aogpt-export', 1
@@ -188,16 +190,6 @@ def _die_unreadable(path, e):
         f"copy it again, or pass another checkpoint")
 
 
-def strip_prefixes(sd):
-    """Drop the '_orig_mod.' (torch.compile) and 'module.' (DDP) prefixes, wherever they are."""
-    out = {}
-    for k, v in sd.items():
-        for p in ('_orig_mod.', 'module.'):
-            k = k.replace(p, '')
-        out[k] = v
-    return out
-
-
 def detect_format(ckpt):
     """'aogpt' (ours), 'paper-aogpt', 'paper-sigma' (the paper's released files), or None."""
     if ckpt.get('format') == 'aogpt-v1':
@@ -231,7 +223,6 @@ def load_model(path, device='cpu', use_ema=None):
         die(f"{where} is neither an aogpt checkpoint (format='aogpt-v1') nor one of the "
             f"paper's AO-GPT / sigma-GPT checkpoints: {_describe(ckpt)}")
     if fmt != 'aogpt':
-        from paper_ckpt import convert_paper_checkpoint  # here: paper_ckpt imports this module
         ckpt = convert_paper_checkpoint(ckpt, fmt)
     try:
         model = GPT(GPTConfig(**ckpt['model_args']))
@@ -276,8 +267,7 @@ def load_model(path, device='cpu', use_ema=None):
 def find_dataset(name, data_root='data'):
     """A dataset directory: `name` itself if it is a directory, else data_root/name, else the repo's
     data/name. None if none exists."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for d in (name, os.path.join(data_root, name), os.path.join(here, 'data', name)):
+    for d in (name, os.path.join(data_root, name), os.path.join(ROOT, 'data', name)):
         if os.path.isdir(d):
             return d
     return None
@@ -607,7 +597,7 @@ def hub_files(spec):
 def fetch_from_hub(spec):
     """The local path of what a hub spec names: the torch file, or the export's folder, both inside the
     HF cache (downloaded once; offline, served from the cache)."""
-    import hub
+    from aogpt import hub
     repo, rev, names = hub_files(spec)
     forced = os.environ.get('HF_HUB_OFFLINE', '').upper() in ('1', 'ON', 'YES', 'TRUE')
     if not hub.hub_reachable():

@@ -12,7 +12,7 @@ fast. A checkpoint holds state_dict(), ema=dict(decay, num_updates, params) keye
 
 import torch
 
-from checkpoint import strip_prefixes
+from model import strip_prefixes
 
 
 class EMA:

@@ -28,8 +28,8 @@ Without network and without a local copy, loading raises DataError: one line nam
 at once (we ask huggingface_hub whether its endpoint answers within ~1.5 s and switch the HF libraries to
 offline mode if not, instead of letting them retry for ~20 s).
 
-    python evalsets.py ptb --block_size=1024     # prints documents, tokens and rows of one set
-    python evalsets.py lm1b --revision=main      # the hub repo at another revision than the pin
+    python -m aogpt.evalsets ptb --block_size=1024     # prints documents, tokens and rows of one set
+    python -m aogpt.evalsets lm1b --revision=main      # the hub repo at another revision than the pin
 """
 
 import logging
@@ -37,11 +37,10 @@ import os
 import re
 from collections import namedtuple
 
-from configurator import first_line
-from hub import dataset_files, go_offline, hub_reachable
-from tokenizer import DataError
-
-ROOT = os.path.dirname(os.path.abspath(__file__))
+from aogpt import ROOT
+from aogpt.configurator import first_line
+from aogpt.hub import dataset_files, go_offline, hub_reachable
+from aogpt.tokenizer import DataError
 
 # -------------------------------------------------------------------------------------------- detokenizers
 # The conventions of SEDD/RADD/MDLM's eval pipelines, restated as ordered rule tables so each can be read
@@ -368,10 +367,11 @@ def load_eval_chunks(name, codec, block_size, split=None, path=None, keep_partia
 
 if __name__ == "__main__":
     import sys
-    from configurator import namespace, print_config
-    from tokenizer import get_codec
+
+    from aogpt.configurator import namespace, print_config
+    from aogpt.tokenizer import get_codec
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
-        print(f"usage: python evalsets.py NAME [--block_size=1024 --split=test --path=... --paper_split=True "
+        print(f"usage: python -m aogpt.evalsets NAME [--block_size=1024 --split=test --path=... --paper_split=True "
               f"--revision=main --data_dir=data/ptb]; NAME in {', '.join(EVAL_SETS)}", file=sys.stderr)
         raise SystemExit(2)
     # '' means the default; data_dir: a data/<name> dir whose meta.json picks the codec (default GPT-2);

@@ -41,9 +41,8 @@ import math
 
 import torch
 
-from engine import EncoderStepper, SlotStepper
+from aogpt.engine import EncoderStepper, SlotStepper
 from model import random_orders
-
 
 _CHUNK = 1 << 25  # float64 elements per sampling chunk (256 MiB): bounds memory when a step reveals a lot
 

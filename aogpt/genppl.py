@@ -75,8 +75,8 @@ def generative_ppl(judge, judge_codec, samples, codec, mode='none', batch_size=1
                     perplexity as large as a full one.
     Low-temperature and repetitive samples flatter both; the unigram entropy (nats, mean over samples
     of the entropy of each sample's token histogram) shows it."""
-    from evalsets import doc_end
-    from tokenizer import DataError
+    from aogpt.evalsets import doc_end
+    from aogpt.tokenizer import DataError
     eos, texts = doc_end(codec)[0], []
     for row in samples.tolist():
         cut = row.index(eos) if eos in row else None
@@ -110,8 +110,8 @@ def unigram_entropy(tokens):
 
 def load_judge(path, device):
     """A judge model, its codec, and whether it is an HF GPT-2 folder (local or hf:; else a checkpoint of ours)."""
-    from checkpoint import checkpoint_codec, is_export, load_model, resolve_path
-    from tokenizer import gpt2_codec
+    from aogpt.checkpoint import checkpoint_codec, is_export, load_model, resolve_path
+    from aogpt.tokenizer import gpt2_codec
     where = resolve_path(path)
     if os.path.isdir(where) and not is_export(where):
         return GPT.from_pretrained(where).to(device).eval(), gpt2_codec(), True

@@ -19,8 +19,8 @@ import re
 import sys
 import threading
 
-from configurator import first_line
-from tokenizer import DataError
+from aogpt.configurator import first_line
+from aogpt.tokenizer import DataError
 
 _TRUE = ("1", "ON", "YES", "TRUE")
 _COMMIT = re.compile(r"[0-9a-f]{40}")

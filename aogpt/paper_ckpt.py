@@ -19,9 +19,8 @@ nothing and causal attention keeps it from touching the others, so the n logits 
 import re
 from dataclasses import asdict
 
-from checkpoint import strip_prefixes
-from configurator import die
-from model import GPTConfig
+from aogpt.configurator import die
+from model import GPTConfig, strip_prefixes
 
 _PAPER_RENAME = (('transformer.final_layer.ln_f.', 'transformer.ln_f.'),
                  ('transformer.final_layer.adaLN_final.', 'transformer.adaLN_f.'))

@@ -3,7 +3,7 @@ Plots a researcher would rather look at than JSON: a run's loss curves from its 
 table from eval_ppl.py's record. train.py redraws out_dir/loss.png at every eval, eval_ppl.py draws its
 table beside its JSON, reproduce.py draws the findings with the same helpers.
 
-    python plot.py out-demo        # out-demo/loss.png from log.jsonl, out-demo/eval_ppl.png from eval_ppl.json
+    python -m aogpt.plot out-demo        # out-demo/loss.png from log.jsonl, out-demo/eval_ppl.png from eval_ppl.json
 
 matplotlib is imported only when a plot is drawn (Agg backend: no display needed), so importing this
 module costs nothing.
@@ -161,6 +161,6 @@ def main(out_dir):
 
 if __name__ == '__main__':
     if len(sys.argv) != 2 or sys.argv[1].startswith('-'):
-        print("usage: python plot.py OUT_DIR   (draws OUT_DIR/loss.png and OUT_DIR/eval_ppl.png)", file=sys.stderr)
+        print("usage: python -m aogpt.plot OUT_DIR   (draws OUT_DIR/loss.png and OUT_DIR/eval_ppl.png)", file=sys.stderr)
         raise SystemExit(2)
     main(sys.argv[1])

@@ -20,10 +20,11 @@ import time
 import numpy as np
 import torch
 
-from checkpoint import parse_hub_spec
-from configurator import die
+from aogpt import ROOT
+from aogpt.checkpoint import parse_hub_spec
+from aogpt.configurator import die
+from aogpt.tokenizer import DataError, get_codec
 from model import GPTConfig, config_fields
-from tokenizer import DataError, get_codec
 
 ORDER_MODES = ('random', 'l2r', 'fixed_random', 'block_random')
 
@@ -81,8 +82,7 @@ def check_data(cfg, fail=die, say=print):
     script = os.path.join('data', cfg['dataset'], 'prepare.py')
     for split in ('train', 'val'):
         f = os.path.join(data_dir, f'{split}.bin')
-        fix = (f"run `python {script}`" if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                       script))
+        fix = (f"run `python {script}`" if os.path.exists(os.path.join(ROOT, script))
                else f"write {split}.bin (uint16 token ids) and meta.json into {data_dir}")
         if not os.path.exists(f):
             fail(f"{f} not found: {fix} first")

@@ -19,7 +19,6 @@ from contextlib import nullcontext
 
 import torch
 
-
 DEVICES = 'auto | cpu | cuda | cuda:N | mps'
 DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
 
@@ -62,7 +61,7 @@ def autocast(device, dtype='auto'):
 def script_device(device, dtype):
     """A script's --device and --dtype: (device, autocast context, dtype name), or one line and exit when
     this machine cannot run them, before the model loads."""
-    from configurator import die
+    from aogpt.configurator import die
     try:
         device = resolve_device(device)
         return (device, *autocast(device, dtype))

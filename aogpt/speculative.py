@@ -62,8 +62,8 @@ round: k uniforms per sample for the drafts, k - 1 for the accept tests, 1 for t
 
 import torch
 
-from engine import KV_BUCKET, KVCache, SlotStepper
-from generate import ADAPTIVE, check_order, free_order, inverse_cdf, sorted_nucleus, split_given
+from aogpt.engine import KV_BUCKET, KVCache, SlotStepper
+from aogpt.generate import ADAPTIVE, check_order, free_order, inverse_cdf, sorted_nucleus, split_given
 from model import parallel_mask
 
 K_MAX = 16   # the largest draft length k='auto' goes to

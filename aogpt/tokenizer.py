@@ -44,7 +44,7 @@ class DataError(SystemExit):
 
 def gpt2_file():
     """Path of whisper's gpt2.tiktoken, found without importing whisper; None if not installed."""
-    from importlib.metadata import distribution, PackageNotFoundError
+    from importlib.metadata import PackageNotFoundError, distribution
     try:
         path = str(distribution("openai-whisper").locate_file("whisper/assets/gpt2.tiktoken"))
     except PackageNotFoundError:

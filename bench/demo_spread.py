@@ -12,7 +12,7 @@ so another machine rounds the first step differently, by about 1e-7. The any-ord
 difference into a few hundredths of a nat at the end. The variants: this machine's kernels; the
 portable no-SIMD kernels (ATEN_CPU_CAPABILITY=default, what a machine with other vector units looks
 like from here); and two other seeds (a larger change than rounding, so the range errs wide).
-Writes --out (demo_summary.py prints its range under the demo's table) and prints the table.
+Writes --out (findings/demo_summary.py prints its range under the demo's table) and prints the table.
 """
 import datetime
 import json
@@ -27,12 +27,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
-from configurator import configure, print_config  # noqa: E402
-from runtime import cpu_cores  # noqa: E402
+from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.runtime import cpu_cores  # noqa: E402
 
 runs = 4                               # how many of VARIANTS to run, in order
 parallel = 2                           # demo runs at once (each then gets cpu_cores() // parallel threads)
-out = 'results/demo_spread.json'       # the record demo_summary.py reads
+out = 'results/demo_spread.json'       # the record findings/demo_summary.py reads
 keep = ''                              # a folder to keep each run's out-demo in ('' = a temporary one)
 print_config(configure(globals()))
 
@@ -57,7 +57,7 @@ def run_demo(variant, work):
                OMP_NUM_THREADS=threads, **env_extra)
     t0 = time.time()
     with open(os.path.join(folder, 'demo.log'), 'w') as log:
-        p = subprocess.run(['bash', 'demo.sh'], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        p = subprocess.run(['bash', 'findings/demo.sh'], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     if p.returncode != 0:
         raise SystemExit(f"error: the '{name}' demo failed (exit {p.returncode}); see {folder}/demo.log")
     ev = json.load(open(os.path.join(folder, 'out', 'eval_ppl.json')))['datasets']['ptb']

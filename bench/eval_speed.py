@@ -18,8 +18,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
+from aogpt.configurator import configure, print_config  # noqa: E402
 from bench.common import append_benchmark  # noqa: E402
-from configurator import configure, print_config  # noqa: E402
 from eval_ppl import nll_any_order, nll_ensemble  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 

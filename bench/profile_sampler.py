@@ -13,9 +13,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
-import engine  # noqa: E402
-import generate  # noqa: E402
-from configurator import configure  # noqa: E402
+from aogpt import (
+    engine,  # noqa: E402
+    generate,  # noqa: E402
+)
+from aogpt.configurator import configure  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 device = 'cpu'

@@ -31,10 +31,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
-from configurator import configure, print_config  # noqa: E402
-from engine import KV_BUCKET, KVCache, SlotStepper  # noqa: E402
-from generate import ao_calls, draw_plan  # noqa: E402
-from speculative import row_slots  # noqa: E402
+from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.engine import KV_BUCKET, KVCache, SlotStepper  # noqa: E402
+from aogpt.generate import ao_calls, draw_plan  # noqa: E402
+from aogpt.speculative import row_slots  # noqa: E402
 
 n_layer = 24
 n_embd = 1024

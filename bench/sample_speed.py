@@ -31,12 +31,12 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
+from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.engine import KV_BUCKET, EncoderStepper, SlotStepper  # noqa: E402
+from aogpt.generate import generate_ao, generate_ar, generate_mdm  # noqa: E402
+from aogpt.speculative import generate_speculative, row_stepper  # noqa: E402
 from bench.common import append_benchmark  # noqa: E402
-from configurator import configure, print_config  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from engine import KV_BUCKET, EncoderStepper, SlotStepper  # noqa: E402
-from generate import generate_ao, generate_ar, generate_mdm  # noqa: E402
-from speculative import generate_speculative, row_stepper  # noqa: E402
 
 device = 'cpu'
 dtype = 'bfloat16'           # CUDA: weights cast to this dtype (no autocast casts per call); CPU: fp32

@@ -14,11 +14,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
-from checkpoint import checkpoint_codec, load_model  # noqa: E402
-from configurator import configure, print_config  # noqa: E402
-from generate import generate_ao  # noqa: E402
-from genppl import judge_token_nll  # noqa: E402
-from speculative import generate_speculative  # noqa: E402
+from aogpt.checkpoint import checkpoint_codec, load_model  # noqa: E402
+from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.generate import generate_ao  # noqa: E402
+from aogpt.genppl import judge_token_nll  # noqa: E402
+from aogpt.speculative import generate_speculative  # noqa: E402
 
 runs_dir = 'out-reproduce'   # where make findings trained `ao` and `judge`
 n = 32                       # sequence length (the findings' block_size)

@@ -23,10 +23,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
+from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.runtime import fast_math  # noqa: E402
 from bench.common import append_benchmark  # noqa: E402
-from configurator import configure, print_config  # noqa: E402
 from model import GPT, GPTConfig, mdm_corrupt, random_orders  # noqa: E402
-from runtime import fast_math  # noqa: E402
 
 device = 'cpu'
 dtype = 'bfloat16'           # autocast dtype on CUDA; CPU runs fp32

@@ -28,8 +28,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tokenizer import DataError, char_codec, gpt2_codec  # noqa: E402
-from evalsets import doc_end  # noqa: E402  (the ids that end a document: [EOT], or '\n' for char level)
+from aogpt.evalsets import doc_end  # noqa: E402  (the ids that end a document: [EOT], or '\n' for char level)
+from aogpt.tokenizer import DataError, char_codec, gpt2_codec  # noqa: E402
 
 STATE = ".prepare_state.json"
 FLUSH_EVERY_S = 30  # seconds between resume records: at most this much work is redone after a crash

@@ -24,9 +24,9 @@ import signal
 import time
 
 import numpy as np
-
 from prepare_common import atomic_json, disk_full
-from tokenizer import DataError, gpt2_codec
+
+from aogpt.tokenizer import DataError, gpt2_codec
 
 STATE = ".assemble.json"
 
@@ -118,6 +118,7 @@ def make_shards(jobs, work, num_proc, total_bytes, done_bytes=0, desc="tokenizin
     compressed bytes read (workers call advance()). Returns the records, in the order of jobs."""
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
+
     from tqdm import tqdm
     if not jobs:
         return []

@@ -7,7 +7,7 @@
 # evaluation (an interrupted training run resumes); `rm -rf out-demo` starts over.
 # DEMO_CHUNKS: PTB test rows of 64 characters to evaluate (default 1000 of 6,583).
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/.."  # the repository root
 PY=${PYTHON:-.venv/bin/python}
 OUT=${DEMO_OUT:-out-demo}
 CHUNKS=${DEMO_CHUNKS:-1000}
@@ -51,4 +51,4 @@ $PY sample.py --out_dir $OUT --batch_size 3 --steps 8 --seed 7 \
 stage summary "5/5 summary"
 # the summary's check (clearly below the unigram) is the demo's promise, made for its own config only
 CHECK=True; [ "$CONFIG" = config/train_demo.py ] || CHECK=False
-$PY demo_summary.py --out_dir=$OUT --check=$CHECK
+$PY findings/demo_summary.py --out_dir=$OUT --check=$CHECK

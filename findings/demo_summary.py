@@ -2,7 +2,7 @@
 make demo's last step: the demo model's perplexities beside a unigram baseline on the same test
 characters, the wall time of each stage, and the spread to expect on another machine.
 
-    python demo_summary.py --out_dir=out-demo
+    python findings/demo_summary.py --out_dir=out-demo
 
 The baseline is the symbol frequencies of the training split with additive smoothing (alpha picked on
 the validation split), scored on exactly the test rows eval_ppl.py scored, every symbol counted as the
@@ -11,12 +11,14 @@ model's are. A model that has learned nothing scores at the baseline; below it i
 import json
 import math
 import os
+import sys
 
 import numpy as np
 
-from checkpoint import checkpoint_codec, find_dataset, load_checkpoint
-from configurator import die, namespace
-from evalsets import load_eval_chunks
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: aogpt/, model.py
+from aogpt.checkpoint import checkpoint_codec, find_dataset, load_checkpoint  # noqa: E402
+from aogpt.configurator import die, namespace  # noqa: E402
+from aogpt.evalsets import load_eval_chunks  # noqa: E402
 
 out_dir = 'out-demo'                 # the demo's run directory (ckpt.pt, eval_ppl.json, stages.tsv)
 dataset = 'ptb'                      # the eval set make demo scores

@@ -1,10 +1,10 @@
 """
 Reproduce the paper's seven qualitative findings at small scale, and judge each one from the data.
 
-    python reproduce.py                  # everything: 15-25 minutes on 2 CPU cores -> results/
-    python reproduce.py --quick          # the pipeline end to end in about a minute; judges nothing
-    python reproduce.py --device=cuda    # the same runs on a GPU
-    python reproduce.py --replot         # only redraw results/*.png from results/results.json
+    python findings/reproduce.py                  # everything: 15-25 minutes on 2 CPU cores -> results/
+    python findings/reproduce.py --quick          # the pipeline end to end in about a minute; judges nothing
+    python findings/reproduce.py --device=cuda    # the same runs on a GPU
+    python findings/reproduce.py --replot         # only redraw results/*.png from results/results.json
 
 Setting. Character-level Penn Treebank (data/ptb_char, 49 symbols, prepared on first use), context 32,
 2 layers x 64 wide (~0.1M parameters), the same architecture for every decoder run. Why so small: an
@@ -32,7 +32,7 @@ Runs, shared across findings (losses are nats per character on fixed val windows
 Finding 4 evaluates `ao` with eval_ppl's ensemble estimator; finding 6 times sample.py's samplers on
 random models (timing needs no training); finding 7 samples `ao`, `ao_seed2` and `mdm` and scores the
 samples with `judge`.
-Findings 6, 7 and 8 (the samplers put to the test) live in findings_sampling.py; this file trains,
+Findings 6, 7 and 8 (the samplers put to the test) live in findings/sampling.py; this file trains,
 evaluates, judges findings 1-7 and writes the report.
 
 Judging. "End" losses are the mean of the last 3 evals (less noisy than the last one). A difference
@@ -77,13 +77,21 @@ gen_samples = 128        # finding 7: samples per sampler, setting and step coun
 gen_batch = 64           # finding 7: samples per batch
 seed = 1337
 # -----------------------------------------------------------------------------
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
-from configurator import die, first_line, namespace, print_config  # noqa: E402
-import plot  # noqa: E402
-from findings_sampling import (GEN_SETTINGS, SPEC_FIG, draw_speculative, gen_summary,  # noqa: E402
-                               generation_study, judge_speculative, speculative_study, time_samplers,
-                               write_speculative)
+from aogpt import plot  # noqa: E402
+from aogpt.configurator import die, first_line, namespace, print_config  # noqa: E402
+from findings.sampling import (  # noqa: E402
+    GEN_SETTINGS,
+    SPEC_FIG,
+    draw_speculative,
+    gen_summary,
+    generation_study,
+    judge_speculative,
+    speculative_study,
+    time_samplers,
+    write_speculative,
+)
 
 DATASET = 'ptb_char'
 ENSEMBLE_M = (1, 2, 4, 8, 16)
@@ -151,7 +159,7 @@ def train_runs(c, names):
             todo.append((name, args, out_dir))
     # the deepest runs first, so that no core idles at the end while one long run finishes alone
     todo.sort(key=lambda t: -RUNS[t[0]][0].get('n_layer', c.n_layer))
-    from runtime import cpu_cores
+    from aogpt.runtime import cpu_cores
     cores = cpu_cores()
     jobs = c.jobs or (cores if c.device == 'cpu' else 1)
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, cores // jobs))) if c.device == 'cpu' else None
@@ -305,7 +313,8 @@ def val_chunks(n_chunks, n):
 def eval_ema(c, name, chunks):
     """Finding 5b: the same checkpoint scored with its EMA and its raw weights (L2R and any-order)."""
     import torch
-    from checkpoint import load_model
+
+    from aogpt.checkpoint import load_model
     from eval_ppl import nll_any_order, nll_l2r
     out = {}
     for use_ema in (True, False):
@@ -320,7 +329,8 @@ def eval_ema(c, name, chunks):
 def eval_ensemble(c, name, chunks):
     """Finding 4 on a trained run: NLL per token for each M, and the paired gain over M = 1."""
     import torch
-    from checkpoint import load_model
+
+    from aogpt.checkpoint import load_model
     from eval_ppl import nll_ensemble
     model, _, _ = load_model(os.path.join(c.runs_dir, name), c.device)
     # nested sizes on the same draws, so the differences between M are paired
@@ -388,7 +398,7 @@ def read_config(argv):
     print_config(c.config)
     os.chdir(ROOT)
     os.makedirs(c.results_dir, exist_ok=True)
-    return c, 'python reproduce.py ' + ' '.join(argv) if argv else 'python reproduce.py'
+    return c, 'python findings/reproduce.py ' + ' '.join(argv) if argv else 'python findings/reproduce.py'
 
 
 def prepare_data():
@@ -422,8 +432,8 @@ def redraw(c):
     plot needs no rerun of the findings."""
     path = os.path.join(c.results_dir, 'results.json')
     if not os.path.exists(path):
-        die(f"no {path}: run `python reproduce.py` (or --quick) first")
-    again = "run `python reproduce.py` (or --quick) again to rewrite it"
+        die(f"no {path}: run `python findings/reproduce.py` (or --quick) first")
+    again = "run `python findings/reproduce.py` (or --quick) again to rewrite it"
     try:
         with open(path, encoding='utf-8') as f:
             d = json.load(f)

@@ -13,7 +13,6 @@ import math
 import os
 import time
 
-
 GEN_SETTINGS = ((1.0, 1.0), (0.95, 0.9), (0.95, 0.7))  # finding 7: (top-p, temperature), the paper's three
 GEN_STEPS = (2, 4, 8, 16, 32, 64)                      # the paper's claim is judged at T = 8 .. 64
 JUDGED_STEPS = (8, 16, 32, 64)
@@ -25,8 +24,9 @@ def time_samplers(c):
     """Finding 6: wall time of the AO-GPT cached sampler and the encoder MDM sampler (no caching trick)
     for T steps, on random models with the same backbone (timing needs no training)."""
     import torch
+
+    from aogpt.generate import generate_ao, generate_mdm
     from model import GPT, GPTConfig
-    from generate import generate_ao, generate_mdm
     n, B = c.sample_n, c.sample_batch
     steps = [s for s in (8, 16, 32, 64, 128, 256, 512) if s <= n]
     if c.quick:
@@ -72,9 +72,10 @@ def generation_study(c, names):
     and the new orders of the same `ao` model (blocks:8, confidence) on the same grid, for the plot of
     gen PPL against token-passes. Returns a list of rows."""
     import torch
-    from checkpoint import checkpoint_codec, load_model
-    from generate import generate_ao, generate_mdm
-    from genppl import generative_ppl
+
+    from aogpt.checkpoint import checkpoint_codec, load_model
+    from aogpt.generate import generate_ao, generate_mdm
+    from aogpt.genppl import generative_ppl
     judge, ck, _ = load_model(os.path.join(c.runs_dir, 'judge'), c.device)
     codec = checkpoint_codec(ck)
     models = {k: load_model(os.path.join(c.runs_dir, k), c.device)[0] for k in ('ao', 'ao_seed2', 'mdm')
@@ -134,10 +135,11 @@ def speculative_study(c, names):
     law test), and for the speculative rows the mean tokens committed per round in FRAC_BINS bins of
     the fraction already revealed."""
     import torch
-    from checkpoint import checkpoint_codec, load_model
-    from generate import generate_ao
-    from genppl import generative_ppl
-    from speculative import generate_speculative
+
+    from aogpt.checkpoint import checkpoint_codec, load_model
+    from aogpt.generate import generate_ao
+    from aogpt.genppl import generative_ppl
+    from aogpt.speculative import generate_speculative
     judge, ck, _ = load_model(os.path.join(c.runs_dir, 'judge'), c.device)
     codec = checkpoint_codec(ck)
     n, rows, nb = c.block_size, [], max(1, c.gen_samples // c.gen_batch)

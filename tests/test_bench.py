@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 # per script, the sizes that make a run take seconds on a CPU (appended: the last value of a key wins)

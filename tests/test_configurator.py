@@ -1,7 +1,7 @@
 """configurator.py: overrides in both syntaxes, type rules, and one-line errors for bad keys."""
 import pytest
 
-from configurator import configure
+from aogpt.configurator import configure
 
 
 def defaults():
@@ -61,12 +61,13 @@ def test_help_lists_every_key(capsys):
         assert f'--{k}' in out
 
 
-@pytest.mark.parametrize('module', ['sample', 'eval_ppl', 'reproduce', 'export', 'train_speed'])
+@pytest.mark.parametrize('module', ['sample', 'eval_ppl', 'findings.reproduce', 'export', 'train_speed'])
 def test_module_constants_are_not_config_keys(module):
     """Config keys are the lowercase simple globals; a module's UPPERCASE constants are not (a public tuple
     once showed up in sample.py's printed config and as a --STEPPERS flag)."""
     import importlib
-    from configurator import _keys
+
+    from aogpt.configurator import _keys
     g = vars(importlib.import_module(module)) if module != 'train_speed' else {'ORDERS': ('a',), 'lr': 1.0,
                                                                               'ROOT': '/x', '_hidden': 1}
     keys = _keys(g)
@@ -75,7 +76,7 @@ def test_module_constants_are_not_config_keys(module):
 
 
 def test_namespace_leaves_the_defaults_alone():
-    from configurator import namespace
+    from aogpt.configurator import namespace
     g = defaults()
     c = namespace(g, ['--max_iters=7'])
     assert c.max_iters == 7 and c.config['max_iters'] == 7 and g['max_iters'] == 100

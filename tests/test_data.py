@@ -12,16 +12,21 @@ import numpy as np
 import pytest
 import torch
 
-import evalsets
-import tokenizer
-from evalsets import (chunk_ids, lambada_detokenize, lm1b_detokenize, load_eval_chunks, ptb_detokenize,
-                      scientific_detokenize, wikitext_detokenize)
-from tokenizer import DataError, get_codec, gpt2_encoding
+from aogpt import evalsets, tokenizer
+from aogpt.evalsets import (
+    chunk_ids,
+    lambada_detokenize,
+    lm1b_detokenize,
+    load_eval_chunks,
+    ptb_detokenize,
+    scientific_detokenize,
+    wikitext_detokenize,
+)
+from aogpt.tokenizer import DataError, get_codec, gpt2_encoding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "data"))
 import prepare_common as pc  # noqa: E402  (data/prepare_common.py, shared by the prepare scripts)
-
 
 # ---------------------------------------------------------------------------------------------- tokenizer
 
@@ -338,12 +343,12 @@ def test_missing_dataset_offline_is_one_clear_line(tmp_path, monkeypatch):
     with pytest.raises(DataError, match="prepare.py"):
         load_eval_chunks("owt", codec, 1024)
     # as a script: exit status 1, a single 'error: ...' line naming the local option, no traceback
-    for cmd in (["data/openwebtext/prepare.py"], ["evalsets.py", "lm1b"]):
+    for cmd in (["data/openwebtext/prepare.py"], ["-m", "aogpt.evalsets", "lm1b"]):
         r = subprocess.run([sys.executable, *cmd], cwd=ROOT, env=_hf_env(tmp_path), capture_output=True,
                            text=True, timeout=60)
         err = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 1 and len(err) == 1 and err[0].startswith("error: "), r.stderr
-        assert ("--source=" in err[0]) if "prepare" in cmd[0] else ("path=" in err[0])
+        assert ("--source=" in err[0]) if "prepare" in " ".join(cmd) else ("path=" in err[0])
 
 
 def test_prepare_checks_free_disk_before_writing(tmp_path, monkeypatch):

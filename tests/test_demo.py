@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-import demo_summary
+from findings import demo_summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +36,7 @@ def test_make_demo_runs_end_to_end_and_reuses_its_work(tmp_path):
         "lr_decay_iters = 20", "warmup_iters = 2", "eval_interval = 10", "eval_iters = 2", "log_interval = 10", ""]))
     out = tmp_path / 'out'
     env = dict(os.environ, PYTHON=sys.executable, DEMO_OUT=str(out), DEMO_CONFIG=str(cfg), DEMO_CHUNKS='12')
-    first = subprocess.run(['bash', 'demo.sh'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    first = subprocess.run(['bash', 'findings/demo.sh'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     text = first.stdout
     for header in ('1/5', '2/5', '3/5', '4/5', '5/5'):
@@ -63,7 +63,7 @@ def test_make_demo_runs_end_to_end_and_reuses_its_work(tmp_path):
     assert 'wall time: prepare' in summary and 'train' in summary
     assert "check: skipped (not the demo's own config" in summary  # 20 steps promise nothing
 
-    again = subprocess.run(['bash', 'demo.sh'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    again = subprocess.run(['bash', 'findings/demo.sh'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert 'nothing to train' in again.stdout and 'done already' in again.stdout
     assert again.stdout.split('=== 5/5 summary')[1].splitlines()[:6] == summary.splitlines()[:6]

@@ -10,10 +10,10 @@ from dataclasses import asdict
 
 import pytest
 import torch
+from helpers import tiny
 
 import eval_ppl as E
-from checkpoint import save_checkpoint
-from helpers import tiny
+from aogpt.checkpoint import save_checkpoint
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -258,9 +258,9 @@ def run_cli(args, capsys):
 
 
 def test_cli_table_and_json_match_the_functions(tmp_path, text_file, capsys):
-    from checkpoint import load_model
-    from evalsets import load_eval_chunks
-    from tokenizer import get_codec
+    from aogpt.checkpoint import load_model
+    from aogpt.evalsets import load_eval_chunks
+    from aogpt.tokenizer import get_codec
     make_ckpt(tmp_path / 'out')
     out = run_cli(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
                    '--ensemble', '2', '--orders', '2', '--max_chunks', '6'], capsys)
@@ -404,7 +404,7 @@ def test_torchrun_two_ranks_reduce_to_the_single_process_numbers(tmp_path, text_
 def test_each_set_that_cannot_load_says_its_own_reason(tmp_path, capsys, monkeypatch, name, spoil, needle):
     """Random bytes as a local copy are one line, not datasets' DatasetGenerationError; with --skip_missing
     (the default) a skipped set prints its real reason, not always "offline and not cached"."""
-    import evalsets
+    from aogpt import evalsets
     monkeypatch.setattr(evalsets, 'ROOT', str(tmp_path))  # no prepared OWT here
     make_ckpt(tmp_path / 'out')
     (tmp_path / 'text.txt').write_text(TEXT)

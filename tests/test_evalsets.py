@@ -14,11 +14,11 @@ import threading
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-import evalsets
 from helpers import hub_cache
-from evalsets import EVAL_SETS, lm1b_detokenize, load_eval_chunks, parse_revisions, scientific_detokenize
-from tokenizer import DataError, get_codec, gpt2_encoding
+
+from aogpt import evalsets
+from aogpt.evalsets import EVAL_SETS, lm1b_detokenize, load_eval_chunks, parse_revisions, scientific_detokenize
+from aogpt.tokenizer import DataError, get_codec, gpt2_encoding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EOT = 50256
@@ -122,8 +122,8 @@ def fill_cache(hub):
 
 READ = """
 import json, sys
-import evalsets
-from tokenizer import DataError, get_codec
+from aogpt import evalsets
+from aogpt.tokenizer import DataError, get_codec
 out = {}
 for key, name, split, rev in json.loads(sys.argv[1]):
     record = {}
@@ -195,7 +195,7 @@ def test_script_only_repos_name_their_replacement(tmp_path):
     for args, names in ([["arxiv", "--path=armanc/scientific_papers"], "ccdv/arxiv-summarization"],
                         [["owt", "--path=Skylion007/openwebtext", "--split=train"],
                          "data/openwebtext/prepare.py"]):
-        r = subprocess.run([sys.executable, "evalsets.py", *args], cwd=ROOT, env=offline_env(tmp_path),
+        r = subprocess.run([sys.executable, "-m", "aogpt.evalsets", *args], cwd=ROOT, env=offline_env(tmp_path),
                            capture_output=True, text=True, timeout=120)
         err = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 1 and len(err) == 1 and err[0].startswith("error: "), r.stderr[-2000:]
@@ -203,7 +203,7 @@ def test_script_only_repos_name_their_replacement(tmp_path):
 
 
 def test_split_files_follow_the_datasets_conventions(tmp_path):
-    from hub import split_files
+    from aogpt.hub import split_files
     card = tmp_path / "README.md"
     card.write_text(README.format("- config_name: en\n  data_files: en/*.parquet\n"
                                   "- config_name: all\n  default: true\n  data_files:\n"
@@ -286,7 +286,7 @@ def free_port():
     return port
 
 
-PROBE = ("import json, time, hub; t = time.time(); ok = hub.hub_reachable(); "
+PROBE = ("import json, time; from aogpt import hub; t = time.time(); ok = hub.hub_reachable(); "
          "print(json.dumps([ok, time.time() - t]))")
 
 
@@ -422,7 +422,7 @@ def test_script_only_repo_online_is_the_same_one_line(tmp_path):
     srv = serve("armanc/scientific_papers",
                 {"README.md": b"# card\n", "scientific_papers.py": b"import datasets\n"}, commit("sp online"))
     try:
-        r = subprocess.run([sys.executable, "evalsets.py", "pubmed", "--path=armanc/scientific_papers"], cwd=ROOT,
+        r = subprocess.run([sys.executable, "-m", "aogpt.evalsets", "pubmed", "--path=armanc/scientific_papers"], cwd=ROOT,
                            env=online_env(tmp_path, srv), capture_output=True, text=True, timeout=120)
     finally:
         srv.shutdown()

@@ -11,12 +11,13 @@ import torch
 
 lm_eval = pytest.importorskip('lm_eval')
 
-import eval_harness as H  # noqa: E402
-from checkpoint import save_checkpoint  # noqa: E402
-from eval_ppl import nll_l2r  # noqa: E402
 from helpers import tiny  # noqa: E402
+
+import eval_harness as H  # noqa: E402
+from aogpt.checkpoint import save_checkpoint  # noqa: E402
+from aogpt.tokenizer import GPT2_PAT, char_codec, gpt2_codec, gpt2_file  # noqa: E402
+from eval_ppl import nll_l2r  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from tokenizer import char_codec, gpt2_codec, gpt2_file, GPT2_PAT  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TASK_DIR = os.path.join(HERE, 'harness_tasks')
@@ -320,7 +321,7 @@ def test_encoder_through_the_launcher(tmp_path, task_dir, capsys):
 
 def test_char_codec_missing_character_is_one_line(task_manager, capsys):
     """A character-level checkpoint scores tasks in its own codec, and refuses text it cannot encode."""
-    from tokenizer import DataError
+    from aogpt.tokenizer import DataError
     lm = H.AOGPTLM(model=tiny(block_size=8, vocab_size=11), codec=char_codec('abcdefghijk'))
     with pytest.raises(DataError, match="not in this char-level vocabulary"):
         lm.tok_encode('The sun')

@@ -16,12 +16,12 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers import hub_cache, tiny
 
 import eval_ppl
 import export
-import genppl
-from checkpoint import load_checkpoint, load_model, save_checkpoint, checkpoint_codec
-from helpers import hub_cache, tiny
+from aogpt import genppl
+from aogpt.checkpoint import checkpoint_codec, load_checkpoint, load_model, save_checkpoint
 from model import GPT, GPTConfig, model_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -358,7 +358,7 @@ def test_hf_ids_resolve_offline_from_the_cache_end_to_end(tmp_path, monkeypatch,
     # which local path each form resolves to
     specs = ['hf:me/tiny-ao', 'hf:me/tiny-ao@v1', f'hf:me/tiny-ao@{ours}', 'hf:me/tiny-ao/v2',
              'hf:me/tiny-ao/v2/model.safetensors', f'hf:them/AO-GPT-MDM/{PAPER_PATH}']
-    r = python(tmp_path, env, '-c', 'import json, sys; from checkpoint import resolve_path; '
+    r = python(tmp_path, env, '-c', 'import json, sys; from aogpt.checkpoint import resolve_path; '
                                     'print(json.dumps([resolve_path(s) for s in sys.argv[1:]]))', *specs)
     assert r.returncode == 0, r.stderr
     snap = lambda repo, commit: str(cache / f'models--{repo.replace("/", "--")}' / 'snapshots' / commit)

@@ -4,10 +4,10 @@ import math
 
 import pytest
 import torch
-
 from helpers import tiny
+
+from aogpt.engine import KVCache
 from model import GPT, GPTConfig, mdm_corrupt, parallel_mask, random_orders
-from engine import KVCache
 
 ATOL = 1e-5
 

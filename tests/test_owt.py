@@ -21,7 +21,7 @@ import urllib.parse
 import numpy as np
 import pytest
 
-from tokenizer import DataError, gpt2_codec
+from aogpt.tokenizer import DataError, gpt2_codec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "data"))
@@ -123,7 +123,7 @@ def run(*args, env=None, timeout=120, hub_reachable=False):
     e = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1", **(env or {})}
     cmd = [sys.executable, PREPARE]
     if hub_reachable:
-        cmd = [sys.executable, "-c", "import hub, runpy, sys; hub.hub_reachable = lambda timeout=1.5: True; "
+        cmd = [sys.executable, "-c", "from aogpt import hub; import runpy, sys; hub.hub_reachable = lambda timeout=1.5: True; "
                f"sys.argv[0] = {PREPARE!r}; runpy.run_path(sys.argv[0], run_name='__main__')"]
     return subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, env=e, capture_output=True, text=True,
                           timeout=timeout)

@@ -12,9 +12,9 @@ import random
 import pytest
 import torch
 
-from checkpoint import load_model
+from aogpt.checkpoint import load_model
+from aogpt.paper_ckpt import convert_paper_checkpoint, paper_param_names
 from model import GPT, GPTConfig
-from paper_ckpt import convert_paper_checkpoint, paper_param_names
 
 V, N, L, D, H, TD = 13, 8, 2, 16, 2, 8  # vocab, block_size, layers, width, heads, AdaLN target width
 
@@ -418,7 +418,7 @@ def test_scripts_read_paper_files(tmp_path, capsys):
 
 def test_a_missing_checkpoint_names_the_folders_that_hold_one(tmp_path, monkeypatch, capsys):
     """`python sample.py` with no flags looks in out/; when that is empty, say where checkpoints are."""
-    from checkpoint import resolve_path
+    from aogpt.checkpoint import resolve_path
     monkeypatch.chdir(tmp_path)
     for d in ('out-ao', 'out-gpt', 'notes'):
         (tmp_path / d).mkdir()

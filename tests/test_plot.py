@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-import plot
+from aogpt import plot
 
 PNG = b'\x89PNG\r\n\x1a\n'
 

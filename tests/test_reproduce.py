@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-import findings_sampling as S
-import reproduce as R
+from findings import reproduce as R
+from findings import sampling as S
 
 
 def test_end_and_tokens_to_reach():
@@ -117,7 +117,7 @@ def test_runs_differ_only_in_what_they_test():
 def test_quick_pipeline_runs_end_to_end(tmp_path):
     """`reproduce.py --quick`: every run trains, every finding gets a row, every plot is written."""
     runs, res = tmp_path / 'runs', tmp_path / 'res'
-    p = subprocess.run([sys.executable, 'reproduce.py', '--quick', f'--runs_dir={runs}', f'--results_dir={res}'],
+    p = subprocess.run([sys.executable, 'findings/reproduce.py', '--quick', f'--runs_dir={runs}', f'--results_dir={res}'],
                        cwd=R.ROOT, capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, HF_DATASETS_OFFLINE='1', WANDB_MODE='disabled'))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
@@ -135,14 +135,14 @@ def test_quick_pipeline_runs_end_to_end(tmp_path):
     for f in res.glob('*.png'):
         f.unlink()
     shutil.rmtree(runs)
-    p = subprocess.run([sys.executable, 'reproduce.py', '--replot', f'--results_dir={res}'], cwd=R.ROOT,
+    p = subprocess.run([sys.executable, 'findings/reproduce.py', '--replot', f'--results_dir={res}'], cwd=R.ROOT,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and 'redrew' in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
     assert sorted(f.name for f in res.glob('*.png')) == sorted(R.FIGS.values())
     assert (res / 'results.json').read_bytes() == record
-    p = subprocess.run([sys.executable, 'reproduce.py', '--replot', f'--results_dir={tmp_path / "none"}'],
+    p = subprocess.run([sys.executable, 'findings/reproduce.py', '--replot', f'--results_dir={tmp_path / "none"}'],
                        cwd=R.ROOT, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 1 and p.stderr.count('\n') == 1 and 'run `python reproduce.py`' in p.stderr, p.stderr
+    assert p.returncode == 1 and p.stderr.count('\n') == 1 and 'run `python findings/reproduce.py`' in p.stderr, p.stderr
 
 
 def _spoilt(kind):
@@ -178,4 +178,4 @@ def test_replot_from_a_spoilt_results_json_is_one_line(tmp_path, capsys, kind):
         R.main(['--replot', f'--results_dir={tmp_path}'])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 1 and len(err.splitlines()) == 1 and err.startswith(f"error: {tmp_path / 'results.json'} ") \
-        and err.endswith('run `python reproduce.py` (or --quick) again to rewrite it'), err
+        and err.endswith('run `python findings/reproduce.py` (or --quick) again to rewrite it'), err

@@ -10,15 +10,13 @@ import sys
 
 import pytest
 import torch
-
-import engine
-import generate
-import genppl
-import sample
-from checkpoint import load_checkpoint, save_checkpoint
-from generate import generate_ao, generate_ar, generate_mdm, reveal_counts, sample_tokens, time_grid
-from genppl import judge_nll, unigram_entropy
 from helpers import tiny
+
+import sample
+from aogpt import engine, generate, genppl
+from aogpt.checkpoint import load_checkpoint, save_checkpoint
+from aogpt.generate import generate_ao, generate_ar, generate_mdm, reveal_counts, sample_tokens, time_grid
+from aogpt.genppl import judge_nll, unigram_entropy
 from model import model_args
 from sample import encode_template
 
@@ -165,7 +163,7 @@ def confident_without_cache(model, n, B, steps, score, given=None, generator=Non
     """Confidence decoding recomputed from scratch at every step (forward_queries over the context in
     reveal order: no cache), with generate_confident's draws. Returns (tokens, reveal order, each
     step's logits)."""
-    from generate import split_given
+    from aogpt.generate import split_given
     gpos, gtok, free = split_given(given, n)
     counts = [] if threshold else [k for k in reveal_counts(free.numel(), steps, generator=generator).tolist() if k]
     tokens = torch.full((B, n), -1)
@@ -588,7 +586,7 @@ def test_infilling_keeps_given_tokens():
 
 
 def test_encode_template():
-    from tokenizer import char_codec, gpt2_codec
+    from aogpt.tokenizer import char_codec, gpt2_codec
     cc = char_codec(list("abc xyz"))
     ids = encode_template("ab [BLANK:2] c [BLANK]x", cc, blank_len=3)
     assert ids == cc.encode("ab") + [-1] * 2 + cc.encode(" c") + [-1] * 3 + cc.encode("x")
@@ -764,7 +762,7 @@ def test_judge_nll_matches_hf_gpt2_both_modes(tmp_path):
 
 
 def char_judge(block_size=16, seed=0):
-    from tokenizer import char_codec
+    from aogpt.tokenizer import char_codec
     codec = char_codec('abc \n')
     return tiny(cond='none', vocab_size=5, block_size=block_size, seed=seed), codec
 
@@ -791,7 +789,7 @@ def test_generative_ppl_both_averages_against_direct_sums():
 def test_generative_ppl_re_tokenizes_for_another_codec_and_windows_long_text():
     """GPT-2 samples under a char-level judge: the text is re-tokenized into characters, and a sample
     longer than the judge's context is scored in consecutive windows, each from scratch."""
-    from tokenizer import gpt2_codec
+    from aogpt.tokenizer import gpt2_codec
     judge, codec = char_judge(block_size=8, seed=1)
     g2 = gpt2_codec()
     ids = g2.encode(' abc ab c abba cab')
@@ -836,7 +834,7 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     assert code == 0, err
     assert 'token-passes' in out and 'gen ppl' in out and 'EMA weights' in out
     res = json.load(open(tmp_path / 's.json'))
-    from tokenizer import gpt2_codec
+    from aogpt.tokenizer import gpt2_codec
     lay = encode_template('The [BLANK:2] sat on the [BLANK] mat', gpt2_codec(), 3)
     for row in res['samples']:
         assert len(row) == len(lay) and all(v == t for v, t in zip(row, lay) if t >= 0)

@@ -6,13 +6,11 @@ import itertools
 
 import pytest
 import torch
-
-import engine
-import generate
-import speculative
 from helpers import tiny
+
+from aogpt import engine, generate, speculative
+from aogpt.speculative import generate_speculative, probs
 from model import parallel_mask
-from speculative import generate_speculative, probs
 
 ALPHA = 1e-4
 N = 20000   # samples per law: the negative controls below are rejected at p < 1e-10 with this many
@@ -364,7 +362,7 @@ def test_cli_speculative(tmp_path, cli):
 def test_trace_steps_cover_every_position_once(m4):
     """The trace's steps, rebuilt from a run's stats, reveal every free position exactly once, in the
     run's order, and call a token resampled exactly when its draft was rejected."""
-    import tracepage
+    from aogpt import tracepage
     given = torch.tensor([-1, 2, -1, -1])
     for commit in ('min', 'per_row', 'fused'):
         x, st = generate_speculative(m4, 4, 64, k=3, vocab_size=3, given=given, generator=gen(0),

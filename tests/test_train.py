@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from checkpoint import load_checkpoint, load_model
-from configurator import configure
+from aogpt.checkpoint import load_checkpoint, load_model
+from aogpt.configurator import configure
 from model import GPT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -841,7 +841,8 @@ def test_a_checkpoint_keeps_its_codec_when_its_data_is_re_prepared(env, monkeypa
     change what its ids decode to: the checkpoint's stored codec wins, a disagreeing --dataset is refused,
     and training on from it refuses the data in one line."""
     import shutil
-    from checkpoint import checkpoint_codec
+
+    from aogpt.checkpoint import checkpoint_codec
     root = tmp_path / 'data'
     shutil.copytree(env / 'data' / 'runs', root / 'runs')
     argv = [str(env / 'tiny.py'), f'--data_root={root}', f'--out_dir={tmp_path / "out"}', '--max_iters=2',
@@ -871,7 +872,7 @@ def test_a_run_dir_with_only_periodic_copies_resumes_from_the_newest_and_scratch
                                                                                          tmp_path):
     """ckpt.pt is gone, ckpt_0000002/4.pt remain: scratch refuses in one line (nothing overwritten, the log kept),
     auto resumes from the newest copy, and sample/eval name the copies instead of "not found"."""
-    import checkpoint
+    from aogpt import checkpoint
     argv = args(env, '', f'--out_dir={tmp_path}', '--eval_interval=2', '--keep_ckpt_every=2')
     run_inprocess(monkeypatch, argv + ['--max_iters=4'])
     os.remove(tmp_path / 'ckpt.pt')
@@ -960,6 +961,6 @@ def test_fine_tuning_an_encoder_says_it_trains_the_encoder(env, monkeypatch, cap
 
 
 def test_the_peak_flops_table_matches_the_most_specific_name_first():
-    from runtime import gpu_peak_flops
+    from aogpt.runtime import gpu_peak_flops
     assert gpu_peak_flops('NVIDIA H100 PCIe') == 756e12 and gpu_peak_flops('NVIDIA H100 80GB HBM3') == 989e12
     assert gpu_peak_flops('NVIDIA A10') == 125e12 and gpu_peak_flops('Tesla T4') == 0.0  # unknown: no MFU

@@ -165,8 +165,8 @@ def hub_archives(revision, hint):
     comes from the same one. An archive not yet in the HF cache has files == (None,), and its size is the
     hub's. Offline (hub.hub_reachable() says so), only the cache is read, and anything missing is one
     DataError line ending with hint."""
-    from hub import go_offline, hub_reachable
-    from tokenizer import DataError
+    from aogpt.hub import go_offline, hub_reachable
+    from aogpt.tokenizer import DataError
     offline = not hub_reachable()
     if offline:
         go_offline()
@@ -208,7 +208,8 @@ def hub_download(commit, archive, hint):
     """The archive's hub file, downloaded into the HF cache at commit (resumable, with its own progress
     bar); returns the archive with its local path."""
     import huggingface_hub as hf
-    from tokenizer import DataError
+
+    from aogpt.tokenizer import DataError
     f = f"subsets/{archive.name}.tar"
     try:
         path = hf.hf_hub_download(HUB_REPO, f, repo_type="dataset", revision=commit)
@@ -224,7 +225,8 @@ def tokenize(archive, shard_dir, key):
     """An archive -> its token shard (prepare_shards.write_shard), run in a worker process. Bad input comes
     back as {"error": the one line for the user}, since an exception would not cross processes as one."""
     import prepare_shards as ps
-    from tokenizer import DataError
+
+    from aogpt.tokenizer import DataError
     stats = {"non_utf8": 0, "first_non_utf8": None}
     counted = [0]
 

@@ -34,7 +34,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # data/, for prepare_common
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder, for owt_archives
 import prepare_common as pc  # noqa: E402  (puts the repo root on sys.path too)
-from configurator import configure, die, print_config, stop_on_ctrl_c  # noqa: E402
+
+from aogpt.configurator import configure, die, print_config, stop_on_ctrl_c  # noqa: E402
 
 source = 'Skylion007/openwebtext'  # HF hub repo, or a local folder / file (see above)
 revision = 'main'                  # hub revision of the archives: a branch, tag or commit
@@ -53,10 +54,10 @@ import json  # noqa: E402
 import shutil  # noqa: E402
 
 import numpy as np  # noqa: E402
-
 import owt_archives as owt  # noqa: E402
 import prepare_shards as ps  # noqa: E402
-from tokenizer import GPT2_EOT, GPT2_VOCAB, gpt2_codec  # noqa: E402
+
+from aogpt.tokenizer import GPT2_EOT, GPT2_VOCAB, gpt2_codec  # noqa: E402
 
 if not 0 < val_fraction < 1:
     die(f"val_fraction must be in (0, 1), got {val_fraction}")
@@ -73,7 +74,7 @@ if not from_hub and not archives:  # documents in any other form: the general pa
         if not any(os.path.isfile(os.path.join(source, f)) for f in entries) or "subsets" in entries:
             die(f"{source}: no OpenWebText archives (urlsf_subsetNN.tar, flat or under subsets/, or the .xz "
                 f"files inside them) and no data files (text, .jsonl, .parquet, a save_to_disk folder)")
-    from evalsets import open_documents
+    from aogpt.evalsets import open_documents
     ds, column = open_documents(source, split=split, column=column, text_unit=text_unit, all_files=True,
                                 hint=hint)
     n = len(ds)

@@ -19,8 +19,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # data/, for prepare_common
 import prepare_common as pc  # noqa: E402  (puts the repo root on sys.path too)
-from configurator import configure, print_config  # noqa: E402
-from evalsets import ptb_documents, ptb_detokenize  # noqa: E402
+
+from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.evalsets import ptb_detokenize, ptb_documents  # noqa: E402
 
 char = False     # character-level codec (vocabulary = the corpus' characters) instead of GPT-2 BPE
 out_dir = ''     # output directory ('' = data/ptb, or data/ptb_char with char=True)
