@@ -1,5 +1,5 @@
 """
-How far `make demo`'s numbers move from one machine to another, measured: the whole demo (demo.sh)
+How far `make demo`'s numbers move from one machine to another, measured: the whole demo (findings/demo.sh)
 run several times, each with one thing changed that differs between machines or seeds, side by side.
 
     python bench/demo_spread.py                 # 4 runs, 2 at a time with one thread each
@@ -45,7 +45,7 @@ VARIANTS = [  # (name, extra environment, extra config lines)
 
 
 def run_demo(variant, work):
-    """demo.sh into work/<name>; returns the demo's eval numbers for the PTB test rows."""
+    """findings/demo.sh into work/<name>; returns the demo's eval numbers for the PTB test rows."""
     name, env_extra, config_extra = variant
     folder = os.path.join(work, name.replace(' ', '_'))
     os.makedirs(folder, exist_ok=True)

@@ -108,7 +108,7 @@ for m in 'numpy tiktoken datasets tqdm safetensors huggingface_hub matplotlib tr
     except Exception as e:
         print(f"missing package: {m} ({type(e).__name__}); its tests fail below")
 try:
-    md.distribution('openai-whisper')  # its gpt2.tiktoken only (tokenizer.py); never imported
+    md.distribution('openai-whisper')  # its gpt2.tiktoken only (aogpt/tokenizer.py); never imported
 except md.PackageNotFoundError:
     print("missing package: openai-whisper (the GPT-2 BPE file); the GPT-2 tokenizer's tests fail below")
 EOF

@@ -21,7 +21,7 @@ done
 $PIP download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl "${wanted[@]}"
-# openai-whisper ships as a source archive only; we need just its gpt2.tiktoken (tokenizer.py), so a
+# openai-whisper ships as a source archive only; we need just its gpt2.tiktoken (aogpt/tokenizer.py), so a
 # wheel built without its dependencies is enough; lm-eval's rouge-score, sqlitedict and word2number too
 for p in openai-whisper rouge-score sqlitedict word2number; do
   $PIP wheel -q --no-deps -w .whl "$p==$(version $p)"

@@ -9,7 +9,7 @@ floor they cost and the graphs a run captures.
 
     python bench/sample_roofline.py                       # medium, n = 1024, B = 32, H100 SXM figures
 
-The exact speculative sampler (speculative.py) is counted last. Its calls depend on how many drafts the
+The exact speculative sampler (aogpt/speculative.py) is counted last. Its calls depend on how many drafts the
 model accepts, which a count cannot know: each sample is taken to accept each draft independently with
 probability alpha (spec_alphas, an assumption, not a measurement), simulated with a fixed seed;
 per-sample commits (keys counted as the sampler's buffer holds them, holes included; compaction not
