@@ -18,6 +18,7 @@ Codec.encode treats its input as plain text: a literal "<|endoftext|>" inside a 
 as ordinary characters (as nanoGPT's prepare.py does). Insert codec.eot yourself where a document ends.
 """
 
+import base64
 import functools
 import hashlib
 import json
@@ -64,12 +65,19 @@ def gpt2_encoding():
             raise DataError(f"GPT-2 BPE unavailable: openai-whisper is not installed and tiktoken could "
                             f"not download the vocab ({type(e).__name__}). Fix: {INSTALL_HINT}")
     with open(path, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
+        data = f.read()
+    digest = hashlib.sha256(data).hexdigest()
     if digest != R50K_SHA256:
         raise DataError(f"{path} has sha256 {digest[:12]}..., expected {R50K_SHA256[:12]}... "
                         f"(corrupt or changed file); reinstall: {INSTALL_HINT}")
-    from tiktoken.load import load_tiktoken_bpe
-    ranks = load_tiktoken_bpe(path)  # a plain local path: no network, no cache
+    # The ranks are parsed from the very bytes just checked. tiktoken's own loader would copy the file
+    # into a cache under the temp directory and read that copy on later calls without checking it, so
+    # anyone who can write the temp directory could change every token id.
+    ranks = {}
+    for line in data.splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
     return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT, mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": GPT2_EOT}, explicit_n_vocab=GPT2_VOCAB)
 

@@ -62,6 +62,28 @@ def test_gpt2_asset_checked_and_fallback(tmp_path, monkeypatch):
         tokenizer.gpt2_encoding.cache_clear()
 
 
+def test_gpt2_ranks_are_the_bytes_checked_not_a_temp_cache(tmp_path, monkeypatch):
+    """tiktoken's loader keeps a copy of a BPE file under the temp directory (data-gym-cache, named by the
+    sha1 of the path) and reads that copy on later loads without checking it. A changed copy there must
+    not change our ids: the ranks come from the file whose sha256 was checked."""
+    path = tokenizer.gpt2_file()
+    cache = tmp_path / "data-gym-cache"
+    cache.mkdir()
+    lines = open(path, "rb").read().splitlines()
+    # swap the ranks of 'Hello' and ' world' in the cached copy: a silent change of every id they touch
+    hello, world = (next(i for i, ln in enumerate(lines) if ln.split()[1] == r) for r in (b"15496", b"995"))
+    lines[hello], lines[world] = (lines[hello].split()[0] + b" 995", lines[world].split()[0] + b" 15496")
+    (cache / hashlib.sha1(path.encode()).hexdigest()).write_bytes(b"\n".join(lines) + b"\n")
+    for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    tokenizer.gpt2_encoding.cache_clear()
+    try:
+        assert tokenizer.gpt2_encoding().encode("Hello world") == [15496, 995]
+    finally:
+        tokenizer.gpt2_encoding.cache_clear()
+
+
 def test_gpt2_codec_roundtrip_and_plain_text_eot():
     codec = get_codec(None)
     assert (codec.name, codec.vocab_size, codec.eot) == ("gpt2", 50257, 50256)
