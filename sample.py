@@ -154,8 +154,11 @@ def main(argv=None):
     if c.trace:
         from aogpt import tracepage
         what = f"speculative k={c.speculative}{', fused' if c.fused else ''}" if c.speculative else f"{family}, {stats['steps']} steps"
-        tracepage.write(c.trace, samples[-c.batch_size:], stats, int((given >= 0).sum()),
-                        lambda t: codec.decode([t]), f"{c.ckpt or c.out_dir}: {what}")
+        try:
+            tracepage.write(c.trace, samples[-c.batch_size:], stats, int((given >= 0).sum()),
+                            lambda t: codec.decode([t]), f"{c.ckpt or c.out_dir}: {what}")
+        except OSError as e:
+            die(f"cannot write --trace {c.trace} ({e.strerror or e}); nothing was written there")
         print(f"trace: {c.trace}")
     result = dict(config=c.config, n=n, wall_s=wall, stats={k: v for k, v in stats.items()
                                                             if k not in ('order', 'events', 'step_of')},
@@ -188,15 +191,30 @@ def read_config(argv=None):
     c.device, c.ctx, c.precision = script_device(c.device, c.dtype)
     if c.stepper == 'cuda_graph' and not c.device.startswith('cuda'):
         die(f"--stepper cuda_graph needs a CUDA device (got --device {c.device}); use static or dynamic")
-    if c.save:
-        d = os.path.dirname(os.path.abspath(c.save))
-        if os.path.isdir(c.save):
-            die(f"--save {c.save} is a folder: name a file in it, e.g. --save {os.path.join(c.save, 'samples.json')}")
-        if not os.path.isdir(d):
-            die(f"--save {c.save}: the folder {d} does not exist; create it first")
-        if not os.access(d, os.W_OK) or (os.path.exists(c.save) and not os.access(c.save, os.W_OK)):
-            die(f"--save {c.save}: not writable")
+    for flag, example in (('save', 'samples.json'), ('trace', 'trace.html')):
+        if getattr(c, flag):
+            check_output(flag, getattr(c, flag), example)
     return c
+
+
+def check_output(flag, path, example):
+    """A file the run will write (--save, --trace), checked before anything loads or samples: a bad path
+    must not cost the sampling."""
+    d = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        die(f"--{flag} {path} is a folder: name a file in it, e.g. --{flag} {os.path.join(path, example)}")
+    if not os.path.isdir(d):
+        what = "is a file, not a folder" if os.path.exists(d) or _under_a_file(d) else "does not exist; create it first"
+        die(f"--{flag} {path}: the folder {d} {what}")
+    if not os.access(d, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        die(f"--{flag} {path}: not writable")
+
+
+def _under_a_file(d):
+    """Whether some folder on the path d is in fact a file (then no mkdir can make d)."""
+    while d and not os.path.exists(d):
+        d = os.path.dirname(d)
+    return bool(d) and not os.path.isdir(d)
 
 
 def load_for_sampling(c):
@@ -278,6 +296,7 @@ def generation_order(c, ck, family, n):
             "not be exact" if adaptive else "an encoder MDM or an L2R GPT cannot verify drafts in one pass"))
     if c.fused and not c.speculative:
         die("--fused is a speculative sampler's option: add --speculative K (or auto)")
+    refuse_unused(c, 'speculative' if c.speculative else family)
     if family == 'ar':
         if isinstance(o, torch.Tensor) or o != 'l2r':
             die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")
@@ -286,6 +305,25 @@ def generation_order(c, ck, family, n):
                                                             o != 'random'):
         die("--mdm_counts independent draws a reveal time per position: no --fixed_counts or --order")
     return o
+
+
+# The options only some samplers read, and what each of the others does instead. An option given on purpose
+# to a sampler that would ignore it is refused: a run must never look as if it used a setting it did not.
+USED_BY = dict(steps=('ao', 'mdm'), fixed_counts=('ao', 'mdm'), schedule=('ao', 'mdm'), mdm_counts=('mdm',),
+               cache_trick=('mdm',))
+INSTEAD = dict(speculative="--speculative commits as many tokens per forward call as its drafts earn, with no "
+                           "step schedule",
+               ar="a GPT decodes one token per forward call", ao="the any-order decoder's KV cache has no such "
+                                                                 "setting (it is the encoder MDM's)")
+
+
+def refuse_unused(c, sampler):
+    """One line for the first option in c.given that `sampler` ('ao', 'ar', 'mdm' or 'speculative') does not read."""
+    for key, users in USED_BY.items():
+        if key in c.given and sampler not in users:
+            if sampler == 'ar' and key == 'steps':
+                continue  # said below, as before: a GPT's --steps is the one harmless leftover of a copied command
+            die(f"--{key} is not used here: {INSTEAD[sampler]}; drop --{key}")
 
 
 def load_judge_for(c, codec):

@@ -195,9 +195,12 @@ def configure(g, argv=None, given=None):
 def namespace(g, argv=None):
     """configure() for a script whose main() may run more than once in a process (eval_ppl, sample,
     reproduce: the tests call them): the module's defaults stay untouched, and the resolved config comes
-    back as a namespace, c.key, with the plain dict in c.config (for printing and saving)."""
-    cfg = configure(dict(g), argv)
-    return SimpleNamespace(**cfg, config=cfg)
+    back as a namespace, c.key, with the plain dict in c.config (for printing and saving) and the keys the
+    config files and the command line set in c.given (an option given on purpose can then be refused where it
+    would be ignored)."""
+    given = set()
+    cfg = configure(dict(g), argv, given)
+    return SimpleNamespace(**cfg, config=cfg, given=given)
 
 
 def print_config(cfg, file=None):

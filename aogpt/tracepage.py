@@ -11,6 +11,8 @@ import html
 
 import torch
 
+from aogpt.checkpoint import atomic_write
+
 KINDS = {  # kind -> (colour, legend)
     'given': ('#ddd', 'given'),
     'new': ('#9cf', 'revealed at this step'),
@@ -89,5 +91,4 @@ def write(path, samples, stats, n_given, decode, title):
             shown.update(now)
             parts.append(f"<tr><td class='s'>{i}</td>{''.join(cells)}</tr>")
         parts.append("</table>")
-    with open(path, 'w') as f:
-        f.write(''.join(parts))
+    atomic_write(path, lambda f: f.write(''.join(parts)), 'w')  # a failed write leaves no half page

@@ -902,13 +902,35 @@ def test_bad_destinations_and_judges_fail_before_any_sampling(tmp_path, cli, mon
     char = load_checkpoint(str(tmp_path / 'ckpt.pt'))
     char['codec'] = {'tokenizer': 'char', 'vocab_size': 3, 'chars': 'abc', 'eot': None}
     save_checkpoint(char, str(tmp_path / 'char.pt'))
+    (tmp_path / 'afile').write_text('x')
     for bad, says in ((['--save', str(tmp_path / 'missing' / 's.json')], 'does not exist'),
                       (['--save', str(tmp_path)], 'is a folder'),
+                      (['--trace', str(tmp_path / 'missing' / 't.html')], 'does not exist'),
+                      (['--trace', str(tmp_path)], 'is a folder'),
+                      (['--trace', str(tmp_path / 'afile' / 'sub' / 't.html')], 'is a file, not a folder'),
                       (['--gen_ppl', str(tmp_path / 'nojudge')], 'checkpoint not found'),
                       (['--gen_ppl', str(tmp_path / 'mdm.pt')], 'is an encoder MDM'),
                       (['--gen_ppl', str(tmp_path / 'char.pt')], 'reads 3 characters, and the samples are gpt2')):
         code, out, err = cli('--out_dir', str(tmp_path), *bad)
         assert code != 0 and len(err.strip().splitlines()) == 1 and says in err and calls == [], err
+
+
+@pytest.mark.parametrize('args, family', [
+    (['--speculative', '3', '--steps', '8'], 'ao'), (['--speculative', 'auto', '--schedule', 'cosine'], 'ao'),
+    (['--speculative', '3', '--fixed_counts'], 'ao'), (['--speculative', '3', '--mdm_counts', 'shared'], 'ao'),
+    (['--mdm_counts', 'independent'], 'ao'), (['--cache_trick', 'False'], 'ao'),
+    (['--fixed_counts'], 'ar'), (['--schedule', 'cosine'], 'ar'), (['--cache_trick', 'False'], 'ar')])
+def test_an_option_the_sampler_ignores_is_refused_not_silently_dropped(tmp_path, cli, monkeypatch, args, family):
+    """Given on purpose, a setting the chosen sampler does not read is one line before any sampling (the
+    speculative sampler once ran with --steps, --schedule, --fixed_counts and --mdm_counts silently ignored)."""
+    write_ckpt(tmp_path / 'ckpt.pt', **({} if family == 'ao' else dict(cond='none')))
+    calls = []
+    for name in ('generate_ao', 'generate_ar'):
+        monkeypatch.setattr(generate, name, lambda *a, **k: calls.append(1))
+    code, out, err = cli('--out_dir', str(tmp_path), '--length', '8', *args)
+    key = next(a for a in args if a.startswith('--') and a not in ('--speculative',))
+    assert code == 1 and err.strip().startswith(f"error: {key} is not used here") and calls == [], err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_a_full_disk_at_save_is_one_line_and_leaves_no_file(tmp_path, cli, monkeypatch):
