@@ -49,7 +49,7 @@ from types import SimpleNamespace
 import torch
 from torch.nn import functional as F
 
-from aogpt.configurator import die, first_line, namespace, print_config
+from aogpt.configurator import die, first_line, namespace, print_config, stop_on_ctrl_c
 from aogpt.runtime import autocast, resolve_device, script_device, start_ranks
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
@@ -467,7 +467,7 @@ def read_config(argv):
         die(str(e))
     for key, ok in (('orders_score', c.orders_score in ('mean', 'lme')), ('bos', c.bos in ('none', 'hf')),
                     ('mc', c.mc >= 1), ('batch_size', c.batch_size >= 1), ('limit', c.limit >= 0),
-                    ('max_gen_toks', c.max_gen_toks >= 1)):
+                    ('max_gen_toks', c.max_gen_toks >= 1), ('num_fewshot', c.num_fewshot is None or c.num_fewshot >= 0)):
         if not ok:
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
     if c.include_path and not os.path.isdir(c.include_path):
@@ -646,4 +646,5 @@ def model_card_section(src, iter_num=None, used_ema=None, weights=None):
 
 
 if __name__ == '__main__':
+    stop_on_ctrl_c('nothing was written (harness.json is as it was)')
     main()

@@ -14,6 +14,7 @@ The folder holds three files, none of them pickled:
 The folder itself loads wherever a checkpoint does (--ckpt FOLDER), and so does its hub copy (hf:owner/repo).
 """
 
+import errno
 import json
 import os
 import shutil
@@ -24,6 +25,8 @@ from types import SimpleNamespace
 import torch
 
 from aogpt import checkpoint
+
+EXPORT_FILES = {checkpoint.EXPORT_CONFIG, checkpoint.EXPORT_WEIGHTS, 'README.md'}  # what an export writes
 
 ckpt = ''                  # checkpoint file or dir, exported folder, or hf:owner/repo[/path.pt]; overrides out_dir
 out_dir = 'out'            # run directory (its ckpt.pt) when --ckpt is empty
@@ -75,7 +78,7 @@ def main(argv=None):
                       c.repo_id.rpartition('/')[2])
     from eval_harness import model_card_section  # the lm-eval table, when eval_harness.py scored these weights
     card = card.replace('## Model\n', model_card_section(src, ck.get('iter_num'), used_ema, weights_id) + '## Model\n', 1)
-    write_folder(target, config, weights(model, c.dtype), card)
+    write_folder(target, config, weights(model, c.dtype), card, c.overwrite)
     print(f"wrote {target}: {config['weights']} weights as {c.dtype}, a model card with {len(results)} eval "
           f"result(s)\nupload: hf upload {repo} {target}")
 
@@ -129,16 +132,33 @@ def export_config(model, ck, codec, used_ema, src, dtype):
 
 def weights(model, dtype):
     """The state dict for safetensors: a tied lm_head dropped (it is wte; safetensors refuses shared
-    storage, and the loader re-ties it), every tensor contiguous in the requested float type."""
+    storage, and the loader re-ties it), every tensor contiguous in the requested float type. A tensor
+    that is not finite, or would not be in that type (float16 ends at 65504), is refused by name: an
+    export of inf or NaN scores and samples as if nothing were wrong."""
+    from aogpt.configurator import die
     sd = model.state_dict()
     if model.config.tie_head:
         del sd['lm_head.weight']
     dt = getattr(torch, dtype)
-    return {k: (v.to(dt) if v.is_floating_point() else v).contiguous().clone() for k, v in sd.items()}
+    out = {}
+    for k, v in sd.items():
+        w = (v.to(dt) if v.is_floating_point() else v).contiguous().clone()
+        if w.is_floating_point() and not bool(torch.isfinite(w).all()):
+            if not bool(torch.isfinite(v).all()):
+                die(f"{k} holds {'NaN' if bool(v.isnan().any()) else 'inf'} in the checkpoint itself: these "
+                    f"weights cannot be exported (export an earlier checkpoint, or the other weight set with "
+                    f"--use_ema)")
+            die(f"{k} does not fit {dtype}: its largest magnitude {v.abs().max().item():.4g} exceeds "
+                f"{torch.finfo(dt).max:.6g}; export as bfloat16 or float32")
+        out[k] = w
+    return out
 
 
-def write_folder(path, config, tensors, card):
-    """Write into a temp folder beside `path`, then rename it into place: no half-written export."""
+def write_folder(path, config, tensors, card, overwrite=False):
+    """Write into a temp folder beside `path`, then rename it into place: no half-written export. An
+    overwrite replaces the export, not the records the eval scripts wrote beside it (eval_ppl.json, its
+    .jsonl history, harness.json, plots): those are carried into the new folder. Without --overwrite the
+    rename itself refuses a folder that another export filled meanwhile."""
     from safetensors.torch import save_file
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
@@ -158,14 +178,22 @@ def write_folder(path, config, tensors, card):
             f.write(card)
         # safetensors writes its file private (0600); an export is for sharing: the mode open() gave
         os.chmod(os.path.join(tmp, checkpoint.EXPORT_WEIGHTS), os.stat(os.path.join(tmp, 'README.md')).st_mode)
-        if os.path.exists(path):  # an earlier export (check_dest): swap it out, then remove it
+        if overwrite and checkpoint.is_export(path):  # an earlier export (check_dest): swap it out, keep its records
+            for f in sorted(set(os.listdir(path)) - EXPORT_FILES):
+                (shutil.copytree if os.path.isdir(os.path.join(path, f)) else shutil.copy2)(
+                    os.path.join(path, f), os.path.join(tmp, f))
             os.rename(path, old)
-        os.rename(tmp, path)
-    except Exception as e:  # a full disk, no permission, ...: leave things as they were
+        os.rename(tmp, path)  # onto nothing or an empty folder; a folder filled meanwhile: ENOTEMPTY
+    except BaseException as e:  # a full disk, no permission, a race, Ctrl-C: leave things as they were
         if os.path.exists(old) and not os.path.exists(path):
             os.rename(old, path)
         shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(e, Exception):
+            raise
         from aogpt.configurator import die
+        if isinstance(e, OSError) and e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            die(f"--dest {path} was filled by another export while this one ran; nothing was changed there: "
+                f"pass another --dest, or --overwrite to replace it")
         die(f"cannot write {path} ({getattr(e, 'strerror', None) or e}); nothing was changed there")
     shutil.rmtree(old, ignore_errors=True)
 
@@ -345,4 +373,6 @@ def model_card(config, results, repo, license, folder, title=''):
 
 
 if __name__ == '__main__':
+    from aogpt.configurator import stop_on_ctrl_c
+    stop_on_ctrl_c('nothing was changed at --dest')
     main()

@@ -159,6 +159,7 @@ ctx, dtype = autocast(device, dtype)
 fast_math(device)  # TF32 on CUDA; on the CPU, denormals flushed to zero
 
 signal.signal(signal.SIGINT, lambda signum, frame: run.interrupt(interrupted_at))  # from here on: one line
+signal.signal(signal.SIGTERM, lambda signum, frame: run.interrupt(interrupted_at, 143))  # kill, a scheduler, reproduce.py
 if master:
     run.lock = claim_out_dir(out_dir, fail)  # made, locked and proven writable before the first step
     print_config(cfg)

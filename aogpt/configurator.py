@@ -243,11 +243,15 @@ def die(msg, code=1):
 
 def stop_on_ctrl_c(what):
     """From here on, Ctrl-C is one line and exit status 130, as a shell expects (train.py's says more), not a
-    KeyboardInterrupt traceback of 50-90 lines. Raised as SystemExit, so `finally` blocks and temp-file
-    cleanups still run. Called from a script's __main__ only: a caller that runs main() in-process keeps its
-    own handler."""
+    KeyboardInterrupt traceback of 50-90 lines; SIGTERM (kill, a job scheduler) the same line and 143, not a
+    silent death. Raised as SystemExit, so `finally` blocks, temp-file cleanups and child processes' ends
+    still run. Called from a script's __main__ only: a caller that runs main() in-process keeps its own
+    handlers."""
     def stop(signum, frame):
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C during the cleanup kills at once
-        print(f"\ninterrupted: {what}", file=sys.stderr, flush=True)
-        raise SystemExit(130)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        word = 'interrupted' if signum == signal.SIGINT else 'terminated'
+        print(f"\n{word}: {what}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)

@@ -38,7 +38,7 @@ import re
 from collections import namedtuple
 
 from aogpt import ROOT
-from aogpt.configurator import first_line
+from aogpt.configurator import first_line, stop_on_ctrl_c
 from aogpt.hub import dataset_files, go_offline, hub_reachable
 from aogpt.tokenizer import DataError
 
@@ -366,6 +366,7 @@ def load_eval_chunks(name, codec, block_size, split=None, path=None, keep_partia
 
 
 if __name__ == "__main__":
+    stop_on_ctrl_c("nothing was written")
     import sys
 
     from aogpt.configurator import namespace, print_config

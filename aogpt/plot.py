@@ -34,16 +34,41 @@ def _label(ax, title, xlabel, ylabel, legend=True):
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     if legend:
-        ax.legend(fontsize=8)
+        legend_below(ax)
+
+
+def legend_below(where, fontsize=8):
+    """The legend under the axes (or under a whole figure): never on top of the data, however many entries
+    it has. The PNG grows to hold it (bbox_inches='tight' in save)."""
+    handles, labels = (where.get_legend_handles_labels() if hasattr(where, 'get_legend_handles_labels') else
+                       where.axes[0].get_legend_handles_labels())
+    if not handles:
+        return None
+    on_axes = hasattr(where, 'get_legend_handles_labels')
+    fig = where.figure if on_axes else where
+    width = fig.get_figwidth() * (where.get_position().width if on_axes else 1.0)  # inches the legend may span
+    per_col = fontsize * 0.6 * (max(map(len, labels)) + 5) / 72                    # inches a column takes
+    cols = max(1, min(3, len(labels) // 4 + 1, int(width / per_col)))
+    below = (0.5, -0.2) if on_axes else (0.5, 0.0)  # under an axes' x label; under a whole figure
+    legend = where.legend(handles, labels, fontsize=fontsize, ncol=cols, loc='upper center', bbox_to_anchor=below,
+                          frameon=False)
+    legend.set_in_layout(False)  # tight_layout sizes the axes alone; the saved image grows to take the legend
+    return legend
 
 
 def _save(plt, fig, path):
     """Write the PNG atomically: a reader never sees half a file."""
     fig.tight_layout()
     tmp = f'{path}.tmp.png'
-    fig.savefig(tmp, dpi=110)
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+    fig.savefig(tmp, dpi=110, bbox_inches='tight', bbox_extra_artists=legends)
     plt.close(fig)
     os.replace(tmp, path)
+
+
+def save(fig, path):
+    """_save for a figure drawn outside this module (findings/sampling.py's finding 8)."""
+    _save(_pyplot(), fig, path)
 
 
 def curves(path, title, series, ylabel='val loss (nats/char)', xlabel='training tokens (M)'):
@@ -74,7 +99,7 @@ def xy(path, title, xs, series, xlabel, ylabel, logx=True, logy=False):
 
 def lines(path, title, panels, ylabel, logy=False):
     """panels: [(subtitle, series, xlabel, logx)] side by side, sharing the y axis; series: [(label, xs,
-    ys, style)], each line on its own xs. The legend is drawn in the first panel."""
+    ys, style)], each line on its own xs. One legend, the first panel's, under the figure."""
     plt = _pyplot()
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), sharey=True, squeeze=False)
@@ -90,8 +115,10 @@ def lines(path, title, panels, ylabel, logy=False):
         ticks = sorted({x for _, xs, _, _ in series for x in xs})
         if len(ticks) <= 8:  # a few shared x values (steps T, say): label each of them
             ax.set_xticks(ticks, [f'{t:g}' for t in ticks])
-        _label(ax, subtitle, xlabel, ylabel if i == 0 else '', legend=i == 0)
+        _label(ax, subtitle, xlabel, ylabel if i == 0 else '', legend=False)
     fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    legend_below(fig)  # one legend for every panel, under them all
     _save(plt, fig, path)
 
 
@@ -160,6 +187,8 @@ def main(out_dir):
 
 
 if __name__ == '__main__':
+    from aogpt.configurator import stop_on_ctrl_c
+    stop_on_ctrl_c('no plot was half written (each is written whole, then moved into place)')
     if len(sys.argv) != 2 or sys.argv[1].startswith('-'):
         print("usage: python -m aogpt.plot OUT_DIR   (draws OUT_DIR/loss.png and OUT_DIR/eval_ppl.png)", file=sys.stderr)
         raise SystemExit(2)

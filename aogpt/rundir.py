@@ -122,11 +122,11 @@ class Run:
         tell_torchrun(f"error: {msg}")
         raise SystemExit(1)
 
-    def interrupt(self, line):
-        """Ctrl-C (line() says where the run stands): one line, and exit status 130 as a shell expects; during
-        a checkpoint write, once the checkpoint is complete."""
+    def interrupt(self, line, code=130):
+        """Ctrl-C (line() says where the run stands): one line, and exit status 130 as a shell expects (143 for
+        a SIGTERM); during a checkpoint write, once the checkpoint is complete."""
         if self.saving:
-            self.pending = line
+            self.pending = line, code
             return
         if self.bar is not None:
             self.bar.disable = True  # no redraw of the bar after the line (not closed: we may be inside its update)
@@ -136,7 +136,7 @@ class Run:
         if self.master:
             print(line(), file=sys.stderr, flush=True)
         self.lock = release_out_dir(self.lock)
-        raise SystemExit(130)
+        raise SystemExit(code)
 
     @contextmanager
     def deferring(self):
@@ -147,4 +147,4 @@ class Run:
         finally:
             self.saving = False
         if self.pending is not None:
-            self.interrupt(self.pending)
+            self.interrupt(*self.pending)

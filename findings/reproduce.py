@@ -42,8 +42,11 @@ smaller than the ao/ao_seed2 spread is reported as within noise, i.e. not reprod
 import json
 import math
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -80,7 +83,7 @@ seed = 1337
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
-from aogpt.configurator import die, first_line, namespace, print_config  # noqa: E402
+from aogpt.configurator import die, first_line, namespace, print_config, stop_on_ctrl_c  # noqa: E402
 from findings.sampling import (  # noqa: E402
     GEN_SETTINGS,
     SPEC_FIG,
@@ -166,6 +169,32 @@ def train_runs(c, names):
     n_runs = len(todo)
     bar = tqdm(total=n_runs * c.max_iters, desc='  training', unit='it', dynamic_ncols=True)
     live = {}  # name: (process, its train.log, start time)
+    try:
+        wait_for_runs(c, todo, live, jobs, env, bar, n_runs)
+    finally:  # a Ctrl-C, a SIGTERM, a failed run: no train.py outlives this process (nor holds its out_dir's lock)
+        stop_runs(live)
+    bar.close()
+
+
+def stop_runs(live):
+    """End the training runs still going: SIGTERM (train.py ends as at a Ctrl-C, after a checkpoint write
+    in progress), then SIGKILL for one that has not ended within 30 seconds. An ended run resumes when
+    the same command is run again."""
+    for p, f, _ in live.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for name, (p, f, _) in list(live.items()):
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        f.close()
+        del live[name]
+
+
+def wait_for_runs(c, todo, live, jobs, env, bar, n_runs):
+    """Start runs while fewer than `jobs` are live, and follow them until all have ended."""
     while todo or live:
         while todo and len(live) < jobs:
             name, args, out_dir = todo.pop(0)
@@ -183,14 +212,11 @@ def train_runs(c, names):
             f.close()
             del live[name]
             if p.returncode != 0:
-                for q, _, _ in live.values():
-                    q.kill()
                 bar.close()
                 log_path = os.path.join(c.runs_dir, name, 'train.log')
                 die(f"training run {name} failed (exit {p.returncode}); see {log_path}:\n"
                     + ''.join(open(log_path).readlines()[-5:]))
             bar.write(f"  {name}: {time.time() - t0:.0f} s")
-    bar.close()
 
 
 # ----------------------------------------------------------------------------- judging (pure functions)
@@ -387,17 +413,29 @@ def read_config(argv):
     c = namespace(globals(), argv)
     if c.jobs < 0:
         die(f"--jobs must be 0 (one per core) or more, not {c.jobs}")
-    if c.quick:  # small everything; same code path
-        for k, v in dict(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1, sample_n=32,
-                         sample_batch=4, sample_embd=c.n_embd, gen_samples=8, gen_batch=8).items():
-            setattr(c, k, v)
-            c.config[k] = v
+    if c.quick:  # small everything; same code path. A setting given on purpose is kept, and said.
+        small = dict(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1, sample_n=32,
+                     sample_batch=4, sample_embd=c.n_embd, gen_samples=8, gen_batch=8)
+        for k, v in small.items():
+            if k not in c.given:
+                setattr(c, k, v)
+                c.config[k] = v
+        kept = [f"--{k}={getattr(c, k)}" for k in small if k in c.given]
+        if kept:
+            print(f"--quick: keeping {', '.join(kept)} as given (quick would use "
+                  f"{', '.join(f'{k}={small[k]}' for k in small if k in c.given)})")
+    # A path given on the command line means what it says where the user stands; the defaults live in
+    # the repository (the script works from there).
+    for k in ('runs_dir', 'results_dir'):
+        if getattr(c, k):
+            setattr(c, k, os.path.abspath(getattr(c, k)))
     c.runs_dir = c.config['runs_dir'] = c.runs_dir or ('out-reproduce-quick' if c.quick else 'out-reproduce')
     c.results_dir = c.config['results_dir'] = c.results_dir or (
         os.path.join('out-reproduce-quick', 'results') if c.quick else 'results')
     print_config(c.config)
     os.chdir(ROOT)
-    os.makedirs(c.results_dir, exist_ok=True)
+    if not c.replot:  # --replot reads a record; it makes no folder
+        os.makedirs(c.results_dir, exist_ok=True)
     return c, 'python findings/reproduce.py ' + ' '.join(argv) if argv else 'python findings/reproduce.py'
 
 
@@ -444,15 +482,38 @@ def redraw(c):
     if wrong:
         die(f"{path} is not a reproduce.py record: " + (f"it holds a {type(d).__name__}, not an object" if not
             isinstance(d, dict) else f"{', '.join(wrong)} missing or of the wrong type") + f"; {again}")
+    bad = nonfinite(d)
+    if bad:
+        die(f"{path} holds a non-finite number at {bad}, which no plot can show; {again}")
+    # Every plot is drawn into a scratch folder first and moved in only when all of them were drawn: a
+    # failure half way leaves the old plots as they were, never a mix of old and new.
+    results_dir, c.results_dir = c.results_dir, tempfile.mkdtemp(prefix='.replot-', dir=c.results_dir)
     try:
         for k in ('sample_batch', 'sample_n', 'device', 'block_size'):  # what the plots' titles say of that run
             setattr(c, k, d['config'][k])
         figs = draw_plots(c, d['logs'], d['ensemble'], d['sampling'], d['generation'])
         if 'speculative' in d:  # finding 8 (records written before it existed have none)
             figs[8] = draw_speculative(c, d['speculative'])
+        for f in os.listdir(c.results_dir):
+            os.replace(os.path.join(c.results_dir, f), os.path.join(results_dir, f))
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:  # a field inside them
         die(f"{path} lacks or mangles what a plot needs ({type(e).__name__}: {first_line(e, 120)}); {again}")
+    finally:
+        shutil.rmtree(c.results_dir, ignore_errors=True)
+        c.results_dir = results_dir
     print(f"redrew {len(figs)} plots in {c.results_dir} from {path}")
+
+
+def nonfinite(d, at='the record'):
+    """Where the first NaN or infinity in a JSON value is (a path like logs.ao[3].val_ao), or None."""
+    if isinstance(d, float) and not math.isfinite(d):
+        return at
+    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
+    for k, v in items:
+        where = nonfinite(v, f"{at}[{k}]" if isinstance(k, int) else k if at == 'the record' else f"{at}.{k}")
+        if where:
+            return where
+    return None
 
 
 def draw_plots(c, logs, ens, samp, gen):
@@ -613,4 +674,5 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, tim
 
 
 if __name__ == '__main__':
+    stop_on_ctrl_c("the finished runs are kept, and an interrupted one resumes: run the same command again")
     main()

@@ -196,11 +196,9 @@ def spec_label(k, fused, order=None):
 def draw_speculative(c, spec):
     """Finding 8's plot: tokens committed per round against the fraction revealed (speculative rows),
     and gen PPL against forward calls per sample (every sampler), for the untempered setting."""
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    from aogpt.plot import _pyplot, legend_below, save
     path = os.path.join(c.results_dir, SPEC_FIG)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (a, b) = _pyplot().subplots(1, 2, figsize=(11, 4.2))
     x = [(i + 0.5) / FRAC_BINS for i in range(FRAC_BINS)]
     for r in spec:
         if (r['top_p'], r['temperature']) != GEN_SETTINGS[0]:
@@ -214,12 +212,11 @@ def draw_speculative(c, spec):
           title='accepted per round (d_0 + kept drafts + 1)')
     b.set(xlabel='forward calls per sample', ylabel='gen PPL per char (per-sequence mean)', xscale='log',
           title=f"gen PPL vs calls, n = {c.block_size}")
-    a.legend(fontsize=6)
-    b.legend(fontsize=5)
+    a.grid(alpha=0.3), b.grid(alpha=0.3)
+    legend_below(a, fontsize=7)
+    legend_below(b, fontsize=7)
     fig.suptitle('Finding 8: exact speculative sampling (top-p 1, temperature 1)')
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
     return SPEC_FIG
 
 

@@ -406,6 +406,7 @@ def test_registered_for_the_lm_eval_cli(tmp_path):
     (['--tasks', 'aogpt_test_mc', '--ckpt', 'missing/ckpt.pt'], 'checkpoint not found'),
     (['--tasks', 'aogpt_test_mc', '--likelihood', 'orders:x'], '--likelihood must be'),
     (['--tasks', ''], '--tasks is empty'),
+    (['--tasks', 'aogpt_test_mc', '--num_fewshot', '-2'], 'invalid --num_fewshot=-2'),  # once ran, as "n-shot -2"
 ])
 def test_one_line_errors(args, says, task_dir, capsys):
     with pytest.raises(SystemExit) as e:

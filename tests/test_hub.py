@@ -224,6 +224,77 @@ def test_export_never_leaves_a_half_written_folder(tmp_path, monkeypatch, capsys
     assert sorted(os.listdir(tmp_path)) == ['hub', 'notes', 'run']
 
 
+def test_overwrite_keeps_the_records_beside_the_export(tmp_path):
+    """--overwrite replaces the export, not what the eval scripts wrote into its folder (eval_ppl.json, the
+    .jsonl history where every run is kept, the plot, harness.json): those once were deleted with it."""
+    make_run(tmp_path / 'run')
+    dest = tmp_path / 'hub'
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(dest))
+    records = {'eval_ppl.json': '{"a": 1}', 'eval_ppl.jsonl': '{"a": 1}\n{"a": 2}\n', 'eval_ppl.png': 'png',
+               'harness.json': '{"h": 1}'}
+    for f, text in records.items():
+        (dest / f).write_text(text)
+    (dest / 'notes').mkdir()
+    (dest / 'notes' / 'n.txt').write_text('mine')
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(dest), '--overwrite', '--use_ema', 'False')
+    assert json.loads((dest / 'config.json').read_text())['weights'] == 'raw'  # the export was replaced
+    assert {f: (dest / f).read_text() for f in records} == records and (dest / 'notes' / 'n.txt').read_text() == 'mine'
+    assert sorted(os.listdir(tmp_path)) == ['hub', 'run']
+
+
+def test_an_export_that_lands_meanwhile_is_not_replaced(tmp_path, monkeypatch, capsys):
+    """Two exports to the same new --dest without --overwrite: the second once replaced the first silently
+    (dest was new when it was checked). The check holds at the moment of the write."""
+    make_run(tmp_path / 'run')
+    dest = tmp_path / 'hub'
+    real = export.weights
+
+    def other_export_lands_first(model, dtype):  # while this export loads and converts, another one finishes
+        monkeypatch.setattr(export, 'weights', real)
+        run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(dest), '--use_ema', 'False')
+        return real(model, dtype)
+    monkeypatch.setattr(export, 'weights', other_export_lands_first)
+    one_line(capsys, lambda: run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(dest)),
+             'filled by another export', 'nothing was changed')
+    assert json.loads((dest / 'config.json').read_text())['weights'] == 'raw'  # the first one stands
+    assert sorted(os.listdir(tmp_path)) == ['hub', 'run']
+
+
+def test_ctrl_c_during_an_overwrite_leaves_the_old_export(tmp_path, monkeypatch):
+    make_run(tmp_path / 'run')
+    dest = tmp_path / 'hub'
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(dest))
+    before = {f: (dest / f).read_bytes() for f in os.listdir(dest)}
+    real = os.rename
+
+    def interrupted(a, b):  # Ctrl-C right after the old export was moved aside
+        real(a, b)
+        if '.old.' in str(b):
+            raise SystemExit(130)
+    monkeypatch.setattr(os, 'rename', interrupted)
+    with pytest.raises(SystemExit):
+        run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(dest), '--overwrite', '--use_ema', 'False')
+    monkeypatch.undo()
+    assert {f: (dest / f).read_bytes() for f in os.listdir(dest)} == before
+    assert sorted(os.listdir(tmp_path)) == ['hub', 'run']
+
+
+@pytest.mark.parametrize('spoil, dtype, says', [
+    (lambda w: w.__setitem__((0, 0), 7e4), 'float16', 'does not fit float16: its largest magnitude 7e+04 exceeds 65504'),
+    (lambda w: w.__setitem__((0, 0), float('nan')), 'float32', 'holds NaN in the checkpoint itself'),
+])
+def test_export_refuses_non_finite_weights(tmp_path, capsys, spoil, dtype, says):
+    """float16 turns a weight above 65504 into inf without a word, and an export of inf or NaN weights once
+    scored acc 1.0 and sampled padding with exit 0. The export names the tensor and writes nothing."""
+    make_run(tmp_path / 'run')
+    ck = load_checkpoint(str(tmp_path / 'run'))
+    spoil(ck['ema']['params']['transformer.h.0.mlp.c_fc.weight'])
+    save_checkpoint(ck, str(tmp_path / 'run' / 'ckpt.pt'))
+    one_line(capsys, lambda: run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'hub'),
+                                        '--dtype', dtype), 'transformer.h.0.mlp.c_fc.weight', says)
+    assert sorted(os.listdir(tmp_path)) == ['run']
+
+
 def _corrupt_weights(folder):
     data = (folder / 'model.safetensors').read_bytes()
     (folder / 'model.safetensors').write_bytes(data[:len(data) // 2])

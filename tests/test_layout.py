@@ -78,3 +78,21 @@ def test_imports_are_layered_with_no_circle():
         done.add(m)
     for m in LIBRARY:
         visit(m)
+
+
+def test_every_command_ends_a_ctrl_c_or_sigterm_with_one_line():
+    """Each script a user runs installs configurator.stop_on_ctrl_c (one line, exit 130 or 143, cleanups
+    run) or, train.py, its own handlers for both signals; without one a Ctrl-C is a traceback of 50 lines
+    (reproduce.py's wait loop, eval_harness.py inside lm-eval) and a SIGTERM a silent death."""
+    scripts = [f'{c}.py' for c in COMMANDS] + ['data/ptb/prepare.py', 'data/text/prepare.py',
+                                                'data/openwebtext/prepare.py']
+    scripts += [os.path.relpath(p, ROOT) for p in _sources() if "__name__ == '__main__'" in open(p).read()
+                or '__name__ == "__main__"' in open(p).read()]
+    for rel in sorted(set(scripts)):
+        if rel.startswith(('tests', 'bench')):
+            continue  # the suite, and measurements (each prints its table as it goes)
+        text = open(os.path.join(ROOT, rel)).read()
+        if rel == 'train.py':
+            assert 'signal.signal(signal.SIGINT' in text and 'signal.signal(signal.SIGTERM' in text
+        else:
+            assert 'stop_on_ctrl_c(' in text, rel

@@ -179,3 +179,95 @@ def test_replot_from_a_spoilt_results_json_is_one_line(tmp_path, capsys, kind):
     err = capsys.readouterr().err.strip()
     assert e.value.code == 1 and len(err.splitlines()) == 1 and err.startswith(f"error: {tmp_path / 'results.json'} ") \
         and err.endswith('run `python findings/reproduce.py` (or --quick) again to rewrite it'), err
+
+
+def _alive_with(text):
+    """Pids of live processes whose command line holds `text` (from /proc: no extra package)."""
+    out = []
+    for pid in os.listdir('/proc'):
+        try:
+            if pid.isdigit() and text in open(f'/proc/{pid}/cmdline', 'rb').read().decode(errors='replace'):
+                out.append(int(pid))
+        except OSError:
+            pass
+    return out
+
+
+def test_sigterm_ends_the_training_runs_with_it(tmp_path):
+    """SIGTERM to reproduce.py once left its train.py children running (on both cores, holding their out_dir
+    locks). Now they end with it, and it says so in one line with exit status 143. A --max_iters given with
+    --quick is kept (quick once overrode it silently)."""
+    import signal
+    import time
+    runs = tmp_path / 'runs'
+    p = subprocess.Popen([sys.executable, 'findings/reproduce.py', '--quick', f'--runs_dir={runs}',
+                          f'--results_dir={tmp_path / "res"}', '--max_iters=100000'], cwd=R.ROOT, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, TQDM_DISABLE='1'))
+    deadline = time.time() + 240
+    while not any(runs.glob('*/log.jsonl')) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.2)
+    kids = _alive_with(str(runs))
+    assert kids, "no training run started"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith('terminated: the finished runs are kept'), err[-2000:]
+    assert 'keeping --max_iters=100000 as given' in out
+    assert not [k for k in _alive_with(str(runs)) if k in kids], "a train.py outlived reproduce.py"
+
+
+def test_paths_are_the_callers_and_replot_makes_no_folder(tmp_path):
+    """A relative --results_dir is where the user stands, not the repository: the error names that path, and
+    nothing is created inside the repository."""
+    p = subprocess.run([sys.executable, os.path.join(R.ROOT, 'findings', 'reproduce.py'), '--replot',
+                        '--results_dir=mine'], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and f"no {tmp_path / 'mine' / 'results.json'}" in p.stderr, p.stderr
+    assert not os.path.exists(os.path.join(R.ROOT, 'mine')) and not (tmp_path / 'mine').exists()
+
+
+def _record_with(tmp_path, spoil):
+    d = json.loads(open(os.path.join(R.ROOT, 'results', 'results.json')).read())
+    spoil(d)
+    (tmp_path / 'results.json').write_text(json.dumps(d))
+    for f in list(R.FIGS.values()):
+        (tmp_path / f).write_bytes(b'the old plot')
+
+
+@pytest.mark.parametrize('spoil, says', [
+    (lambda d: d['logs']['ao'][3].__setitem__('val_ao', float('nan')), 'non-finite number at logs.ao[3].val_ao'),
+    (lambda d: d['speculative'][0].pop('per_sequence'), 'lacks or mangles'),  # fails at the last plot
+])
+def test_replot_draws_all_or_nothing(tmp_path, capsys, spoil, says):
+    """A NaN once drew an empty plot (exit 0), and a field spoilt for a late plot left the earlier plots
+    redrawn and the rest old. Now the record is checked whole first, and the plots are moved in only when
+    every one of them was drawn."""
+    _record_with(tmp_path, spoil)
+    with pytest.raises(SystemExit) as e:
+        R.main(['--replot', f'--results_dir={tmp_path}'])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1 and says in err, err
+    assert all((tmp_path / f).read_bytes() == b'the old plot' for f in R.FIGS.values())
+    assert sorted(os.listdir(tmp_path)) == sorted(list(R.FIGS.values()) + ['results.json'])  # no scratch left
+
+
+def test_no_legend_lies_over_data(tmp_path, monkeypatch):
+    """Every plot make findings draws (finding 8's legend of 25 entries once covered its data): no legend's
+    box overlaps any axes' box."""
+    from aogpt import plot
+    _record_with(tmp_path, lambda d: None)
+    real, seen = plot._save, []
+
+    def checked(plt, fig, path):
+        fig.tight_layout()
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        boxes = [lg.get_window_extent(r) for lg in [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+                 + list(fig.legends)]
+        for i, box in enumerate(boxes):
+            assert not any(box.overlaps(ax.get_window_extent(r)) for ax in fig.axes), os.path.basename(path)
+            assert not any(box.overlaps(other) for other in boxes[i + 1:]), os.path.basename(path)
+        seen.append(os.path.basename(path))
+        real(plt, fig, path)
+    monkeypatch.setattr(plot, '_save', checked)
+    R.main(['--replot', f'--results_dir={tmp_path}'])
+    assert sorted(seen) == sorted(R.FIGS.values())

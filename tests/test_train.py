@@ -114,12 +114,13 @@ def run_inprocess(monkeypatch, argv):
     monkeypatch.setattr(sys, 'argv', [TRAIN] + argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: one thread is faster, and immune to a busy machine
-    handler = signal.getsignal(signal.SIGINT)  # train.py takes Ctrl-C over; pytest gets it back
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}  # train.py takes them over
     try:
         return runpy.run_path(TRAIN, run_name='__main__')
     finally:
         torch.set_num_threads(threads)
-        signal.signal(signal.SIGINT, handler)
+        for s, h in handlers.items():  # pytest gets them back
+            signal.signal(s, h)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -338,20 +339,22 @@ GPT.forward = forward
 """
 
 
-def test_ctrl_c_stops_with_one_line_and_status_130(env, monkeypatch):
+@pytest.mark.parametrize('sig, code', [('SIGINT', 130), ('SIGTERM', 143)])
+def test_ctrl_c_stops_with_one_line_and_status_130(env, monkeypatch, sig, code):
     """Ctrl-C mid-step: exit status 130, one line (the iteration, the intact checkpoint, how to go on), no
-    KeyboardInterrupt traceback; the checkpoint is the one from iteration 4, and the run then resumes."""
-    common = ['--max_iters=8', '--eval_interval=4']
-    p = run(env, args(env, 'sigint', *common), pre=SIGINT_AT_ITER_6, check=False)
-    assert p.returncode == 130, p.stderr
+    KeyboardInterrupt traceback; the checkpoint is the one from iteration 4, and the run then resumes. A
+    SIGTERM (kill, a scheduler, reproduce.py ending) the same, with status 143 (it once died without a word)."""
+    common, out = ['--max_iters=8', '--eval_interval=4'], sig.lower()
+    p = run(env, args(env, out, *common), pre=SIGINT_AT_ITER_6.replace('SIGINT', sig), check=False)
+    assert p.returncode == code, p.stderr
     err = p.stderr.strip()
-    assert len(err.splitlines()) == 1 and err == (f"interrupted at iteration 6: {env / 'sigint' / 'ckpt.pt'} "
+    assert len(err.splitlines()) == 1 and err == (f"interrupted at iteration 6: {env / out / 'ckpt.pt'} "
                                                   f"(iteration 4) is intact; continue with the same command and "
                                                   f"--init_from=auto"), err
-    assert load_checkpoint(str(env / 'sigint'))['iter_num'] == 4
-    assert not glob.glob(str(env / 'sigint' / '.ckpt.pt.tmp.*'))
-    run_inprocess(monkeypatch, args(env, 'sigint', *common, '--init_from=auto'))  # as the line says
-    assert load_checkpoint(str(env / 'sigint'))['iter_num'] == 8
+    assert load_checkpoint(str(env / out))['iter_num'] == 4
+    assert not glob.glob(str(env / out / '.ckpt.pt.tmp.*'))
+    run_inprocess(monkeypatch, args(env, out, *common, '--init_from=auto'))  # as the line says
+    assert load_checkpoint(str(env / out))['iter_num'] == 8
 
 
 def test_ctrl_c_during_a_checkpoint_write_lets_it_finish(env):

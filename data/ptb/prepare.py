@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # data/, for prepare_common
 import prepare_common as pc  # noqa: E402  (puts the repo root on sys.path too)
 
-from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.configurator import configure, print_config, stop_on_ctrl_c  # noqa: E402
 from aogpt.evalsets import ptb_detokenize, ptb_documents  # noqa: E402
 
 char = False     # character-level codec (vocabulary = the corpus' characters) instead of GPT-2 BPE
@@ -28,6 +28,7 @@ out_dir = ''     # output directory ('' = data/ptb, or data/ptb_char with char=T
 num_proc = 1     # tokenizer processes (PTB is small: one is fastest)
 force = False    # rebuild even if out_dir is already prepared
 print_config(configure(globals()))
+stop_on_ctrl_c("run the same command again to go on: what is done is kept, and the bins come out the same")
 
 out_dir = out_dir or os.path.join(pc.ROOT, "data", "ptb_char" if char else "ptb")
 splits = {k: ptb_documents(src) for k, src in [("train", "train"), ("val", "valid"), ("test", "test")]}

@@ -17,7 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # data/, for prepare_common
 import prepare_common as pc  # noqa: E402  (puts the repo root on sys.path too)
 
-from aogpt.configurator import configure, die, print_config  # noqa: E402
+from aogpt.configurator import configure, die, print_config, stop_on_ctrl_c  # noqa: E402
 
 input = ''            # the text file (UTF-8)
 out_dir = ''          # '' = data/<input file name without extension> (+ '_char' with char=True)
@@ -27,6 +27,7 @@ char = False          # character-level codec (vocabulary = the file's character
 num_proc = 1          # tokenizer processes (only helps with many documents)
 force = False         # rebuild even if out_dir is already prepared
 print_config(configure(globals()))
+stop_on_ctrl_c("run the same command again to go on: what is done is kept, and the bins come out the same")
 
 if not input:
     die("give the text file: python data/text/prepare.py --input=path/to/file.txt")
