@@ -49,7 +49,8 @@ from types import SimpleNamespace
 import torch
 from torch.nn import functional as F
 
-from aogpt.configurator import die, first_line, namespace, print_config
+from aogpt.configurator import namespace, print_config
+from aogpt.errors import die, first_line
 from aogpt.runtime import autocast, resolve_device, script_device, start_ranks
 
 # ----------------------------------------------------------------------------------------------- CLI defaults

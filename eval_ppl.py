@@ -40,7 +40,8 @@ import torch
 from torch.nn import functional as F
 
 from aogpt.checkpoint import atomic_write, checkpoint_codec, fingerprint, load_model
-from aogpt.configurator import die, namespace, print_config, stop_on_ctrl_c
+from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
+from aogpt.errors import die
 from aogpt.evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
 from aogpt.plot import plot_eval
 from aogpt.runtime import autocast, script_device, start_ranks

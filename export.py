@@ -44,7 +44,8 @@ _HUB_DATASETS = {'openwebtext': 'Skylion007/openwebtext', 'ptb': 'ptb-text-only/
 
 
 def main(argv=None):
-    from aogpt.configurator import configure, die, first_line, print_config
+    from aogpt.configurator import configure, print_config
+    from aogpt.errors import die, first_line
     cfg = configure(dict(globals()), argv)  # a copy: main() can run more than once in one process (tests)
     print_config(cfg)
     c = SimpleNamespace(**cfg)
@@ -91,7 +92,7 @@ def default_dest(src):
 
 def check_dest(path, overwrite):
     """Refuse to replace anything but an earlier export (--overwrite) or an empty folder."""
-    from aogpt.configurator import die
+    from aogpt.errors import die
     if not os.path.exists(path):
         return
     if not os.path.isdir(path):
@@ -165,7 +166,7 @@ def write_folder(path, config, tensors, card):
         if os.path.exists(old) and not os.path.exists(path):
             os.rename(old, path)
         shutil.rmtree(tmp, ignore_errors=True)
-        from aogpt.configurator import die
+        from aogpt.errors import die
         die(f"cannot write {path} ({getattr(e, 'strerror', None) or e}); nothing was changed there")
     shutil.rmtree(old, ignore_errors=True)
 
@@ -176,7 +177,7 @@ def find_evals(src, listed, iter_num, used_ema, weights_id):
     files, else every eval_ppl.json / *.eval_ppl.json beside the checkpoint. A result of other weights (another
     checkpoint, another iteration: ckpt.pt moves on as training runs, or the other weight set) is refused if it
     was listed, else left out with a note: a card must never show another model's numbers."""
-    from aogpt.configurator import die
+    from aogpt.errors import die
     if listed:
         paths = [p.strip() for p in listed.split(',') if p.strip()]
     elif src.startswith(checkpoint.HUB_PREFIX):

@@ -25,7 +25,8 @@ import unicodedata
 import torch
 
 from aogpt import engine, generate, genppl
-from aogpt.configurator import die, namespace, print_config, stop_on_ctrl_c
+from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
+from aogpt.errors import die
 from aogpt.runtime import script_device
 
 # -----------------------------------------------------------------------------

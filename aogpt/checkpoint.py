@@ -37,7 +37,7 @@ from dataclasses import asdict, fields
 import torch
 
 from aogpt import ROOT
-from aogpt.configurator import die, first_line
+from aogpt.errors import die, first_line
 from aogpt.paper_ckpt import convert_paper_checkpoint
 from aogpt.tokenizer import DataError, codec_from_record, get_codec
 from model import GPT, GPTConfig, config_fields, strip_prefixes

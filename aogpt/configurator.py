@@ -21,13 +21,13 @@ What nanoGPT did not do and this does:
 
 import ast
 import difflib
-import json
 import os
 import re
 import signal
 import sys
-import time
 from types import SimpleNamespace
+
+from aogpt.errors import die
 
 _SIMPLE = (int, float, bool, str, tuple, list, type(None))
 
@@ -208,34 +208,7 @@ def print_config(cfg, file=None):
         print(f"  {k.ljust(width)} = {v!r}", file=file)
 
 
-def first_line(e, limit=200):
-    """An exception's message cut to its first line (or its type when it has none): what a one-line
-    error says of a failure deep inside a library."""
-    text = str(e).strip()
-    if not text:
-        return type(e).__name__
-    line = text.splitlines()[0]
-    return line if len(line) <= limit else line[:limit].rsplit(' ', 1)[0] + ' ...'  # cut between words, and say so
 
-
-def tell_torchrun(line):
-    """Under torchrun, write our error line where it prints a worker's root cause: the last entry of its
-    failure report (without it: a pointer to its docs). The layout is its own error handler's, our line the
-    traceback. Nothing happens outside torchrun."""
-    if os.environ.get('TORCHELASTIC_ERROR_FILE'):
-        try:
-            with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
-                json.dump(dict(message=dict(message=line, extraInfo=dict(py_callstack=line,
-                                                                         timestamp=str(int(time.time()))))), f)
-        except OSError:
-            pass  # the line on stderr is what matters
-
-
-def die(msg, code=1):
-    """One clear line on stderr and a non-zero exit: how the scripts report bad input."""
-    tell_torchrun(f"error: {msg}")
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(code)
 
 
 def stop_on_ctrl_c(what):

@@ -5,8 +5,43 @@ never exits the process, so a notebook or another program can catch it. Each com
 into that line and its exit status (`code`: 1, or 2 for a malformed command line).
 """
 
+import json
+import os
+import sys
+import time
+
 
 class UserError(ValueError):
     def __init__(self, msg, code=1):
         super().__init__(msg)
         self.msg, self.code = msg, code
+
+
+def first_line(e, limit=200):
+    """An exception's message cut to its first line (or its type when it has none): what a one-line
+    error says of a failure deep inside a library."""
+    text = str(e).strip()
+    if not text:
+        return type(e).__name__
+    line = text.splitlines()[0]
+    return line if len(line) <= limit else line[:limit].rsplit(' ', 1)[0] + ' ...'  # cut between words, and say so
+
+
+def tell_torchrun(line):
+    """Under torchrun, write our error line where it prints a worker's root cause: the last entry of its
+    failure report (without it: a pointer to its docs). The layout is its own error handler's, our line the
+    traceback. Nothing happens outside torchrun."""
+    if os.environ.get('TORCHELASTIC_ERROR_FILE'):
+        try:
+            with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
+                json.dump(dict(message=dict(message=line, extraInfo=dict(py_callstack=line,
+                                                                         timestamp=str(int(time.time()))))), f)
+        except OSError:
+            pass  # the line on stderr is what matters
+
+
+def die(msg, code=1):
+    """One clear line on stderr and a non-zero exit: how the scripts report bad input."""
+    tell_torchrun(f"error: {msg}")
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(code)

@@ -38,7 +38,7 @@ import re
 from collections import namedtuple
 
 from aogpt import ROOT
-from aogpt.configurator import first_line
+from aogpt.errors import first_line
 from aogpt.hub import dataset_files, go_offline, hub_reachable
 from aogpt.tokenizer import DataError
 

@@ -19,7 +19,7 @@ import re
 import sys
 import threading
 
-from aogpt.configurator import first_line
+from aogpt.errors import first_line
 from aogpt.tokenizer import DataError
 
 _TRUE = ("1", "ON", "YES", "TRUE")

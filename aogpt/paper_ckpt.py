@@ -19,7 +19,7 @@ nothing and causal attention keeps it from touching the others, so the n logits 
 import re
 from dataclasses import asdict
 
-from aogpt.configurator import die
+from aogpt.errors import die
 from model import GPTConfig, strip_prefixes
 
 _PAPER_RENAME = (('transformer.final_layer.ln_f.', 'transformer.ln_f.'),

@@ -22,7 +22,7 @@ import torch
 
 from aogpt import ROOT
 from aogpt.checkpoint import parse_hub_spec
-from aogpt.configurator import die
+from aogpt.errors import die
 from aogpt.tokenizer import DataError, get_codec
 from model import GPTConfig, config_fields
 

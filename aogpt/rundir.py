@@ -27,7 +27,7 @@ except ImportError:
 from tqdm import tqdm
 
 from aogpt.checkpoint import CKPT_NAME
-from aogpt.configurator import die, tell_torchrun
+from aogpt.errors import die, tell_torchrun
 
 Lock = namedtuple('Lock', 'fd out_dir made')  # made: this run created out_dir (a failed start removes it again)
 

@@ -61,7 +61,7 @@ def autocast(device, dtype='auto'):
 def script_device(device, dtype):
     """A script's --device and --dtype: (device, autocast context, dtype name), or one line and exit when
     this machine cannot run them, before the model loads."""
-    from aogpt.configurator import die
+    from aogpt.errors import die
     try:
         device = resolve_device(device)
         return (device, *autocast(device, dtype))

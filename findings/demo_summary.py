@@ -17,7 +17,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: aogpt/, model.py
 from aogpt.checkpoint import checkpoint_codec, find_dataset, load_checkpoint  # noqa: E402
-from aogpt.configurator import die, namespace  # noqa: E402
+from aogpt.configurator import namespace  # noqa: E402
+from aogpt.errors import die  # noqa: E402
 from aogpt.evalsets import load_eval_chunks  # noqa: E402
 
 out_dir = 'out-demo'                 # the demo's run directory (ckpt.pt, eval_ppl.json, stages.tsv)

@@ -80,7 +80,8 @@ seed = 1337
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
-from aogpt.configurator import die, first_line, namespace, print_config  # noqa: E402
+from aogpt.configurator import namespace, print_config  # noqa: E402
+from aogpt.errors import die, first_line  # noqa: E402
 from findings.sampling import (  # noqa: E402
     GEN_SETTINGS,
     SPEC_FIG,

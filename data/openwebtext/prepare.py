@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder, for owt_archives
 import prepare_common as pc  # noqa: E402  (puts the repo root on sys.path too)
 
-from aogpt.configurator import configure, die, print_config, stop_on_ctrl_c  # noqa: E402
+from aogpt.configurator import configure, print_config, stop_on_ctrl_c  # noqa: E402
+from aogpt.errors import die  # noqa: E402
 
 source = 'Skylion007/openwebtext'  # HF hub repo, or a local folder / file (see above)
 revision = 'main'                  # hub revision of the archives: a branch, tag or commit

@@ -17,7 +17,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # data/, for prepare_common
 import prepare_common as pc  # noqa: E402  (puts the repo root on sys.path too)
 
-from aogpt.configurator import configure, die, print_config  # noqa: E402
+from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.errors import die  # noqa: E402
 
 input = ''            # the text file (UTF-8)
 out_dir = ''          # '' = data/<input file name without extension> (+ '_char' with char=True)
