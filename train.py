@@ -38,13 +38,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from aogpt.checkpoint import CKPT_NAME, keep_copy, model_source, resume_state, save_checkpoint
+from aogpt.checkpoint import CKPT_NAME, save_checkpoint
 from aogpt.configurator import configure, print_config
 from aogpt.ema import EMA
 from aogpt.plot import plot_log
 from aogpt.preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
-from aogpt.rundir import Run, claim_out_dir, release_out_dir, rewind_out_dir
+from aogpt.rundir import Run, claim_out_dir, keep_copy, release_out_dir, rewind_out_dir
 from aogpt.runtime import autocast, fast_math, gpu_peak_flops, resolve_device, start_ranks
+from aogpt.startup import model_source, resume_state
 from aogpt.valloss import progress_of, val_losses, val_passes, val_windows
 from model import GPT, GPTConfig, block_order, mdm_corrupt, random_orders
 

@@ -32,7 +32,7 @@ import os
 import re
 import sys
 import warnings
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import torch
 
@@ -40,7 +40,7 @@ from aogpt import ROOT
 from aogpt.errors import die, first_line
 from aogpt.paper_ckpt import convert_paper_checkpoint
 from aogpt.tokenizer import DataError, codec_from_record, get_codec
-from model import GPT, GPTConfig, config_fields, strip_prefixes
+from model import GPT, GPTConfig, strip_prefixes
 
 CKPT_NAME = 'ckpt.pt'
 EXPORT_FORMAT, EXPORT_VERSION = 'aogpt-export', 1
@@ -123,15 +123,6 @@ def run_checkpoints(folder):
     except OSError:
         return []
     return [os.path.join(folder, f) for f in [CKPT_NAME] * os.path.exists(os.path.join(folder, CKPT_NAME)) + copies]
-
-
-def keep_copy(path, iter_num):
-    """Keep the checkpoint at `path` also as ckpt_<iter>.pt beside it (train.py's keep_ckpt_every; found by
-    run_checkpoints): a hard link, the same bytes with no second write, which survives the next os.replace."""
-    keep = os.path.join(os.path.dirname(path), f'ckpt_{iter_num:07d}.pt')
-    if os.path.exists(keep):
-        os.remove(keep)
-    os.link(path, keep)
 
 
 def runs_here(root='.', limit=6):
@@ -341,118 +332,6 @@ def _describe(ckpt):
         if tensors:
             out += f", tensors like {tensors[:4]}"
     return out
-
-
-# ---------------------------------------------------------------------- where train.py's model comes from
-
-def model_source(cfg, given, codec, data_dir, fail=die, say=print):
-    """The model train.py starts from, by init_from: (its GPTConfig arguments, its weights or None, the checkpoint
-    being resumed or None, that checkpoint's path or None). Only the shape comes from here; how the weights train
-    (dropout, adaln_table: the same function computed another way) always follows the run's config. given: the
-    keys the config files and command line set (only these may contradict a fine-tune's source); codec: that of
-    the data in data_dir. fail and say: how train.py ends the run and speaks (rank 0 prints, out_dir is let go)."""
-    out_dir, init_from, block_size = cfg['out_dir'], cfg['init_from'], cfg['block_size']
-    held = run_checkpoints(out_dir)  # ckpt.pt, else the newest periodic copy (ckpt.pt deleted or lost)
-    resume_path = held[0] if held else os.path.join(out_dir, CKPT_NAME)
-    if init_from == 'auto':
-        init_from = 'resume' if held else 'scratch'
-    if init_from == 'scratch' and held:
-        fail(f"{out_dir} already holds checkpoints ({', '.join(os.path.basename(h) for h in held[:3])}"
-             f"{', ...' if len(held) > 3 else ''}): continue with init_from=resume (or auto), or pick another "
-             f"out_dir; starting from scratch here would overwrite them (to start over, delete them first)")
-    if init_from == 'scratch':
-        args = {k: cfg[k] for k in config_fields() if k in cfg}
-        if args['vocab_size'] is None:  # pad for fast matmuls; the MDM needs one id for [MASK]
-            args['vocab_size'] = -(-(codec.vocab_size + (0 if cfg['causal'] else 1)) // 64) * 64
-        if args['mask_token_id'] is None:
-            args['mask_token_id'] = codec.vocab_size  # the first padding id (50257 for GPT-2)
-        return args, None, None, None
-    if init_from == 'resume':
-        if not os.path.exists(resume_path):
-            fail(f"init_from=resume but {resume_path} does not exist: use init_from=scratch, or auto")
-        ck = load_checkpoint(resume_path)
-        if ck.get('format') != 'aogpt-v1' or 'optimizer' not in ck:
-            fail(f"{resume_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
-                 f"with init_from={resume_path}")
-        check_codec(ck, codec, data_dir, resume_path, fail)
-        trained = asdict(GPTConfig(**ck['model_args']))  # keys older checkpoints lack take their defaults
-        # A value is accepted if it is the model's, or the one the run was started with (a fine-tune takes
-        # its shape from the source, so its config may hold defaults the model does not have).
-        asked = {k: v for k, v in shape_keys(cfg, trained).items() if v != ck['config'].get(k, trained[k])}
-        refuse_other_model(trained, asked, cfg, resume_path, "a resumed run keeps its model. Resume with the config "
-                           "it was trained with, or train the new model in another out_dir", fail)
-        changed = {k: (ck['config'].get(k), v) for k, v in cfg.items()
-                   if k in ck['config'] and ck['config'][k] != v and k != 'init_from'}
-        if changed:
-            say("resuming with changed keys (checkpoint -> now): " +
-                ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
-        return trained, strip_prefixes(ck['model']), ck, resume_path
-    if init_from.startswith('gpt2:'):
-        hf_dir = init_from[len('gpt2:'):]
-        if not os.path.exists(os.path.join(hf_dir, 'config.json')):
-            fail(f"{hf_dir} is not a local Hugging Face GPT-2 directory (config.json + model.safetensors)")
-        n_pos = json.load(open(os.path.join(hf_dir, 'config.json')))['n_positions']
-        if block_size > n_pos - 1:
-            fail(f"GPT-2 has {n_pos} positions and the [None] start slot takes one: use block_size<={n_pos - 1}")
-        if not cfg['causal']:
-            fail("init_from=gpt2:... warm-starts a decoder; the encoder MDM starts from scratch")
-        # GPT-2's own architecture (layer norm, tied head, ...) with our conditioning switches on top
-        src = GPT.from_pretrained(hf_dir, cond=cfg['cond'], target_dim=cfg['target_dim'],
-                                  adaln_init=cfg['adaln_init'], block_size=block_size)
-        say(f"warm start from GPT-2 weights in {hf_dir}: model shape from its config.json")
-    else:  # fine-tune from a checkpoint (ours, an export, or the paper's released ones)
-        src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if cfg['init_ema'] else False)
-        check_codec(src_ckpt, codec, data_dir, init_from, fail)
-        if src.config.block_size < block_size:
-            fail(f"{init_from} was trained with block_size {src.config.block_size}: use block_size<= that")
-        shape = ', '.join(f"{k}={getattr(src.config, k)!r}" for k in ('causal', 'cond', 'n_layer', 'n_head', 'n_embd'))
-        say(f"fine-tuning from {init_from} ({'EMA' if used_ema else 'raw'} weights); model shape from it ({shape}), "
-            f"whatever the config above says of keys not set")
-    args = asdict(src.config)  # a fine-tune or warm start: only the keys set may contradict it
-    refuse_other_model(args, shape_keys(cfg, args, given), cfg, init_from, "a fine-tuned model keeps its source's "
-                       "shape. Leave these keys out (the shape comes from the checkpoint), or train the new model "
-                       "from scratch", fail)
-    return args, src.state_dict(), None, None
-
-
-def resume_state(ckpt, optimizer, scaler, ema):
-    """Put back what a resumed train.py checkpoint holds besides the weights: the optimizer's, the scaler's and
-    the EMA's state (ema.py; an EMA the checkpoint lacks starts from the resumed weights). Returns (iter_num,
-    best_val_loss, elapsed seconds, the training losses since the last eval, which a save between evals
-    carries on). No RNG state or data cursor: every draw is a function of (seed, iteration)."""
-    optimizer.load_state_dict(ckpt['optimizer'])
-    if ckpt.get('scaler'):
-        scaler.load_state_dict(ckpt['scaler'])
-    if ema is not None and ckpt.get('ema'):
-        ema.load_state_dict(ckpt['ema'])
-    return (ckpt['iter_num'], ckpt.get('best_val_loss', float('inf')), ckpt.get('elapsed', 0.0),
-            list(ckpt.get('train_losses') or []))
-
-
-def check_codec(ckpt, codec, data_dir, where, fail=die):
-    """Training on from a checkpoint must read the data with the codec its ids were trained in."""
-    theirs = checkpoint_codec(ckpt)
-    if theirs.record() != codec.record():
-        fail(f"{data_dir} is tokenized with a {codec.name} codec ({codec.vocab_size} symbols), but {where} "
-             f"was trained with a {theirs.name} one ({theirs.vocab_size}): its ids would mean other symbols. "
-             f"Use the dataset it was trained on, or re-prepare the data with its codec")
-
-
-def shape_keys(cfg, model, only=None):
-    """The config's values of the model's keys that say which model it is: not dropout or adaln_table (how
-    the same weights train), not block_size (the training length, which may be shorter than the model's),
-    not a None vocab_size / mask_token_id (the model's)."""
-    return {k: cfg[k] for k in model if k in cfg and k not in ('dropout', 'adaln_table', 'block_size')
-            and (only is None or k in only) and not (cfg[k] is None and k in ('vocab_size', 'mask_token_id'))}
-
-
-def refuse_other_model(model, asked, cfg, where, why, fail=die):
-    """A run keeps the model it starts from, so a key asked for that contradicts it is refused, not quietly
-    overruled: the saved config must say what was trained."""
-    other = [k for k, v in asked.items() if v != model[k]]
-    if other:
-        fail(f"{where} holds a model with {', '.join(f'{k}={model[k]!r}' for k in other)}, but this config asks "
-             f"for {', '.join(f'{k}={cfg[k]!r}' for k in other)}: {why}")
 
 
 # ---------------------------------------------------------------------- exported folders (export.py)

@@ -4,6 +4,7 @@ A training run's hold on its out_dir (train.py, rank 0), and its way out from an
     run = Run(master)                            # run.say, run.fail, run.interrupt; run.bar, run.lock
     run.lock = claim_out_dir(out_dir, run.fail)  # made, locked and proven writable before the first step
     rewind_out_dir(out_dir, log_path, start_iter, eval_only)   # as the checkpoint being resumed left it
+    keep_copy(ckpt_path, iter_num)               # keep_ckpt_every: ckpt_<iter>.pt beside ckpt.pt, a hard link
     with run.deferring():                        # a checkpoint write: a Ctrl-C meanwhile waits for it
     run.lock = release_out_dir(run.lock)         # at the end; failed=True: a start that failed leaves nothing
 
@@ -92,6 +93,16 @@ def rewind_out_dir(out_dir, log_path, start_iter, eval_only):
             f.writelines(kept)
     elif start_iter == 0 and not eval_only:
         open(log_path, 'w').close()
+
+
+def keep_copy(path, iter_num):
+    """Keep the checkpoint at `path` also as ckpt_<iter>.pt beside it (train.py's keep_ckpt_every; found by
+    run_checkpoints): a hard link, the same bytes with no second write, which survives the next os.replace."""
+    keep = os.path.join(os.path.dirname(path), f'ckpt_{iter_num:07d}.pt')
+    if os.path.exists(keep):
+        os.remove(keep)
+    os.link(path, keep)
+
 
 
 class Run:
