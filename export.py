@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import torch
 
 from aogpt import checkpoint
+from aogpt.errors import command
 
 ckpt = ''                  # checkpoint file or dir, exported folder, or hf:owner/repo[/path.pt]; overrides out_dir
 out_dir = 'out'            # run directory (its ckpt.pt) when --ckpt is empty
@@ -43,6 +44,7 @@ _KINDS = {('adaln', True): ('AO-GPT', 'an any-order decoder; the target position
 _HUB_DATASETS = {'openwebtext': 'Skylion007/openwebtext', 'ptb': 'ptb-text-only/ptb_text_only'}
 
 
+@command
 def main(argv=None):
     from aogpt.configurator import configure, print_config
     from aogpt.errors import die, first_line

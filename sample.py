@@ -26,7 +26,7 @@ import torch
 
 from aogpt import engine, generate, genppl
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
-from aogpt.errors import die
+from aogpt.errors import command, die
 from aogpt.runtime import script_device
 
 # -----------------------------------------------------------------------------
@@ -126,6 +126,7 @@ def printable(text):
 
 # ----------------------------------------------------------------------------- main
 
+@command
 def main(argv=None):
     c = read_config(argv)
     print_config(c.config)

@@ -2,6 +2,7 @@
 aogpt: the library behind the commands at the repository's root (train.py, sample.py, eval_ppl.py,
 eval_harness.py, export.py) and the model they share (model.py, also at the root).
 
+    errors        UserError, the library's one exception for bad input, and how a command prints it
     configurator  the command-line / config-file settings of every script
     runtime       device, dtype, autocast, process settings, torchrun ranks
     tokenizer     codecs (GPT-2 BPE, character level) and dataset metadata

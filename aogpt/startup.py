@@ -2,9 +2,9 @@
 Where train.py's model and state come from, by init_from: a new model (scratch), the run being resumed, GPT-2's
 weights, or a checkpoint to fine-tune (ours, an export, or the paper's); and what a resumed checkpoint puts back
 besides the weights (optimizer, scaler, EMA, where the run stood). A run keeps the model it starts from: a config
-key that contradicts it is refused in one line, never quietly overruled.
+key that contradicts it is refused (a UserError: train.py's one line), never quietly overruled.
 
-    source_args, weights, ckpt, resume_path = model_source(cfg, given, codec, data_dir, fail, say)
+    source_args, weights, ckpt, resume_path = model_source(cfg, given, codec, data_dir, say)
     iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizer, scaler, ema)
 """
 
@@ -13,25 +13,26 @@ import os
 from dataclasses import asdict
 
 from aogpt.checkpoint import CKPT_NAME, checkpoint_codec, load_checkpoint, load_model, run_checkpoints
-from aogpt.errors import die
+from aogpt.errors import UserError
 from model import GPT, GPTConfig, config_fields, strip_prefixes
 
 
-def model_source(cfg, given, codec, data_dir, fail=die, say=print):
+def model_source(cfg, given, codec, data_dir, say=print):
     """The model train.py starts from, by init_from: (its GPTConfig arguments, its weights or None, the checkpoint
     being resumed or None, that checkpoint's path or None). Only the shape comes from here; how the weights train
     (dropout, adaln_table: the same function computed another way) always follows the run's config. given: the
     keys the config files and command line set (only these may contradict a fine-tune's source); codec: that of
-    the data in data_dir. fail and say: how train.py ends the run and speaks (rank 0 prints, out_dir is let go)."""
+    the data in data_dir. say: how train.py speaks (rank 0 prints). A source that cannot be used is a UserError."""
     out_dir, init_from, block_size = cfg['out_dir'], cfg['init_from'], cfg['block_size']
     held = run_checkpoints(out_dir)  # ckpt.pt, else the newest periodic copy (ckpt.pt deleted or lost)
     resume_path = held[0] if held else os.path.join(out_dir, CKPT_NAME)
     if init_from == 'auto':
         init_from = 'resume' if held else 'scratch'
     if init_from == 'scratch' and held:
-        fail(f"{out_dir} already holds checkpoints ({', '.join(os.path.basename(h) for h in held[:3])}"
-             f"{', ...' if len(held) > 3 else ''}): continue with init_from=resume (or auto), or pick another "
-             f"out_dir; starting from scratch here would overwrite them (to start over, delete them first)")
+        raise UserError(f"{out_dir} already holds checkpoints ({', '.join(os.path.basename(h) for h in held[:3])}"
+                        f"{', ...' if len(held) > 3 else ''}): continue with init_from=resume (or auto), or pick "
+                        f"another out_dir; starting from scratch here would overwrite them (to start over, delete them "
+                        "first)")
     if init_from == 'scratch':
         args = {k: cfg[k] for k in config_fields() if k in cfg}
         if args['vocab_size'] is None:  # pad for fast matmuls; the MDM needs one id for [MASK]
@@ -41,18 +42,18 @@ def model_source(cfg, given, codec, data_dir, fail=die, say=print):
         return args, None, None, None
     if init_from == 'resume':
         if not os.path.exists(resume_path):
-            fail(f"init_from=resume but {resume_path} does not exist: use init_from=scratch, or auto")
+            raise UserError(f"init_from=resume but {resume_path} does not exist: use init_from=scratch, or auto")
         ck = load_checkpoint(resume_path)
         if ck.get('format') != 'aogpt-v1' or 'optimizer' not in ck:
-            fail(f"{resume_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
-                 f"with init_from={resume_path}")
-        check_codec(ck, codec, data_dir, resume_path, fail)
+            raise UserError(f"{resume_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
+                            f"with init_from={resume_path}")
+        check_codec(ck, codec, data_dir, resume_path)
         trained = asdict(GPTConfig(**ck['model_args']))  # keys older checkpoints lack take their defaults
         # A value is accepted if it is the model's, or the one the run was started with (a fine-tune takes
         # its shape from the source, so its config may hold defaults the model does not have).
         asked = {k: v for k, v in shape_keys(cfg, trained).items() if v != ck['config'].get(k, trained[k])}
         refuse_other_model(trained, asked, cfg, resume_path, "a resumed run keeps its model. Resume with the config "
-                           "it was trained with, or train the new model in another out_dir", fail)
+                           "it was trained with, or train the new model in another out_dir")
         changed = {k: (ck['config'].get(k), v) for k, v in cfg.items()
                    if k in ck['config'] and ck['config'][k] != v and k != 'init_from'}
         if changed:
@@ -62,28 +63,29 @@ def model_source(cfg, given, codec, data_dir, fail=die, say=print):
     if init_from.startswith('gpt2:'):
         hf_dir = init_from[len('gpt2:'):]
         if not os.path.exists(os.path.join(hf_dir, 'config.json')):
-            fail(f"{hf_dir} is not a local Hugging Face GPT-2 directory (config.json + model.safetensors)")
+            raise UserError(f"{hf_dir} is not a local Hugging Face GPT-2 directory (config.json + model.safetensors)")
         n_pos = json.load(open(os.path.join(hf_dir, 'config.json')))['n_positions']
         if block_size > n_pos - 1:
-            fail(f"GPT-2 has {n_pos} positions and the [None] start slot takes one: use block_size<={n_pos - 1}")
+            raise UserError(f"GPT-2 has {n_pos} positions and the [None] start slot takes one: use "
+                            f"block_size<={n_pos - 1}")
         if not cfg['causal']:
-            fail("init_from=gpt2:... warm-starts a decoder; the encoder MDM starts from scratch")
+            raise UserError("init_from=gpt2:... warm-starts a decoder; the encoder MDM starts from scratch")
         # GPT-2's own architecture (layer norm, tied head, ...) with our conditioning switches on top
         src = GPT.from_pretrained(hf_dir, cond=cfg['cond'], target_dim=cfg['target_dim'],
                                   adaln_init=cfg['adaln_init'], block_size=block_size)
         say(f"warm start from GPT-2 weights in {hf_dir}: model shape from its config.json")
     else:  # fine-tune from a checkpoint (ours, an export, or the paper's released ones)
         src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if cfg['init_ema'] else False)
-        check_codec(src_ckpt, codec, data_dir, init_from, fail)
+        check_codec(src_ckpt, codec, data_dir, init_from)
         if src.config.block_size < block_size:
-            fail(f"{init_from} was trained with block_size {src.config.block_size}: use block_size<= that")
+            raise UserError(f"{init_from} was trained with block_size {src.config.block_size}: use block_size<= that")
         shape = ', '.join(f"{k}={getattr(src.config, k)!r}" for k in ('causal', 'cond', 'n_layer', 'n_head', 'n_embd'))
         say(f"fine-tuning from {init_from} ({'EMA' if used_ema else 'raw'} weights); model shape from it ({shape}), "
             f"whatever the config above says of keys not set")
     args = asdict(src.config)  # a fine-tune or warm start: only the keys set may contradict it
     refuse_other_model(args, shape_keys(cfg, args, given), cfg, init_from, "a fine-tuned model keeps its source's "
                        "shape. Leave these keys out (the shape comes from the checkpoint), or train the new model "
-                       "from scratch", fail)
+                       "from scratch")
     return args, src.state_dict(), None, None
 
 
@@ -101,13 +103,13 @@ def resume_state(ckpt, optimizer, scaler, ema):
             list(ckpt.get('train_losses') or []))
 
 
-def check_codec(ckpt, codec, data_dir, where, fail=die):
+def check_codec(ckpt, codec, data_dir, where):
     """Training on from a checkpoint must read the data with the codec its ids were trained in."""
     theirs = checkpoint_codec(ckpt)
     if theirs.record() != codec.record():
-        fail(f"{data_dir} is tokenized with a {codec.name} codec ({codec.vocab_size} symbols), but {where} "
-             f"was trained with a {theirs.name} one ({theirs.vocab_size}): its ids would mean other symbols. "
-             f"Use the dataset it was trained on, or re-prepare the data with its codec")
+        raise UserError(f"{data_dir} is tokenized with a {codec.name} codec ({codec.vocab_size} symbols), but {where} "
+                        f"was trained with a {theirs.name} one ({theirs.vocab_size}): its ids would mean other "
+                        f"symbols. Use the dataset it was trained on, or re-prepare the data with its codec")
 
 
 def shape_keys(cfg, model, only=None):
@@ -118,10 +120,10 @@ def shape_keys(cfg, model, only=None):
             and (only is None or k in only) and not (cfg[k] is None and k in ('vocab_size', 'mask_token_id'))}
 
 
-def refuse_other_model(model, asked, cfg, where, why, fail=die):
+def refuse_other_model(model, asked, cfg, where, why):
     """A run keeps the model it starts from, so a key asked for that contradicts it is refused, not quietly
     overruled: the saved config must say what was trained."""
     other = [k for k, v in asked.items() if v != model[k]]
     if other:
-        fail(f"{where} holds a model with {', '.join(f'{k}={model[k]!r}' for k in other)}, but this config asks "
-             f"for {', '.join(f'{k}={cfg[k]!r}' for k in other)}: {why}")
+        raise UserError(f"{where} holds a model with {', '.join(f'{k}={model[k]!r}' for k in other)}, but this config "
+                        f"asks for {', '.join(f'{k}={cfg[k]!r}' for k in other)}: {why}")

@@ -81,7 +81,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
 from aogpt.configurator import namespace, print_config  # noqa: E402
-from aogpt.errors import die, first_line  # noqa: E402
+from aogpt.errors import command, die, first_line  # noqa: E402
 from findings.sampling import (  # noqa: E402
     GEN_SETTINGS,
     SPEC_FIG,
@@ -347,6 +347,7 @@ def eval_ensemble(c, name, chunks):
 
 # ----------------------------------------------------------------------------- plots and the report
 
+@command
 def main(argv=None):
     c, cmd = read_config(argv)
     if c.replot:
