@@ -49,7 +49,8 @@ from types import SimpleNamespace
 import torch
 from torch.nn import functional as F
 
-from aogpt.configurator import die, first_line, namespace, print_config, stop_on_ctrl_c
+from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
+from aogpt.errors import UserError, command, die, first_line
 from aogpt.runtime import autocast, resolve_device, script_device, start_ranks
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
@@ -174,7 +175,7 @@ class AOGPTLM(TemplateLM):
         return self._device
 
     def tok_encode(self, string, add_special_tokens=None, **kwargs):
-        return list(self.codec.encode(string))  # a char codec raises DataError (one line) on a missing character
+        return list(self.codec.encode(string))  # a char codec raises UserError (one line) on a missing character
 
     def tok_decode(self, tokens):
         return self.codec.decode(tokens)
@@ -434,6 +435,7 @@ class AOGPTLM(TemplateLM):
 
 # ----------------------------------------------------------------------------------------------- the launcher
 
+@command
 def main(argv=None):
     c = read_config(argv)
     rank, c.world_size, c.device = start_ranks(c.device)
@@ -504,7 +506,7 @@ def find_tasks(c):
 def check_alphabet(codec, c):
     """A character-level checkpoint meets the tasks' text: every character of the documents it will see
     (prompt, target, choices) must be in its alphabet, checked before any work (few-shot examples are
-    checked when they are encoded: a DataError then, also one line)."""
+    checked when they are encoded: a UserError then, also one line)."""
     if codec.name != 'char':
         return
     alphabet, missing = set(codec.chars), {}
@@ -523,12 +525,11 @@ def check_alphabet(codec, c):
 
 
 def load_lm(c):
-    from aogpt.tokenizer import DataError
     try:
         return AOGPTLM(ckpt=c.ckpt or c.out_dir, likelihood=c.likelihood, orders_score=c.orders_score, mc=c.mc,
                        bos=c.bos, batch_size=c.batch_size, max_gen_toks=c.max_gen_toks, device=c.device,
                        dtype=c.dtype, use_ema=c.use_ema, dataset=c.dataset, seed=c.seed)
-    except DataError as e:
+    except UserError as e:
         die(e.msg)
     except ValueError as e:
         die(first_line(e))
@@ -539,7 +540,6 @@ def run_harness(lm, tm, task_names, c):
     pair (mean / log-mean-exp) straight from the LM's memo, so both accuracies come from the same draws."""
     from lm_eval import simple_evaluate
 
-    from aogpt.tokenizer import DataError
     kw = dict(tasks=task_names, task_manager=tm, limit=c.limit or None, num_fewshot=c.num_fewshot,
               bootstrap_iters=c.bootstrap_iters, log_samples=c.log_samples, random_seed=c.seed,
               numpy_random_seed=c.seed, torch_random_seed=c.seed, fewshot_random_seed=c.seed)
@@ -549,7 +549,7 @@ def run_harness(lm, tm, task_names, c):
             lm.orders_score = 'lme' if c.orders_score == 'mean' else 'mean'
             res['other'] = simple_evaluate(model=lm, **kw)
             lm.orders_score = c.orders_score
-    except DataError as e:  # a char-level checkpoint meeting a character it does not have
+    except UserError as e:  # a char-level checkpoint meeting a character it does not have
         die(f"{e.msg}: this checkpoint's codec cannot encode the task's text")
     return res
 

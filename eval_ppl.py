@@ -40,11 +40,11 @@ import torch
 from torch.nn import functional as F
 
 from aogpt.checkpoint import atomic_write, checkpoint_codec, fingerprint, load_model
-from aogpt.configurator import die, namespace, print_config, stop_on_ctrl_c
+from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
+from aogpt.errors import UserError, command, die
 from aogpt.evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
 from aogpt.plot import plot_eval
 from aogpt.runtime import autocast, script_device, start_ranks
-from aogpt.tokenizer import DataError
 from model import random_orders, stratified_uniform
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
@@ -390,6 +390,7 @@ def _mdm_elbo_per_chunk(model, chunks, n_draws=1, generator=None, estimator='cou
 
 # ----------------------------------------------------------------------------------------------- the script
 
+@command
 def main(argv=None):
     c = read_config(argv)
     rank, world, dev = start_ranks(c.device)
@@ -437,10 +438,7 @@ def read_config(argv):
     if unused:
         die(f"--data_path names {unused} are not in --datasets {c.names}")
     c.sources = {}
-    try:
-        c.revision_of = parse_revisions(c.revisions)
-    except DataError as e:
-        die(e.msg)
+    c.revision_of = parse_revisions(c.revisions)
     extra = sorted(set(c.revision_of) - set(c.names))
     if extra:
         die(f"--revisions names {extra}, which are not in --datasets {c.names}")
@@ -483,7 +481,7 @@ def load_sets(c, codec, n, master):
             chunks = load_eval_chunks(name, codec, n, split=c.split or None, path=c.paths.get(name),
                                       paper_split=c.paper_split, revision=c.revision_of.get(name),
                                       record=c.sources[name])
-        except DataError as e:
+        except UserError as e:
             if not c.skip_missing or name in c.paths:  # a local file the user named must load
                 die(f"{e.msg} [eval_ppl.py: --data_path {name}=PATH]")
             skipped[name] = e.msg  # the real reason: offline is only one of them

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 import torch
 
 from aogpt import checkpoint
+from aogpt.errors import command
 
 EXPORT_FILES = {checkpoint.EXPORT_CONFIG, checkpoint.EXPORT_WEIGHTS, 'README.md'}  # what an export writes
 
@@ -46,8 +47,10 @@ _KINDS = {('adaln', True): ('AO-GPT', 'an any-order decoder; the target position
 _HUB_DATASETS = {'openwebtext': 'Skylion007/openwebtext', 'ptb': 'ptb-text-only/ptb_text_only'}
 
 
+@command
 def main(argv=None):
-    from aogpt.configurator import configure, die, first_line, print_config
+    from aogpt.configurator import configure, print_config
+    from aogpt.errors import die, first_line
     cfg = configure(dict(globals()), argv)  # a copy: main() can run more than once in one process (tests)
     print_config(cfg)
     c = SimpleNamespace(**cfg)
@@ -94,7 +97,7 @@ def default_dest(src):
 
 def check_dest(path, overwrite):
     """Refuse to replace anything but an earlier export (--overwrite) or an empty folder."""
-    from aogpt.configurator import die
+    from aogpt.errors import die
     if not os.path.exists(path):
         return
     if not os.path.isdir(path):
@@ -135,7 +138,7 @@ def weights(model, dtype):
     storage, and the loader re-ties it), every tensor contiguous in the requested float type. A tensor
     that is not finite, or would not be in that type (float16 ends at 65504), is refused by name: an
     export of inf or NaN scores and samples as if nothing were wrong."""
-    from aogpt.configurator import die
+    from aogpt.errors import die
     sd = model.state_dict()
     if model.config.tie_head:
         del sd['lm_head.weight']
@@ -190,7 +193,7 @@ def write_folder(path, config, tensors, card, overwrite=False):
         shutil.rmtree(tmp, ignore_errors=True)
         if not isinstance(e, Exception):
             raise
-        from aogpt.configurator import die
+        from aogpt.errors import die
         if isinstance(e, OSError) and e.errno in (errno.ENOTEMPTY, errno.EEXIST):
             die(f"--dest {path} was filled by another export while this one ran; nothing was changed there: "
                 f"pass another --dest, or --overwrite to replace it")
@@ -204,7 +207,7 @@ def find_evals(src, listed, iter_num, used_ema, weights_id):
     files, else every eval_ppl.json / *.eval_ppl.json beside the checkpoint. A result of other weights (another
     checkpoint, another iteration: ckpt.pt moves on as training runs, or the other weight set) is refused if it
     was listed, else left out with a note: a card must never show another model's numbers."""
-    from aogpt.configurator import die
+    from aogpt.errors import die
     if listed:
         paths = [p.strip() for p in listed.split(',') if p.strip()]
     elif src.startswith(checkpoint.HUB_PREFIX):

@@ -182,33 +182,69 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
-class Block(nn.Module):
-
-    def __init__(self, config, layer_idx):
-        super().__init__()
-        self.ln_1 = Norm(config.n_embd, config.norm, config.bias)
-        self.attn = CausalSelfAttention(config, layer_idx)
-        self.ln_2 = Norm(config.n_embd, config.norm, config.bias)
-        self.mlp = MLP(config)
-        if config.cond == 'adaln':
-            # SiLU -> Linear(target_dim -> 6 n_embd): shift/scale/gate for attention, then for the MLP
-            self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(config.target_dim, 6 * config.n_embd))
-
-    def forward(self, x, cond=None, mask=None, kv=None):
-        if cond is None:  # GPT, sigma-GPT, the encoder: nanoGPT's pre-norm block
-            x = x + self.attn(self.ln_1(x), mask, kv)
-            return x + self.mlp(self.ln_2(x))
-        if isinstance(cond, TargetTable):  # adaln_table: the same block, memory-optimised (below)
-            return cond.block(self, x, mask, kv)
-        # AdaLN (DiT): each slot's target embedding (B, r, td) -> its shift, scale and gate for the
-        # attention branch, then for the MLP branch
-        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = self.adaLN(cond).chunk(6, dim=-1)
-        x = x + gate_a * self.attn(modulate(self.ln_1(x), shift_a, scale_a), mask, kv)
-        return x + gate_m * self.mlp(modulate(self.ln_2(x), shift_m, scale_m))
-
+# ---------------------------------------------------------------------- the target's conditioning (AdaLN)
+# What a block asks of the conditioning it is given: for these rows, one modulation for its attention branch
+# and one for its MLP branch (cond.branches(block)), each of which normalises the branch's input
+# (mod.norm(ln, x)) and adds its output back (mod.residual(x, y)); what the final norm asks
+# (cond.final(transformer)); and the conditioning of the last n rows only (cond.last(n)). Three answer it:
+#   NO_TARGET    GPT, sigma-GPT, the encoder: ln(x) and x + y, nanoGPT's pre-norm block
+#   PerToken     AdaLN (DiT): each slot's target embedding -> its shift, scale and gate
+#   TargetTable  adaln_table=True: the same function, computed once per target position and gathered
 
 def modulate(x, shift, scale):
     return x * (1 + scale) + shift
+
+
+class NoTarget:
+    """No conditioning: every branch is plain pre-norm (this object is its own modulation)."""
+
+    def branches(self, block):
+        return self, self
+
+    def final(self, transformer):
+        return self
+
+    def last(self, n):
+        return self
+
+    def norm(self, ln, x):
+        return ln(x)
+
+    def residual(self, x, y):
+        return x + y
+
+
+NO_TARGET = NoTarget()
+
+
+class Modulation:
+    """One branch's shift, scale and gate (B, r, C) for these rows (the final norm has no gate)."""
+
+    def __init__(self, shift, scale, gate=None):
+        self.shift, self.scale, self.gate = shift, scale, gate
+
+    def norm(self, ln, x):
+        return modulate(ln(x), self.shift, self.scale)
+
+    def residual(self, x, y):
+        return x + self.gate * y
+
+
+class PerToken:
+    """AdaLN, per token: the target embedding of each slot, emb (B, r, td), zero for a slot with no target."""
+
+    def __init__(self, emb):
+        self.emb = emb
+
+    def branches(self, block):
+        shift_a, scale_a, gate_a, shift_m, scale_m, gate_m = block.adaLN(self.emb).chunk(6, dim=-1)
+        return Modulation(shift_a, scale_a, gate_a), Modulation(shift_m, scale_m, gate_m)
+
+    def final(self, transformer):
+        return Modulation(*transformer.adaLN_f(self.emb).chunk(2, dim=-1))
+
+    def last(self, n):
+        return PerToken(self.emb[:, -n:])
 
 
 class TargetTable:
@@ -223,19 +259,29 @@ class TargetTable:
     def __init__(self, idx, rows):
         self.idx, self.rows = idx, rows                                  # (B, r), (block_size + 1, td)
 
+    def branches(self, block):
+        C = block.adaLN[1].out_features // 6
+        shift_scale_a, gate_a, shift_scale_m, gate_m = block.adaLN(self.rows).split([2 * C, C, 2 * C, C], dim=1)
+        return GatheredModulation(self.idx, shift_scale_a, gate_a), GatheredModulation(self.idx, shift_scale_m, gate_m)
+
+    def final(self, transformer):
+        return GatheredModulation(self.idx, transformer.adaLN_f(self.rows))
+
     def last(self, n):
         return TargetTable(self.idx[:, -n:], self.rows)
 
-    def block(self, block, x, mask, kv):
-        C = x.size(-1)
-        shift_scale_a, gate_a, shift_scale_m, gate_m = block.adaLN(self.rows).split([2 * C, C, 2 * C, C], dim=1)
-        h = _recompute(_gathered_modulate, block.ln_1, x, self.idx, shift_scale_a)
-        x = _recompute(_gathered_gate, x, block.attn(h, mask, kv), self.idx, gate_a)
-        h = _recompute(_gathered_modulate, block.ln_2, x, self.idx, shift_scale_m)
-        return _recompute(_gathered_gate, x, block.mlp(h), self.idx, gate_m)
 
-    def final_norm(self, adaLN_f, ln_f, x):
-        return _recompute(_gathered_modulate, ln_f, x, self.idx, adaLN_f(self.rows))
+class GatheredModulation:
+    """A Modulation whose rows are gathered from a table (one row per target position) by idx (B, r)."""
+
+    def __init__(self, idx, shift_scale, gate=None):
+        self.idx, self.shift_scale, self.gate = idx, shift_scale, gate  # (B, r), (T, 2C), (T, C)
+
+    def norm(self, ln, x):
+        return _recompute(_gathered_modulate, ln, x, self.idx, self.shift_scale)
+
+    def residual(self, x, y):
+        return _recompute(_gathered_gate, x, y, self.idx, self.gate)
 
 
 def _gathered_modulate(norm, x, idx, table):
@@ -252,6 +298,24 @@ def _recompute(fn, *args):
     if torch.is_grad_enabled():
         return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
     return fn(*args)
+
+
+class Block(nn.Module):
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.ln_1 = Norm(config.n_embd, config.norm, config.bias)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = Norm(config.n_embd, config.norm, config.bias)
+        self.mlp = MLP(config)
+        if config.cond == 'adaln':
+            # SiLU -> Linear(target_dim -> 6 n_embd): shift/scale/gate for attention, then for the MLP
+            self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(config.target_dim, 6 * config.n_embd))
+
+    def forward(self, x, cond=NO_TARGET, mask=None, kv=None):
+        attn, mlp = cond.branches(self)  # how the target modulates each branch, for these rows (see above)
+        x = attn.residual(x, self.attn(attn.norm(self.ln_1, x), mask, kv))
+        return mlp.residual(x, self.mlp(mlp.norm(self.ln_2, x)))
 
 
 def _open_gates(linear):
@@ -336,8 +400,8 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ the slots
     def _embed(self, tok, pos, tgt):
-        """Slot inputs (B, r) -> the residual stream x (B, r, C), and AdaLN's conditioning: None without
-        AdaLN; per token, each slot's target embedding (B, r, td), zero for a slot with no target; with
+        """Slot inputs (B, r) -> the residual stream x (B, r, C), and the conditioning its blocks are given:
+        NO_TARGET without AdaLN; PerToken, each slot's target embedding (zero for a slot with no target); with
         adaln_table, a TargetTable of the target embeddings and each slot's row in it."""
         cfg, tr = self.config, self.transformer
         x = tr.wte(tok.clamp(min=0))                                      # (B, r, C)
@@ -346,12 +410,12 @@ class GPT(nn.Module):
         has_tgt = (tgt >= 0).unsqueeze(-1)
         if cfg.cond == 'sigma':
             x = x + tr.wtpe(tgt.clamp(min=0)) * has_tgt.to(x.dtype)
-        cond = None
+        cond = NO_TARGET
         if cfg.cond == 'adaln' and cfg.adaln_table:
             rows = torch.cat([tr.wtpe.weight, tr.wtpe.weight.new_zeros(1, cfg.target_dim)])  # row block_size: none
             cond = TargetTable(torch.where(tgt >= 0, tgt, cfg.block_size), rows)
         elif cfg.cond == 'adaln':
-            cond = tr.wtpe(tgt.clamp(min=0)) * has_tgt.to(tr.wtpe.weight.dtype)  # (B, r, td)
+            cond = PerToken(tr.wtpe(tgt.clamp(min=0)) * has_tgt.to(tr.wtpe.weight.dtype))  # (B, r, td)
         return tr.drop(x), cond
 
     def forward_slots(self, tok, pos, tgt, mask=None, kv=None, n_logits=None):
@@ -367,18 +431,8 @@ class GPT(nn.Module):
             x = block(x, cond, mask, kv)
         if n_last is not None:
             x = x[:, -n_last:]
-            cond = None if cond is None else cond.last(n_last) if isinstance(cond, TargetTable) else cond[:, -n_last:]
-        return self._final_norm(x, cond)
-
-    def _final_norm(self, x, cond):
-        """ln_f, and with AdaLN its target shift/scale."""
-        tr = self.transformer
-        if cond is None:
-            return tr.ln_f(x)
-        if isinstance(cond, TargetTable):
-            return cond.final_norm(tr.adaLN_f, tr.ln_f, x)
-        shift, scale = tr.adaLN_f(cond).chunk(2, dim=-1)
-        return modulate(tr.ln_f(x), shift, scale)
+            cond = cond.last(n_last)
+        return cond.final(self.transformer).norm(self.transformer.ln_f, x)  # ln_f, and with AdaLN its shift/scale
 
     # ------------------------------------------------------------------ training and likelihood
     def forward(self, idx, order=None, targets=None, t=None, reduction='mean'):

@@ -25,7 +25,8 @@ import unicodedata
 import torch
 
 from aogpt import engine, generate, genppl
-from aogpt.configurator import die, namespace, print_config, stop_on_ctrl_c
+from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
+from aogpt.errors import command, die
 from aogpt.runtime import script_device
 
 # -----------------------------------------------------------------------------
@@ -125,6 +126,7 @@ def printable(text):
 
 # ----------------------------------------------------------------------------- main
 
+@command
 def main(argv=None):
     c = read_config(argv)
     print_config(c.config)

@@ -38,13 +38,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from aogpt.checkpoint import CKPT_NAME, keep_copy, model_source, resume_state, save_checkpoint
+from aogpt.checkpoint import CKPT_NAME, save_checkpoint
 from aogpt.configurator import configure, print_config
 from aogpt.ema import EMA
 from aogpt.plot import plot_log
 from aogpt.preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
-from aogpt.rundir import Run, claim_out_dir, release_out_dir, rewind_out_dir
+from aogpt.rundir import Run, claim_out_dir, keep_copy, release_out_dir, rewind_out_dir
 from aogpt.runtime import autocast, fast_math, gpu_peak_flops, resolve_device, start_ranks
+from aogpt.startup import model_source, resume_state
 from aogpt.valloss import progress_of, val_losses, val_passes, val_windows
 from model import GPT, GPTConfig, block_order, mdm_corrupt, random_orders
 
@@ -128,7 +129,7 @@ rank = int(os.environ.get('RANK', 0))
 master = rank == 0
 show_bar = progress and master and sys.stderr.isatty()
 run = Run(master)  # its progress bar and out_dir lock, and one line and a released out_dir however it ends
-say, fail = run.say, run.fail
+say, fail = run.say, run.fail  # and `with run.failing():` makes a library's UserError fail's line
 iter_num, last_saved = 0, None  # optimizer steps done; (path, iteration) of the last checkpoint
 
 
@@ -139,13 +140,12 @@ def interrupted_at():
         f"--init_from=auto" if last_saved and not eval_only else "no checkpoint was written")
 
 
-check_config(cfg, fail)  # every key, before anything is read or written: a bad value costs one line, not a run
+with run.failing():
+    check_config(cfg)  # every key, before anything is read or written: a bad value costs one line, not a run
 
 # ------------------------------------------------------------------ devices and processes
-try:
+with run.failing():
     device = resolve_device(device)
-except ValueError as e:
-    fail(str(e))
 rank, world_size, device = start_ranks(device)  # one process, or this torchrun rank's (on its own GPU)
 device_type = device.split(':')[0]
 if gradient_accumulation_steps % world_size:
@@ -161,13 +161,15 @@ fast_math(device)  # TF32 on CUDA; on the CPU, denormals flushed to zero
 signal.signal(signal.SIGINT, lambda signum, frame: run.interrupt(interrupted_at))  # from here on: one line
 signal.signal(signal.SIGTERM, lambda signum, frame: run.interrupt(interrupted_at, 143))  # kill, a scheduler, reproduce.py
 if master:
-    run.lock = claim_out_dir(out_dir, fail)  # made, locked and proven writable before the first step
+    with run.failing():
+        run.lock = claim_out_dir(out_dir)  # made, locked and proven writable before the first step
     print_config(cfg)
 ckpt_path = os.path.join(out_dir, CKPT_NAME)
 log_path = os.path.join(out_dir, 'log.jsonl')
 
 # ------------------------------------------------------------------ data
-data_dir, codec, n_train, n_val = check_data(cfg, fail, say)  # codec: saved in every checkpoint
+with run.failing():
+    data_dir, codec, n_train, n_val = check_data(cfg, say)  # codec: saved in every checkpoint
 data_vocab = codec.vocab_size
 
 
@@ -192,7 +194,8 @@ dev_gen = torch.Generator(device=device)
 # ------------------------------------------------------------------ model
 torch.manual_seed(seed)  # the initial weights (identical on every rank; DDP also broadcasts rank 0's)
 
-source_args, weights, ckpt, resume_path = model_source(cfg, _given, codec, data_dir, fail, say)
+with run.failing():
+    source_args, weights, ckpt, resume_path = model_source(cfg, _given, codec, data_dir, say)
 model_args = dict(source_args, dropout=dropout, adaln_table=adaln_table)
 try:
     model = GPT(GPTConfig(**model_args))
@@ -202,7 +205,8 @@ if weights is not None:
     model.load_state_dict(weights)
 del weights
 
-check_model(model_args, cfg, data_vocab, data_dir, fail)  # against the data and the orders
+with run.failing():
+    check_model(model_args, cfg, data_vocab, data_dir)  # against the data and the orders
 if not model_args['causal']:
     model.transformer.wnonee.weight.requires_grad_(False)  # the encoder never uses [None]; DDP needs all used
 model.to(device)

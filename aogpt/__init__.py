@@ -2,12 +2,14 @@
 aogpt: the library behind the commands at the repository's root (train.py, sample.py, eval_ppl.py,
 eval_harness.py, export.py) and the model they share (model.py, also at the root).
 
+    errors        UserError, the library's one exception for bad input, and how a command prints it
     configurator  the command-line / config-file settings of every script
     runtime       device, dtype, autocast, process settings, torchrun ranks
     tokenizer     codecs (GPT-2 BPE, character level) and dataset metadata
     hub, evalsets the Hugging Face hub; the zero-shot eval sets and their detokenizers
     checkpoint    checkpoint and export files: reading, writing, resolving, the hub; paper_ckpt: the paper's
-    preflight, rundir, valloss, ema          train.py's checks, its out_dir lock, val losses, EMA
+    preflight, startup   train.py's checks before its first step; where its model and state come from (init_from)
+    rundir, valloss, ema train.py's out_dir (lock, periodic copies), val losses, EMA
     engine        the KV cache and how a forward call runs (dynamic, fixed shapes, CUDA graphs)
     generate      the samplers (Lemma 1 on the KV cache, AR, confidence orders, the encoder MDM)
     speculative   exact parallel decoding; genppl: generative perplexity; tracepage: --trace's HTML page

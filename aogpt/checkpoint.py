@@ -32,15 +32,15 @@ import os
 import re
 import sys
 import warnings
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import torch
 
 from aogpt import ROOT
-from aogpt.configurator import die, first_line
+from aogpt.errors import UserError, first_line
 from aogpt.paper_ckpt import convert_paper_checkpoint
-from aogpt.tokenizer import DataError, codec_from_record, get_codec
-from model import GPT, GPTConfig, config_fields, strip_prefixes
+from aogpt.tokenizer import codec_from_record, get_codec
+from model import GPT, GPTConfig, strip_prefixes
 
 CKPT_NAME = 'ckpt.pt'
 EXPORT_FORMAT, EXPORT_VERSION = 'aogpt-export', 1
@@ -98,20 +98,21 @@ def resolve_path(path):
         folder = os.path.dirname(path) or '.'
         held = run_checkpoints(folder)
         if held and os.path.basename(path) == CKPT_NAME:  # its ckpt.pt is gone, its periodic copies are not
-            die(f"{folder} holds no {CKPT_NAME} but periodic copies ({', '.join(os.path.basename(h) for h in held[:3])}"
-                f"{', ...' if len(held) > 3 else ''}): pass one with --ckpt {held[0]}")
+            raise UserError(f"{folder} holds no {CKPT_NAME} but periodic copies "
+                            f"({', '.join(os.path.basename(h) for h in held[:3])}{', ...' if len(held) > 3 else ''}): "
+                            f"pass one with --ckpt {held[0]}")
         if os.path.exists(os.path.join(folder, EXPORT_WEIGHTS)) and not os.path.exists(
                 os.path.join(folder, EXPORT_CONFIG)):
-            die(f"{folder} holds {EXPORT_WEIGHTS} but no {EXPORT_CONFIG}, so it is not a complete export.py folder "
-                f"(and it has no {CKPT_NAME}): copy the export's {EXPORT_CONFIG} beside it, or export the checkpoint "
-                f"again")
+            raise UserError(f"{folder} holds {EXPORT_WEIGHTS} but no {EXPORT_CONFIG}, so it is not a complete "
+                            f"export.py folder (and it has no {CKPT_NAME}): copy the export's {EXPORT_CONFIG} beside "
+                            f"it, or export the checkpoint again")
         repo = re.fullmatch(r'[\w-][\w.-]*/[\w.-]+', path) and not path.endswith(TORCH_SUFFIXES)
         found = runs_here()
-        die(f"checkpoint not found: {path} (" +
-            (f"checkpoints here: {', '.join(found)}; pass one with --out_dir DIR or --ckpt" if found else
-             "train one with `python train.py config/<name>.py`, or pass --ckpt FILE / --out_dir DIR, an "
-             "export.py folder or hf:owner/repo") +
-            (f"; for a Hugging Face repo write hf:{path})" if repo else ")"))
+        raise UserError(f"checkpoint not found: {path} (" +
+                        (f"checkpoints here: {', '.join(found)}; pass one with --out_dir DIR or --ckpt" if found else
+                         "train one with `python train.py config/<name>.py`, or pass --ckpt FILE / --out_dir DIR, an "
+                         "export.py folder or hf:owner/repo") +
+                        (f"; for a Hugging Face repo write hf:{path})" if repo else ")"))
     return path
 
 
@@ -123,15 +124,6 @@ def run_checkpoints(folder):
     except OSError:
         return []
     return [os.path.join(folder, f) for f in [CKPT_NAME] * os.path.exists(os.path.join(folder, CKPT_NAME)) + copies]
-
-
-def keep_copy(path, iter_num):
-    """Keep the checkpoint at `path` also as ckpt_<iter>.pt beside it (train.py's keep_ckpt_every; found by
-    run_checkpoints): a hard link, the same bytes with no second write, which survives the next os.replace."""
-    keep = os.path.join(os.path.dirname(path), f'ckpt_{iter_num:07d}.pt')
-    if os.path.exists(keep):
-        os.remove(keep)
-    os.link(path, keep)
 
 
 def runs_here(root='.', limit=6):
@@ -165,29 +157,29 @@ def load_checkpoint(path):
             try:
                 ckpt = torch.load(path, map_location='cpu', weights_only=True)
             except Exception as e:
-                _die_unreadable(path, e)
+                _raise_unreadable(path, e)
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if not isinstance(ckpt, dict):
-        die(f"{path} holds a {type(ckpt).__name__}, not a checkpoint dict")
+        raise UserError(f"{path} holds a {type(ckpt).__name__}, not a checkpoint dict")
     return ckpt
 
 
-def _die_unreadable(path, e):
+def _raise_unreadable(path, e):
     with open(path, 'rb') as f:
         head = f.read(4)
     if head[:2] != b'PK' and head[:1] != b'\x80':  # torch.save writes a zip archive, or (legacy) a pickle
-        die(f"{path} is not a checkpoint: torch files are zip archives (or legacy pickles), this one starts "
-            f"with the bytes {head!r}")
+        raise UserError(f"{path} is not a checkpoint: torch files are zip archives (or legacy pickles), this one "
+                        f"starts with the bytes {head!r}")
     text = str(e)
     m = re.search(r'Unsupported global: GLOBAL ([\w.]+)', text)
     if m:
-        die(f"cannot read checkpoint {path} with weights_only=True: it pickles {m.group(1)}, not just tensors, "
-            f"numbers, strings, lists and dicts (if you trust the file, allow that type with "
-            f"torch.serialization.add_safe_globals, or re-save the checkpoint without it)")
+        raise UserError(f"cannot read checkpoint {path} with weights_only=True: it pickles {m.group(1)}, not just "
+                        f"tensors, numbers, strings, lists and dicts (if you trust the file, allow that type with "
+                        f"torch.serialization.add_safe_globals, or re-save the checkpoint without it)")
     # torch's own first sentence says what failed; its next ones are advice about its internals
-    die(f"cannot read checkpoint {path}: it is truncated or corrupt ({first_line(e).split('. ')[0].rstrip('.')}); "
-        f"copy it again, or pass another checkpoint")
+    raise UserError(f"cannot read checkpoint {path}: it is truncated or corrupt "
+                    f"({first_line(e).split('. ')[0].rstrip('.')}); copy it again, or pass another checkpoint")
 
 
 def detect_format(ckpt):
@@ -220,34 +212,37 @@ def load_model(path, device='cpu', use_ema=None):
     ckpt = load_checkpoint(where)
     fmt = detect_format(ckpt)
     if fmt is None:
-        die(f"{where} is neither an aogpt checkpoint (format='aogpt-v1') nor one of the "
-            f"paper's AO-GPT / sigma-GPT checkpoints: {_describe(ckpt)}")
+        raise UserError(f"{where} is neither an aogpt checkpoint (format='aogpt-v1') nor one of the "
+                        f"paper's AO-GPT / sigma-GPT checkpoints: {_describe(ckpt)}")
     if fmt != 'aogpt':
         ckpt = convert_paper_checkpoint(ckpt, fmt)
     try:
         model = GPT(GPTConfig(**ckpt['model_args']))
     except (AssertionError, ValueError, TypeError) as e:
-        die(f"{where}: its model_args do not describe a valid model ({first_line(e)}): {ckpt['model_args']}")
+        raise UserError(f"{where}: its model_args do not describe a valid model ({first_line(e)}): "
+                        f"{ckpt['model_args']}")
     sd = strip_prefixes(ckpt['model'])
     try:
         missing, unexpected = model.load_state_dict(sd, strict=False)
     except RuntimeError as e:  # a size mismatch
-        die(f"{where}: the weights do not fit its model_args: {str(e).strip().splitlines()[-1].strip()[:300]}")
+        raise UserError(f"{where}: the weights do not fit its model_args: "
+                        f"{str(e).strip().splitlines()[-1].strip()[:300]}")
     missing = [k for k in missing if not (model.config.tie_head and k == 'lm_head.weight')]
     if missing or unexpected:
-        die(f"{where} does not match its model_args: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise UserError(f"{where} does not match its model_args: missing {missing[:5]}, unexpected {unexpected[:5]}")
     try:
         misfit = ckpt.get('codec') and codec_misfit(codec_from_record(ckpt['codec']), model.config, ckpt.get('config'))
-    except DataError as e:
-        die(f"{where}: {e.msg}")
+    except UserError as e:
+        raise UserError(f"{where}: {e.msg}")
     if misfit:
-        die(f"{where}: {misfit}, so it is not the codec this model was trained with (a config.json edited or "
-            f"mixed up with another export's?); export the checkpoint again")
+        raise UserError(f"{where}: {misfit}, so it is not the codec this model was trained with (a config.json edited "
+                        f"or mixed up with another export's?); export the checkpoint again")
     if ckpt.get('weights'):  # an export holds one set of weights, chosen when it was exported
         held = ckpt['weights'] == 'ema'
         if use_ema is not None and use_ema != held:
-            die(f"{path} holds only its {'EMA' if held else 'raw'} weights, so --use_ema={use_ema} cannot be "
-                f"honoured: leave --use_ema out, or export the original checkpoint with --use_ema={use_ema}")
+            raise UserError(f"{path} holds only its {'EMA' if held else 'raw'} weights, so --use_ema={use_ema} cannot "
+                            f"be honoured: leave --use_ema out, or export the original checkpoint with "
+                            f"--use_ema={use_ema}")
         use_ema = held
     else:
         ema = ckpt.get('ema')
@@ -255,7 +250,7 @@ def load_model(path, device='cpu', use_ema=None):
             use_ema = bool(ema)
         if use_ema:
             if not ema:
-                die("--use_ema=True but the checkpoint has no EMA weights")
+                raise UserError("--use_ema=True but the checkpoint has no EMA weights")
             apply_ema(model, ema['params'])
     if ckpt.get('source') == 'paper-sigma' and use_ema:
         print("note: using sigma-GPT's EMA weights; the paper evaluated its sigma-GPT checkpoints with the "
@@ -291,29 +286,20 @@ def checkpoint_codec(ckpt, dataset=''):
         if d is None:
             tried = list(dict.fromkeys([dataset, os.path.join(root, dataset), os.path.join('data', dataset)]))
             tried = ', '.join(tried[:-1]) + ' and ' + tried[-1] if len(tried) > 1 else tried[0]
-            die(f"--dataset {dataset}: no such data directory (tried {tried}); leave it empty to use the checkpoint's "
-                f"codec")
-        chosen = _codec_of(d)
-    try:
-        stored = codec_from_record(ckpt['codec']) if ckpt.get('codec') else None
-    except DataError as e:
-        die(e.msg)
+            raise UserError(f"--dataset {dataset}: no such data directory (tried {tried}); leave it empty to use the "
+                            f"checkpoint's codec")
+        chosen = get_codec(d)
+    stored = codec_from_record(ckpt['codec']) if ckpt.get('codec') else None
     if stored is not None:
         if chosen is not None and chosen.record() != stored.record():
-            die(f"--dataset {dataset} uses a {_describe_codec(chosen)} codec, but the checkpoint was trained "
-                f"with a {_describe_codec(stored)} one: its ids would be misread; leave --dataset out")
+            raise UserError(f"--dataset {dataset} uses a {_describe_codec(chosen)} codec, but the checkpoint was "
+                            f"trained with a {_describe_codec(stored)} one: its ids would be misread; leave "
+                            "--dataset out")
         return stored
     if chosen is not None:
         return chosen
     d = find_dataset(cfg['dataset'], root) if cfg.get('dataset') else None
-    return _codec_of(d) if d else get_codec(None)
-
-
-def _codec_of(d):
-    try:
-        return get_codec(d)
-    except DataError as e:
-        die(e.msg)
+    return get_codec(d if d else None)
 
 
 def _describe_codec(codec):
@@ -326,7 +312,7 @@ def apply_ema(model, ema_params):
     ema_params = strip_prefixes(ema_params)
     unknown = [k for k in ema_params if k not in params]
     if unknown:
-        die(f"EMA holds parameters the model lacks: {unknown[:5]}")
+        raise UserError(f"EMA holds parameters the model lacks: {unknown[:5]}")
     with torch.no_grad():
         for k, v in ema_params.items():
             params[k].copy_(v)
@@ -341,118 +327,6 @@ def _describe(ckpt):
         if tensors:
             out += f", tensors like {tensors[:4]}"
     return out
-
-
-# ---------------------------------------------------------------------- where train.py's model comes from
-
-def model_source(cfg, given, codec, data_dir, fail=die, say=print):
-    """The model train.py starts from, by init_from: (its GPTConfig arguments, its weights or None, the checkpoint
-    being resumed or None, that checkpoint's path or None). Only the shape comes from here; how the weights train
-    (dropout, adaln_table: the same function computed another way) always follows the run's config. given: the
-    keys the config files and command line set (only these may contradict a fine-tune's source); codec: that of
-    the data in data_dir. fail and say: how train.py ends the run and speaks (rank 0 prints, out_dir is let go)."""
-    out_dir, init_from, block_size = cfg['out_dir'], cfg['init_from'], cfg['block_size']
-    held = run_checkpoints(out_dir)  # ckpt.pt, else the newest periodic copy (ckpt.pt deleted or lost)
-    resume_path = held[0] if held else os.path.join(out_dir, CKPT_NAME)
-    if init_from == 'auto':
-        init_from = 'resume' if held else 'scratch'
-    if init_from == 'scratch' and held:
-        fail(f"{out_dir} already holds checkpoints ({', '.join(os.path.basename(h) for h in held[:3])}"
-             f"{', ...' if len(held) > 3 else ''}): continue with init_from=resume (or auto), or pick another "
-             f"out_dir; starting from scratch here would overwrite them (to start over, delete them first)")
-    if init_from == 'scratch':
-        args = {k: cfg[k] for k in config_fields() if k in cfg}
-        if args['vocab_size'] is None:  # pad for fast matmuls; the MDM needs one id for [MASK]
-            args['vocab_size'] = -(-(codec.vocab_size + (0 if cfg['causal'] else 1)) // 64) * 64
-        if args['mask_token_id'] is None:
-            args['mask_token_id'] = codec.vocab_size  # the first padding id (50257 for GPT-2)
-        return args, None, None, None
-    if init_from == 'resume':
-        if not os.path.exists(resume_path):
-            fail(f"init_from=resume but {resume_path} does not exist: use init_from=scratch, or auto")
-        ck = load_checkpoint(resume_path)
-        if ck.get('format') != 'aogpt-v1' or 'optimizer' not in ck:
-            fail(f"{resume_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
-                 f"with init_from={resume_path}")
-        check_codec(ck, codec, data_dir, resume_path, fail)
-        trained = asdict(GPTConfig(**ck['model_args']))  # keys older checkpoints lack take their defaults
-        # A value is accepted if it is the model's, or the one the run was started with (a fine-tune takes
-        # its shape from the source, so its config may hold defaults the model does not have).
-        asked = {k: v for k, v in shape_keys(cfg, trained).items() if v != ck['config'].get(k, trained[k])}
-        refuse_other_model(trained, asked, cfg, resume_path, "a resumed run keeps its model. Resume with the config "
-                           "it was trained with, or train the new model in another out_dir", fail)
-        changed = {k: (ck['config'].get(k), v) for k, v in cfg.items()
-                   if k in ck['config'] and ck['config'][k] != v and k != 'init_from'}
-        if changed:
-            say("resuming with changed keys (checkpoint -> now): " +
-                ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
-        return trained, strip_prefixes(ck['model']), ck, resume_path
-    if init_from.startswith('gpt2:'):
-        hf_dir = init_from[len('gpt2:'):]
-        if not os.path.exists(os.path.join(hf_dir, 'config.json')):
-            fail(f"{hf_dir} is not a local Hugging Face GPT-2 directory (config.json + model.safetensors)")
-        n_pos = json.load(open(os.path.join(hf_dir, 'config.json')))['n_positions']
-        if block_size > n_pos - 1:
-            fail(f"GPT-2 has {n_pos} positions and the [None] start slot takes one: use block_size<={n_pos - 1}")
-        if not cfg['causal']:
-            fail("init_from=gpt2:... warm-starts a decoder; the encoder MDM starts from scratch")
-        # GPT-2's own architecture (layer norm, tied head, ...) with our conditioning switches on top
-        src = GPT.from_pretrained(hf_dir, cond=cfg['cond'], target_dim=cfg['target_dim'],
-                                  adaln_init=cfg['adaln_init'], block_size=block_size)
-        say(f"warm start from GPT-2 weights in {hf_dir}: model shape from its config.json")
-    else:  # fine-tune from a checkpoint (ours, an export, or the paper's released ones)
-        src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if cfg['init_ema'] else False)
-        check_codec(src_ckpt, codec, data_dir, init_from, fail)
-        if src.config.block_size < block_size:
-            fail(f"{init_from} was trained with block_size {src.config.block_size}: use block_size<= that")
-        shape = ', '.join(f"{k}={getattr(src.config, k)!r}" for k in ('causal', 'cond', 'n_layer', 'n_head', 'n_embd'))
-        say(f"fine-tuning from {init_from} ({'EMA' if used_ema else 'raw'} weights); model shape from it ({shape}), "
-            f"whatever the config above says of keys not set")
-    args = asdict(src.config)  # a fine-tune or warm start: only the keys set may contradict it
-    refuse_other_model(args, shape_keys(cfg, args, given), cfg, init_from, "a fine-tuned model keeps its source's "
-                       "shape. Leave these keys out (the shape comes from the checkpoint), or train the new model "
-                       "from scratch", fail)
-    return args, src.state_dict(), None, None
-
-
-def resume_state(ckpt, optimizer, scaler, ema):
-    """Put back what a resumed train.py checkpoint holds besides the weights: the optimizer's, the scaler's and
-    the EMA's state (ema.py; an EMA the checkpoint lacks starts from the resumed weights). Returns (iter_num,
-    best_val_loss, elapsed seconds, the training losses since the last eval, which a save between evals
-    carries on). No RNG state or data cursor: every draw is a function of (seed, iteration)."""
-    optimizer.load_state_dict(ckpt['optimizer'])
-    if ckpt.get('scaler'):
-        scaler.load_state_dict(ckpt['scaler'])
-    if ema is not None and ckpt.get('ema'):
-        ema.load_state_dict(ckpt['ema'])
-    return (ckpt['iter_num'], ckpt.get('best_val_loss', float('inf')), ckpt.get('elapsed', 0.0),
-            list(ckpt.get('train_losses') or []))
-
-
-def check_codec(ckpt, codec, data_dir, where, fail=die):
-    """Training on from a checkpoint must read the data with the codec its ids were trained in."""
-    theirs = checkpoint_codec(ckpt)
-    if theirs.record() != codec.record():
-        fail(f"{data_dir} is tokenized with a {codec.name} codec ({codec.vocab_size} symbols), but {where} "
-             f"was trained with a {theirs.name} one ({theirs.vocab_size}): its ids would mean other symbols. "
-             f"Use the dataset it was trained on, or re-prepare the data with its codec")
-
-
-def shape_keys(cfg, model, only=None):
-    """The config's values of the model's keys that say which model it is: not dropout or adaln_table (how
-    the same weights train), not block_size (the training length, which may be shorter than the model's),
-    not a None vocab_size / mask_token_id (the model's)."""
-    return {k: cfg[k] for k in model if k in cfg and k not in ('dropout', 'adaln_table', 'block_size')
-            and (only is None or k in only) and not (cfg[k] is None and k in ('vocab_size', 'mask_token_id'))}
-
-
-def refuse_other_model(model, asked, cfg, where, why, fail=die):
-    """A run keeps the model it starts from, so a key asked for that contradicts it is refused, not quietly
-    overruled: the saved config must say what was trained."""
-    other = [k for k, v in asked.items() if v != model[k]]
-    if other:
-        fail(f"{where} holds a model with {', '.join(f'{k}={model[k]!r}' for k in other)}, but this config asks "
-             f"for {', '.join(f'{k}={cfg[k]!r}' for k in other)}: {why}")
 
 
 # ---------------------------------------------------------------------- exported folders (export.py)
@@ -477,37 +351,39 @@ def read_export(folder):
         with open(cfg_path) as f:
             meta = json.load(f)
     except (OSError, ValueError) as e:
-        die(f"cannot read {cfg_path} ({first_line(e)}): an export.py folder holds config.json + model.safetensors")
+        raise UserError(f"cannot read {cfg_path} ({first_line(e)}): an export.py folder holds config.json + "
+                        "model.safetensors")
     if not isinstance(meta, dict) or meta.get('format') != EXPORT_FORMAT:
         hf = isinstance(meta, dict) and 'model_type' in meta
-        die(f"{folder} is not an export.py folder: its {EXPORT_CONFIG} lacks \"format\": \"{EXPORT_FORMAT}\"" +
-            (f" (it is a Hugging Face transformers {meta['model_type']!r} model: train.py reads GPT-2 as "
-             f"--init_from=gpt2:DIR, sample.py as a --gen_ppl judge)" if hf else ""))
+        raise UserError(f"{folder} is not an export.py folder: its {EXPORT_CONFIG} lacks \"format\": "
+                        f"\"{EXPORT_FORMAT}\"" +
+                        (f" (it is a Hugging Face transformers {meta['model_type']!r} model: train.py reads GPT-2 as "
+                         f"--init_from=gpt2:DIR, sample.py as a --gen_ppl judge)" if hf else ""))
     if meta.get('format_version') != EXPORT_VERSION:
-        die(f"{cfg_path} is export format version {meta.get('format_version')!r}; this aogpt reads version "
-            f"{EXPORT_VERSION} (update aogpt)")
+        raise UserError(f"{cfg_path} is export format version {meta.get('format_version')!r}; this aogpt reads version "
+                        f"{EXPORT_VERSION} (update aogpt)")
     _check_model_args(meta.get('model_args'), cfg_path)
     try:
         codec_from_record(meta.get('codec'))
-    except DataError as e:
-        die(f"{cfg_path}: {e.msg}")
+    except UserError as e:
+        raise UserError(f"{cfg_path}: {e.msg}")
     if meta.get('weights') not in ('ema', 'raw'):
-        die(f"{cfg_path}: \"weights\" must be \"ema\" or \"raw\", got {meta.get('weights')!r}")
+        raise UserError(f"{cfg_path}: \"weights\" must be \"ema\" or \"raw\", got {meta.get('weights')!r}")
     order = meta.get('fixed_order')
     if order is not None and not (isinstance(order, list) and all(type(i) is int for i in order)):
-        die(f"{cfg_path}: \"fixed_order\" must be a list of positions or null")
+        raise UserError(f"{cfg_path}: \"fixed_order\" must be a list of positions or null")
     if not os.path.exists(w_path):
-        die(f"{folder} has {EXPORT_CONFIG} but no {EXPORT_WEIGHTS}: copy the whole export.py folder")
+        raise UserError(f"{folder} has {EXPORT_CONFIG} but no {EXPORT_WEIGHTS}: copy the whole export.py folder")
     want = meta.get('weights_sha256')
     if want is not None and file_sha256(w_path) != want:
-        die(f"{w_path} does not match the sha256 that {EXPORT_CONFIG} records for it: the file is corrupt or was "
-            f"changed; copy or download it again (if you changed the weights on purpose, delete \"weights_sha256\" "
-            f"from {EXPORT_CONFIG})")
+        raise UserError(f"{w_path} does not match the sha256 that {EXPORT_CONFIG} records for it: the file is corrupt "
+                        f"or was changed; copy or download it again (if you changed the weights on purpose, delete "
+                        f"\"weights_sha256\" from {EXPORT_CONFIG})")
     from safetensors.torch import load_file
     try:
         sd = load_file(w_path, device='cpu')
     except Exception as e:
-        die(f"cannot read {w_path}: it is truncated, corrupt or not a safetensors file ({first_line(e)})")
+        raise UserError(f"cannot read {w_path}: it is truncated, corrupt or not a safetensors file ({first_line(e)})")
     return dict(format='aogpt-v1', source='export', model_args=meta['model_args'], codec=meta['codec'], model=sd,
                 weights=meta['weights'], iter_num=meta.get('iter_num'), tokens=meta.get('tokens'),
                 config=meta.get('train_config') or {}, order=None if order is None else torch.tensor(order),
@@ -558,17 +434,17 @@ def _check_model_args(args, where):
     """GPTConfig fields only, each of its type: a foreign or hand-edited config.json is one clear line."""
     known = {f.name: f for f in fields(GPTConfig)}
     if not isinstance(args, dict):
-        die(f"{where}: \"model_args\" must be an object of GPTConfig fields, got {type(args).__name__}")
+        raise UserError(f"{where}: \"model_args\" must be an object of GPTConfig fields, got {type(args).__name__}")
     unknown = sorted(set(args) - set(known))
     if unknown:
-        die(f"{where}: unknown model_args {unknown} (exported by a newer aogpt?); GPTConfig has "
-            f"{', '.join(known)}")
+        raise UserError(f"{where}: unknown model_args {unknown} (exported by a newer aogpt?); GPTConfig has "
+                        f"{', '.join(known)}")
     for k, v in args.items():
         want, default = known[k].type, known[k].default
         ok = ((v is None and default is None) or (want is float and type(v) in (int, float)) or
               type(v) is want)
         if not ok:
-            die(f"{where}: model_args {k} must be {want.__name__}, got {v!r}")
+            raise UserError(f"{where}: model_args {k} must be {want.__name__}, got {v!r}")
 
 
 # ---------------------------------------------------------------------- the Hugging Face hub
@@ -578,9 +454,9 @@ def parse_hub_spec(spec):
     name, at, rev = parts[1].partition('@') if len(parts) > 1 else ('', '', '')
     if (len(parts) < 2 or not re.fullmatch(r'[\w.-]+', parts[0]) or not re.fullmatch(r'[\w.-]+', name)
             or (at and not re.fullmatch(r'[\w.-]+', rev)) or '' in parts[2:]):
-        die(f"{spec!r} names no hub checkpoint: write hf:owner/repo (an export.py folder), hf:owner/repo/sub "
-            f"(one in a folder of the repo) or hf:owner/repo/path/to/ckpt.pt (one torch file); "
-            f"hf:owner/repo@revision/... picks a branch, tag or commit")
+        raise UserError(f"{spec!r} names no hub checkpoint: write hf:owner/repo (an export.py folder), "
+                        f"hf:owner/repo/sub (one in a folder of the repo) or hf:owner/repo/path/to/ckpt.pt (one torch "
+                        f"file); hf:owner/repo@revision/... picks a branch, tag or commit")
     return f"{parts[0]}/{name}", rev or None, '/'.join(parts[2:])
 
 
@@ -605,7 +481,7 @@ def fetch_from_hub(spec):
     try:
         from huggingface_hub import constants, errors, hf_hub_download
     except ImportError:
-        die(f"{spec}: reading the Hugging Face hub needs huggingface_hub (pip install huggingface_hub)")
+        raise UserError(f"{spec}: reading the Hugging Face hub needs huggingface_hub (pip install huggingface_hub)")
     got, revision = [], rev
     for name in names:
         try:
@@ -614,21 +490,23 @@ def fetch_from_hub(spec):
             why = "HF_HUB_OFFLINE is set" if forced else "huggingface.co cannot be reached"
             local = f"DIR/{names[0]}" if len(names) == 1 else os.path.join('DIR', os.path.dirname(names[0]))
             get = f"hf download {repo} {' '.join(names)}{f' --revision {rev}' if rev else ''} --local-dir DIR"
-            die(f"{spec}: {' and '.join(names)} not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and "
-                f"{why}: connect and rerun (it is then cached), or on a machine with internet run `{get}`, "
-                f"copy DIR here and pass {local.rstrip('/')}")
+            raise UserError(f"{spec}: {' and '.join(names)} not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
+                            f"and {why}: connect and rerun (it is then cached), or on a machine with internet run "
+                            f"`{get}`, copy DIR here and pass {local.rstrip('/')}")
         except errors.GatedRepoError:
-            die(f"{spec}: {repo} is gated: accept its terms on huggingface.co, then log in (`hf auth login`)")
+            raise UserError(f"{spec}: {repo} is gated: accept its terms on huggingface.co, then log in (`hf auth "
+                            "login`)")
         except errors.RepositoryNotFoundError:
-            die(f"{spec}: no repository {repo} on the Hugging Face hub (a private one needs `hf auth login`)")
+            raise UserError(f"{spec}: no repository {repo} on the Hugging Face hub (a private one needs `hf auth "
+                            "login`)")
         except errors.RevisionNotFoundError:
-            die(f"{spec}: {repo} has no revision {rev!r}")
+            raise UserError(f"{spec}: {repo} has no revision {rev!r}")
         except errors.EntryNotFoundError:
-            die(f"{spec}: {repo}{f'@{rev}' if rev else ''} has no file {name}" +
-                ("" if len(names) == 1 else " (hf:owner/repo[/sub] reads an export.py folder; name a torch "
-                                            f"checkpoint by its path, e.g. hf:{repo}/path/to/ckpt.pt)"))
+            raise UserError(f"{spec}: {repo}{f'@{rev}' if rev else ''} has no file {name}" +
+                            ("" if len(names) == 1 else " (hf:owner/repo[/sub] reads an export.py folder; name a torch "
+                                                        f"checkpoint by its path, e.g. hf:{repo}/path/to/ckpt.pt)"))
         except Exception as e:  # an invalid repo id, a network error mid-download, a full disk, ...
-            die(f"{spec}: fetching {name} from {repo} failed ({type(e).__name__}: {first_line(e)})")
+            raise UserError(f"{spec}: fetching {name} from {repo} failed ({type(e).__name__}: {first_line(e)})")
         got.append(path)
         commit = os.path.normpath(path).split(os.sep)[-len(name.split('/')) - 1]
         if re.fullmatch(r'[0-9a-f]{40}', commit):

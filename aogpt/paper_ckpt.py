@@ -19,7 +19,7 @@ nothing and causal attention keeps it from touching the others, so the n logits 
 import re
 from dataclasses import asdict
 
-from aogpt.configurator import die
+from aogpt.errors import UserError
 from model import GPTConfig, strip_prefixes
 
 _PAPER_RENAME = (('transformer.final_layer.ln_f.', 'transformer.ln_f.'),
@@ -77,15 +77,15 @@ def convert_paper_checkpoint(ckpt, fmt):
     names = paper_param_names(fmt, n_layer, bias)
     expected = set(names) | ({'lm_head.weight'} if fmt == 'paper-sigma' else set())
     if set(sd) != expected:
-        die(f"{label} checkpoint does not have the documented parameters: missing "
-            f"{sorted(expected - set(sd))[:5]}, unexpected {sorted(set(sd) - expected)[:5]}")
+        raise UserError(f"{label} checkpoint does not have the documented parameters: missing "
+                        f"{sorted(expected - set(sd))[:5]}, unexpected {sorted(set(sd) - expected)[:5]}")
     if fmt == 'paper-aogpt':
         n_head = n_embd // sd['transformer.h.0.attn.q_norm.weight'].numel()  # q_norm spans one head
         switches = dict(cond='adaln', target_dim=sd['transformer.wtpe.weight'].shape[1], norm='rms',
                         qk_norm=True, tie_head=False, head_bias=True, gelu='exact')
     else:
         if 'n_head' not in ma:
-            die(f"{label} checkpoint has no model_args['n_head'] (it cannot be read from the weights)")
+            raise UserError(f"{label} checkpoint has no model_args['n_head'] (it cannot be read from the weights)")
         n_head = ma['n_head']
         switches = dict(cond='sigma', norm='layer', qk_norm=False, tie_head=True, head_bias=False,
                         gelu='exact')
@@ -93,7 +93,8 @@ def convert_paper_checkpoint(ckpt, fmt):
                  vocab_size=vocab_size, bias=bias)
     bad = {k: (ma[k], v) for k, v in found.items() if k in ma and ma[k] is not None and ma[k] != v}
     if bad or n_embd % n_head:
-        die(f"{label} checkpoint is inconsistent: model_args vs weights {bad}, n_embd {n_embd}, n_head {n_head}")
+        raise UserError(f"{label} checkpoint is inconsistent: model_args vs weights {bad}, n_embd {n_embd}, n_head "
+                        f"{n_head}")
     config = GPTConfig(**found, dropout=float(ma.get('dropout', 0.0)), **switches)
     model_sd = {_ours(k): v for k, v in sd.items()}
 
@@ -106,12 +107,12 @@ def convert_paper_checkpoint(ckpt, fmt):
     if ema:
         shadow = ema.get('shadow_params') or []
         if len(shadow) != len(names):
-            die(f"{label} checkpoint's EMA list has {len(shadow)} tensors, expected {len(names)} "
-                f"(one per parameter in the paper's model.parameters() order)")
+            raise UserError(f"{label} checkpoint's EMA list has {len(shadow)} tensors, expected {len(names)} "
+                            f"(one per parameter in the paper's model.parameters() order)")
         for n, s in zip(names, shadow):  # a scrambled list shows up as a shape mismatch somewhere
             if tuple(s.shape) != tuple(sd[n].shape):
-                die(f"{label} checkpoint's EMA list does not follow the documented order: entry for {n} "
-                    f"has shape {tuple(s.shape)}, the weight has {tuple(sd[n].shape)}")
+                raise UserError(f"{label} checkpoint's EMA list does not follow the documented order: entry for {n} "
+                                f"has shape {tuple(s.shape)}, the weight has {tuple(sd[n].shape)}")
         out['ema'] = dict(decay=ema.get('decay', ckpt.get('ema_rate')), num_updates=ema.get('num_updates'),
                           params={_ours(n): s for n, s in zip(names, shadow)})
     return out

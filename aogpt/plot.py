@@ -181,15 +181,17 @@ def main(out_dir):
         plot_eval(json.load(open(ev)), os.path.join(out_dir, 'eval_ppl.png'))
         done.append(os.path.join(out_dir, 'eval_ppl.png'))
     if not done:
-        print(f"error: nothing to plot in {out_dir} (no log.jsonl with evals, no eval_ppl.json)", file=sys.stderr)
-        raise SystemExit(1)
+        from aogpt.errors import UserError
+        raise UserError(f"nothing to plot in {out_dir} (no log.jsonl with evals, no eval_ppl.json)")
     print('wrote ' + ', '.join(done))
 
 
 if __name__ == '__main__':
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a file: the repo root
     from aogpt.configurator import stop_on_ctrl_c
+    from aogpt.errors import command
     stop_on_ctrl_c('no plot was half written (each is written whole, then moved into place)')
     if len(sys.argv) != 2 or sys.argv[1].startswith('-'):
         print("usage: python -m aogpt.plot OUT_DIR   (draws OUT_DIR/loss.png and OUT_DIR/eval_ppl.png)", file=sys.stderr)
         raise SystemExit(2)
-    main(sys.argv[1])
+    command(main)(sys.argv[1])

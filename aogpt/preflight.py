@@ -2,13 +2,13 @@
 What train.py checks before its first step, so that a run that cannot work, or will cost far more than its
 config suggests, says so in one line instead of hours later:
 
-    check_config(cfg, fail)                 every key, before anything is read or written
-    data_dir, codec, n_train, n_val = check_data(cfg, fail, say)
-    check_model(model_args, cfg, data_vocab, data_dir, fail)    the model against the data and the orders
-    cost_warnings(...); lr_warnings(cfg, get_lr, say)           what the run will cost, what its schedule does
+    check_config(cfg)                       every key, before anything is read or written
+    data_dir, codec, n_train, n_val = check_data(cfg, say)
+    check_model(model_args, cfg, data_vocab, data_dir)    the model against the data and the orders
+    cost_warnings(...); lr_warnings(cfg, get_lr, say)     what the run will cost, what its schedule does
 
-Each takes the config as a dict and reports through the callables it is given: train.py passes its own fail
-(rank 0 prints; every rank releases out_dir and exits 1) and say (rank 0, above the progress bar).
+Each takes the config as a dict. What cannot work is a UserError, which train.py turns into run.fail's one line
+(rank 0 prints; every rank releases out_dir and exits 1); warnings go to say (rank 0, above the progress bar).
 """
 
 import importlib.util
@@ -22,18 +22,18 @@ import torch
 
 from aogpt import ROOT
 from aogpt.checkpoint import parse_hub_spec
-from aogpt.configurator import die
-from aogpt.tokenizer import DataError, get_codec
+from aogpt.errors import UserError
+from aogpt.tokenizer import get_codec
 from model import GPTConfig, config_fields
 
 ORDER_MODES = ('random', 'l2r', 'fixed_random', 'block_random')
 
 
-def check_config(cfg, fail=die):
+def check_config(cfg):
     """Every key is checked here, before anything is read or written: a bad value costs one line, not a run."""
     def need(ok, key, what):
         if not ok:
-            fail(f"{key} must be {what}, got {cfg[key]!r}")
+            raise UserError(f"{key} must be {what}, got {cfg[key]!r}")
 
     for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters', 'eval_interval', 'eval_iters',
               'eval_orders', 'log_interval', 'block_size_order'):
@@ -58,24 +58,24 @@ def check_config(cfg, fail=die):
     need(cfg['out_dir'].strip() != '', 'out_dir', "a directory")
     need(cfg['wandb_mode'] in ('offline', 'disabled', 'online'), 'wandb_mode', "offline, disabled or online")
     if cfg['wandb_log'] and importlib.util.find_spec('wandb') is None:
-        fail("wandb_log=True but wandb is not installed: pip install wandb, or leave wandb_log off")
+        raise UserError("wandb_log=True but wandb is not installed: pip install wandb, or leave wandb_log off")
     try:  # the model keys: GPTConfig checks them (a None vocab_size or [MASK] id is resolved from the data later)
         m = {k: cfg[k] for k in config_fields() if k in cfg}
         m['mask_token_id'] = 0 if m['mask_token_id'] is None else m['mask_token_id']
         m['vocab_size'] = max(m['mask_token_id'], 0) + 1 if m['vocab_size'] is None else m['vocab_size']
         GPTConfig(**m)
     except ValueError as e:
-        fail(str(e))
+        raise UserError(str(e)) from None
     init_from = cfg['init_from']
     if not (init_from in ('scratch', 'resume', 'auto') or init_from.startswith(('gpt2:', 'hf:')) or
             init_from.endswith('.pt') or os.path.exists(init_from)):
-        fail(f"init_from must be scratch, resume, auto, gpt2:<local HF GPT-2 dir>, a checkpoint file, an export.py "
-             f"folder or hf:owner/repo[/path/ckpt.pt], got {init_from!r}")
+        raise UserError(f"init_from must be scratch, resume, auto, gpt2:<local HF GPT-2 dir>, a checkpoint file, an "
+                        f"export.py folder or hf:owner/repo[/path/ckpt.pt], got {init_from!r}")
     if init_from.startswith('hf:'):
         parse_hub_spec(init_from)  # a malformed hub id fails here, before any data is read
 
 
-def check_data(cfg, fail=die, say=print):
+def check_data(cfg, say=print):
     """The dataset's token files (train.bin, val.bin: uint16 ids) and codec, checked before the model is built:
     returns (its directory, its codec, train tokens, val tokens)."""
     data_dir, block_size = os.path.join(cfg['data_root'], cfg['dataset']), cfg['block_size']
@@ -85,41 +85,39 @@ def check_data(cfg, fail=die, say=print):
         fix = (f"run `python {script}`" if os.path.exists(os.path.join(ROOT, script))
                else f"write {split}.bin (uint16 token ids) and meta.json into {data_dir}")
         if not os.path.exists(f):
-            fail(f"{f} not found: {fix} first")
+            raise UserError(f"{f} not found: {fix} first")
         size = os.path.getsize(f)
         if size == 0:
-            fail(f"{f} is empty: {fix} again")
+            raise UserError(f"{f} is empty: {fix} again")
         if size % 2:
-            fail(f"{f} has {size:,} bytes, an odd number, so it is not a whole number of uint16 token ids (2 bytes "
-                 f"each): it is truncated or not a token file; {fix} again")
+            raise UserError(f"{f} has {size:,} bytes, an odd number, so it is not a whole number of uint16 token ids "
+                            f"(2 bytes each): it is truncated or not a token file; {fix} again")
     if not os.path.exists(os.path.join(data_dir, 'meta.json')) and not os.path.exists(os.path.join(data_dir,
                                                                                                    'meta.pkl')):
         say(f"no {data_dir}/meta.json: assuming GPT-2 BPE token ids (vocab 50257)")
-    try:
-        codec = get_codec(data_dir)  # saved in every checkpoint: what the model's ids mean
-    except DataError as e:
-        fail(e.msg)
+    codec = get_codec(data_dir)  # saved in every checkpoint: what the model's ids mean
     n_train = len(np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r'))
     n_val = len(np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r'))
     if n_train < block_size or n_val < block_size:
-        fail(f"{data_dir}: train ({n_train}) and val ({n_val}) must each hold at least block_size "
-             f"({block_size}) tokens")
+        raise UserError(f"{data_dir}: train ({n_train}) and val ({n_val}) must each hold at least block_size "
+                        f"({block_size}) tokens")
     return data_dir, codec, n_train, n_val
 
 
-def check_model(model_args, cfg, data_vocab, data_dir, fail=die):
+def check_model(model_args, cfg, data_vocab, data_dir):
     """The model against the data it will read and the orders it will train on."""
     if data_vocab > model_args['vocab_size']:
-        fail(f"{cfg['dataset']} has {data_vocab} token ids but the model only {model_args['vocab_size']}")
+        raise UserError(f"{cfg['dataset']} has {data_vocab} token ids but the model only {model_args['vocab_size']}")
     if not model_args['causal'] and model_args['mask_token_id'] < data_vocab:
-        fail(f"mask_token_id {model_args['mask_token_id']} is a real token of {data_dir} (its codec uses the ids 0.."
-             f"{data_vocab - 1}): the encoder's [MASK] must be an id the data never holds; leave mask_token_id unset "
-             f"(the first padding id, {data_vocab}) or pick one in [{data_vocab}, vocab_size)")
+        raise UserError(f"mask_token_id {model_args['mask_token_id']} is a real token of {data_dir} (its codec uses "
+                        f"the ids 0..{data_vocab - 1}): the encoder's [MASK] must be an id the data never holds; leave "
+                        f"mask_token_id unset (the first padding id, {data_vocab}) or pick one in [{data_vocab}, "
+                        "vocab_size)")
     if cfg['block_size'] > model_args['block_size']:
-        fail(f"block_size {cfg['block_size']} > the model's {model_args['block_size']}")
+        raise UserError(f"block_size {cfg['block_size']} > the model's {model_args['block_size']}")
     if model_args['causal'] and model_args['cond'] == 'none' and cfg['order_mode'] == 'random':
-        fail("a GPT (cond='none') is never told which position to predict, so it cannot train on random "
-             "orders: use order_mode='l2r' (or a fixed order), or cond='adaln' / 'sigma'")
+        raise UserError("a GPT (cond='none') is never told which position to predict, so it cannot train on random "
+                        "orders: use order_mode='l2r' (or a fixed order), or cond='adaln' / 'sigma'")
 
 
 def duration(sec):

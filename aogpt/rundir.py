@@ -2,8 +2,10 @@
 A training run's hold on its out_dir (train.py, rank 0), and its way out from anywhere:
 
     run = Run(master)                            # run.say, run.fail, run.interrupt; run.bar, run.lock
-    run.lock = claim_out_dir(out_dir, run.fail)  # made, locked and proven writable before the first step
+    with run.failing():                          # a UserError inside is run.fail's line
+        run.lock = claim_out_dir(out_dir)        # made, locked and proven writable before the first step
     rewind_out_dir(out_dir, log_path, start_iter, eval_only)   # as the checkpoint being resumed left it
+    keep_copy(ckpt_path, iter_num)               # keep_ckpt_every: ckpt_<iter>.pt beside ckpt.pt, a hard link
     with run.deferring():                        # a checkpoint write: a Ctrl-C meanwhile waits for it
     run.lock = release_out_dir(run.lock)         # at the end; failed=True: a start that failed leaves nothing
 
@@ -27,30 +29,30 @@ except ImportError:
 from tqdm import tqdm
 
 from aogpt.checkpoint import CKPT_NAME
-from aogpt.configurator import die, tell_torchrun
+from aogpt.errors import UserError, die, tell_torchrun
 
 Lock = namedtuple('Lock', 'fd out_dir made')  # made: this run created out_dir (a failed start removes it again)
 
 
-def claim_out_dir(out_dir, fail=die):
+def claim_out_dir(out_dir):
     """Make out_dir, lock it, and prove it writable, all before the first step: a run must not learn at its
-    first checkpoint that it cannot save one, nor share its directory with another live run."""
+    first checkpoint that it cannot save one, nor share its directory with another live run (a UserError)."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        fail(f"out_dir {out_dir} is a file, not a directory: pick another out_dir")
+        raise UserError(f"out_dir {out_dir} is a file, not a directory: pick another out_dir")
     made = not os.path.exists(out_dir)
     try:
         os.makedirs(out_dir, exist_ok=True)
         fd = os.open(os.path.join(out_dir, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        fail(f"cannot write in out_dir {out_dir} ({e.strerror}): pick a directory you can write to")
+        raise UserError(f"cannot write in out_dir {out_dir} ({e.strerror}): pick a directory you can write to")
     if fcntl is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.read(fd, 200).decode(errors='replace').strip() or 'a process that has not said its pid yet'
             os.close(fd)
-            fail(f"out_dir {out_dir} is in use by another training run ({holder}): wait for it to end, or pick "
-                 f"another out_dir")
+            raise UserError(f"out_dir {out_dir} is in use by another training run ({holder}): wait for it to end, or "
+                            f"pick another out_dir")
     lock = Lock(fd, out_dir, made)
     probe = os.path.join(out_dir, f'.write_test.{os.getpid()}')
     try:
@@ -61,8 +63,8 @@ def claim_out_dir(out_dir, fail=die):
         os.remove(probe)
     except OSError as e:
         release_out_dir(lock, failed=True)
-        fail(f"cannot write in out_dir {out_dir} ({e.strerror}): checkpoints could not be saved there; pick a "
-             f"directory you can write to")
+        raise UserError(f"cannot write in out_dir {out_dir} ({e.strerror}): checkpoints could not be saved there; pick "
+                        f"a directory you can write to")
     return lock
 
 
@@ -92,6 +94,16 @@ def rewind_out_dir(out_dir, log_path, start_iter, eval_only):
             f.writelines(kept)
     elif start_iter == 0 and not eval_only:
         open(log_path, 'w').close()
+
+
+def keep_copy(path, iter_num):
+    """Keep the checkpoint at `path` also as ckpt_<iter>.pt beside it (train.py's keep_ckpt_every; found by
+    run_checkpoints): a hard link, the same bytes with no second write, which survives the next os.replace."""
+    keep = os.path.join(os.path.dirname(path), f'ckpt_{iter_num:07d}.pt')
+    if os.path.exists(keep):
+        os.remove(keep)
+    os.link(path, keep)
+
 
 
 class Run:
@@ -137,6 +149,14 @@ class Run:
             print(line(), file=sys.stderr, flush=True)
         self.lock = release_out_dir(self.lock)
         raise SystemExit(code)
+
+    @contextmanager
+    def failing(self):
+        """Library calls at the start of a run: a UserError they raise ends the run as fail() does."""
+        try:
+            yield
+        except UserError as e:
+            self.fail(e.msg)
 
     @contextmanager
     def deferring(self):

@@ -11,13 +11,15 @@ Where the scripts run: the device and the precision, decided in one place so tha
 CPU autocast to bf16 is slower than fp32 on most CPUs and changes the numbers the CPU tests pin.
 Weights stay float32 under autocast; only the matmuls run in the lower precision. Sampling draws its
 tokens in float64 whatever this says (generate.sample_tokens). A device or dtype this machine cannot run
-is a ValueError with a one-line message, which each script reports its own way (train.py from rank 0).
+is a UserError with a one-line message, which each script reports its own way (train.py from rank 0).
 """
 
 import os
 from contextlib import nullcontext
 
 import torch
+
+from aogpt.errors import UserError
 
 DEVICES = 'auto | cpu | cuda | cuda:N | mps'
 DTYPES = ('auto', 'float32', 'bfloat16', 'float16')
@@ -35,21 +37,21 @@ def resolve_device(device):
         return 'cuda' if torch.cuda.is_available() else 'cpu'
     kind, _, index = device.partition(':')
     if kind not in ('cpu', 'cuda', 'mps') or (index and not index.isdigit()):
-        raise ValueError(f"device must be {DEVICES}, got {device!r}")
+        raise UserError(f"device must be {DEVICES}, got {device!r}")
     if kind == 'cuda':
         if not torch.cuda.is_available():
-            raise ValueError(f"device {device}, but CUDA is not available on this machine: use device cpu (or auto)")
+            raise UserError(f"device {device}, but CUDA is not available on this machine: use device cpu (or auto)")
         if index and int(index) >= torch.cuda.device_count():
-            raise ValueError(f"device {device}, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+            raise UserError(f"device {device}, but this machine has {torch.cuda.device_count()} CUDA device(s)")
     if kind == 'mps' and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device}, but MPS is not available on this machine: use device cpu (or auto)")
+        raise UserError(f"device {device}, but MPS is not available on this machine: use device cpu (or auto)")
     return device
 
 
 def autocast(device, dtype='auto'):
     """(context manager, dtype name) for running the model on `device` at `dtype`."""
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     kind = device.split(':')[0]
     if dtype == 'auto':
         dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if kind == 'cuda' else 'float32'
@@ -59,14 +61,13 @@ def autocast(device, dtype='auto'):
 
 
 def script_device(device, dtype):
-    """A script's --device and --dtype: (device, autocast context, dtype name), or one line and exit when
-    this machine cannot run them, before the model loads."""
-    from aogpt.configurator import die
+    """A script's --device and --dtype: (device, autocast context, dtype name), or a UserError naming the flag
+    when this machine cannot run them, before the model loads."""
     try:
         device = resolve_device(device)
         return (device, *autocast(device, dtype))
-    except ValueError as e:
-        die(f"--{e}")
+    except UserError as e:
+        raise UserError(f"--{e.msg}") from None
 
 
 def fast_math(device):

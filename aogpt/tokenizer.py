@@ -25,6 +25,8 @@ import json
 import os
 import pickle
 
+from aogpt.errors import UserError
+
 GPT2_EOT = 50256
 GPT2_VOCAB = 50257  # real vocabulary; models pad it to 50304 for fast matmuls
 # tiktoken's r50k_base / gpt2 pre-tokenisation regex (tiktoken_ext/openai_public.py, tiktoken 0.14).
@@ -32,15 +34,6 @@ GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++
 # sha256 tiktoken itself expects for r50k_base.tiktoken; whisper's gpt2.tiktoken is that file.
 R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 INSTALL_HINT = "pip install --no-deps openai-whisper==20250625"
-
-
-class DataError(SystemExit):
-    """Bad or missing data. Uncaught, Python prints the one line 'error: ...' and exits with status 1
-    (no traceback); callers that want to go on (e.g. skip one eval set) catch it."""
-
-    def __init__(self, msg):
-        super().__init__(f"error: {msg}")
-        self.msg = msg
 
 
 def gpt2_file():
@@ -62,13 +55,13 @@ def gpt2_encoding():
         try:
             return tiktoken.get_encoding("gpt2")
         except Exception as e:
-            raise DataError(f"GPT-2 BPE unavailable: openai-whisper is not installed and tiktoken could "
+            raise UserError(f"GPT-2 BPE unavailable: openai-whisper is not installed and tiktoken could "
                             f"not download the vocab ({type(e).__name__}). Fix: {INSTALL_HINT}")
     with open(path, "rb") as f:
         data = f.read()
     digest = hashlib.sha256(data).hexdigest()
     if digest != R50K_SHA256:
-        raise DataError(f"{path} has sha256 {digest[:12]}..., expected {R50K_SHA256[:12]}... "
+        raise UserError(f"{path} has sha256 {digest[:12]}..., expected {R50K_SHA256[:12]}... "
                         f"(corrupt or changed file); reinstall: {INSTALL_HINT}")
     # The ranks are parsed from the very bytes just checked. tiktoken's own loader would copy the file
     # into a cache under the temp directory and read that copy on later calls without checking it, so
@@ -139,7 +132,7 @@ def char_codec(chars):
         try:
             return [stoi[c] for c in text]
         except KeyError as e:
-            raise DataError(f"character {e.args[0]!r} is not in this char-level vocabulary "
+            raise UserError(f"character {e.args[0]!r} is not in this char-level vocabulary "
                             f"({len(chars)} symbols)")
 
     def decode(ids):
@@ -149,15 +142,15 @@ def char_codec(chars):
 
 
 def codec_from_record(rec):
-    """The codec a Codec.record() describes; one line (DataError) if the record is not one we can rebuild."""
+    """The codec a Codec.record() describes; one line (UserError) if the record is not one we can rebuild."""
     kind = rec.get("tokenizer") if isinstance(rec, dict) else None
     if kind == "gpt2":
         if rec.get("ranks_sha256", R50K_SHA256) != R50K_SHA256 or rec.get("vocab_size") != GPT2_VOCAB:
-            raise DataError(f"the checkpoint's GPT-2 codec is not the standard one ({rec}); it cannot be rebuilt here")
+            raise UserError(f"the checkpoint's GPT-2 codec is not the standard one ({rec}); it cannot be rebuilt here")
         return gpt2_codec()
     if kind == "char" and isinstance(rec.get("chars"), str) and len(rec["chars"]) == rec.get("vocab_size"):
         return char_codec(rec["chars"])
-    raise DataError(f"unreadable codec record {str(rec)[:200]}: expected {{'tokenizer': 'gpt2' | 'char', ...}}")
+    raise UserError(f"unreadable codec record {str(rec)[:200]}: expected {{'tokenizer': 'gpt2' | 'char', ...}}")
 
 
 def get_codec(path=None):
@@ -176,9 +169,9 @@ def get_codec(path=None):
             with open(meta_json) as f:
                 meta = json.load(f)
         except (OSError, ValueError) as e:
-            raise DataError(f"cannot read {meta_json} ({e}); re-run the dataset's prepare.py")
+            raise UserError(f"cannot read {meta_json} ({e}); re-run the dataset's prepare.py")
         if not isinstance(meta, dict):
-            raise DataError(f"{meta_json} holds a JSON {type(meta).__name__}, not an object; re-run the "
+            raise UserError(f"{meta_json} holds a JSON {type(meta).__name__}, not an object; re-run the "
                             f"dataset's prepare.py")
     elif os.path.exists(meta_pkl):
         meta = {"tokenizer": "char"}
@@ -186,22 +179,22 @@ def get_codec(path=None):
     if name == "gpt2":
         codec = gpt2_codec()
     elif name != "char":
-        raise DataError(f"{meta_json}: unknown tokenizer {name!r} (expected 'gpt2' or 'char')")
+        raise UserError(f"{meta_json}: unknown tokenizer {name!r} (expected 'gpt2' or 'char')")
     elif "chars" in meta:  # our char datasets keep the vocabulary in meta.json too: no pickle needed
         codec = char_codec(meta["chars"])
     elif not os.path.exists(meta_pkl):
-        raise DataError(f"char-level dataset without its vocabulary: {meta_pkl} not found")
+        raise UserError(f"char-level dataset without its vocabulary: {meta_pkl} not found")
     else:
         codec = char_codec(_read_meta_pkl(meta_pkl))
     if "vocab_size" in meta and meta["vocab_size"] != codec.vocab_size:
-        raise DataError(f"{meta_json} says vocab_size {meta['vocab_size']!r}, but its {codec.name} codec has "
+        raise UserError(f"{meta_json} says vocab_size {meta['vocab_size']!r}, but its {codec.name} codec has "
                         f"{codec.vocab_size} symbols; re-run the dataset's prepare.py")
     return codec
 
 
 class _PlainUnpickler(pickle.Unpickler):
     def find_class(self, module, name):  # builtins only: a meta.pkl never needs to run code
-        raise DataError(f"meta.pkl refers to {module}.{name}; only plain dicts, strings and ints are read")
+        raise UserError(f"meta.pkl refers to {module}.{name}; only plain dicts, strings and ints are read")
 
 
 def _read_meta_pkl(path):
@@ -211,4 +204,4 @@ def _read_meta_pkl(path):
             itos = _PlainUnpickler(f).load()["itos"]
         return [itos[i] for i in range(len(itos))]
     except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as e:
-        raise DataError(f"cannot read {path} as nanoGPT's meta.pkl ({type(e).__name__}: {e})")
+        raise UserError(f"cannot read {path} as nanoGPT's meta.pkl ({type(e).__name__}: {e})")

@@ -28,6 +28,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.errors import command  # noqa: E402
 from aogpt.runtime import cpu_cores  # noqa: E402
 
 runs = 4                               # how many of VARIANTS to run, in order
@@ -66,6 +67,7 @@ def run_demo(variant, work):
                 any_order=ev['any_order']['nll'], ensemble=ev['ensemble']['nll'], wall_s=round(time.time() - t0))
 
 
+@command
 def main():
     if not 1 <= runs <= len(VARIANTS):
         raise SystemExit(f"error: --runs must be 1 to {len(VARIANTS)}")

@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.errors import exit_in_one_line  # noqa: E402
 from bench.common import append_benchmark  # noqa: E402
 from eval_ppl import nll_any_order, nll_ensemble  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -36,6 +37,7 @@ members = 8                  # M, the ensemble size
 batch_size = 16              # rows per forward pass
 seed = 0
 write = False
+exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
 print_config(config)
 

@@ -18,6 +18,7 @@ from aogpt import (
     generate,  # noqa: E402
 )
 from aogpt.configurator import configure  # noqa: E402
+from aogpt.errors import exit_in_one_line  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 device = 'cpu'
@@ -29,6 +30,7 @@ batch_size = 4
 steps = 16
 stepper = 'dynamic'          # dynamic | static | cuda_graph (engine.SlotStepper)
 kv_bucket = engine.KV_BUCKET  # fixed shapes: attend over the cache up to a multiple of this (0: all of it)
+exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 configure(globals())
 
 cuda = device.startswith('cuda')

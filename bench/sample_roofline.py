@@ -33,6 +33,7 @@ import torch  # noqa: E402
 
 from aogpt.configurator import configure, print_config  # noqa: E402
 from aogpt.engine import KV_BUCKET, KVCache, SlotStepper  # noqa: E402
+from aogpt.errors import exit_in_one_line  # noqa: E402
 from aogpt.generate import ao_calls, draw_plan  # noqa: E402
 from aogpt.speculative import row_slots  # noqa: E402
 
@@ -50,6 +51,7 @@ kv_bucket = KV_BUCKET         # the fixed-shape spans: the sampler's own default
 buckets = '0,64,128,256'     # span buckets to compare (0: attend over the whole cache)
 spec_ks = '4,8'              # speculative: draft lengths
 spec_alphas = '0.5,0.7,0.8,0.9'  # speculative: assumed per-draft acceptance probabilities
+exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
 print_config(config)
 

@@ -33,6 +33,7 @@ import torch  # noqa: E402
 
 from aogpt.configurator import configure, print_config  # noqa: E402
 from aogpt.engine import KV_BUCKET, EncoderStepper, SlotStepper  # noqa: E402
+from aogpt.errors import exit_in_one_line  # noqa: E402
 from aogpt.generate import generate_ao, generate_ar, generate_mdm  # noqa: E402
 from aogpt.speculative import generate_speculative, row_stepper  # noqa: E402
 from bench.common import append_benchmark  # noqa: E402
@@ -55,6 +56,7 @@ repeats = 1                  # decoders: run each T this many times and time the
 kv_bucket = KV_BUCKET         # fixed-shape decoders: attend over the cache up to a multiple of this (0: all of it)
 sdpa = 'default'             # CUDA attention kernels: default (torch's choice) | nocudnn (flash, efficient, math)
 write = False                # append the table to BENCHMARKS.md
+exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
 print_config(config)
 

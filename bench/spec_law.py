@@ -16,6 +16,7 @@ import torch  # noqa: E402
 
 from aogpt.checkpoint import checkpoint_codec, load_model  # noqa: E402
 from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.errors import exit_in_one_line  # noqa: E402
 from aogpt.generate import generate_ao  # noqa: E402
 from aogpt.genppl import judge_token_nll  # noqa: E402
 from aogpt.speculative import generate_speculative  # noqa: E402
@@ -24,6 +25,7 @@ runs_dir = 'out-reproduce'   # where make findings trained `ao` and `judge`
 n = 32                       # sequence length (the findings' block_size)
 batch_size = 256
 batches = 8                  # seeds 100, 101, ...: batches x batch_size samples per sampler
+exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
 print_config(config)
 

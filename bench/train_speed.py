@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.errors import exit_in_one_line  # noqa: E402
 from aogpt.runtime import fast_math  # noqa: E402
 from bench.common import append_benchmark  # noqa: E402
 from model import GPT, GPTConfig, mdm_corrupt, random_orders  # noqa: E402
@@ -45,6 +46,7 @@ sdpa = 'default'             # attention kernel on CUDA: default | flash | cudnn
 write = False                # append the table to BENCHMARKS.md
 profile = False              # after timing, profile 3 steps of each model and print where the time goes
 seed = 0
+exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
 print_config(config)
 

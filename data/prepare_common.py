@@ -28,8 +28,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from aogpt.errors import UserError  # noqa: E402
 from aogpt.evalsets import doc_end  # noqa: E402  (the ids that end a document: [EOT], or '\n' for char level)
-from aogpt.tokenizer import DataError, char_codec, gpt2_codec  # noqa: E402
+from aogpt.tokenizer import char_codec, gpt2_codec  # noqa: E402
 
 STATE = ".prepare_state.json"
 FLUSH_EVERY_S = 30  # seconds between resume records: at most this much work is redone after a crash
@@ -87,7 +88,7 @@ def disk_full(e, what):
     record when re-run)."""
     if e.errno not in (errno.ENOSPC, errno.EDQUOT):
         raise e
-    raise DataError(f"disk full while writing {what}; free some space and re-run: it resumes from its last record")
+    raise UserError(f"disk full while writing {what}; free some space and re-run: it resumes from its last record")
 
 
 def _existing(folder):
@@ -103,11 +104,11 @@ def same_disk(a, b):
 
 
 def check_disk(folder, need, what):
-    """DataError if the filesystem holding folder (or its nearest existing parent) has < need bytes free."""
+    """UserError if the filesystem holding folder (or its nearest existing parent) has < need bytes free."""
     folder = _existing(folder)
     free = shutil.disk_usage(folder).free
     if free < need:
-        raise DataError(f"not enough disk for {what}: about {human_bytes(need)} needed in {folder}, "
+        raise UserError(f"not enough disk for {what}: about {human_bytes(need)} needed in {folder}, "
                         f"{human_bytes(free)} free; free space or choose another out_dir")
 
 

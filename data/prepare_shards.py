@@ -19,14 +19,13 @@ bins are byte-identical to an uninterrupted run's, and they do not depend on the
 import json
 import multiprocessing as mp
 import os
-import shutil
 import signal
-import time
 
 import numpy as np
 from prepare_common import atomic_json, disk_full
 
-from aogpt.tokenizer import DataError, gpt2_codec
+from aogpt.errors import UserError
+from aogpt.tokenizer import gpt2_codec
 
 STATE = ".assemble.json"
 
@@ -138,10 +137,10 @@ def make_shards(jobs, work, num_proc, total_bytes, done_bytes=0, desc="tokenizin
                 try:
                     rec = f.result()  # a bug in a worker re-raises here, with its traceback
                 except BrokenProcessPool:
-                    raise DataError("a tokenizer process died (killed, or out of memory?); re-run to go on: "
+                    raise UserError("a tokenizer process died (killed, or out of memory?); re-run to go on: "
                                     "finished archives are kept")
                 if "error" in rec:
-                    raise DataError(rec["error"])
+                    raise UserError(rec["error"])
                 recs[futures[f]] = rec
                 bar.set_postfix(docs=f"{sum(r['docs'] for r in recs.values()):,}", refresh=False)
     finally:

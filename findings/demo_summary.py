@@ -17,7 +17,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: aogpt/, model.py
 from aogpt.checkpoint import checkpoint_codec, find_dataset, load_checkpoint  # noqa: E402
-from aogpt.configurator import die, namespace, stop_on_ctrl_c  # noqa: E402
+from aogpt.configurator import namespace, stop_on_ctrl_c  # noqa: E402
+from aogpt.errors import command, die  # noqa: E402
 from aogpt.evalsets import load_eval_chunks  # noqa: E402
 
 out_dir = 'out-demo'                 # the demo's run directory (ckpt.pt, eval_ppl.json, stages.tsv)
@@ -74,6 +75,7 @@ def spread_lines(path, names):
     return out
 
 
+@command
 def main(argv=None):
     c = namespace(globals(), argv)
     ckpt_path, ev_path = os.path.join(c.out_dir, 'ckpt.pt'), os.path.join(c.out_dir, 'eval_ppl.json')

@@ -83,7 +83,8 @@ seed = 1337
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
-from aogpt.configurator import die, first_line, namespace, print_config, stop_on_ctrl_c  # noqa: E402
+from aogpt.configurator import namespace, print_config, stop_on_ctrl_c  # noqa: E402
+from aogpt.errors import command, die, first_line  # noqa: E402
 from findings.sampling import (  # noqa: E402
     GEN_SETTINGS,
     SPEC_FIG,
@@ -372,6 +373,7 @@ def eval_ensemble(c, name, chunks):
 
 # ----------------------------------------------------------------------------- plots and the report
 
+@command
 def main(argv=None):
     c, cmd = read_config(argv)
     if c.replot:

@@ -1,7 +1,12 @@
-"""configurator.py: overrides in both syntaxes, type rules, and one-line errors for bad keys."""
+"""configurator.py: overrides in both syntaxes, type rules, and one-line errors for bad keys; train.py's defaults."""
+import ast
+import os
+
 import pytest
 
 from aogpt.configurator import configure
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def defaults():
@@ -133,3 +138,33 @@ def test_help_reads_comments_beside_annotated_keys(tmp_path, capsys):
         configure(g, ['--help'])
     out = capsys.readouterr().out
     assert 'the padded vocabulary' in out and 'diffusion steps' in out
+
+
+def train_defaults():
+    """train.py's config keys and their defaults, read from its source (running it would start a run)."""
+    out = {}
+    for node in ast.parse(open(os.path.join(ROOT, 'train.py')).read()).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, 'target', None)
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(target, ast.Name):
+            if target.id == 'cfg':  # configure(globals()): the defaults end here
+                return out
+            out[target.id] = ast.literal_eval(node.value)
+    raise AssertionError("train.py no longer calls cfg = configure(...)")
+
+
+def test_train_py_and_gpt_config_agree_on_every_model_default(tmp_path):
+    """The model settings are declared twice, as GPTConfig's fields and as train.py's globals (which --help lists
+    with their comments): a default changed on one side only would make `python train.py` train another model than
+    GPTConfig() describes. The keys train.py leaves to the data (vocab_size, mask_token_id: None) are compared as
+    train.py derives them, on GPT-2's data: GPTConfig's 50304 and 50257."""
+    from dataclasses import asdict
+
+    from aogpt.startup import model_source
+    from aogpt.tokenizer import gpt2_codec
+    from model import GPTConfig
+    cfg = dict(train_defaults(), out_dir=str(tmp_path))
+    assert cfg['init_from'] == 'scratch' and cfg['vocab_size'] is None and cfg['mask_token_id'] is None
+    args, weights, ckpt, _ = model_source(cfg, set(), gpt2_codec(), 'data/openwebtext')
+    assert weights is None and ckpt is None
+    typed = lambda d: {k: (type(v).__name__, v) for k, v in d.items()}  # noqa: E731  (an int 0 for 0.0 drifts too)
+    assert typed(args) == typed(asdict(GPTConfig()))

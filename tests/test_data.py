@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from aogpt import evalsets, tokenizer
+from aogpt.errors import UserError
 from aogpt.evalsets import (
     chunk_ids,
     lambada_detokenize,
@@ -22,7 +23,7 @@ from aogpt.evalsets import (
     scientific_detokenize,
     wikitext_detokenize,
 )
-from aogpt.tokenizer import DataError, get_codec, gpt2_encoding
+from aogpt.tokenizer import get_codec, gpt2_encoding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "data"))
@@ -48,7 +49,7 @@ def test_gpt2_asset_checked_and_fallback(tmp_path, monkeypatch):
     monkeypatch.setattr(tokenizer, "gpt2_file", lambda: str(bad))
     tokenizer.gpt2_encoding.cache_clear()
     try:
-        with pytest.raises(DataError, match="sha256"):
+        with pytest.raises(UserError, match="sha256"):
             tokenizer.gpt2_encoding()
         # no whisper asset: tiktoken's own download; offline that is one clear line naming the fix
         monkeypatch.setattr(tokenizer, "gpt2_file", lambda: None)
@@ -56,7 +57,7 @@ def test_gpt2_asset_checked_and_fallback(tmp_path, monkeypatch):
         try:
             enc = tokenizer.gpt2_encoding()
             assert enc.encode("Hello world") == [15496, 995]  # online: the same ids
-        except DataError as e:
+        except UserError as e:
             assert "openai-whisper" in e.msg
     finally:
         tokenizer.gpt2_encoding.cache_clear()
@@ -106,7 +107,7 @@ def test_get_codec_from_metadata(tmp_path):
     c = get_codec(str(tmp_path / "c"))
     assert (c.name, c.vocab_size, c.eot) == ("char", 5, None)
     assert c.encode("cab a") == [4, 2, 3, 1, 2] and c.decode([4, 2, 3]) == "cab"
-    with pytest.raises(DataError, match="not in this char-level vocabulary"):
+    with pytest.raises(UserError, match="not in this char-level vocabulary"):
         c.encode("xyz")
     # nanoGPT's shakespeare_char layout: meta.pkl only
     (tmp_path / "n").mkdir()
@@ -273,7 +274,7 @@ def test_local_formats_load_the_same_documents(tmp_path, monkeypatch):
         assert list(ds[col]) == docs
     ds, col = evalsets.open_documents(str(tmp_path / "lines.txt"))
     assert list(ds[col]) == ["one", "two", "", "three"]
-    with pytest.raises(DataError, match="no such file"):
+    with pytest.raises(UserError, match="no such file"):
         evalsets.open_documents(str(tmp_path / "missing.jsonl"))
 
 
@@ -358,11 +359,11 @@ def test_eval_sets_from_local_copies(tmp_path, monkeypatch):
 def test_missing_dataset_offline_is_one_clear_line(tmp_path, monkeypatch):
     codec = get_codec(None)
     monkeypatch.setattr(evalsets, "ROOT", str(tmp_path))  # no data/openwebtext/val.bin there
-    with pytest.raises(DataError, match=r"path="):
+    with pytest.raises(UserError, match=r"path="):
         load_eval_chunks("wikitext103", codec, 1024)
-    with pytest.raises(DataError, match="unknown eval set"):
+    with pytest.raises(UserError, match="unknown eval set"):
         load_eval_chunks("wikitext", codec, 1024)
-    with pytest.raises(DataError, match="prepare.py"):
+    with pytest.raises(UserError, match="prepare.py"):
         load_eval_chunks("owt", codec, 1024)
     # as a script: exit status 1, a single 'error: ...' line naming the local option, no traceback
     for cmd in (["data/openwebtext/prepare.py"], ["-m", "aogpt.evalsets", "lm1b"]):
@@ -375,6 +376,6 @@ def test_missing_dataset_offline_is_one_clear_line(tmp_path, monkeypatch):
 
 def test_prepare_checks_free_disk_before_writing(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 10))
-    with pytest.raises(DataError, match="not enough disk"):
+    with pytest.raises(UserError, match="not enough disk"):
         pc.prepare(str(tmp_path / "d"), {"train": pc.as_dataset(_docs(4))}, "test")
     assert not os.path.exists(tmp_path / "d" / "train.bin.partial")  # refused before writing anything

@@ -17,8 +17,9 @@ import pytest
 from helpers import hub_cache
 
 from aogpt import evalsets
+from aogpt.errors import UserError
 from aogpt.evalsets import EVAL_SETS, lm1b_detokenize, load_eval_chunks, parse_revisions, scientific_detokenize
-from aogpt.tokenizer import DataError, get_codec, gpt2_encoding
+from aogpt.tokenizer import get_codec, gpt2_encoding
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EOT = 50256
@@ -123,7 +124,8 @@ def fill_cache(hub):
 READ = """
 import json, sys
 from aogpt import evalsets
-from aogpt.tokenizer import DataError, get_codec
+from aogpt.errors import UserError
+from aogpt.tokenizer import get_codec
 out = {}
 for key, name, split, rev in json.loads(sys.argv[1]):
     record = {}
@@ -131,7 +133,7 @@ for key, name, split, rev in json.loads(sys.argv[1]):
         x = evalsets.load_eval_chunks(name, get_codec(None), 8, split=split, keep_partial=True,
                                       revision=rev, record=record)
         out[key] = {"ids": [i for i in x.flatten().tolist() if i >= 0], "record": record}
-    except DataError as e:
+    except UserError as e:
         out[key] = {"error": e.msg}
     except Exception as e:  # reading a trap file
         out[key] = {"crash": type(e).__name__}
@@ -211,9 +213,9 @@ def test_split_files_follow_the_datasets_conventions(tmp_path):
     listing = ["README.md", "de/test-0.parquet", "en/test-0.parquet", "en/x/test-1.parquet", "en/index.duckdb"]
     assert split_files("o/r", listing, str(card), None, "test") == ["de/test-0.parquet", "en/test-0.parquet"]
     assert split_files("o/r", listing, str(card), "en", "train") == ["en/test-0.parquet"]  # `*` stops at '/'
-    with pytest.raises(DataError, match=r"has configs \['en', 'all'\], not 'fr'"):
+    with pytest.raises(UserError, match=r"has configs \['en', 'all'\], not 'fr'"):
         split_files("o/r", listing, str(card), "fr", "test")
-    with pytest.raises(DataError, match=r"has splits \['test'\], not 'validation'"):
+    with pytest.raises(UserError, match=r"has splits \['test'\], not 'validation'"):
         split_files("o/r", listing, str(card), None, "validation")
     # no card: the split is the one a folder or file name says; names that say none are all train
     plain = ["data/train-00000.parquet", "data/test-00000.parquet", "eval/a.jsonl", "lambada_test.jsonl",
@@ -221,7 +223,7 @@ def test_split_files_follow_the_datasets_conventions(tmp_path):
     assert split_files("o/r", plain, None, None, "test") == ["data/test-00000.parquet", "eval/a.jsonl",
                                                              "lambada_test.jsonl"]
     assert split_files("o/r", ["a.parquet", "b.parquet"], None, None, "train") == ["a.parquet", "b.parquet"]
-    with pytest.raises(DataError, match="loading script"):
+    with pytest.raises(UserError, match="loading script"):
         split_files("o/r", ["r.py", "data/test.parquet"], None, None, "test")
 
 
@@ -233,7 +235,7 @@ def test_revision_overrides_parse_and_bad_ones_are_one_line(capsys):
     for bad, says in [("wikitext=abc", "'wikitext' is not an eval set read from the HF hub"),
                       ("ptb=abc", "'ptb' is not an eval set read from the HF hub"),
                       ("lambada", "name=revision"), ("lambada=", "name=revision")]:
-        with pytest.raises(DataError, match=says):
+        with pytest.raises(UserError, match=says):
             parse_revisions(bad)
     import eval_ppl as E
     for argv, says in [(["--revisions", "wikitext=abc"], "--revisions: 'wikitext' is not an eval set"),
@@ -242,7 +244,7 @@ def test_revision_overrides_parse_and_bad_ones_are_one_line(capsys):
             E.main(argv + ["--out_dir", "/no/such/dir", "--progress", "False"])
         err = capsys.readouterr().err.strip()
         assert e.value.code != 0 and len(err.splitlines()) == 1 and says in err
-    with pytest.raises(DataError, match="no revision"):
+    with pytest.raises(UserError, match="no revision"):
         evalsets.eval_documents("ptb", revision="main")
 
 

@@ -321,9 +321,9 @@ def test_encoder_through_the_launcher(tmp_path, task_dir, capsys):
 
 def test_char_codec_missing_character_is_one_line(task_manager, capsys):
     """A character-level checkpoint scores tasks in its own codec, and refuses text it cannot encode."""
-    from aogpt.tokenizer import DataError
+    from aogpt.errors import UserError
     lm = H.AOGPTLM(model=tiny(block_size=8, vocab_size=11), codec=char_codec('abcdefghijk'))
-    with pytest.raises(DataError, match="not in this char-level vocabulary"):
+    with pytest.raises(UserError, match="not in this char-level vocabulary"):
         lm.tok_encode('The sun')
     assert lm.tok_encode('cab') == [2, 0, 1]
 

@@ -21,7 +21,8 @@ import urllib.parse
 import numpy as np
 import pytest
 
-from aogpt.tokenizer import DataError, gpt2_codec
+from aogpt.errors import UserError
+from aogpt.tokenizer import gpt2_codec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "data"))
@@ -350,7 +351,7 @@ def test_assembly_after_a_full_disk_or_a_kill_between_the_renames(tmp_path, monk
         real_copy(f, ids, a, b)
 
     monkeypatch.setattr(ps, "_copy", disk_fills_up)
-    with pytest.raises(DataError, match="disk full while writing train.bin / val.bin .* resumes"):
+    with pytest.raises(UserError, match="disk full while writing train.bin / val.bin .* resumes"):
         ps.assemble(str(out), str(out / "shards"), state, IS_VAL)
     monkeypatch.setattr(ps, "_copy", real_copy)
     state = ps.load_state(str(out), fp)

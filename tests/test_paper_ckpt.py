@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from aogpt.checkpoint import load_model
+from aogpt.errors import UserError
 from aogpt.paper_ckpt import convert_paper_checkpoint, paper_param_names
 from model import GPT, GPTConfig
 
@@ -276,14 +277,37 @@ def test_the_whole_file_loads_under_weights_only(tmp_path, fmt):
 
 
 def one_line_error(capsys, path, *needles):
-    with pytest.raises(SystemExit) as e:
+    """load_model raises UserError, one line a command prints as "error: ...", and prints nothing itself."""
+    with pytest.raises(UserError) as e:
         load_model(path)
-    assert e.value.code != 0
-    err = capsys.readouterr().err.strip()
-    assert err.startswith('error:') and '\n' not in err, err
+    err = e.value.msg
+    assert '\n' not in err and capsys.readouterr().err == '', err
     for s in needles:
         assert s in err, err
     return err
+
+
+def test_library_calls_raise_a_catchable_user_error(tmp_path, monkeypatch, capsys):
+    """In a notebook, bad input to the library is an exception to catch (a ValueError), never the end of the
+    process (SystemExit) nor a line printed behind the caller's back."""
+    from aogpt.checkpoint import load_checkpoint
+    from aogpt.runtime import script_device
+    from aogpt.tokenizer import get_codec
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'garbage.pt').write_bytes(b'not a checkpoint at all')
+    (tmp_path / 'data').mkdir()
+    (tmp_path / 'data' / 'meta.json').write_text('{"tokenizer": "morse"}')
+    for call, says in [(lambda: load_model('missing'), 'checkpoint not found: missing ('),
+                       (lambda: load_checkpoint(str(tmp_path / 'garbage.pt')), 'is not a checkpoint'),
+                       (lambda: get_codec(str(tmp_path / 'data')), "unknown tokenizer 'morse'"),
+                       (lambda: script_device('tpu', 'auto'), '--device must be')]:
+        try:
+            call()
+        except ValueError as e:
+            assert isinstance(e, UserError) and says in e.msg and e.code == 1 and '\n' not in e.msg, e
+        else:
+            raise AssertionError(f"no error for {says!r}")
+    assert capsys.readouterr().err == ''
 
 
 def test_wrong_files_get_one_clear_line(tmp_path, capsys):
@@ -424,7 +448,7 @@ def test_a_missing_checkpoint_names_the_folders_that_hold_one(tmp_path, monkeypa
         (tmp_path / d).mkdir()
     (tmp_path / 'out-ao' / 'ckpt.pt').write_bytes(b'x')
     (tmp_path / 'out-gpt' / 'ckpt.pt').write_bytes(b'x')
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError) as e:
         resolve_path('out')
-    err = capsys.readouterr().err.strip()
+    err = e.value.msg
     assert len(err.splitlines()) == 1 and 'checkpoints here: out-ao, out-gpt;' in err and 'notes' not in err

@@ -22,6 +22,7 @@ import torch
 
 from aogpt.checkpoint import load_checkpoint, load_model
 from aogpt.configurator import configure
+from aogpt.errors import UserError
 from model import GPT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -858,9 +859,9 @@ def test_a_checkpoint_keeps_its_codec_when_its_data_is_re_prepared(env, monkeypa
     assert checkpoint_codec(ckpt).decode([0, 1, 11]) == '01b'
     capsys.readouterr()
     for dataset in (str(root / 'runs'), 'runs'):  # a path, or a name under the run's data_root
-        with pytest.raises(SystemExit):
+        with pytest.raises(UserError) as e:
             checkpoint_codec(ckpt, dataset)
-        err = capsys.readouterr().err.strip()
+        err = e.value.msg
         assert len(err.splitlines()) == 1 and 'trained with a char (12 symbols) one' in err, err
     with pytest.raises(SystemExit):
         run_inprocess(monkeypatch, argv + ['--init_from=resume', '--max_iters=4'])
@@ -889,9 +890,9 @@ def test_a_run_dir_with_only_periodic_copies_resumes_from_the_newest_and_scratch
         'ckpt_0000002.pt): continue with init_from=resume (or auto)' in err and 'delete them first' in err, err
     assert {p.name: p.read_bytes() for p in tmp_path.glob('ckpt_*.pt')} == copies
     assert (tmp_path / 'log.jsonl').read_text() == logged
-    with pytest.raises(SystemExit):
+    with pytest.raises(UserError) as e:
         checkpoint.resolve_path(str(tmp_path))
-    err = capsys.readouterr().err.strip()
+    err = e.value.msg
     assert len(err.splitlines()) == 1 and "holds no ckpt.pt but periodic copies (ckpt_0000004.pt, ckpt_0000002.pt)" \
         in err and f"--ckpt {tmp_path / 'ckpt_0000004.pt'}" in err, err
     run_inprocess(monkeypatch, argv + ['--max_iters=6', '--init_from=auto'])

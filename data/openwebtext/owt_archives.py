@@ -164,9 +164,9 @@ def hub_archives(revision, hint):
     """(commit, archives) for the hub's 21 files at revision, resolved once to a commit so that every file
     comes from the same one. An archive not yet in the HF cache has files == (None,), and its size is the
     hub's. Offline (hub.hub_reachable() says so), only the cache is read, and anything missing is one
-    DataError line ending with hint."""
+    UserError line ending with hint."""
+    from aogpt.errors import UserError
     from aogpt.hub import go_offline, hub_reachable
-    from aogpt.tokenizer import DataError
     offline = not hub_reachable()
     if offline:
         go_offline()
@@ -177,10 +177,10 @@ def hub_archives(revision, hint):
         commit = hf.resolve_revision(HUB_REPO, repo_type="dataset", revision=revision,
                                      local_files_only=offline).resolved
     except RevisionResolutionError:
-        raise DataError(f"offline (the HF hub cannot be reached, or HF_HUB_OFFLINE=1) and {where} is not in "
+        raise UserError(f"offline (the HF hub cannot be reached, or HF_HUB_OFFLINE=1) and {where} is not in "
                         f"the HF cache ({hf.constants.HF_HUB_CACHE}); {hint}")
     except Exception as e:  # the hub answered: no such repo or revision, no access, ...
-        raise DataError(f"cannot resolve {where}: {_first_line(e)}; {hint}")
+        raise UserError(f"cannot resolve {where}: {_first_line(e)}; {hint}")
     paths = {}
     for f in HUB_FILES:
         p = hf.try_to_load_from_cache(HUB_REPO, f, revision=commit, repo_type="dataset")
@@ -188,17 +188,17 @@ def hub_archives(revision, hint):
     missing = [f for f in HUB_FILES if paths[f] is None]
     sizes = {f: os.path.getsize(p) for f, p in paths.items() if p}
     if missing and offline:
-        raise DataError(f"offline (the HF hub cannot be reached, or HF_HUB_OFFLINE=1) and {len(missing)} of "
+        raise UserError(f"offline (the HF hub cannot be reached, or HF_HUB_OFFLINE=1) and {len(missing)} of "
                         f"the {len(HUB_FILES)} archives of {HUB_REPO} (commit {commit[:10]}) are not in the HF "
                         f"cache, e.g. {missing[0]}; {hint}")
     if missing:
         try:
             info = hf.HfApi().get_paths_info(HUB_REPO, missing, repo_type="dataset", revision=commit)
         except Exception as e:
-            raise DataError(f"cannot list {HUB_REPO} (commit {commit[:10]}): {_first_line(e)}; {hint}")
+            raise UserError(f"cannot list {HUB_REPO} (commit {commit[:10]}): {_first_line(e)}; {hint}")
         sizes.update({i.path: i.size for i in info})
         if set(missing) - set(sizes):
-            raise DataError(f"{HUB_REPO} (commit {commit[:10]}) has no {sorted(set(missing) - set(sizes))[0]}; "
+            raise UserError(f"{HUB_REPO} (commit {commit[:10]}) has no {sorted(set(missing) - set(sizes))[0]}; "
                             f"choose another --revision, or {hint}")
     archives = [Archive(os.path.basename(f)[: -len(".tar")], (paths[f],), sizes[f]) for f in HUB_FILES]
     return commit, archives
@@ -209,12 +209,12 @@ def hub_download(commit, archive, hint):
     bar); returns the archive with its local path."""
     import huggingface_hub as hf
 
-    from aogpt.tokenizer import DataError
+    from aogpt.errors import UserError
     f = f"subsets/{archive.name}.tar"
     try:
         path = hf.hf_hub_download(HUB_REPO, f, repo_type="dataset", revision=commit)
     except Exception as e:
-        raise DataError(f"downloading {f} from {HUB_REPO} failed ({_first_line(e)}); re-run to resume, "
+        raise UserError(f"downloading {f} from {HUB_REPO} failed ({_first_line(e)}); re-run to resume, "
                         f"or {hint}")
     return archive._replace(files=(path,), size=os.path.getsize(path))
 
@@ -226,7 +226,7 @@ def tokenize(archive, shard_dir, key):
     back as {"error": the one line for the user}, since an exception would not cross processes as one."""
     import prepare_shards as ps
 
-    from aogpt.tokenizer import DataError
+    from aogpt.errors import UserError
     stats = {"non_utf8": 0, "first_non_utf8": None}
     counted = [0]
 
@@ -245,7 +245,7 @@ def tokenize(archive, shard_dir, key):
         rec = ps.write_shard(shard_dir, archive.name, key, texts(), stats)
     except ArchiveError as e:
         return {"error": str(e)}
-    except DataError as e:  # a SystemExit: raised, it would end the worker and lose the message
+    except UserError as e:  # bad input: the parent raises its line (see the docstring)
         return {"error": e.msg}
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):

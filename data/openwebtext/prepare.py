@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder, for owt_archives
 import prepare_common as pc  # noqa: E402  (puts the repo root on sys.path too)
 
-from aogpt.configurator import configure, die, print_config, stop_on_ctrl_c  # noqa: E402
+from aogpt.configurator import configure, print_config, stop_on_ctrl_c  # noqa: E402
+from aogpt.errors import die, exit_in_one_line  # noqa: E402
 
 source = 'Skylion007/openwebtext'  # HF hub repo, or a local folder / file (see above)
 revision = 'main'                  # hub revision of the archives: a branch, tag or commit
@@ -47,6 +48,7 @@ seed = 2357                        # seed of the held-out draw (nanoGPT's)
 num_proc = min(8, os.cpu_count() or 1)  # tokenizer processes (archives in parallel)
 out_dir = ''                       # '' = data/openwebtext
 force = False                      # rebuild even if out_dir is already prepared
+exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 print_config(configure(globals()))
 stop_on_ctrl_c("run the same command again to go on: what is done is kept, and the bins come out the same")
 

@@ -21,12 +21,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import prepare_common as pc  # noqa: E402  (puts the repo root on sys.path too)
 
 from aogpt.configurator import configure, print_config, stop_on_ctrl_c  # noqa: E402
+from aogpt.errors import exit_in_one_line  # noqa: E402
 from aogpt.evalsets import ptb_detokenize, ptb_documents  # noqa: E402
 
 char = False     # character-level codec (vocabulary = the corpus' characters) instead of GPT-2 BPE
 out_dir = ''     # output directory ('' = data/ptb, or data/ptb_char with char=True)
 num_proc = 1     # tokenizer processes (PTB is small: one is fastest)
 force = False    # rebuild even if out_dir is already prepared
+exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 print_config(configure(globals()))
 stop_on_ctrl_c("run the same command again to go on: what is done is kept, and the bins come out the same")
 

@@ -17,7 +17,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # data/, for prepare_common
 import prepare_common as pc  # noqa: E402  (puts the repo root on sys.path too)
 
-from aogpt.configurator import configure, die, print_config, stop_on_ctrl_c  # noqa: E402
+from aogpt.configurator import configure, print_config, stop_on_ctrl_c  # noqa: E402
+from aogpt.errors import die, exit_in_one_line  # noqa: E402
 
 input = ''            # the text file (UTF-8)
 out_dir = ''          # '' = data/<input file name without extension> (+ '_char' with char=True)
@@ -26,6 +27,7 @@ doc_unit = 'file'     # what one document is: 'file', 'paragraph' or 'line'
 char = False          # character-level codec (vocabulary = the file's characters + '\n') instead of GPT-2
 num_proc = 1          # tokenizer processes (only helps with many documents)
 force = False         # rebuild even if out_dir is already prepared
+exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 print_config(configure(globals()))
 stop_on_ctrl_c("run the same command again to go on: what is done is kept, and the bins come out the same")
 
