@@ -63,27 +63,11 @@ round: k uniforms per sample for the drafts, k - 1 for the accept tests, 1 for t
 import torch
 
 from aogpt.engine import KV_BUCKET, KVCache, SlotStepper
-from aogpt.generate import ADAPTIVE, check_order, free_order, inverse_cdf, sorted_nucleus, split_given
+from aogpt.generate import ADAPTIVE, check_order, free_order, inverse_cdf, logits_to_probs, split_given
 from model import parallel_mask
 
 K_MAX = 16   # the largest draft length k='auto' goes to
 K_FUSED = 8  # the same for fused rounds, whose calls carry (k + 1)^2 rows
-
-
-def probs(logits, temperature=1.0, top_p=1.0, vocab_size=None):
-    """The distribution sample_tokens draws from, as float64 probabilities (..., V'): ids >= vocab_size
-    cut, then temperature (0: one-hot on the argmax), then the nucleus, renormalised. The accept test
-    needs the numbers, not just a draw, and must apply the same transform to q and p."""
-    V = logits.size(-1) if vocab_size is None else min(vocab_size, logits.size(-1))
-    shape = logits.shape[:-1]
-    logp = logits.reshape(-1, logits.size(-1))[:, :V].double()            # (R, V)
-    if temperature == 0:
-        return torch.zeros_like(logp).scatter_(1, logp.argmax(1, keepdim=True), 1.0).view(*shape, V)
-    p = torch.softmax(logp if temperature == 1 else logp / temperature, dim=1)
-    if top_p < 1.0:
-        ps, idx = sorted_nucleus(p, top_p)
-        p = torch.zeros_like(p).scatter_(1, idx, ps)
-    return (p / p.sum(1, keepdim=True)).view(*shape, V)
 
 
 def draw(p, u):
@@ -208,7 +192,7 @@ def _batch_min(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, tr
         if _bug == 'wrong_target' and kk > 1:  # copy 0 drafts the next position's conditional
             tgt = tgt.clone()
             tgt[:, m - c], tgt[:, m - c + 1] = reveal[:, m + 1], reveal[:, m]
-        q = probs(step(slot_tok[:, idx], slot_pos[:, idx], tgt, kk), **tf)   # (B, kk, V)
+        q = logits_to_probs(step(slot_tok[:, idx], slot_pos[:, idx], tgt, kk), **tf)   # (B, kk, V)
         step.cache.keep(max(0, m - c + 1))                                  # the pending slots and copy 0
         calls, passes = calls + 1, passes + len(idx)
         d = draw(q, rnd(B, kk))                                             # (B, kk) drafts
@@ -223,7 +207,7 @@ def _batch_min(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, tr
         # verify: d_0..d_{kk-2} in slots m+1..m+kk-1, targets chained; + the bonus slot when there is room
         nb = int(bonus and m + kk < n)
         nv = kk - 1 + nb
-        p = probs(step(d[:, :nv], reveal[:, m:m + nv], reveal[:, m + 1:m + 1 + nv], 1, n_logits=nv), **tf)
+        p = logits_to_probs(step(d[:, :nv], reveal[:, m:m + nv], reveal[:, m + 1:m + 1 + nv], 1, n_logits=nv), **tf)
         calls, passes = calls + 1, passes + nv                               # p: (B, nv, V)
         ua, ur = rnd(B, kk - 1), rnd(B)
         dj = d[:, 1:, None]                                                  # (B, kk-1, 1)
@@ -385,7 +369,7 @@ def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trac
         tok = torch.cat([tok_buf[:, :P], tok_buf.gather(1, m[:, None]).expand(B, kk)], 1)
         pos = torch.cat([slot_pos[:, :P], slot_pos.gather(1, m.clamp(max=n)[:, None]).expand(B, kk)], 1)
         tgt = torch.cat([reveal[:, :P], at(m[:, None] + j)], 1)
-        q = probs(call(tok, pos, tgt, kk, kk, parallel_mask(P + kk, kk, 0, dev)), **tf)   # (B, kk, V)
+        q = logits_to_probs(call(tok, pos, tgt, kk, kk, parallel_mask(P + kk, kk, 0, dev)), **tf)   # (B, kk, V)
         cache.commit(torch.cat([torch.ones(B, P, dtype=torch.bool, device=dev), active[:, None],
                                 torch.zeros(B, kk - 1, dtype=torch.bool, device=dev)], 1))
         calls, passes = calls + 1, passes + P + kk
@@ -396,7 +380,7 @@ def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trac
             nb = int(bonus and bool((m + kk < n).any()))
             nv = kk - 1 + nb
             jv = torch.arange(nv, device=dev)
-            p = probs(call(d[:, :nv], at(m[:, None] + jv), at(m[:, None] + 1 + jv), 1, nv,
+            p = logits_to_probs(call(d[:, :nv], at(m[:, None] + jv), at(m[:, None] + 1 + jv), 1, nv,
                            torch.ones(nv, nv, dtype=torch.bool, device=dev).tril()), **tf)  # (B, nv, V)
             calls, passes = calls + 1, passes + nv
             ua, ur = rnd(B, kk - 1), rnd(B)
@@ -489,7 +473,7 @@ def _fused(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, trace, steppe
         tok = torch.cat([tok_buf[:, :P], c_tok, c_tok.repeat_interleave(K2, 1)], 1)
         pos = torch.cat([slot_pos[:, :P], c_pos, c_pos.repeat_interleave(K2, 1)], 1)
         tgt = torch.cat([reveal[:, :P], c_tgt, cp_tgt], 1)                        # copies: (B, C * K2)
-        pr = probs(call(tok, pos, tgt, 1, C * (K2 + 1), fused_mask(P, C, K2, dev)), **tf)
+        pr = logits_to_probs(call(tok, pos, tgt, 1, C * (K2 + 1), fused_mask(P, C, K2, dev)), **tf)
         calls, passes = calls + 1, passes + tok.size(1)
         p, qn = pr[:, :C], pr[:, C:].reshape(B, C, K2, pr.size(-1))                   # (B, C, V), (B, C, K2, V)
         ua, ur = rnd(B, K), rnd(B)

@@ -9,7 +9,8 @@ import torch
 from helpers import tiny
 
 from aogpt import engine, generate, speculative
-from aogpt.speculative import generate_speculative, probs
+from aogpt.generate import logits_to_probs
+from aogpt.speculative import generate_speculative
 from model import parallel_mask
 
 ALPHA = 1e-4
@@ -59,7 +60,7 @@ def seq_law(model, n, V, orders, given=None, **tf):
     for sigma in orders:
         o = torch.tensor(g + [s for s in sigma if s not in g])
         logits = model(xs, order=o.expand(len(xs), n))[0]                     # (V^n, n, V')
-        p = probs(logits, vocab_size=V, **tf)
+        p = logits_to_probs(logits, vocab_size=V, **tf)
         lp = torch.ones(len(xs), dtype=torch.float64)
         for j in range(len(g), n):
             lp *= p[:, j].gather(1, xs[:, o[j]][:, None]).squeeze(1)
@@ -153,7 +154,7 @@ def test_prompt_and_infill(m4, where):
     wrong = torch.ones(len(xs), dtype=torch.float64)
     for i in free:
         o = [j for j in range(4) if given[j] >= 0] + [i] + [j for j in free if j != i]
-        p = probs(m4(xs, order=torch.tensor(o).expand(len(xs), 4))[0].detach(), vocab_size=3)
+        p = logits_to_probs(m4(xs, order=torch.tensor(o).expand(len(xs), 4))[0].detach(), vocab_size=3)
         wrong *= p[:, 4 - len(free)].gather(1, xs[:, i:i + 1]).squeeze(1)
     ok = (xs[:, given >= 0] == given[given >= 0]).all(1)
     assert chi2_pvalue(x, xs, torch.where(ok, wrong, 0.0)) < ALPHA
