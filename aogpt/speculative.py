@@ -176,7 +176,8 @@ def accept(run, p, q, d, n_tests, bonus):
     at the first rejection: a[b] drafts kept. Then y[b]: a replacement from norm(max(p_a - q_a, 0)) in
     the rejected draft's place, or where every test passed and bonus[b], the bonus from p_a (where every
     test passed without the bonus, y is not used). Uniforms: J for the tests, then 1 for y, per sample.
-    Returns (a, y), each (B,); the kept and tested drafts are counted in the run."""
+    Returns (a, y), each (B,); the kept and tested drafts are counted in the run (a sample that is done
+    has n_tests 0 and counts nothing)."""
     B, J = d.shape
     ar = torch.arange(B, device=d.device)
     ua, ur = run.rand(B, J), run.rand(B)
