@@ -329,6 +329,7 @@ def refuse_unused(c, sampler):
 
 
 def load_judge_for(c, codec):
+    """The judge for --gen_ppl, checked against the samples' codec: (model, its codec, scoring mode)."""
     judge, judge_codec, is_hf = genppl.load_judge(c.gen_ppl, c.device)
     if judge.config.vocab_size < judge_codec.vocab_size:
         die(f"judge {c.gen_ppl}: its {judge_codec.name} codec has {judge_codec.vocab_size} symbols, the model "
@@ -346,11 +347,10 @@ def load_judge_for(c, codec):
     mode = c.gen_ppl_mode if c.gen_ppl_mode != 'auto' else ('hf' if is_hf else 'none')
     if mode == 'hf' and not is_hf:
         die("--gen_ppl_mode hf is the HF GPT-2 recipe (no BOS); our checkpoints score from [None] (none)")
-    judge.mode, judge.codec = mode, judge_codec
     if judge_codec.record() != codec.record():
         print(f"note: the judge reads {judge_codec.name}, the samples are {codec.name}: both perplexities are "
               f"computed on the re-tokenized text")
-    return judge
+    return judge, judge_codec, mode
 
 
 def draw(c, model, family, n, given, order, codec):
@@ -363,14 +363,15 @@ def draw(c, model, family, n, given, order, codec):
     sync = torch.cuda.synchronize if c.device.startswith('cuda') else (lambda: None)
     sync()
     t0 = time.time()
-    with c.ctx:
-        stp = (engine.EncoderStepper(model, c.batch_size, n, c.stepper) if family == 'mdm' else
-               engine.SlotStepper(model, c.batch_size, c.stepper))  # one for all batches: its graphs are kept
+    with c.ctx:  # one stepper for all batches: its graphs are kept
         if c.speculative:
             from aogpt.speculative import generate_speculative, row_stepper
             k = 'auto' if c.speculative == 'auto' else int(c.speculative)
-            stp = c.stepper if c.stepper == 'dynamic' else row_stepper(model, c.batch_size, c.stepper, n, k,
-                                                                       int((given >= 0).sum()), fused=c.fused)
+            stp = row_stepper(model, c.batch_size, c.stepper, n, k, int((given >= 0).sum()), fused=c.fused)
+        elif family == 'mdm':
+            stp = engine.EncoderStepper(model, c.batch_size, n, c.stepper)
+        else:
+            stp = engine.SlotStepper(model, c.batch_size, c.stepper)
         for _ in tqdm(range(c.num_batches), desc='batches', unit='batch', disable=c.num_batches == 1,
                       file=sys.stderr):
             if c.speculative:  # each sample commits what it accepted (per-sample cache masks)
@@ -393,12 +394,14 @@ def draw(c, model, family, n, given, order, codec):
 
 
 def score(c, judge, samples, codec):
-    """Generative perplexity of the samples under the judge, both averages, with their unigram entropy."""
+    """Generative perplexity of the samples under the judge (model, its codec, mode), both averages, with
+    their unigram entropy."""
+    judge_model, judge_codec, mode = judge
     try:
-        r = genppl.generative_ppl(judge, judge.codec, samples, codec, judge.mode, c.judge_batch_size)
+        r = genppl.generative_ppl(judge_model, judge_codec, samples, codec, mode, c.judge_batch_size)
     except ValueError as e:
         die(f"--gen_ppl: {e}")
-    print(f"gen ppl ({c.gen_ppl}, mode {judge.mode}): per-sequence mean {r['per_sequence']:.3f} (the paper's "
+    print(f"gen ppl ({c.gen_ppl}, mode {mode}): per-sequence mean {r['per_sequence']:.3f} (the paper's "
           f"code, SEDD), token-weighted {r['token']:.3f} after re-tokenizing and cutting at the first end of "
           f"document (MDLM, DUO; {r['tokens_scored']} tokens, {r['ended_early']} samples ended early); "
           f"unigram entropy {r['unigram_entropy']:.3f} nats per sample")

@@ -10,8 +10,10 @@ eval_harness.py, export.py) and the model they share (model.py, also at the root
     checkpoint    checkpoint and export files: reading, writing, resolving, the hub; paper_ckpt: the paper's
     preflight, startup   train.py's checks before its first step; where its model and state come from (init_from)
     rundir, valloss, ema train.py's out_dir (lock, periodic copies), val losses, EMA
-    engine        the KV cache and how a forward call runs (dynamic, fixed shapes, CUDA graphs)
-    generate      the samplers (Lemma 1 on the KV cache, AR, confidence orders, the encoder MDM)
+    engine        the KV caches (shared, per-sample) and how a forward call runs (dynamic, fixed shapes,
+                  CUDA graphs)
+    generate      the samplers (Lemma 1 on the KV cache, AR, confidence orders, the encoder MDM) and the
+                  one temperature / top-p transform every draw goes through (logits_to_probs)
     speculative   exact parallel decoding; genppl: generative perplexity; tracepage: --trace's HTML page
     plot          loss curves and eval bars
 

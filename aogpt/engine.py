@@ -1,6 +1,7 @@
 """
-The sampling engine: the KV cache, and how one forward call of a sampler runs. The samplers (generate.py)
-decide what goes into a call; this file decides how it runs:
+The sampling engine: the KV caches (KVCache, shared by the batch; RowCache, kept per sample) and how one
+forward call of a sampler runs. The samplers (generate.py, speculative.py) decide what goes into a call;
+this file decides how it runs:
 
   'dynamic'     at the call's own shape: r rows attending over the L cached slots and themselves
   'static'      at a few fixed shapes: rows padded up to two sizes per octave, every row attending over
@@ -16,6 +17,8 @@ launch-bound on a GPU, and every new shape pays kernel setup; a replayed graph p
   cache = KVCache(model, B)               one layout for every mode
   step = SlotStepper(model, B, mode)      decoders: step(tok, pos, tgt, k) -> logits (B, k, V) of the
   step.cache.keep(rows)                   last k rows; the sampler then commits what the cache keeps
+  step = RowStepper(model, B, mode, S)    per-sample commits (speculative.py): a RowCache of S slots, every
+  step.cache.commit(keep)                 sample keeping its own rows (keep (B, r)) under its own mask
   enc = EncoderStepper(model, B, n, mode) the encoder MDM: enc(x) -> final-norm hidden states (B, n, C)
 """
 
@@ -35,19 +38,20 @@ class KVCache:
 
     `len` counts the committed slots. A call writes its rows from slot len on, and keep(j) then commits
     the first j of them; the rest (the throw-away parallel copies, padding) are overwritten by the next
-    call. S = slots(block_size): one scratch slot past block_size, where the padding rows of a
-    fixed-shape call write, rounded up to a multiple of 16 (SDPA's mask alignment). The buffers are
-    zeroed: a fixed-shape call attends (masked) over slots no row wrote yet, and a NaN there would
-    still poison the output through 0 * NaN.
+    call. S = n_slots, by default slots(block_size): one scratch slot past block_size, where the padding
+    rows of a fixed-shape call write, rounded up to a multiple of 16 (SDPA's mask alignment). The
+    buffers are zeroed: a fixed-shape call attends (masked) over slots no row wrote yet, and a NaN there
+    would still poison the output through 0 * NaN.
     """
 
     @staticmethod
     def slots(block_size):
         return (block_size // 16 + 1) * 16
 
-    def __init__(self, model, batch_size):
+    def __init__(self, model, batch_size, n_slots=None):
         cfg = model.config
-        self.shape = (batch_size, cfg.n_head, self.slots(cfg.block_size), cfg.n_embd // cfg.n_head)
+        S = self.slots(cfg.block_size) if n_slots is None else n_slots
+        self.shape = (batch_size, cfg.n_head, S, cfg.n_embd // cfg.n_head)
         self.n_layer = cfg.n_layer
         self.k = self.v = None
         self.len = 0
@@ -80,6 +84,50 @@ class KVCache:
             for buf in self.k + self.v:
                 buf[b, :, dst] = buf[b, :, dst + chosen]
         self.len += rows
+
+
+class RowCache(KVCache):
+    """A KVCache whose samples keep different slots (the speculative sampler's per-sample commits): the
+    buffer stays rectangular, every call writes all samples' rows at [len, len + r), and `valid` (B, S)
+    says which slots each sample attends to. Attention does not care where a key sits (positions enter
+    through the slot embeddings), so a slot a sample did not keep is just masked out; room() moves each
+    sample's kept slots to the front when the buffer runs out. scratch: the last slot is a fixed-shape
+    call's padding rows' (SlotStepper), never a kept row's."""
+
+    def __init__(self, model, batch_size, n_slots, device, scratch=False):
+        super().__init__(model, batch_size, n_slots)
+        self.valid = torch.zeros(batch_size, n_slots, dtype=torch.bool, device=device)
+        self.limit = n_slots - scratch
+
+    def keep(self, rows, chosen=None):
+        if rows is None:  # a new run: no sample keeps anything
+            self.valid.zero_()
+        super().keep(rows, chosen)
+
+    def mask(self, inner):
+        """(B, 1, r, len + r) attention mask: each sample's kept slots, then `inner` (r, r) among the rows."""
+        B, r, L = self.shape[0], inner.size(0), self.len
+        return torch.cat([self.valid[:, None, :L].expand(B, r, L), inner.expand(B, r, r)], 2)[:, None]
+
+    def commit(self, keep):
+        """Keep the last call's row i for the samples where keep (B, r) is set; the buffer advances to the
+        last row any sample keeps (the rows after it are overwritten by the next call)."""
+        r = keep.size(1)
+        self.valid[:, self.len:self.len + r] = keep
+        cols = keep.any(0).nonzero()
+        self.len += int(cols.max()) + 1 if cols.numel() else 0
+
+    def room(self, r):
+        """Before a call of r rows: if they would pass the limit, move each sample's kept slots to the
+        front (in place: a captured graph reads these very tensors)."""
+        if self.len + r > self.limit:
+            idx = torch.sort((~self.valid).to(torch.uint8), dim=1, stable=True).indices    # (B, S) kept first
+            for buf in self.k + self.v:
+                buf.copy_(buf.gather(2, idx[:, None, :, None].expand_as(buf)))
+            self.valid.copy_(self.valid.gather(1, idx))
+            self.len = int(self.valid.sum(1).max())
+            if self.len + r > self.limit:
+                raise RuntimeError(f"per-sample cache: {self.len} kept + {r} rows > {self.limit} slots")
 
 
 def stepper_device(model, mode):
@@ -127,15 +175,16 @@ class SlotStepper:
     A stepper serves many runs (the samplers take one for `stepper` and empty its cache, see make), so
     the graphs are captured once per padded shape, not once per batch; for_batch(b) is its sibling for
     another batch size, made once and kept (the threshold sampler decodes one sample at a time).
+    cache: the KVCache it runs on (RowStepper's RowCache); by default one of block_size slots.
     """
 
-    def __init__(self, model, batch_size, mode='dynamic', kv_bucket=KV_BUCKET):
+    def __init__(self, model, batch_size, mode='dynamic', kv_bucket=KV_BUCKET, cache=None):
         dev = stepper_device(model, mode)
         if kv_bucket < 0 or kv_bucket % 16:
             raise ValueError(f"kv_bucket must be 0 (the whole cache) or a positive multiple of 16 (the SDPA mask "
                              f"alignment), got {kv_bucket}")
         self.model, self.mode, self.B, self.dev, self.kv_bucket = model, mode, batch_size, dev, kv_bucket
-        self.cache = KVCache(model, batch_size)
+        self.cache = KVCache(model, batch_size) if cache is None else cache
         self.siblings = {batch_size: self}
         if mode != 'dynamic':
             self.scalars = torch.zeros(3, dtype=torch.long, device=dev)  # L, blk, r: read at replay
@@ -150,12 +199,13 @@ class SlotStepper:
             self.turn = 0
 
     @classmethod
-    def make(cls, model, batch_size, stepper):
-        """A fresh stepper for a mode name, or the given stepper emptied for a new run."""
-        if not isinstance(stepper, SlotStepper):
-            return cls(model, batch_size, stepper)
+    def make(cls, model, batch_size, stepper, **kw):
+        """A fresh stepper for a mode name (or another kind of stepper's mode), or the given stepper
+        emptied for a new run. kw: a fresh one's other arguments (RowStepper's slots)."""
+        if not isinstance(stepper, cls):
+            return cls(model, batch_size, getattr(stepper, 'mode', stepper), **kw)
         if stepper.model is not model or stepper.B != batch_size:
-            raise ValueError(f"this SlotStepper was built for another model or batch size ({stepper.B})")
+            raise ValueError(f"this {type(stepper).__name__} was built for another model or batch size ({stepper.B})")
         stepper.cache.keep(None)
         return stepper
 
@@ -267,6 +317,41 @@ class SlotStepper:
         # The warm-up calls write the same K/V rows the replay will, so they change nothing.
         key = R, span, tree
         self.graphs[key], self.outs[key] = capture_graph(lambda: self._forward(R, span, tree), self.dev, self.pool)
+
+
+class RowStepper(SlotStepper):
+    """A SlotStepper whose samples commit different rows (the speculative sampler's per-sample commits):
+    its cache is a RowCache of `slots` slots, and every call first makes room in it (compacting) and
+    masks out, per sample, the slots that sample did not keep. 'dynamic' runs each call at its own shape
+    under RowCache.mask; the fixed shapes ('static', 'cuda_graph') read the same per-sample mask from a
+    device tensor updated in place (so a replayed graph reads the current one), on a buffer one scratch
+    slot longer, 16-aligned. The caller commits with stepper.cache.commit(keep (B, r))."""
+
+    def __init__(self, model, batch_size, mode, slots, kv_bucket=KV_BUCKET):
+        fixed = mode != 'dynamic'
+        cache = RowCache(model, batch_size, KVCache.slots(slots) if fixed else slots, stepper_device(model, mode),
+                         scratch=fixed)
+        super().__init__(model, batch_size, mode, kv_bucket, cache=cache)
+
+    def __call__(self, tok, pos, tgt, k, n_logits=None, inner=None):
+        """SlotStepper's call (the last k rows a parallel block, or inner (r, r): which of the call's rows
+        each row sees), over each sample's own kept slots."""
+        self.cache.room(tok.size(1))
+        if self.mode != 'dynamic':
+            return super().__call__(tok, pos, tgt, k, n_logits, inner)
+        L, r = self.cache.len, tok.size(1)
+        inner = parallel_mask(r, k, 0, tok.device) if inner is None else inner
+        kv = self.cache, torch.arange(L, L + r, device=tok.device), L + r
+        return self.model.forward_slots(tok, pos, tgt, mask=self.cache.mask(inner), kv=kv,
+                                        n_logits=k if n_logits is None else n_logits)
+
+    def _forward(self, R, span, tree=False):
+        # SlotStepper's fixed-shape mask, and each sample's kept slots among the cached ones
+        buf, L = self.bufs[R], self.scalars[0]
+        vis, input_pos = self.visible(R, span, tree)                     # (R, span), (R,)
+        j = torch.arange(span, device=self.dev)
+        vis = vis & ((j >= L) | self.cache.valid[:, :span])[:, None]     # (B, R, span)
+        return self.model.hidden_slots(buf[0], buf[1], buf[2], mask=vis[:, None], kv=(self.cache, input_pos, span))
 
 
 class EncoderStepper:

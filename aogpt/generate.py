@@ -2,7 +2,9 @@
 The samplers: the masked-diffusion reverse process on an AO-GPT / sigma-GPT (generate_ao, with the KV
 cache), confidence-ordered decoding on the same cache (generate_confident), plain left-to-right KV-cache
 decoding (generate_ar) and the encoder MDM's reverse process (generate_mdm); with the schedule, the token
-draws and the orders they share. How a forward call runs (cache, fixed shapes, CUDA graphs) is engine.py's.
+draws and the orders they share. Every draw, the speculative sampler's too, is from logits_to_probs (the
+vocabulary cut, temperature and nucleus) by inverse_cdf. How a forward call runs (cache, fixed shapes,
+CUDA graphs) is engine.py's.
 
 The reverse process (paper eq. 8 and Lemma 1). Time runs over a grid t_0 = 1 > t_1 > ... > t_T = 0
 (linear, or cosine) where t is the fraction of positions still masked. From t to s each still-masked
@@ -90,23 +92,50 @@ def reveal_counts(n, steps, schedule='linear', fixed=False, generator=None):
 
 # ----------------------------------------------------------------------------- drawing tokens
 
-def sample_tokens(logits, u, temperature=1.0, top_p=1.0, vocab_size=None, ban=None, score=None):
-    """One token per row of logits (..., V), by inverse-CDF sampling with the uniforms u (...).
-
+def logits_to_probs(logits, temperature=1.0, top_p=1.0, vocab_size=None, ban=None, ids=False):
+    """The distribution every sampler draws a token from, as float64 probabilities (..., V') that sum to
+    1: ids >= vocab_size (the head's padding rows) cut and `ban` (the encoder's [MASK]) never drawn, then
+    temperature (0: one-hot on the argmax), then the nucleus: top_p < 1 keeps the smallest set of most
+    likely tokens whose mass reaches top_p (the HF convention: the token that crosses top_p is kept).
     float64 throughout: low-precision (bf16/fp32) Gumbel noise lowers the effective temperature, this
-    cannot. Ids >= vocab_size (the head's padding rows) and `ban` (the encoder's [MASK]) are never drawn.
-    temperature 0 is greedy; top_p < 1 keeps the smallest set of most likely tokens whose mass reaches
-    top_p (the HF convention: the token that crosses top_p is kept).
+    cannot. The speculative sampler's accept test reads these numbers for q and p alike.
+
+    ids=True, for a draw (sample_tokens): (p, ids) instead, p (..., W) neither normalised nor scattered
+    back (inverse_cdf needs neither): under the nucleus the kept tokens most likely first, as
+    sorted_nucleus leaves them, ids (..., W) the token of each column; else ids is None (column j is
+    token j)."""
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    V = logits.size(-1) if vocab_size is None else min(vocab_size, logits.size(-1))
+    shape = logits.shape[:-1]
+    logp = logits.reshape(-1, logits.size(-1))[:, :V].double()            # (R, V)
+    if ban is not None and ban < V:
+        logp = logp.index_fill(1, torch.tensor([ban], device=logp.device), -math.inf)
+    idx = None
+    if temperature == 0:
+        p = torch.zeros_like(logp).scatter_(1, logp.argmax(1, keepdim=True), 1.0)
+    else:
+        p = torch.softmax(logp if temperature == 1 else logp / temperature, dim=1)
+        if top_p < 1.0:
+            p, idx = sorted_nucleus(p, top_p)                               # (R, W) each
+    if ids:
+        return p.view(*shape, -1), None if idx is None else idx.view(*shape, -1)
+    if idx is not None:
+        p = torch.zeros_like(logp).scatter_(1, idx, p)
+    return (p / p.sum(1, keepdim=True)).view(*shape, V)
+
+
+def sample_tokens(logits, u, temperature=1.0, top_p=1.0, vocab_size=None, ban=None, score=None):
+    """One token per row of logits (..., V), by inverse-CDF sampling with the uniforms u (...) from the
+    distribution logits_to_probs gives (temperature 0 is greedy).
     score: None, or how sure the model is of each row, for the confidence orders; then returns
     (tokens, scores, top probabilities), each (...). Scores are computed on the distribution the token
     was drawn from (after temperature and top_p; at temperature 0 the plain softmax): 'confidence' the
     probability of the drawn token, 'margin' the top probability minus the second, 'entropy' the
     negative entropy (higher is surer in every mode).
     """
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
     shape = logits.shape[:-1]
     V = logits.size(-1) if vocab_size is None else min(vocab_size, logits.size(-1))
     logits = logits.reshape(-1, logits.size(-1))[:, :V]
@@ -120,20 +149,14 @@ def sample_tokens(logits, u, temperature=1.0, top_p=1.0, vocab_size=None, ban=No
 
 
 def _sample_rows(logits, u, temperature, top_p, ban, score=None):
-    logp = logits.double()
-    if ban is not None and ban < logp.size(1):
-        logp = logp.index_fill(1, torch.tensor([ban], device=logp.device), -math.inf)
-    if temperature == 0:
-        tok = logp.argmax(1)
-        return tok if score is None else (tok, *_scores(torch.softmax(logp, dim=1), tok[:, None], score))
-    p = torch.softmax(logp if temperature == 1 else logp / temperature, dim=1)  # (R, V) float64
-    idx = None
-    if top_p < 1.0:
-        p, idx = sorted_nucleus(p, top_p)
+    p, ids = logits_to_probs(logits, temperature, top_p, ban=ban, ids=True)    # (R, W), None or (R, W)
     j, total = inverse_cdf(p, u)
-    j = j[:, None]                                                          # (R, 1)
-    tok = (idx.gather(1, j) if idx is not None else j).squeeze(1)
-    return tok if score is None else (tok, *_scores(p / total, j, score))
+    tok = j if ids is None else ids.gather(1, j[:, None]).squeeze(1)
+    if score is None:
+        return tok
+    if temperature == 0:  # a one-hot says nothing of how sure the model was: score the plain softmax
+        p, total = logits_to_probs(logits, 1.0, 1.0, ban=ban, ids=True)[0], 1.0
+    return (tok, *_scores(p / total, j[:, None], score))
 
 
 def inverse_cdf(p, u):

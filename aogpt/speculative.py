@@ -41,7 +41,7 @@ and committing min(a_b, that) is exactly a round with the shorter draft length A
 batch_commit='per_row' wastes nothing instead: every sample commits its own count, the cache buffer stays
 rectangular with holes that each sample masks out (attention does not care where a key sits, as
 positions enter through the slot embeddings), compacted when it runs out; on fixed shapes too
-(RowStepper), so that the CUDA-graph path gets it.
+(engine.RowStepper), so that the CUDA-graph path gets it.
 
 Cost: a round is 2 calls and commits >= 2 tokens (d_0, then a kept draft or a replacement), so calls <=
 tokens; a last lone token costs the draft call alone. Token-passes per round: the draft's pending +
@@ -58,32 +58,22 @@ is its latency, not its rows (bench/sample_roofline.py counts both).
 Randomness, from one CPU torch.Generator in a fixed order: first the order (free_order), then per
 round: k uniforms per sample for the drafts, k - 1 for the accept tests, 1 for the replacement / bonus
 (a round with k = 1, the last lone token, draws only its draft uniform). All float64, inverse CDF.
+
+The code: the three round loops (_batch_min, _per_row, _fused) share one run state (_Run: the slots the
+rounds fill in, the draws, the counts) and one accept test with its replacement / bonus draw (accept);
+q and p come from generate.logits_to_probs, the transform sample_tokens draws from; the caches and the
+calls are engine.py's (SlotStepper, RowStepper).
 """
+
+from dataclasses import dataclass, field
 
 import torch
 
-from aogpt.engine import KV_BUCKET, KVCache, SlotStepper
-from aogpt.generate import ADAPTIVE, check_order, free_order, inverse_cdf, sorted_nucleus, split_given
-from model import parallel_mask
+from aogpt.engine import KV_BUCKET, RowStepper, SlotStepper
+from aogpt.generate import ADAPTIVE, check_order, free_order, inverse_cdf, logits_to_probs, split_given
 
 K_MAX = 16   # the largest draft length k='auto' goes to
 K_FUSED = 8  # the same for fused rounds, whose calls carry (k + 1)^2 rows
-
-
-def probs(logits, temperature=1.0, top_p=1.0, vocab_size=None):
-    """The distribution sample_tokens draws from, as float64 probabilities (..., V'): ids >= vocab_size
-    cut, then temperature (0: one-hot on the argmax), then the nucleus, renormalised. The accept test
-    needs the numbers, not just a draw, and must apply the same transform to q and p."""
-    V = logits.size(-1) if vocab_size is None else min(vocab_size, logits.size(-1))
-    shape = logits.shape[:-1]
-    logp = logits.reshape(-1, logits.size(-1))[:, :V].double()            # (R, V)
-    if temperature == 0:
-        return torch.zeros_like(logp).scatter_(1, logp.argmax(1, keepdim=True), 1.0).view(*shape, V)
-    p = torch.softmax(logp if temperature == 1 else logp / temperature, dim=1)
-    if top_p < 1.0:
-        ps, idx = sorted_nucleus(p, top_p)
-        p = torch.zeros_like(p).scatter_(1, idx, ps)
-    return (p / p.sum(1, keepdim=True)).view(*shape, V)
 
 
 def draw(p, u):
@@ -107,6 +97,101 @@ def auto_k(accepted, rounds, k_max=K_MAX):
     return max(2, min(k_max, round(2 * accepted / rounds)))
 
 
+@dataclass
+class _Run:
+    """One run, as the three round loops share it: the reveal order and the slots the rounds fill in,
+    the transform and the draws, and the counts that become the stats."""
+    n: int
+    g: int                    # given tokens: slots 1..g, entered first
+    reveal: torch.Tensor      # (B, n) positions in reveal order
+    slot_tok: torch.Tensor    # (B, n + 1 + room) slot j: the j-th revealed token (room past n for done rows)
+    slot_pos: torch.Tensor    # (B, n + 1) its position; slot 0 is [None] at -1
+    tf: dict                  # temperature, top_p, vocab_size: one transform for q and p alike
+    generator: object
+    trace: bool
+    calls: int = 0            # forward calls of the batch
+    passes: int = 0           # rows through the network per sample
+    kept: int = 0             # drafts kept by the accept tests, over all samples
+    tested: int = 0           # drafts tested
+    live: int = 0             # rounds summed over the samples taking part in them
+    committed: list = field(default_factory=list)
+    drafted: list = field(default_factory=list)
+    frac: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+
+    @property
+    def B(self):
+        return self.reveal.size(0)
+
+    def rand(self, *shape):
+        return torch.rand(*shape, dtype=torch.float64, generator=self.generator).to(self.reveal.device)
+
+    def at(self, idx):
+        """The positions that the slots idx (B, ...) reveal (clamped for done samples)."""
+        return self.reveal.gather(1, idx.clamp(max=self.n - 1))
+
+    def next_k(self, k, k_max=K_MAX):
+        return auto_k(sum(self.committed), len(self.committed), k_max) if k == 'auto' else k
+
+    def forward(self, step, tok, pos, tgt, k, **kw):
+        """One forward call, counted: its probabilities under the transform (B, n_logits, V')."""
+        self.calls, self.passes = self.calls + 1, self.passes + tok.size(1)
+        return logits_to_probs(step(tok, pos, tgt, k, **kw), **self.tf)
+
+    def record(self, m, k, t, a, drafts, new):
+        """One round's bookkeeping. m, t: tokens revealed before it and committed in it, per sample (B,),
+        or ints where the batch shares them; k: drafts (an int, or per sample); a: drafts kept; drafts
+        (B, k) and the committed tokens new (B, >= t)."""
+        if isinstance(m, int):
+            self.committed.append(t), self.frac.append(m / self.n)
+            m, t = torch.full((self.B,), m), torch.full((self.B,), t)
+        else:
+            live = m < self.n
+            self.live += int(live.sum())
+            self.committed.append(float(t[live].float().mean()))
+            self.frac.append(float(m[live].float().mean()) / self.n)
+        self.drafted.append(drafts.size(1))
+        if self.trace:
+            k = k.cpu() if torch.is_tensor(k) else k
+            self.events.append((m.cpu(), k, t.cpu(), a.cpu(), drafts.cpu(), new.cpu()))
+
+    def write(self, m, new, t):
+        """Per-sample commits: sample b's first t[b] tokens of new (B, w) into its slots m[b] + 1..."""
+        w = torch.arange(new.size(1), device=m.device)
+        cols = m[:, None] + 1 + w
+        self.slot_tok.scatter_(1, cols, torch.where(w[None] < t[:, None], new, self.slot_tok.gather(1, cols)))
+
+    def stats(self, rounds_per_sample, calls_per_sample):
+        return dict(forward_calls=self.calls, token_passes=self.passes, rounds=len(self.committed),
+                    rounds_per_sample=rounds_per_sample, calls_per_sample=calls_per_sample, committed=self.committed,
+                    drafted=self.drafted, frac=self.frac,
+                    accept_rate=self.kept / self.tested if self.tested else float('nan'), events=self.events)
+
+
+def accept(run, p, q, d, n_tests, bonus):
+    """The accept test and the draw that ends a round (module docstring, "accept"), for every sample at
+    once. d (B, J): drafts proposed from q (B, J, V); p (B, J or J + 1, V): the true conditionals at the
+    drafts' positions, then the one after the last (the bonus) if the call computed it. Sample b tests its
+    first n_tests[b] drafts in order, keeping d_j with probability min(1, p_j(d_j) / q_j(d_j)), and stops
+    at the first rejection: a[b] drafts kept. Then y[b]: a replacement from norm(max(p_a - q_a, 0)) in
+    the rejected draft's place, or where every test passed and bonus[b], the bonus from p_a (where every
+    test passed without the bonus, y is not used). Uniforms: J for the tests, then 1 for y, per sample.
+    Returns (a, y), each (B,); the kept and tested drafts are counted in the run (a sample that is done
+    has n_tests 0 and counts nothing)."""
+    B, J = d.shape
+    ar = torch.arange(B, device=d.device)
+    ua, ur = run.rand(B, J), run.rand(B)
+    dj = d[:, :, None]
+    ratio = p[:, :J].gather(2, dj).squeeze(2) / q.gather(2, dj).squeeze(2)             # (B, J)
+    ok = (ua < ratio) & (torch.arange(J, device=d.device) < n_tests[:, None])
+    a = ok.long().cumprod(1).sum(1)                                                   # (B,)
+    run.kept += int(a.sum())
+    run.tested += int(torch.minimum(a + 1, n_tests).sum())
+    pa = p[ar, a.clamp(max=p.size(1) - 1)]
+    qa = q[ar, a.clamp(max=J - 1)] if J else torch.zeros_like(pa)
+    return a, draw(_residual(pa, torch.where(((a == n_tests) & bonus)[:, None], 0.0, qa)), ur)
+
+
 def _stepper(model, B, stepper):
     if isinstance(stepper, str):
         return SlotStepper(model, B, stepper)
@@ -119,7 +204,7 @@ def _stepper(model, B, stepper):
 @torch.no_grad()
 def generate_speculative(model, n, batch_size, *, k=4, order='random', given=None, temperature=1.0, top_p=1.0,
                          vocab_size=None, generator=None, stepper='dynamic', bonus=True, batch_commit='per_row',
-                         fused=False, trace=False, _bug=None):
+                         fused=False, trace=False):
     """Samples (B, n) from the model's exact joint along `order` (or the mixture over random orders),
     at under one forward call per token (module docstring). Returns (tokens (B, n), stats).
 
@@ -141,7 +226,6 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
     rows, before the batch minimum), frac (revealed fraction at each round's start), order (B, n);
     with trace=True also events: per round (m (B,) tokens revealed before it, k, t (B,) tokens it committed,
     a (B,) drafts each sample's tests kept past d_0, drafts (B, k), the committed tokens (B, >= t)).
-    _bug: the tests' negative controls ('resample_p', 'keep_rejected', 'wrong_target'): wrong on purpose.
     """
     if not (model.config.causal and model.any_order):
         raise ValueError("speculative sampling needs an any-order decoder (AO-GPT or sigma-GPT); an encoder "
@@ -158,85 +242,60 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
     if fused and (batch_commit != 'per_row' or not bonus):
         raise ValueError("fused=True needs batch_commit='per_row' and the bonus slot (its drafts for the next "
                          "round hang off the bonus row when every draft is kept)")
-    if _bug and not (batch_commit == 'min' or fused and _bug in ('keep_rejected', 'stale_q')):
-        raise ValueError("the negative controls (_bug) live in the batch-minimum and fused paths")
+    if batch_commit == 'per_row' and getattr(stepper, 'mode', 'dynamic') != 'dynamic' and \
+            not isinstance(stepper, RowStepper):
+        raise ValueError("batch_commit='per_row' at fixed shapes takes a mode name or a RowStepper "
+                         "(speculative.row_stepper), not a SlotStepper")
     dev = next(model.parameters()).device
     B = batch_size
     gpos, gtok, free = split_given(given, n)
     g = gpos.numel()
     reveal = torch.cat([gpos.expand(B, g), free_order(order, free, B, generator)], 1)  # (B, n) positions
-    slot_tok = torch.full((B, n + 1), -1, dtype=torch.long)                 # slot j: the j-th revealed token
+    kmax = (K_FUSED if fused else K_MAX) if k == 'auto' else k
+    room = kmax + 2 if batch_commit == 'per_row' else 0                     # past n, for the done samples
+    slot_tok = torch.full((B, n + 1 + room), -1, dtype=torch.long)          # slot j: the j-th revealed token
     slot_tok[:, 1:g + 1] = gtok
-    slot_tok = slot_tok.to(dev)
     slot_pos = torch.cat([torch.full((B, 1), -1), reveal], 1).to(dev)        # its position; [None] is -1
-    reveal = reveal.to(dev)
-    tf = dict(temperature=temperature, top_p=top_p, vocab_size=vocab_size)
-    rnd = lambda *shape: torch.rand(*shape, dtype=torch.float64, generator=generator).to(dev)  # noqa: E731
+    run = _Run(n, g, reveal.to(dev), slot_tok.to(dev), slot_pos, dict(temperature=temperature, top_p=top_p,
+               vocab_size=vocab_size), generator, trace)
     if batch_commit == 'per_row':
-        if getattr(stepper, 'mode', 'dynamic') != 'dynamic' and not isinstance(stepper, RowStepper):
-            raise ValueError("batch_commit='per_row' at fixed shapes takes a mode name or a RowStepper "
-                             "(speculative.row_stepper), not a SlotStepper")
-        if fused:
-            stats = _fused(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, trace, stepper, _bug)
-        else:
-            stats = _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper)
+        step = RowStepper.make(model, B, stepper, slots=row_slots(n, k, g, fused))
+        stats = _fused(run, step, k) if fused else _per_row(run, step, k, bonus)
     else:
-        stats = _batch_min(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper, _bug)
-    tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
-    stats = dict(stats, steps=stats['rounds'], tokens_generated=n - g, order=reveal)
+        stats = _batch_min(run, _stepper(model, B, stepper), k, bonus)
+    tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, run.reveal, run.slot_tok[:, 1:n + 1])
+    stats = dict(stats, steps=stats['rounds'], tokens_generated=n - g, order=run.reveal)
     if not trace:
         stats.pop('events')
     return tokens, stats
 
 
-def _batch_min(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper, _bug):
+def _batch_min(run, step, k, bonus):
     """generate_speculative with batch_commit='min': every sample commits the batch's fewest (any
-    SlotStepper, and the tests' negative controls)."""
-    dev = slot_tok.device
-    step = _stepper(model, B, stepper)
-    ar = torch.arange(B, device=dev)
-    m, calls, passes = g, 0, 0
-    committed, drafted, frac, events = [], [], [], []
-    kept_tests = all_tests = 0
+    SlotStepper)."""
+    n, B, reveal, slot_tok, slot_pos = run.n, run.B, run.reveal, run.slot_tok, run.slot_pos
+    m = run.g
     while m < n:
-        kk = min(auto_k(sum(committed), len(committed)) if k == 'auto' else k, n - m)
+        kk = min(run.next_k(k), n - m)
         c = step.cache.len
         # draft: the pending slots c..m-1 (the given tokens at the first round, else none), then kk copies
         # of slot m, copy j with target reveal[m + j]
         idx = list(range(c, m)) + [m] * kk
         tgt = torch.cat([reveal[:, c:m], reveal[:, m:m + kk]], 1)           # (empty pending when c > m: a bug)
-        if _bug == 'wrong_target' and kk > 1:  # copy 0 drafts the next position's conditional
-            tgt = tgt.clone()
-            tgt[:, m - c], tgt[:, m - c + 1] = reveal[:, m + 1], reveal[:, m]
-        q = probs(step(slot_tok[:, idx], slot_pos[:, idx], tgt, kk), **tf)   # (B, kk, V)
+        q = run.forward(step, slot_tok[:, idx], slot_pos[:, idx], tgt, kk)  # (B, kk, V)
         step.cache.keep(max(0, m - c + 1))                                  # the pending slots and copy 0
-        calls, passes = calls + 1, passes + len(idx)
-        d = draw(q, rnd(B, kk))                                             # (B, kk) drafts
+        d = draw(q, run.rand(B, kk))                                        # (B, kk) drafts
         if kk == 1:
             slot_tok[:, m + 1] = d[:, 0]
-            committed.append(1), drafted.append(1), frac.append(m / n)
-            if trace:
-                events.append((torch.full((B,), m), 1, torch.ones(B, dtype=torch.long),
-                               torch.zeros(B, dtype=torch.long), d.cpu(), d.cpu()))
+            run.record(m, 1, 1, torch.zeros(B, dtype=torch.long), d, d)
             m += 1
             continue
         # verify: d_0..d_{kk-2} in slots m+1..m+kk-1, targets chained; + the bonus slot when there is room
         nb = int(bonus and m + kk < n)
         nv = kk - 1 + nb
-        p = probs(step(d[:, :nv], reveal[:, m:m + nv], reveal[:, m + 1:m + 1 + nv], 1, n_logits=nv), **tf)
-        calls, passes = calls + 1, passes + nv                               # p: (B, nv, V)
-        ua, ur = rnd(B, kk - 1), rnd(B)
-        dj = d[:, 1:, None]                                                  # (B, kk-1, 1)
-        ratio = p[:, :kk - 1].gather(2, dj).squeeze(2) / q[:, 1:].gather(2, dj).squeeze(2)
-        a = (ua < ratio).long().cumprod(1).sum(1)                            # (B,) drafts kept past d_0
-        kept_tests += int(a.sum())
-        all_tests += int(torch.clamp(a + 1, max=kk - 1).sum())
-        # each row's replacement: the residual at its first rejection j = a + 1, or the bonus p_kk
-        j = torch.clamp(a + 1, max=kk - 1)
-        pj = p[ar, j - 1] if not nb else torch.where((a == kk - 1)[:, None], p[:, -1], p[ar, j - 1])
-        qj = torch.where((a == kk - 1)[:, None], torch.zeros_like(pj), q[ar, j])
-        resid = pj if _bug == 'resample_p' else _residual(pj, qj)
-        y = draw(resid, ur)                                                  # (B,)
+        p = run.forward(step, d[:, :nv], reveal[:, m:m + nv], reveal[:, m + 1:m + 1 + nv], 1, n_logits=nv)
+        a, y = accept(run, p, q[:, 1:], d[:, 1:], torch.full_like(d[:, 0], kk - 1),  # tests d_1..d_{kk-1}
+                      torch.full_like(d[:, 0], nb, dtype=torch.bool))
         A = int(a.min())
         if A < kk - 1:   # d_0..d_A, then y where the row stopped at A, else its kept d_{A+1}
             t = A + 2
@@ -246,86 +305,10 @@ def _batch_min(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, tr
             new = torch.cat([d, y[:, None]], 1)[:, :t]
         slot_tok[:, m + 1:m + 1 + t] = new
         # keep the verify rows whose token and target are committed: slots m+1..m+t-1
-        step.cache.keep(t if _bug == 'keep_rejected' and A < kk - 1 else t - 1)
-        committed.append(t), drafted.append(kk), frac.append(m / n)
-        if trace:
-            events.append((torch.full((B,), m), kk, torch.full((B,), t), a.cpu(), d.cpu(), new.cpu()))
+        step.cache.keep(t - 1)
+        run.record(m, kk, t, a, d, new)
         m += t
-    return dict(forward_calls=calls, token_passes=passes, rounds=len(committed),
-                rounds_per_sample=len(committed), calls_per_sample=calls, committed=committed, drafted=drafted,
-                frac=frac, accept_rate=kept_tests / all_tests if all_tests else float('nan'), events=events)
-
-
-class RowCache(KVCache):
-    """A KVCache whose rows (samples) keep different slots: the buffer stays rectangular, every call
-    writes all samples' rows at [len, len + r), and `valid` (B, S) says which slots each sample attends
-    to. Attention does not care where a key sits (positions enter through the slot embeddings), so a
-    slot a sample did not keep is just masked out; compact() moves each sample's kept slots to the front
-    when the buffer runs out."""
-
-    def __init__(self, model, batch_size, slots, device):
-        super().__init__(model, batch_size)
-        self.shape = self.shape[:2] + (slots,) + self.shape[3:]
-        self.valid = torch.zeros(batch_size, slots, dtype=torch.bool, device=device)
-
-    def mask(self, inner):
-        """(B, 1, r, len + r) attention mask: each sample's kept slots, then `inner` (r, r) among the rows."""
-        B, r, L = self.shape[0], inner.size(0), self.len
-        return torch.cat([self.valid[:, None, :L].expand(B, r, L), inner.expand(B, r, r)], 2)[:, None]
-
-    def commit(self, keep):
-        _commit(self, self.valid, keep)
-
-    def room(self, r, limit=None):
-        _room(self, self.valid, r, self.shape[2])
-
-
-def _commit(cache, valid, keep):
-    """Keep the last call's row i for the samples where keep (B, r) is set; the buffer advances to the
-    last row any sample keeps (the rows after it are overwritten by the next call)."""
-    r = keep.size(1)
-    valid[:, cache.len:cache.len + r] = keep
-    cols = keep.any(0).nonzero()
-    cache.len += int(cols.max()) + 1 if cols.numel() else 0
-
-
-def _room(cache, valid, r, limit):
-    """Before a call of r rows: if they would pass `limit` slots, move each sample's kept slots to the
-    front (in place: a captured graph reads these very tensors)."""
-    if cache.len + r > limit:
-        idx = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices    # (B, S) kept first
-        for buf in cache.k + cache.v:
-            buf.copy_(buf.gather(2, idx[:, None, :, None].expand_as(buf)))
-        valid.copy_(valid.gather(1, idx))
-        cache.len = int(valid.sum(1).max())
-        if cache.len + r > limit:
-            raise RuntimeError(f"per-sample cache: {cache.len} kept + {r} rows > {limit} slots")
-
-
-class RowStepper(SlotStepper):
-    """SlotStepper's fixed shapes ('static', 'cuda_graph') with per-sample commits: the cache buffer is
-    longer (room for the holes), and every row also masks out the slots its sample did not keep (`valid`,
-    a device tensor updated in place, so a replayed graph reads the current one)."""
-
-    def __init__(self, model, batch_size, mode, slots, kv_bucket=KV_BUCKET):
-        super().__init__(model, batch_size, mode, kv_bucket)
-        c = self.cache
-        c.shape = c.shape[:2] + (KVCache.slots(slots),) + c.shape[3:]        # + a scratch row, 16-aligned
-        self.valid = torch.zeros(batch_size, c.shape[2], dtype=torch.bool, device=self.dev)
-
-    def commit(self, keep):
-        _commit(self.cache, self.valid, keep)
-
-    def room(self, r):
-        _room(self.cache, self.valid, r, self.cache.shape[2] - 1)  # padding rows past it share the scratch row
-
-    def _forward(self, R, span, tree=False):
-        # SlotStepper's fixed-shape mask, and each sample's kept slots among the cached ones
-        buf, L = self.bufs[R], self.scalars[0]
-        vis, input_pos = self.visible(R, span, tree)                     # (R, span), (R,)
-        j = torch.arange(span, device=self.dev)
-        vis = vis & ((j >= L) | self.valid[:, :span])[:, None]           # (B, R, span)
-        return self.model.hidden_slots(buf[0], buf[1], buf[2], mask=vis[:, None], kv=(self.cache, input_pos, span))
+    return run.stats(len(run.committed), run.calls)
 
 
 def row_slots(n, k, n_given=0, fused=False):
@@ -335,103 +318,51 @@ def row_slots(n, k, n_given=0, fused=False):
 
 
 def row_stepper(model, batch_size, mode, n, k, n_given=0, kv_bucket=KV_BUCKET, fused=False):
-    """A RowStepper for runs of n tokens at draft length k (reusable across runs: its graphs are kept)."""
+    """A RowStepper (engine.py) for runs of n tokens at draft length k (reusable across runs: its graphs
+    are kept)."""
     return RowStepper(model, batch_size, mode, row_slots(n, k, n_given, fused), kv_bucket)
 
 
-def _row_caller(model, n, B, k, g, stepper, dev, fused=False):
-    """The per-sample cache (RowCache at dynamic shapes, a RowStepper at fixed ones) and call(tok, pos,
-    tgt, n_par, n_logits, inner) -> logits of one forward call of r rows: inner (r, r) is which of them
-    each row sees; at fixed shapes the last n_par rows form the parallel block instead, unless fused."""
-    mode = getattr(stepper, 'mode', stepper)
-    if mode == 'dynamic':
-        cache = RowCache(model, B, row_slots(n, k, g, fused), dev)
-    else:
-        cache = row_stepper(model, B, mode, n, k, g, fused=fused) if isinstance(stepper, str) else stepper
-        cache.cache.keep(None)
-        cache.valid.zero_()
-
-    def call(tok, pos, tgt, n_par, n_logits, inner):
-        cache.room(tok.size(1))
-        if mode == 'dynamic':
-            L, r = cache.len, tok.size(1)
-            kv = cache, torch.arange(L, L + r, device=dev), L + r
-            return model.forward_slots(tok, pos, tgt, mask=cache.mask(inner), kv=kv, n_logits=n_logits)
-        return cache(tok, pos, tgt, n_par, n_logits=n_logits, inner=inner if fused else None)
-    return cache, call
-
-
-def _per_row(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, bonus, trace, stepper):
-    """generate_speculative with batch_commit='per_row': each sample commits what it accepted (RowCache at
-    dynamic shapes, RowStepper at fixed ones). Same draws, in the same order, as the batch-minimum path."""
+def _per_row(run, step, k, bonus):
+    """generate_speculative with batch_commit='per_row': each sample commits what it accepted (a
+    RowStepper). Same draws, in the same order, as the batch-minimum path."""
+    n, B, g, reveal, slot_tok, slot_pos = run.n, run.B, run.g, run.reveal, run.slot_tok, run.slot_pos
     dev = slot_tok.device
-    kmax = K_MAX if k == 'auto' else k
-    cache, call = _row_caller(model, n, B, k, g, stepper, dev)
-    tok_buf = torch.full((B, n + kmax + 3), -1, dtype=torch.long, device=dev)   # room past n for done rows
-    tok_buf[:, :n + 1] = slot_tok
     m = torch.full((B,), g, dtype=torch.long, device=dev)                        # tokens revealed, per sample
-    ar = torch.arange(B, device=dev)
-    at = lambda idx: reveal.gather(1, idx.clamp(max=n - 1))                      # noqa: E731 positions at slots
-    calls = passes = kept_tests = all_tests = 0
-    committed, drafted, frac, events, tot, live, own_calls = [], [], [], [], 0, 0, 0
+    own_calls = 0
     while bool((m < n).any()):
         active = m < n
-        live += int(active.sum())
-        kk = min(auto_k(tot, len(committed)) if k == 'auto' else k, int((n - m).max()))
+        kk = min(run.next_k(k), int((n - m).max()))
         kb = torch.clamp(n - m, max=kk)                                          # (B,) drafts that fit
         own_calls += int(active.sum()) + int((active & (kb > 1)).sum())          # a lone last token: 1 call
-        P = g if calls == 0 else 0                                               # the given slots, once
+        P = g if run.calls == 0 else 0                                           # the given slots, once
         j = torch.arange(kk, device=dev)
-        tok = torch.cat([tok_buf[:, :P], tok_buf.gather(1, m[:, None]).expand(B, kk)], 1)
+        tok = torch.cat([slot_tok[:, :P], slot_tok.gather(1, m[:, None]).expand(B, kk)], 1)
         pos = torch.cat([slot_pos[:, :P], slot_pos.gather(1, m.clamp(max=n)[:, None]).expand(B, kk)], 1)
-        tgt = torch.cat([reveal[:, :P], at(m[:, None] + j)], 1)
-        q = probs(call(tok, pos, tgt, kk, kk, parallel_mask(P + kk, kk, 0, dev)), **tf)   # (B, kk, V)
-        cache.commit(torch.cat([torch.ones(B, P, dtype=torch.bool, device=dev), active[:, None],
-                                torch.zeros(B, kk - 1, dtype=torch.bool, device=dev)], 1))
-        calls, passes = calls + 1, passes + P + kk
-        d = draw(q, rnd(B, kk))                                                  # (B, kk)
+        q = run.forward(step, tok, pos, torch.cat([reveal[:, :P], run.at(m[:, None] + j)], 1), kk)  # (B, kk, V)
+        step.cache.commit(torch.cat([torch.ones(B, P, dtype=torch.bool, device=dev), active[:, None],
+                                     torch.zeros(B, kk - 1, dtype=torch.bool, device=dev)], 1))
+        d = draw(q, run.rand(B, kk))                                             # (B, kk)
         if kk == 1:
             t, a, new = active.long(), torch.zeros(B, dtype=torch.long, device=dev), d
         else:
             nb = int(bonus and bool((m + kk < n).any()))
             nv = kk - 1 + nb
             jv = torch.arange(nv, device=dev)
-            p = probs(call(d[:, :nv], at(m[:, None] + jv), at(m[:, None] + 1 + jv), 1, nv,
-                           torch.ones(nv, nv, dtype=torch.bool, device=dev).tril()), **tf)  # (B, nv, V)
-            calls, passes = calls + 1, passes + nv
-            ua, ur = rnd(B, kk - 1), rnd(B)
-            dj = d[:, 1:, None]
-            ratio = p[:, :kk - 1].gather(2, dj).squeeze(2) / q[:, 1:].gather(2, dj).squeeze(2)
-            ok = (ua < ratio) & (j[1:] < kb[:, None])                           # tests past a row's end fail
-            a = ok.long().cumprod(1).sum(1)                                      # (B,) drafts kept past d_0
+            p = run.forward(step, d[:, :nv], run.at(m[:, None] + jv), run.at(m[:, None] + 1 + jv), 1, n_logits=nv)
+            has_bonus = (m + kb < n) & bool(nb)                                  # the row has its bonus slot
+            a, y = accept(run, p, q[:, 1:], d[:, 1:], (kb - 1).clamp(min=0), has_bonus)  # tests past a row's end fail
             full = a == kb - 1
-            nbr = full & (m + kb < n) & bool(nb)                                 # the row earns the bonus
-            kept_tests += int(a[active].sum())
-            all_tests += int(torch.minimum(a + 1, kb - 1)[active].sum())
-            jr = torch.clamp(a + 1, max=kk - 1)
-            pj = torch.where(nbr[:, None], p[:, -1], p[ar, jr - 1])
-            qj = torch.where(nbr[:, None], torch.zeros_like(pj), q[ar, jr])
-            y = draw(_residual(pj, qj), ur)                                      # (B,) replacement or bonus
+            nbr = full & has_bonus                                               # the row earns the bonus
             t = torch.where(full, kb + nbr.long(), a + 2) * active               # (B,) tokens committed
             new = torch.cat([d, d[:, :1]], 1)                                    # (B, kk + 1)
             new.scatter_(1, (t - 1).clamp(min=0)[:, None], torch.where(full & ~nbr, new.gather(
                 1, (t - 1).clamp(min=0)[:, None]).squeeze(1), y)[:, None])
-            cache.commit(jv[None] < (t - 1)[:, None])                            # rows m+1..m+t-1 per sample
-        w = new.size(1)
-        cols = m[:, None] + 1 + torch.arange(w, device=dev)
-        keep = torch.arange(w, device=dev)[None] < t[:, None]
-        tok_buf.scatter_(1, cols, torch.where(keep, new, tok_buf.gather(1, cols)))
-        committed.append(float(t[active].float().mean())), drafted.append(kk)
-        frac.append(float(m[active].float().mean()) / n)
-        tot += committed[-1]
-        if trace:
-            events.append((m.cpu(), kk, t.cpu(), a.cpu(), d.cpu(), new.cpu()))
+            step.cache.commit(jv[None] < (t - 1)[:, None])                       # rows m+1..m+t-1 per sample
+        run.write(m, new, t)
+        run.record(m, kk, t, a, d, new)
         m = m + t
-    slot_tok.copy_(tok_buf[:, :n + 1])
-    return dict(forward_calls=calls, token_passes=passes, rounds=len(committed), rounds_per_sample=live / B,
-                calls_per_sample=own_calls / B,                committed=committed,
-                drafted=drafted, frac=frac, accept_rate=kept_tests / all_tests if all_tests else float('nan'),
-                events=events)
+    return run.stats(run.live / B, own_calls / B)
 
 
 def fused_mask(P, C, K2, device=None):
@@ -449,7 +380,15 @@ def fused_mask(P, C, K2, device=None):
     return m
 
 
-def _fused(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, trace, stepper, _bug=None):
+def _draft(qn, a, u):
+    """The next round's drafts (B, K2), from the copies hung off each sample's chain row a (the last it
+    kept: they saw every committed token but the round's last), with the uniforms u (B, K2); and the
+    proposals they will be tested against, the same (B, K2, V)."""
+    qd = qn[torch.arange(qn.size(0), device=qn.device), a]
+    return draw(qd, u), qd
+
+
+def _fused(run, step, k):
     """Per-sample commits at one forward call a round. A round at m revealed tokens carries drafts
     e_0..e_{K-1} for sigma(m..m+K-1), drawn last round from proposals qd. Its one call runs the chain
     (slot m, target sigma(m); then e_i in slot m+1+i, target sigma(m+1+i)), giving the true conditionals
@@ -459,74 +398,37 @@ def _fused(model, n, B, k, reveal, slot_tok, slot_pos, g, tf, rnd, trace, steppe
     (a + 1 tokens) and keeps chain rows 0..a in the cache; the next drafts are the copies of row a, which
     saw every committed token but y. Exact for the reason the two-call round is (each draft is fixed
     before its own test, and its proposal is a function of the past); a first round has no drafts and is
-    one exact token. Draws per round: K accept uniforms, 1 for y, K2 for the next drafts. _bug: the tests'
-    negative controls, 'keep_rejected' (chain row a + 1 stays in the cache) and 'stale_q' (drafts drawn
-    from row a's copies are tested against row 0's)."""
+    one exact token. Draws per round: K accept uniforms, 1 for y, K2 for the next drafts."""
+    n, B, g, reveal, slot_tok, slot_pos = run.n, run.B, run.g, run.reveal, run.slot_tok, run.slot_pos
     dev = slot_tok.device
-    cache, call = _row_caller(model, n, B, k, g, stepper, dev, fused=True)
-    kmax = K_FUSED if k == 'auto' else k
-    tok_buf = torch.full((B, n + kmax + 3), -1, dtype=torch.long, device=dev)   # room past n for done rows
-    tok_buf[:, :n + 1] = slot_tok
     m = torch.full((B,), g, dtype=torch.long, device=dev)                        # tokens revealed, per sample
-    ar = torch.arange(B, device=dev)
-    at = lambda idx: reveal.gather(1, idx.clamp(max=n - 1))                      # noqa: E731 positions at slots
-    e = torch.zeros(B, 0, dtype=torch.long, device=dev)                          # (B, K) drafts carried
+    e = torch.zeros(B, 0, dtype=torch.long, device=dev)                          # (B, C - 1) drafts carried
     qd, kd = None, torch.zeros(B, dtype=torch.long, device=dev)                  # their proposals, count
-    calls = passes = kept_tests = all_tests = live = tot = 0
-    committed, drafted, frac, events = [], [], [], []
     while bool((m < n).any()):
         active = m < n
-        live += int(active.sum())
-        K, C = e.size(1), e.size(1) + 1
-        K2 = auto_k(tot, len(committed), K_FUSED) if k == 'auto' else k
-        K2 = max(0, min(K2, int((n - m - 2)[active].max())))                    # drafts the next round can use
-        P = g if calls == 0 else 0                                               # the given slots, once
+        C = e.size(1) + 1                                                        # chain rows: slot m, then the drafts
+        K2 = max(0, min(run.next_k(k, K_FUSED), int((n - m - 2)[active].max())))  # drafts the next round can use
+        P = g if run.calls == 0 else 0                                           # the given slots, once
         i = torch.arange(C, device=dev)
-        c_tok = torch.cat([tok_buf.gather(1, m[:, None]), e], 1)                # (B, C) the chain
-        c_pos = torch.cat([slot_pos.gather(1, m[:, None]), at(m[:, None] + i[:-1])], 1)
-        c_tgt = at(m[:, None] + i)
-        cp_tgt = at((m[:, None, None] + i[None, :, None] + 1 + torch.arange(K2, device=dev)).reshape(B, -1))
-        tok = torch.cat([tok_buf[:, :P], c_tok, c_tok.repeat_interleave(K2, 1)], 1)
+        c_tok = torch.cat([slot_tok.gather(1, m[:, None]), e], 1)               # (B, C) the chain
+        c_pos = torch.cat([slot_pos.gather(1, m[:, None]), run.at(m[:, None] + i[:-1])], 1)
+        c_tgt = run.at(m[:, None] + i)
+        cp_tgt = run.at((m[:, None, None] + i[None, :, None] + 1 + torch.arange(K2, device=dev)).reshape(B, -1))
+        tok = torch.cat([slot_tok[:, :P], c_tok, c_tok.repeat_interleave(K2, 1)], 1)
         pos = torch.cat([slot_pos[:, :P], c_pos, c_pos.repeat_interleave(K2, 1)], 1)
         tgt = torch.cat([reveal[:, :P], c_tgt, cp_tgt], 1)                        # copies: (B, C * K2)
-        pr = probs(call(tok, pos, tgt, 1, C * (K2 + 1), fused_mask(P, C, K2, dev)), **tf)
-        calls, passes = calls + 1, passes + tok.size(1)
-        p, qn = pr[:, :C], pr[:, C:].reshape(B, C, K2, pr.size(-1))                   # (B, C, V), (B, C, K2, V)
-        ua, ur = rnd(B, K), rnd(B)
-        if K:
-            ej = e[:, :, None]
-            ratio = p[:, :K].gather(2, ej).squeeze(2) / qd.gather(2, ej).squeeze(2)
-            ok = (ua < ratio) & (i[None, :K] < kd[:, None])                     # no test past a row's drafts
-            a = ok.long().cumprod(1).sum(1)                                      # (B,) drafts kept
-            qa = torch.where((a < kd)[:, None], qd[ar, a.clamp(max=K - 1)], torch.zeros_like(p[:, 0]))
-        else:
-            a = torch.zeros(B, dtype=torch.long, device=dev)
-            qa = torch.zeros_like(p[:, 0])
-        y = draw(_residual(p[ar, a], qa), ur)                                    # (B,) replacement or bonus
+        pr = run.forward(step, tok, pos, tgt, 1, n_logits=C * (K2 + 1), inner=fused_mask(P, C, K2, dev))
+        p, qn = pr[:, :C], pr[:, C:].reshape(B, C, K2, pr.size(-1))              # (B, C, V), (B, C, K2, V)
+        a, y = accept(run, p, p[:, :0] if qd is None else qd, e, kd, torch.ones_like(active))  # no test past kd
         t = (a + 1) * active                                                     # (B,) tokens committed
-        kept_tests += int(a[active].sum())
-        all_tests += int(torch.minimum(a + 1, kd)[active].sum())
-        keep = t + (a < kd) if _bug == 'keep_rejected' else t
-        cache.commit(torch.cat([torch.ones(B, P, dtype=torch.bool, device=dev), i[None] < keep[:, None],
-                                torch.zeros(B, C * K2, dtype=torch.bool, device=dev)], 1))
+        step.cache.commit(torch.cat([torch.ones(B, P, dtype=torch.bool, device=dev), i[None] < t[:, None],
+                                     torch.zeros(B, C * K2, dtype=torch.bool, device=dev)], 1))
         new = torch.cat([e, y[:, None]], 1).scatter(1, a[:, None], y[:, None])   # (B, C): e_0..e_{a-1}, y
-        cols = m[:, None] + 1 + i
-        tok_buf.scatter_(1, cols, torch.where(i[None] < t[:, None], new, tok_buf.gather(1, cols)))
-        committed.append(float(t[active].float().mean())), drafted.append(K)
-        frac.append(float(m[active].float().mean()) / n)
-        tot += committed[-1]
-        if trace:
-            events.append((m.cpu(), kd.cpu(), t.cpu(), a.cpu(), e.cpu(), new.cpu()))
+        run.write(m, new, t)
+        run.record(m, kd, t, a, e, new)
         m = m + t
-        # the next round's drafts: the copies of each sample's row a
-        qd = qn[ar, a]                                                           # (B, K2, V)
-        e = draw(qd, rnd(B, K2)) if K2 else e[:, :0]
-        if _bug == 'stale_q':
-            qd = qn[:, 0]
+        e, qd = _draft(qn, a, run.rand(B, K2))                                   # the next round's drafts
         kd = torch.clamp(n - m - 1, min=0, max=K2) * (m < n)
         Kn = int(kd.max())
         e, qd = e[:, :Kn], qd[:, :Kn]
-    slot_tok.copy_(tok_buf[:, :n + 1])
-    return dict(forward_calls=calls, token_passes=passes, rounds=len(committed), rounds_per_sample=live / B,
-                calls_per_sample=live / B, committed=committed, drafted=drafted, frac=frac,
-                accept_rate=kept_tests / all_tests if all_tests else float('nan'), events=events)
+    return run.stats(run.live / B, run.live / B)

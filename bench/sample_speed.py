@@ -7,7 +7,7 @@ Sampling wall time vs. the number of steps T, for one backbone size, measured si
   ao_static, ar_static   the same with fixed padded shapes (engine.SlotStepper 'static')
   ao_graph, ar_graph     those shapes captured once and replayed as CUDA graphs ('cuda_graph'; CUDA only)
   spec       exact speculative sampling (aogpt/speculative.py, draft length spec_k, random order; T is not used):
-             per-sample commits (speculative.RowStepper on fixed shapes: spec_static, spec_graph);
+             per-sample commits (engine.RowStepper on fixed shapes: spec_static, spec_graph);
   spec_fused one call a round (aogpt/speculative.py's fused rounds): spec_fused, spec_fused_static, spec_fused_graph.
              Its calls depend on the acceptance, and a random model's is not a trained one's: the row says
              the calls it took (bench/sample_roofline.py counts the floor at stated acceptance rates)

@@ -710,6 +710,8 @@ def test_sample_tokens_follows_the_transformed_distribution(temperature, top_p):
     counts = torch.bincount(x, minlength=7).double()
     assert counts[5:].sum() == 0
     assert ((counts[:5] - N * p).abs() <= 1).all(), (counts, N * p)
+    # the numbers the speculative accept test reads for q and p are this same law
+    torch.testing.assert_close(generate.logits_to_probs(logits, temperature, top_p, vocab_size=5), p, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize('scale,size', [(6.0, 3), (2.0, 308), (0.5, 1559)])

@@ -9,7 +9,8 @@ import torch
 from helpers import tiny
 
 from aogpt import engine, generate, speculative
-from aogpt.speculative import generate_speculative, probs
+from aogpt.generate import logits_to_probs
+from aogpt.speculative import generate_speculative
 from model import parallel_mask
 
 ALPHA = 1e-4
@@ -59,7 +60,7 @@ def seq_law(model, n, V, orders, given=None, **tf):
     for sigma in orders:
         o = torch.tensor(g + [s for s in sigma if s not in g])
         logits = model(xs, order=o.expand(len(xs), n))[0]                     # (V^n, n, V')
-        p = probs(logits, vocab_size=V, **tf)
+        p = logits_to_probs(logits, vocab_size=V, **tf)
         lp = torch.ones(len(xs), dtype=torch.float64)
         for j in range(len(g), n):
             lp *= p[:, j].gather(1, xs[:, o[j]][:, None]).squeeze(1)
@@ -153,7 +154,7 @@ def test_prompt_and_infill(m4, where):
     wrong = torch.ones(len(xs), dtype=torch.float64)
     for i in free:
         o = [j for j in range(4) if given[j] >= 0] + [i] + [j for j in free if j != i]
-        p = probs(m4(xs, order=torch.tensor(o).expand(len(xs), 4))[0].detach(), vocab_size=3)
+        p = logits_to_probs(m4(xs, order=torch.tensor(o).expand(len(xs), 4))[0].detach(), vocab_size=3)
         wrong *= p[:, 4 - len(free)].gather(1, xs[:, i:i + 1]).squeeze(1)
     ok = (xs[:, given >= 0] == given[given >= 0]).all(1)
     assert chi2_pvalue(x, xs, torch.where(ok, wrong, 0.0)) < ALPHA
@@ -187,14 +188,67 @@ def test_one_sample_per_row_equals_batch_minimum(m4):
 
 
 # --------------------------------------------------------------------------- negative controls
+# Each breaks one piece of the sampler on purpose, by patching it; the chi-square that passes the
+# correct run must reject the broken one.
 
-@pytest.mark.parametrize('bug', ['resample_p', 'keep_rejected', 'wrong_target'])
-def test_negative_controls_are_rejected(m4, bug):
+def resample_p(monkeypatch):
+    """The replacement after a rejection drawn from p instead of the residual norm(max(p - q, 0))."""
+    monkeypatch.setattr(speculative, '_residual', lambda p, q: p)
+
+
+def keep_rejected(monkeypatch):
+    """After a round that ended in a rejection, the cache keeps one row more than it should: the
+    rejected draft's (the next round conditions on a token that was never committed)."""
+    rejected, real = [], speculative.accept
+    real_keep, real_commit = engine.KVCache.keep, engine.RowCache.commit
+
+    def spy(run, p, q, d, n_tests, bonus):
+        a, y = real(run, p, q, d, n_tests, bonus)
+        rejected.append(a < n_tests)
+        return a, y
+
+    def keep(self, rows, chosen=None):    # batch minimum: the batch stopped at a rejection if any row did
+        if rows is not None and rejected:
+            rows += int(rejected.pop().any())
+        return real_keep(self, rows, chosen)
+
+    def commit(self, keep):               # per-sample commits: each rejecting sample's first row not kept
+        if rejected:
+            rej, keep = rejected.pop(), keep.clone()
+            keep[rej, keep.long().argmin(1)[rej]] = True
+        return real_commit(self, keep)
+    monkeypatch.setattr(speculative, 'accept', spy)
+    monkeypatch.setattr(engine.KVCache, 'keep', keep)
+    monkeypatch.setattr(engine.RowCache, 'commit', commit)
+
+
+def wrong_target(monkeypatch):
+    """Draft copy 0 with the next position's target (copies 0 and 1 swap targets); copy 0 is committed
+    untested, so it must be the true conditional."""
+    real = engine.SlotStepper.__call__
+
+    def swapped(self, tok, pos, tgt, k, n_logits=None):
+        if k > 1:  # a draft call
+            c0, tgt = tgt.size(1) - k, tgt.clone()
+            tgt[:, [c0, c0 + 1]] = tgt[:, [c0 + 1, c0]]
+        return real(self, tok, pos, tgt, k, n_logits)
+    monkeypatch.setattr(engine.SlotStepper, '__call__', swapped)
+
+
+def stale_q(monkeypatch):
+    """Fused rounds: the next drafts drawn from the copies of each sample's row a, but tested against
+    row 0's (the ratio p/q with the wrong q)."""
+    real = speculative._draft
+    monkeypatch.setattr(speculative, '_draft', lambda qn, a, u: (real(qn, a, u)[0], qn[:, 0]))
+
+
+@pytest.mark.parametrize('bug', [resample_p, keep_rejected, wrong_target])
+def test_negative_controls_are_rejected(m4, bug, monkeypatch):
     """The same chi-square rejects each wrong variant: resampling from p instead of the residual (the
     token after a rejection is biased towards what q proposed), keeping the rejected draft's verify row
-    in the cache (the next round conditions on a token that was never committed), and draft copy 0 with
-    the next position's target (it is committed untested, so it must be the true conditional)."""
-    x, _ = run(m4, k=2, order='l2r', _bug=bug)  # the same run without the bug: test_l2r_batch_minimum
+    in the cache, and draft copy 0 with the next position's target."""
+    bug(monkeypatch)
+    x, _ = run(m4, k=2, order='l2r')  # the same run without the bug: test_l2r_batch_minimum
     assert not passes(m4, x, L2R4)
 
 
@@ -266,7 +320,8 @@ def test_the_cache_free_check_catches_a_rejected_row_kept(monkeypatch):
     model = mixy(seed=5, block_size=32, vocab_size=11)
     n, B = 24, 16
     a, _ = generate_speculative(model, n, B, k=3, generator=gen(3), batch_commit='min')
-    b, _ = generate_speculative(model, n, B, k=3, generator=gen(3), batch_commit='min', _bug='keep_rejected')
+    keep_rejected(monkeypatch)
+    b, _ = generate_speculative(model, n, B, k=3, generator=gen(3), batch_commit='min')
     assert not torch.equal(a, b)
 
 
@@ -391,6 +446,30 @@ def test_greedy_is_greedy_sequential_decoding():
             assert torch.equal(x, ref)
 
 
+def test_every_round_loop_has_one_accept_test_and_one_transform(monkeypatch):
+    """The three round loops (batch minimum, per-sample, fused) share speculative.accept and draw q and p
+    from generate.logits_to_probs, sample_tokens' transform: with accept told to test nothing, every
+    round commits d_0 and a replacement (two calls) or a replacement alone (fused); with the transform
+    made greedy, every loop is generate_ao's greedy decoding token for token."""
+    model = mixy(seed=5, block_size=32, vocab_size=11)
+    loops = [dict(batch_commit='min'), dict(batch_commit='per_row'), dict(fused=True)]
+    real_accept, real_probs = speculative.accept, generate.logits_to_probs
+    assert speculative.logits_to_probs is real_probs
+    with monkeypatch.context() as mp:
+        mp.setattr(speculative, 'accept', lambda run, p, q, d, n_tests, bonus: real_accept(
+            run, p, q, d, n_tests.clamp(max=0), bonus & False))
+        for kw in loops:
+            _, st = generate_speculative(model, 24, 8, k=4, generator=gen(2), **kw)
+            assert max(st['committed']) == (1 if kw.get('fused') else 2) and st['accept_rate'] != st['accept_rate']
+    ref, st = generate.generate_ao(model, 24, 8, 24, order='random', fixed_counts=True, temperature=0.0,
+                                   generator=gen(2))
+    monkeypatch.setattr(speculative, 'logits_to_probs',
+                        lambda logits, **tf: real_probs(logits, **dict(tf, temperature=0)))
+    for kw in loops:
+        x, _ = generate_speculative(model, 24, 8, k=4, order=st['order'], generator=gen(3), **kw)
+        assert torch.equal(x, ref)
+
+
 @pytest.mark.parametrize('mode', ['dynamic', 'static'])
 def test_compacting_the_per_sample_cache_changes_nothing(monkeypatch, mode):
     """Per-sample commits leave holes in the buffer; when it runs out, RowCache.room moves each sample's
@@ -399,12 +478,12 @@ def test_compacting_the_per_sample_cache_changes_nothing(monkeypatch, mode):
     model = mixy(seed=5, block_size=32, vocab_size=11)
     kw = dict(k=6, vocab_size=11, batch_commit='per_row', given=torch.tensor([3] + [-1] * 23))
     a, _ = generate_speculative(model, 24, 16, generator=gen(7), **kw)
-    real, seen = speculative._room, []
+    real, seen = engine.RowCache.room, []
 
-    def spy(cache, valid, r, limit):
-        seen.append(cache.len + r > limit)
-        return real(cache, valid, r, limit)
-    monkeypatch.setattr(speculative, '_room', spy)
+    def spy(cache, r):
+        seen.append(cache.len + r > cache.limit)
+        return real(cache, r)
+    monkeypatch.setattr(engine.RowCache, 'room', spy)
     # about n + 1 slots for the kept ones + the widest call (static: 32 with the scratch row)
     monkeypatch.setattr(speculative, 'row_slots', lambda n, k, g=0, fused=False: 32 if mode == 'dynamic' else 31)
     b, _ = generate_speculative(model, 24, 16, generator=gen(7), stepper=mode, **kw)
@@ -420,7 +499,7 @@ def checked_calls(model, monkeypatch):
     call's rows under the call's own mask. Returns the list of per-call maximum differences."""
     # the per-sample mask lives on RowCache; the shadow rebuilds it, so a wrong one shows
     shadow, last, diffs = {}, {}, []
-    real_fwd, real_commit = model.forward_slots, speculative.RowCache.commit
+    real_fwd, real_commit = model.forward_slots, engine.RowCache.commit
 
     def fwd(tok, pos, tgt, mask=None, kv=None, n_logits=None):
         out = real_fwd(tok, pos, tgt, mask=mask, kv=kv, n_logits=n_logits)
@@ -446,7 +525,7 @@ def checked_calls(model, monkeypatch):
             shadow[b] = torch.cat([shadow.get(b, torch.zeros(0, 3, dtype=torch.long)), rows])
         real_commit(self, keep)
     monkeypatch.setattr(model, 'forward_slots', fwd)
-    monkeypatch.setattr(speculative.RowCache, 'commit', commit)
+    monkeypatch.setattr(engine.RowCache, 'commit', commit)
     return diffs
 
 
@@ -460,7 +539,7 @@ def test_per_sample_cache_equals_a_cache_free_recomputation(monkeypatch, kw, con
     kw = dict(kw)
     holes = bool(kw.pop('bug', None))
     if holes:
-        monkeypatch.setattr(speculative.RowCache, 'mask', lambda self, inner: torch.cat(
+        monkeypatch.setattr(engine.RowCache, 'mask', lambda self, inner: torch.cat(
             [torch.ones(self.shape[0], inner.size(0), self.len, dtype=torch.bool), inner.expand(
                 self.shape[0], -1, -1)], 2)[:, None])
     model = mixy(seed=5, block_size=32, vocab_size=11, **cond)
@@ -497,15 +576,17 @@ def test_fused_rounds_are_the_exact_joint(m4, kw, orders, n):
         assert not passes(m4, x, PERMS4 if orders != PERMS4 else L2R4, n=4, given=kw.get('given'), **tf)
 
 
-@pytest.mark.parametrize('bug', [None, 'keep_rejected', 'stale_q'])
-def test_fused_negative_controls_are_rejected(bug):
+@pytest.mark.parametrize('bug', [None, keep_rejected, stale_q])
+def test_fused_negative_controls_are_rejected(bug, monkeypatch):
     """A rejected chain row left in the cache, and drafts tested against another row's proposal (the
     ratio p/q with the wrong q): the same chi-square rejects both, and passes the same run without the
     bug. Fused drafts miss one token only, so this needs a model whose conditionals lean hard on the
     tokens before them (strong attention noise, a sharp head) and sequences long enough (n = 6 over two
     ids) for drafts that outlive a rejection."""
     model = mixy(s=2.0, head=10.0)
-    x, _ = run(model, n=6, V=2, fused=True, batch_commit='per_row', order='l2r', k=2, _bug=bug)
+    if bug:
+        bug(monkeypatch)
+    x, _ = run(model, n=6, V=2, fused=True, batch_commit='per_row', order='l2r', k=2)
     assert passes(model, x, [tuple(range(6))], n=6, V=2) == (bug is None)
 
 
