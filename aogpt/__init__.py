@@ -9,6 +9,7 @@ eval_harness.py, export.py) and the model they share (model.py, also at the root
     checkpoint    checkpoint and export files: reading, writing, resolving, the hub; paper_ckpt: the paper's
     preflight, rundir, valloss, ema          train.py's checks, its out_dir lock, val losses, EMA
     engine        the KV cache and how a forward call runs (dynamic, fixed shapes, CUDA graphs)
+    orders        the order distributions (semiar:K, nearl2r:W, mixtures) every command trains, samples, scores with
     generate      the samplers (Lemma 1 on the KV cache, AR, confidence orders, the encoder MDM)
     speculative   exact parallel decoding; genppl: generative perplexity; tracepage: --trace's HTML page
     plot          loss curves and eval bars
