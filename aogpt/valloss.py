@@ -42,8 +42,8 @@ def val_passes(model, eval_orders, fixed_order, order_mode='random'):
     any, or eval_orders orders of the run's order distribution (decoders); eval_orders mask draws (the encoder)."""
     if not model.config.causal:
         return eval_orders
-    dist = model.any_order and order_mode not in TRAIN_MODES
-    return 1 + (eval_orders if model.any_order else 0) + (fixed_order is not None) + (eval_orders if dist else 0)
+    spec = model.any_order and order_mode not in TRAIN_MODES
+    return 1 + (eval_orders if model.any_order else 0) + (fixed_order is not None) + (eval_orders if spec else 0)
 
 
 def progress_of(items, what, show_bar, say):
