@@ -24,7 +24,7 @@ test: $(STAMP)
 demo: $(STAMP)
 	PYTHON=$(BIN)/python bash findings/demo.sh
 
-findings: $(STAMP)  # 15-25 minutes on 2 CPU cores, by the machine (23.6 on 2026-11-23), + finding 10's 8 runs; writes results/
+findings: $(STAMP)  # 15-25 minutes on 2 CPU cores, by the machine (23.6 on 2026-11-23), + finding 10's 10 runs (about 25 CPU-core-minutes); writes results/
 	$(BIN)/python findings/reproduce.py
 	$(BIN)/python findings/orders.py
 
