@@ -131,12 +131,3 @@ def _draw(kind, arg, B, pos, generator):
     keys = (pos // arg).double() + U if kind == 'semiar' else pos.double() + arg * U
     return keys.argsort(dim=1)
 
-
-def describe(spec):
-    """One short line of what a spec means, for logs and tables."""
-    parts = []
-    for w, kind, arg in parse_order(spec):
-        what = {'random': 'uniform', 'l2r': 'left to right', 'semiar': f'blocks of {arg} left to right',
-                'nearl2r': f'near L2R, width {arg:g}'}[kind]
-        parts.append(what if w == 1 else f"{w:g} {what}")
-    return ' + '.join(parts)
