@@ -24,11 +24,13 @@ test: $(STAMP)
 demo: $(STAMP)
 	PYTHON=$(BIN)/python bash findings/demo.sh
 
-findings: $(STAMP)  # 15-25 minutes on 2 CPU cores, by the machine (23.6 on 2026-11-23); writes results/ (plots + README.md)
+findings: $(STAMP)  # 15-25 minutes on 2 CPU cores, by the machine (23.6 on 2026-11-23), + finding 10's 10 runs (about 25 CPU-core-minutes); writes results/
 	$(BIN)/python findings/reproduce.py
+	$(BIN)/python findings/orders.py
 
 findings-quick: $(STAMP)  # the same pipeline with tiny runs, a few minutes; judges nothing
 	$(BIN)/python findings/reproduce.py --quick
+	$(BIN)/python findings/orders.py --quick
 
 clean:
 	rm -rf out-demo __pycache__ tests/__pycache__

@@ -3,6 +3,7 @@ Zero-shot perplexity of a checkpoint: exact L2R, the any-order bound, and the co
 
     python eval_ppl.py --ensemble 8                          # out/ckpt.pt, EMA weights, the paper's 5 sets
     python eval_ppl.py --datasets ptb --max_chunks 20        # a quick look
+    python eval_ppl.py --order_mode semiar:8 --orders 4      # + the bound under an order distribution
     python eval_ppl.py --datasets wikitext2 --data_path wikitext2=/data/wiki.test.raw
     torchrun --standalone --nproc_per_node 8 eval_ppl.py --ensemble 8
 
@@ -18,6 +19,9 @@ Columns (per-token NLL -> PPL = exp(mean NLL) over every token of every block_si
   any-order  E_sigma[-sum_i log p(x_sigma_i | x_sigma_<i)] over uniform orders: an upper bound on the
              NLL (Jensen: -log E_sigma p(x|sigma) <= E_sigma -log p(x|sigma)), not a likelihood. For the
              encoder MDM it is its ELBO, which is the same quantity (paper eq. 5).
+  order      (--order_mode SPEC) the same expectation with sigma drawn from an order distribution
+             (aogpt/orders.py: semiar:K, nearl2r:W, mix:...; --orders draws per chunk): again an upper
+             bound, on -log of the mixture over that distribution; L2R and uniform are its two ends.
   ens xM     paper eq. 7: each conditional is the mixture (1/M) sum_m p(x_j | context in order pi_m) over
              M orderings of the same context set. Each mixture is a normalised conditional, so the chain
              rule still gives a valid likelihood (of the mixture model) and its any-order average is again
@@ -43,6 +47,7 @@ from aogpt.checkpoint import atomic_write, checkpoint_codec, fingerprint, load_m
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die
 from aogpt.evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
+from aogpt.orders import draw_orders, parse_order
 from aogpt.plot import plot_eval
 from aogpt.runtime import autocast, script_device, start_ranks
 from model import random_orders, stratified_uniform
@@ -62,6 +67,7 @@ block_size = 0           # chunk length, >= 1; 0 = the model's block_size
 max_chunks = 0           # evaluate only the first max_chunks chunks of each set, >= 1 (0 = all)
 batch_size = 8           # sequences of length block_size per forward pass
 orders = 1               # random orders per chunk for the any-order column (MC draws for the encoder MDM)
+order_mode = ''          # an order distribution (semiar:K, nearl2r:W, mix:..., see aogpt/orders.py): its column
 ensemble = 0             # M, context orderings per conditional for the ensemble column (0 = no column)
 ensemble_mode = 'fast'   # 'fast': M passes per Monte Carlo draw | 'exact': the paper's n*M passes per chunk
 ensemble_draws = 1       # Monte Carlo draws (reveal counts) per chunk for ensemble_mode='fast'
@@ -172,7 +178,16 @@ def nll_any_order(model, chunks, n_orders=1, generator=None, batch_size=8, bar=N
 
 
 @torch.no_grad()
-def _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar=None):
+def nll_order(model, chunks, spec, n_orders=1, generator=None, batch_size=8, bar=None):
+    """The AO-AR bound under an order distribution (orders.py spec, e.g. 'semiar:8'): (sum over chunks of
+    the mean over n_orders orders drawn from it of -sum_i log p(x_sigma_i | x_sigma_<i), number of tokens).
+    An upper bound on -log of the mixture over the distribution; 'random' is nll_any_order (same draws)
+    and 'l2r' the exact nll_l2r. Orders come from `generator` (CPU)."""
+    return _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar, spec).sum().item(), chunks.numel()
+
+
+@torch.no_grad()
+def _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar=None, spec='random'):
     _require_any_order(model)
     _check_tokens(chunks)
     dev = _device(model)
@@ -181,7 +196,7 @@ def _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar=Non
     for s in range(0, N, batch_size):
         x = chunks[s:s + batch_size].to(dev)
         for _ in range(n_orders):
-            order = random_orders(len(x), n, generator=generator).to(dev)
+            order = draw_orders(spec, len(x), n, generator=generator).to(dev)
             _, nll = model(x, order=order, targets=x, reduction='none')  # (B, n)
             out[s:s + len(x)] += nll.double().sum(1).cpu() / n_orders
         _tick(bar, len(x))
@@ -407,6 +422,7 @@ def main(argv=None):
         print_table(model, c, results, skipped, used_ema, codec, n, world)
         record = dict(checkpoint=c.ckpt or c.out_dir, model=_kind(model), ema=used_ema, codec=codec.name,
                       block_size=n, precision=precision, world_size=world, seed=c.seed, orders=c.orders,
+                      order_mode=c.order_mode if model.any_order else '',
                       ensemble=c.ensemble if model.any_order else 0, ensemble_mode=c.ensemble_mode,
                       ensemble_draws=c.ensemble_draws, paper_split=c.paper_split, max_chunks=c.max_chunks,
                       iter_num=ck.get('iter_num'), weights=fingerprint(model), datasets=results, skipped=skipped,
@@ -425,6 +441,11 @@ def read_config(argv):
                     ('max_chunks', c.max_chunks >= 0), ('ensemble_mode', c.ensemble_mode in ('fast', 'exact'))):
         if not ok:
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
+    if c.order_mode:
+        try:
+            parse_order(c.order_mode)
+        except UserError as e:
+            die(f"--order_mode: {e.msg}")
     c.names = [s.strip() for s in c.datasets.split(',') if s.strip()]
     if not c.names:
         die("--datasets is empty")
@@ -505,10 +526,11 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
     cfg = model.config
     decoder, any_order = cfg.causal, model.any_order
     do_l2r, do_ao, M = decoder or c.mdm_l2r, any_order or not decoder, c.ensemble if any_order else 0
+    spec = c.order_mode if any_order else ''
     if len(chunks) < world and rank == 0:
         print(f"warning: {name} has {len(chunks)} chunks for {world} ranks; some ranks get none")
     mine = chunks[rank_slice(len(chunks), rank, world)]
-    cols = [k for k, on in (('l2r', do_l2r), ('any_order', do_ao), ('ensemble', M > 0)) if on]
+    cols = [k for k, on in (('l2r', do_l2r), ('any_order', do_ao), ('order', bool(spec)), ('ensemble', M > 0)) if on]
     bar = tqdm(total=len(mine) * len(cols), desc=name, unit='chunk', leave=False,
                disable=not (rank == 0 and c.progress), file=sys.stderr)
     # one generator per column, seeded by (seed, rank): adding a column never changes another's draws
@@ -521,6 +543,9 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
         if do_ao:
             bar.set_description(f"{name} any-order")
             sums['any_order'] = nll_any_order(model, mine, c.orders, gen(), c.batch_size, bar)
+        if spec:
+            bar.set_description(f"{name} {spec}")
+            sums['order'] = nll_order(model, mine, spec, c.orders, gen(), c.batch_size, bar)
         if M:
             bar.set_description(f"{name} ens x{M}")
             # the ensemble's sums, plus the mean member on the *same* draws: a paired, low-noise
@@ -536,8 +561,10 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
         torch.distributed.all_reduce(t)
     mean = {k: t[2 * i].item() / t[2 * i + 1].item() for i, k in enumerate(keys)}
     row = {'chunks': len(chunks), 'tokens': chunks.numel(), 'source': c.sources.get(name)}
-    for k in ('l2r', 'any_order', 'ensemble'):
+    for k in ('l2r', 'any_order', 'order', 'ensemble'):
         row[k] = {'nll': mean[k], 'ppl': math.exp(mean[k])} if k in cols and k != 'ensemble' else None
+    if spec:
+        row['order']['spec'] = spec
     if M:
         # Reported as a control variate: the any-order column (full orders, low noise) minus the
         # ensemble's gain measured on identical draws. Same expectation as the direct estimate
@@ -574,6 +601,8 @@ def _columns(model, c, char):
     """(header, result key, show as bits per character) of each table column."""
     ao_head = 'ELBO PPL (<=)' if not model.config.causal else f"any-order PPL (<=, {c.orders} ord)"
     heads = [('L2R PPL', 'l2r', False), (ao_head, 'any_order', False)]
+    if c.order_mode and model.any_order:
+        heads.append((f"{c.order_mode} PPL (<=)", 'order', False))
     if c.ensemble:
         heads.append((f"ens x{c.ensemble} PPL (<=)", 'ensemble', False))
     if char:
@@ -594,6 +623,8 @@ def _notes(model, c, results):
                      + ("" if c.mdm_l2r else "; L2R costs n passes per chunk: --mdm_l2r True computes it"))
     elif not model.any_order:
         notes.append("L2R GPT: only the L2R column is meaningful (no target-position conditioning)")
+    if c.order_mode and not model.any_order:
+        notes.append(f"--order_mode {c.order_mode}: not scored, the model cannot condition on an order")
     if 'wikitext2' in results:  # a skipped set has no numbers to explain
         notes.append("wikitext2: " + ("the paper's train split (--paper_split True)" if c.paper_split else
                                       "standard split; the paper's tables use the train split (--paper_split True)"))

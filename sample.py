@@ -7,7 +7,8 @@ model.config). EMA weights by default.
     python sample.py --prompt "The company said" --length 64 --steps 64  # a prefix
     python sample.py --template "The [BLANK] sat on the [BLANK:3] mat."  # infilling
     python sample.py --steps 256 --batch_size 32 --gen_ppl out-l2r      # + generative perplexity
-    python sample.py --order blocks:64 --steps 256                       # semi-AR: blocks left to right
+    python sample.py --order semiar:64 --steps 256                       # semi-AR: blocks left to right
+    python sample.py --order nearl2r:8 --speculative auto                # near L2R, exact parallel decoding
     python sample.py --order confidence --steps 64                       # the surest positions first
     python sample.py --order confidence --threshold 0.9                  # all with top prob >= 0.9 per step
 
@@ -27,6 +28,7 @@ import torch
 from aogpt import engine, generate, genppl
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import command, die
+from aogpt.orders import TRAIN_MODES, is_order_spec
 from aogpt.runtime import script_device
 
 # -----------------------------------------------------------------------------
@@ -39,7 +41,7 @@ batch_size = 4             # samples per batch (they share the per-step counts, 
 num_batches = 1            # batches to draw (more samples for --gen_ppl)
 steps = 256                # T: diffusion steps (a GPT ignores it: one token per step)
 length = -1                # total length n; -1: block_size (with --template: the template's length)
-order = 'auto'             # auto | random | l2r | blocks:K | confidence | margin | entropy | FILE of positions
+order = 'auto'             # auto | random | l2r | semiar:K | nearl2r:W | mix:... | confidence | margin | entropy | FILE
 threshold = 0.0            # confidence orders: reveal every position whose top probability is >= this (0: counts)
 fixed_counts = False       # the paper code's deterministic counts instead of Binomial draws
 schedule = 'linear'        # linear | cosine (t = cos(pi/2 (1 - u))): fraction still masked per step
@@ -267,12 +269,15 @@ def layout(c, codec, block_size, family):
 
 def generation_order(c, ck, family, n):
     """An order spec (see ORDERS) or a (n,) permutation. auto: the order the model was trained on, when
-    it was trained on one (a fixed order saved in the checkpoint, or L2R), else random."""
+    it was trained on one (a fixed order saved in the checkpoint, L2R, or an order distribution), else random."""
     o = c.order
     if o == 'auto':
         fixed = ck.get('order')
-        trained_l2r = (ck.get('config') or {}).get('order_mode') == 'l2r'
-        o = 'l2r' if family == 'ar' or (trained_l2r and family == 'ao') else 'random'
+        trained = (ck.get('config') or {}).get('order_mode')
+        o = 'l2r' if family == 'ar' or (trained == 'l2r' and family == 'ao') else 'random'
+        if family == 'ao' and trained not in TRAIN_MODES and is_order_spec(trained):
+            o = trained
+            print(f"order: the checkpoint's training order distribution, {o}")
         if fixed is not None and family == 'ao':
             o = order_for_length(torch.as_tensor(fixed).view(-1).tolist(), n, "the checkpoint's fixed order")
             print("order: the checkpoint's fixed training order")
@@ -284,18 +289,19 @@ def generation_order(c, ck, family, n):
         try:
             generate.check_order(o)
         except ValueError as e:
-            die(f"--order: {e}, or a file of positions")
+            die(f"--order: {e}; or a file of positions")
     adaptive = isinstance(o, str) and o in generate.ADAPTIVE
     if not 0 <= c.threshold <= 1 or (c.threshold and not adaptive):
         die(f"invalid --threshold={c.threshold!r}: a probability in (0, 1], for --order confidence, margin or "
             f"entropy (0: take the counts from the Lemma-1 schedule)")
     if family == 'mdm' and adaptive:
         die(f"--order {o} is the any-order decoder's (it scores every masked position on the exact KV cache); "
-            f"the encoder MDM takes random, l2r, blocks:K or a file")
+            f"the encoder MDM takes an order distribution (random, l2r, semiar:K, nearl2r:W, mix:...) or a file")
     if c.speculative and (family != 'ao' or adaptive):
         die("--speculative needs an any-order decoder (AO-GPT or sigma-GPT) and an order fixed before the draws "
-            "(random, l2r, blocks:K or a file): " + (f"--order {o} is chosen from the drawn values, so it would "
-            "not be exact" if adaptive else "an encoder MDM or an L2R GPT cannot verify drafts in one pass"))
+            "(random, l2r, semiar:K, nearl2r:W, mix:... or a file): " + (f"--order {o} is chosen from the drawn "
+            "values, so it would not be exact" if adaptive else "an encoder MDM or an L2R GPT cannot verify drafts "
+            "in one pass"))
     if c.fused and not c.speculative:
         die("--fused is a speculative sampler's option: add --speculative K (or auto)")
     refuse_unused(c, 'speculative' if c.speculative else family)

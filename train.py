@@ -9,7 +9,9 @@ The defaults below are the paper's AO-GPT-Small run on OpenWebText. Config files
 them, and --key=value overrides come last; `python train.py --help` lists every key.
 
 Objective. Decoders (AO-GPT, sigma-GPT, GPT) minimise the AO-AR loss: each sequence gets an order
-(order_mode, l2r_frac) and the model predicts its tokens one after another in that order. The encoder
+(order_mode: uniform with l2r_frac of L2R rows, L2R, one fixed order, or an order distribution such as
+semiar:8, nearl2r:4 or mix:0.5*semiar:8+0.5*random, docs/training.md) and the model predicts its tokens
+one after another in that order. The encoder
 MDM (causal=False) minimises the masked-diffusion ELBO: t ~ U(0, 1], mask each token with prob. t,
 weight the NLL of the masked tokens by 1/t.
 
@@ -41,6 +43,7 @@ from tqdm import tqdm
 from aogpt.checkpoint import CKPT_NAME, save_checkpoint
 from aogpt.configurator import configure, print_config
 from aogpt.ema import EMA
+from aogpt.orders import draw_orders
 from aogpt.plot import plot_log
 from aogpt.preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
 from aogpt.rundir import Run, claim_out_dir, keep_copy, release_out_dir, rewind_out_dir
@@ -57,7 +60,7 @@ init_from = 'scratch'  # scratch | resume | auto (resume if ckpt.pt exists) | gp
 init_ema = True  # fine-tuning from a checkpoint file: start from its EMA weights when it has them
 eval_interval = 2500  # iterations between evals (and checkpoints)
 eval_iters = 96  # val batches per eval, split across ranks
-eval_orders = 10  # seeded random orders per val batch for the any-order loss (encoder: mask draws)
+eval_orders = 10  # seeded orders per val batch for the any-order loss and val_order (encoder: mask draws)
 eval_ema = True  # evaluate the EMA weights (when ema_decay > 0)
 eval_only = False  # evaluate once and exit
 log_interval = 10  # iterations between log lines
@@ -96,7 +99,7 @@ head_bias = True
 gelu = 'exact'  # exact | tanh
 mask_token_id: int = None  # the MDM's [MASK]; None: the first padding id (the dataset's vocab size)
 # orders (decoders)
-order_mode = 'random'  # random | l2r | fixed_random | block_random
+order_mode = 'random'  # random | l2r | fixed_random | block_random | an order distribution: semiar:K, nearl2r:W, mix:...
 l2r_frac = 0.1  # random mode: probability that a sequence takes the L2R order instead
 l2r_frac_end: float = None  # if set, l2r_frac moves linearly to this value over l2r_frac_iters
 l2r_frac_iters = 0  # length of that schedule (0: lr_decay_iters)
@@ -249,6 +252,8 @@ def train_micro_batch(it, m, frac):
         order = None
     elif fixed_order is not None:
         order = fixed_order.expand(batch_size, -1)
+    elif order_mode != 'random':  # an order distribution (semiar:K, nearl2r:W, mix:...; aogpt/orders.py)
+        order = draw_orders(order_mode, batch_size, block_size, device=device, generator=dev_gen)
     else:  # a uniform permutation per sequence, or with probability frac the L2R order
         order = random_orders(batch_size, block_size, device=device, generator=dev_gen, l2r_frac=frac)
     return dict(idx=x, order=order, targets=x)
@@ -341,7 +346,7 @@ if master:
 flops_per_token = raw_model.estimate_flops_per_token(block_size)  # training: forward + backward
 if peak_flops <= 0 and device_type == 'cuda':
     peak_flops = gpu_peak_flops(torch.cuda.get_device_name())
-passes = val_passes(raw_model, eval_orders, fixed_order)  # forward passes per val batch
+passes = val_passes(raw_model, eval_orders, fixed_order, order_mode)  # forward passes per val batch
 cost_warnings(cfg, device_type == 'cpu', flops_per_token, val_batches, passes, iter_num, say)
 lr_warnings(cfg, get_lr, say)
 

@@ -25,9 +25,10 @@ the pending slots and the first copy (c becomes m + 1). A token goes through the
 copy carrying its target) and then as context; the first copy is both. So a run costs n + sum over all
 steps but the last of (k - 1) token-passes: n when every step reveals one token, under 2n for any T.
 
-Orders. random is the MDM reverse process above. l2r, blocks:K (semi-autoregressive: blocks of K
-positions left to right, a uniform order inside each) and a file of positions change only the order,
-so the sampler stays exact for the mixture over the orders they allow. confidence / margin / entropy
+Orders. random is the MDM reverse process above. The other order distributions of orders.py (l2r,
+semiar:K alias blocks:K: blocks of K positions left to right, a uniform order inside each; nearl2r:W;
+mixtures) and a file of positions change only the order, so the sampler stays exact for the mixture
+over the orders they allow. confidence / margin / entropy
 (LLaDA's and Dream's) choose the positions from the model's own scores: each step queries every masked
 position (one copy each) and reveals the k surest, or every one whose top probability reaches
 --threshold; the cache stays exact, at about n T / 2 token-passes (generate_confident).
@@ -44,7 +45,8 @@ import math
 import torch
 
 from aogpt.engine import EncoderStepper, SlotStepper
-from model import random_orders
+from aogpt.errors import UserError
+from aogpt.orders import draw_orders, parse_order
 
 _CHUNK = 1 << 25  # float64 elements per sampling chunk (256 MiB): bounds memory when a step reveals a lot
 
@@ -219,39 +221,33 @@ def split_given(given, n):
     return pos, given[pos], free
 
 
-ORDERS = ('random', 'l2r', 'blocks:K', 'confidence', 'margin', 'entropy')
+ORDERS = ('random', 'l2r', 'semiar:K', 'nearl2r:W', 'mix:...', 'confidence', 'margin', 'entropy')
 ADAPTIVE = ('confidence', 'margin', 'entropy')  # chosen step by step from the model's own scores
 
 
 def check_order(order):
-    """A generation order spec, checked: one of ORDERS (K a positive integer), or a permutation tensor.
-    Raises ValueError naming what is accepted."""
-    if not isinstance(order, str):
+    """A generation order spec, checked: an order distribution (orders.py: random, l2r, semiar:K or its
+    alias blocks:K, nearl2r:W, mix:...), a confidence order (ADAPTIVE), or a permutation tensor.
+    Raises ValueError (UserError) naming what is wrong and what is accepted."""
+    if not isinstance(order, str) or order in ADAPTIVE:
         return order
-    if order in ('random', 'l2r') or order in ADAPTIVE:
-        return order
-    if order.startswith('blocks:') and order[7:].isdigit() and int(order[7:]) >= 1:
-        return order
-    raise ValueError(f"unknown order {order!r}: use random, l2r, blocks:K (K >= 1: blocks of K positions "
-                     f"left to right, a random order inside each), confidence, margin or entropy")
+    try:
+        parse_order(order)
+    except UserError as e:
+        raise UserError(f"{e.msg}; or confidence, margin or entropy") from None
+    return order
 
 
 def free_order(order, free, batch_size, generator=None):
-    """(B, n_free) generation order of the free positions: 'random' (uniform per sample), 'l2r',
-    'blocks:K' (positions in blocks of K, blocks left to right, a uniform order inside each block:
-    semi-autoregressive decoding), or a permutation (n,) / (B, n) of all positions, of which the free
-    ones are taken in its order."""
+    """(B, n_free) generation order of the free positions: drawn from an order distribution (orders.py;
+    'random' uniform per sample, 'l2r', 'blocks:K' / 'semiar:K' blocks of K positions left to right with a
+    uniform order inside each: semi-autoregressive decoding, 'nearl2r:W', 'mix:...'), or a permutation
+    (n,) / (B, n) of all positions, of which the free ones are taken in its order."""
     B, nf = batch_size, free.numel()
     if isinstance(order, str):
-        if order == 'random':
-            return free[random_orders(B, nf, generator=generator)]
-        if order == 'l2r':
-            return free.expand(B, nf).clone()
-        if check_order(order).startswith('blocks:'):
-            # block index + a uniform in [0, 1): sorting puts blocks in order and shuffles inside each
-            keys = (free // int(order[7:])).double() + torch.rand(B, nf, dtype=torch.float64, generator=generator)
-            return free[keys.argsort(dim=1)]
-        raise ValueError(f"free_order takes random, l2r, blocks:K or a permutation, not {order!r}")
+        if order in ADAPTIVE:
+            raise ValueError(f"free_order takes an order distribution or a permutation, not {order!r}")
+        return draw_orders(check_order(order), B, positions=free, generator=generator)
     o = torch.as_tensor(order, dtype=torch.long).cpu()
     o = o.expand(B, -1) if o.dim() == 1 else o
     n = o.size(1)

@@ -23,10 +23,9 @@ import torch
 from aogpt import ROOT
 from aogpt.checkpoint import parse_hub_spec
 from aogpt.errors import UserError
+from aogpt.orders import TRAIN_MODES, parse_order
 from aogpt.tokenizer import get_codec
 from model import GPTConfig, config_fields
-
-ORDER_MODES = ('random', 'l2r', 'fixed_random', 'block_random')
 
 
 def check_config(cfg):
@@ -50,7 +49,11 @@ def check_config(cfg):
     need(cfg['l2r_frac_end'] is None or 0 <= cfg['l2r_frac_end'] <= 1, 'l2r_frac_end',
          "a probability in [0, 1], or None")
     need(0 <= cfg['seed'] < 2 ** 32, 'seed', "in [0, 2**32)")
-    need(cfg['order_mode'] in ORDER_MODES, 'order_mode', f"one of {', '.join(ORDER_MODES)}")
+    if cfg['order_mode'] not in TRAIN_MODES:
+        try:
+            parse_order(cfg['order_mode'])
+        except UserError as e:
+            raise UserError(f"order_mode must be one of {', '.join(TRAIN_MODES)} or an order distribution: {e.msg}")
     need(cfg['order_mode'] != 'block_random' or cfg['block_size'] % cfg['block_size_order'] == 0, 'block_size',
          f"a multiple of block_size_order ({cfg['block_size_order']}) for order_mode='block_random'")
     need(cfg['dtype'] in ('auto', 'float32', 'bfloat16', 'float16'), 'dtype', "auto, float32, bfloat16 or float16")
@@ -115,7 +118,7 @@ def check_model(model_args, cfg, data_vocab, data_dir):
                         "vocab_size)")
     if cfg['block_size'] > model_args['block_size']:
         raise UserError(f"block_size {cfg['block_size']} > the model's {model_args['block_size']}")
-    if model_args['causal'] and model_args['cond'] == 'none' and cfg['order_mode'] == 'random':
+    if model_args['causal'] and model_args['cond'] == 'none' and cfg['order_mode'] not in TRAIN_MODES[1:]:
         raise UserError("a GPT (cond='none') is never told which position to predict, so it cannot train on random "
                         "orders: use order_mode='l2r' (or a fixed order), or cond='adaln' / 'sigma'")
 

@@ -1,7 +1,9 @@
 """
 The val losses train.py logs at every eval (docs/training.md lists them). They are scored on a fixed set of
 non-overlapping windows spread over val.bin, and the any-order losses on a fixed seeded set of eval_orders orders
-per batch (the encoder: mask draws), the same for every run and every eval, so runs compare like with like.
+per batch (the encoder: mask draws), the same for every run and every eval, so runs compare like with like. A run
+on an order distribution (order_mode semiar:K, nearl2r:W, mix:...) has its val_order drawn from it, eval_orders
+orders per batch from the same seeds as val_ao's.
 They are token-weighted: each rank sums the NLLs and token counts of its share of the batches, then the ranks
 add theirs up.
 
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from aogpt.orders import TRAIN_MODES, draw_orders
 from model import mdm_corrupt, random_orders
 
 PROGRESS_EVERY = 30.0  # seconds between progress lines of a long eval when there is no progress bar
@@ -34,12 +37,13 @@ def eval_seed(k, j):  # independent of the run's seed: every run is scored on th
     return int(np.random.SeedSequence([20250619, k, j]).generate_state(1, np.uint64)[0]) >> 1
 
 
-def val_passes(model, eval_orders, fixed_order):
-    """Forward passes per val batch: L2R, eval_orders random orders (any-order models) and the fixed order,
-    if any (decoders); eval_orders mask draws (the encoder)."""
+def val_passes(model, eval_orders, fixed_order, order_mode='random'):
+    """Forward passes per val batch: L2R, eval_orders random orders (any-order models), the fixed order if
+    any, or eval_orders orders of the run's order distribution (decoders); eval_orders mask draws (the encoder)."""
     if not model.config.causal:
         return eval_orders
-    return 1 + (eval_orders if model.any_order else 0) + (fixed_order is not None)
+    spec = model.any_order and order_mode not in TRAIN_MODES
+    return 1 + (eval_orders if model.any_order else 0) + (fixed_order is not None) + (eval_orders if spec else 0)
 
 
 def progress_of(items, what, show_bar, say):
@@ -88,12 +92,17 @@ def val_losses(model, batches, mine, read, ctx, eval_orders, order_mode, fixed_o
             if fixed_order is not None:
                 s[4] += model(x, order=fixed_order.expand(B, -1), targets=x, reduction='none')[1].sum()
                 s[5] += ntok
+            elif model.any_order and order_mode not in TRAIN_MODES:  # the run's own order distribution
+                for j in range(eval_orders):
+                    order = draw_orders(order_mode, B, x.size(1), device=device,
+                                        generator=gen.manual_seed(eval_seed(k, j)))
+                    s[4] += model(x, order=order, targets=x, reduction='none')[1].sum()
+                    s[5] += ntok
     if dist.is_initialized():
         dist.all_reduce(s)
     model.train()
     mean = lambda i: (s[i] / s[i + 1]).item() if s[i + 1] > 0 else None
     out = dict(val_l2r=mean(0), val_ao=mean(2), val_order=mean(4), val_elbo=mean(6))
-    headline = {'random': 'val_ao', 'l2r': 'val_l2r', 'fixed_random': 'val_order',
-                'block_random': 'val_order'}[order_mode] if causal else 'val_elbo'
+    headline = {'random': 'val_ao', 'l2r': 'val_l2r'}.get(order_mode, 'val_order') if causal else 'val_elbo'
     out['val_loss'] = out[headline]
     return out

@@ -73,11 +73,10 @@ def generation_study(c, names):
     gen PPL against token-passes. Returns a list of rows."""
     import torch
 
-    from aogpt.checkpoint import checkpoint_codec, load_model
+    from aogpt.checkpoint import load_model
     from aogpt.generate import generate_ao, generate_mdm
     from aogpt.genppl import generative_ppl
-    judge, ck, _ = load_model(os.path.join(c.runs_dir, 'judge'), c.device)
-    codec = checkpoint_codec(ck)
+    judge, codec = load_judge(c)
     models = {k: load_model(os.path.join(c.runs_dir, k), c.device)[0] for k in ('ao', 'ao_seed2', 'mdm')
               if k in names}
     samplers = [(k, k, 'random') for k in models] + [('ao, blocks:8', 'ao', 'blocks:8'),
@@ -108,6 +107,27 @@ def generation_study(c, names):
     return rows
 
 
+def load_judge(c):
+    """reproduce.py's `judge` run (an L2R GPT, not a compared model) and its codec: the yardstick of the
+    generation findings."""
+    from aogpt.checkpoint import checkpoint_codec, load_model
+    judge, ck, _ = load_model(os.path.join(c.runs_dir, 'judge'), c.device)
+    return judge, checkpoint_codec(ck)
+
+
+def judged(judge, codec, samples):
+    """The judge on samples (N, n): gen PPL (both averages), unigram entropy, and the mean and standard error
+    over samples of each sample's judge NLL per token (a law test's statistic; the gen PPL's mean of
+    exponentials is mostly noise at these sample counts)."""
+    import torch
+
+    from aogpt.genppl import generative_ppl
+    r = generative_ppl(judge, codec, samples, codec, 'none')
+    nll = torch.tensor(r['per_sample'], dtype=torch.float64).log()   # each sample's NLL per token
+    return dict(nll=nll.mean().item(), nll_se=(nll.std() / len(nll) ** 0.5).item(),
+                **{k: r[k] for k in ('per_sequence', 'token', 'unigram_entropy')})
+
+
 def gen_summary(rows, key='per_sequence'):
     """{(sampler, setting): geometric mean gen PPL over JUDGED_STEPS}."""
     out = {}
@@ -136,12 +156,10 @@ def speculative_study(c, names):
     the fraction already revealed."""
     import torch
 
-    from aogpt.checkpoint import checkpoint_codec, load_model
+    from aogpt.checkpoint import load_model
     from aogpt.generate import generate_ao
-    from aogpt.genppl import generative_ppl
     from aogpt.speculative import generate_speculative
-    judge, ck, _ = load_model(os.path.join(c.runs_dir, 'judge'), c.device)
-    codec = checkpoint_codec(ck)
+    judge, codec = load_judge(c)
     n, rows, nb = c.block_size, [], max(1, c.gen_samples // c.gen_batch)
     for key in [k for k in ('ao', 'sigma') if k in names]:
         model = load_model(os.path.join(c.runs_dir, key), c.device)[0]
@@ -160,12 +178,9 @@ def speculative_study(c, names):
                         for b, tb in zip((m[live] * FRAC_BINS // n).tolist(), t[live].tolist()):
                             bins[b][0] += tb
                             bins[b][1] += 1
-                r = generative_ppl(judge, codec, torch.cat(xs), codec, 'none')
-                nll = torch.tensor(r['per_sample'], dtype=torch.float64).log()   # each sample's NLL per token
                 rows.append(dict(model=key, sampler=label, top_p=top_p, temperature=temp, calls=calls,
                                  token_passes=passes, by_frac=[s_ / k_ if k_ else None for s_, k_ in bins],
-                                 nll=nll.mean().item(), nll_se=(nll.std() / len(nll) ** 0.5).item(),
-                                 **{k: r[k] for k in ('per_sequence', 'token', 'unigram_entropy')}))
+                                 **judged(judge, codec, torch.cat(xs))))
                 return rows[-1]
             spec_calls = {}
             for order in ('random', 'l2r'):

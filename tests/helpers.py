@@ -1,9 +1,13 @@
-"""Tiny models and a fake Hugging Face cache, shared by the tests."""
+"""Tiny models, a fake Hugging Face cache and the exact laws of the order distributions, shared by the tests."""
 import hashlib
+import itertools
+import math
 import os
+from fractions import Fraction
 
 import torch
 
+from aogpt.orders import parse_order
 from model import GPT, GPTConfig
 
 
@@ -41,3 +45,51 @@ def hub_cache(root, repo, files, sha=None, refs=('main',), repo_type='model'):
     for ref in refs:
         (store / 'refs' / ref).write_text(sha)
     return sha
+
+
+# ---------------------------------------------------------------------- exact laws of the order distributions
+
+def law_semiar(perm, pos, K):
+    """P(perm): blocks (position // K) must come in order, then each block's order is uniform."""
+    blocks = [p // K for p in perm]
+    if blocks != sorted(blocks):
+        return Fraction(0)
+    return Fraction(1, math.prod(math.factorial(blocks.count(b)) for b in set(blocks)))
+
+
+def law_nearl2r(perm, pos, W):
+    """P(perm) for keys p + W U_p, U_p ~ U[0, 1): every key's density is 1/W on [p, p + W), so between
+    consecutive breakpoints (all p and p + W) the densities are constant. Sum over the ways to put the keys,
+    in perm's order, into nondecreasing segments: the product of the segment probabilities, times 1/m! for
+    m keys sharing a segment (uniform there, so each of their m! orders is equally likely; the j-th key of a
+    run contributes its 1/j)."""
+    if W == 0:
+        return Fraction(int(list(perm) == sorted(perm)))
+    b = sorted({Fraction(p) for p in pos} | {p + W for p in pos})
+    seg = [(b[t], b[t + 1]) for t in range(len(b) - 1)]
+
+    def paths(j, t0, run):  # keys perm[j:], the previous one in segment t0 as the run-th of its run
+        if j == len(perm):
+            return Fraction(1)
+        p, total = perm[j], Fraction(0)
+        for t in range(t0, len(seg)):
+            if p <= seg[t][0] and seg[t][1] <= p + W:
+                r = run + 1 if t == t0 else 1                     # this key's place in its segment's run
+                total += (seg[t][1] - seg[t][0]) / W / r * paths(j + 1, t, r)
+        return total
+    return paths(0, 0, 0)
+
+
+def exact_law(spec, pos):
+    """{permutation of pos: probability} of a spec, by enumeration."""
+    out = {}
+    for perm in itertools.permutations(pos):
+        p = Fraction(0)
+        for w, kind, arg in parse_order(spec):
+            one = {'random': lambda *_: Fraction(1, math.factorial(len(pos))),
+                   'l2r': lambda perm, pos, _: Fraction(int(list(perm) == sorted(pos))),
+                   'semiar': law_semiar, 'nearl2r': law_nearl2r}[kind]
+            p += Fraction(w).limit_denominator(10 ** 6) * one(perm, pos, Fraction(arg).limit_denominator(1000)
+                                                              if kind == 'nearl2r' else arg)
+        out[perm] = p
+    return out

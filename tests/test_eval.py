@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from helpers import tiny
+from helpers import exact_law, tiny
 
 import eval_ppl as E
 from aogpt.checkpoint import save_checkpoint
@@ -138,6 +138,31 @@ def test_one_member_reproduces_the_plain_any_order_loss():
     s, cnt = E.nll_any_order(model, X4.expand(10, n), 3, torch.Generator().manual_seed(2))
     ref = E._any_order_per_chunk(model, X4.expand(10, n), 3, torch.Generator().manual_seed(2), 8).sum()
     assert cnt == 40 and s == pytest.approx(ref.item())
+
+
+@pytest.mark.parametrize('spec', ['semiar:2', 'nearl2r:2.5', 'mix:0.3*l2r+0.7*semiar:3'])
+def test_order_bound_is_the_expectation_over_its_law(spec):
+    """The bound under an order distribution against its exact value, sum over every permutation of its
+    probability (helpers.exact_law, by enumeration) times -log p_sigma(x); the uniform bound is another
+    number. Its edges: 'random' is nll_any_order on the same draws, 'l2r' and semiar:1 the exact L2R NLL."""
+    model, n = sharp(), 4
+    law = exact_law(spec, range(4))
+    perms = [p for p in law if law[p]]
+    xs = X4.expand(len(perms), n)
+    with torch.no_grad():
+        nll = model(xs, order=torch.tensor(perms), targets=xs, reduction='none')[1].sum(1)
+    exact = sum(float(law[p]) * v for p, v in zip(perms, nll.tolist())) / n
+    est, se = per_token(E._any_order_per_chunk(model, X4.expand(4000, n), 1, torch.Generator().manual_seed(3),
+                                               512, spec=spec), n)
+    assert abs(est - exact) < 4 * se, (est, exact, se)
+    assert abs(enumerate_ensemble(model, X4, 1) - exact) > 10 * se  # power: the uniform bound is far
+    chunks = torch.randint(0, 11, (6, 8), generator=torch.Generator().manual_seed(4))
+    assert E.nll_order(model, chunks, 'random', 2, torch.Generator().manual_seed(5)) == \
+        E.nll_any_order(model, chunks, 2, torch.Generator().manual_seed(5))
+    l2r = E.nll_l2r(model, chunks)
+    for edge in ('l2r', 'semiar:1', 'nearl2r:0'):
+        s, cnt = E.nll_order(model, chunks, edge, 2, torch.Generator())
+        assert cnt == l2r[1] and s == pytest.approx(l2r[0], rel=1e-6), edge
 
 
 @pytest.mark.parametrize('mode', ['fast', 'exact'])
@@ -287,6 +312,28 @@ def test_cli_table_and_json_match_the_functions(tmp_path, text_file, capsys):
     assert ens['nll_direct'] == pytest.approx(direct.sum().item() / chunks.numel(), rel=1e-6)
 
 
+def test_cli_order_distribution_column(tmp_path, text_file, capsys):
+    """--order_mode SPEC: a column beside L2R and any-order, the bound recomputed from the same seed (its own
+    generator: adding it leaves the any-order column's draws as they were)."""
+    from aogpt.checkpoint import load_model
+    from aogpt.evalsets import load_eval_chunks
+    from aogpt.tokenizer import get_codec
+    make_ckpt(tmp_path / 'out')
+    args = ['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}', '--orders',
+            '2', '--max_chunks', '6']
+    run_cli(args, capsys)
+    plain = json.load(open(tmp_path / 'out' / 'eval_ppl.json'))['datasets']['ptb']
+    out = run_cli(args + ['--order_mode', 'nearl2r:3'], capsys)
+    res = json.load(open(tmp_path / 'out' / 'eval_ppl.json'))
+    row = res['datasets']['ptb']
+    assert 'nearl2r:3 PPL (<=)' in out and res['order_mode'] == 'nearl2r:3' and row['order']['spec'] == 'nearl2r:3'
+    assert row['any_order'] == plain['any_order'] and plain['order'] is None
+    model, _, _ = load_model(str(tmp_path / 'out'), 'cpu')
+    chunks = load_eval_chunks('ptb', get_codec(None), 16, path=text_file)[:6]
+    s, cnt = E.nll_order(model, chunks, 'nearl2r:3', 2, torch.Generator().manual_seed(1337))
+    assert row['order']['nll'] == pytest.approx(s / cnt, rel=1e-6) and f"{row['order']['ppl']:.2f}" in out
+
+
 def test_cli_gpt_shows_na_and_char_level_reports_bpc(tmp_path, text_file, capsys):
     make_ckpt(tmp_path / 'gpt', cond='none')
     out = run_cli(['--out_dir', str(tmp_path / 'gpt'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
@@ -346,6 +393,8 @@ def test_cli_errors_are_one_line(tmp_path, text_file, capsys):
     (['--data_path', 'ptb'], '--data_path expects name=path'),
     (['--datasets', ','], '--datasets is empty'),
     (['--datasets', 'ptbb'], "unknown eval set 'ptbb' (did you mean 'ptb'?)"),  # once "skipped: offline?"
+    (['--order_mode', 'semiar:0'], "--order_mode: order 'semiar:0': semiar:K takes an integer K >= 1"),
+    (['--order_mode', 'mix:0.5*l2r'], "the weights of a mix sum to 1, these sum to 0.5"),
 ])
 def test_bad_values_are_one_line_before_anything_loads(tmp_path, capsys, argv, needle):
     with pytest.raises(SystemExit) as e:

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from findings import orders as O
 from findings import reproduce as R
 from findings import sampling as S
 
@@ -112,6 +113,39 @@ def test_runs_differ_only_in_what_they_test():
         args = parse(name)
         diff = {k for k in set(args) | set(base) if args.get(k) != base.get(k)}
         assert diff <= {'out_dir'} | set(over), (name, diff)
+    for name, (over, _) in O.RUNS.items():  # finding 10's runs, and the ones it shares with reproduce.py
+        args = dict(a[2:].split('=', 1) for a in R.train_args(c, name, O.RUNS)[1:])
+        diff = {k for k in set(args) | set(base) if args.get(k) != base.get(k)}
+        assert diff <= {'out_dir'} | set(over), (name, diff)
+        assert name not in R.RUNS or args == parse(name)
+
+
+def test_finding10_verdict_follows_the_numbers():
+    """Lower is better on each axis (L2R loss, any-order loss, speculative calls); a difference counts only
+    beyond the larger of the two seed spreads on that axis."""
+    def fam(l2r, uni, calls, spread=0.01):
+        return {'l2r': (l2r, spread), 'uniform': (uni, spread), 'calls': (calls, 0.5)}
+    assert O.judge_orders({'A': fam(1.5, 2.0, 10), 'B': fam(1.6, 2.1, 11)})[0] == 'A dominates'
+    v, ev = O.judge_orders({'A': fam(1.5, 2.2, 10), 'B': fam(1.7, 2.0, 12), 'C': fam(1.8, 2.3, 13)})
+    assert v == 'a trade-off: A, B undominated' and 'any-order loss B 2.000' in ev
+    assert 'B +0.200* / -0.200* / +2.0*' in ev  # against the first, the paper's
+    v, ev = O.judge_orders({'A': fam(1.50, 2.00, 10, 0.1), 'B': fam(1.55, 2.05, 10.2, 0.1)})  # within the spread
+    assert v == 'no single best: all undominated' and ev.endswith('B +0.050 / +0.050 / +0.2')  # no stars
+
+
+def test_finding10_section_goes_into_the_report_once(tmp_path):
+    """results/README.md as reproduce.py writes it: the verdict row joins the findings table and the section
+    is appended, and a second run replaces both instead of adding more."""
+    readme = tmp_path / 'README.md'
+    readme.write_text('# Paper findings\n\n| # | claim | verdict | evidence |\n|---|---|---|---|\n| 8 | x | y | z |\n\n'
+                      '## Runs\n\ntext\n')
+    sec = lambda v: f"{O.MARK}\n## Finding 10\n\n| 10 | claim | **{v}** | ev |\n\n{O.MARK.replace('<!-- ', '<!-- end of ')}\n"  # noqa: E731
+    assert O.merge_into_readme(str(readme), sec('first')) and O.merge_into_readme(str(readme), sec('second'))
+    text = readme.read_text()
+    assert text.count('| 10 | ') == 2 and 'first' not in text and text.count('## Finding 10') == 1
+    lines = text.split('\n')
+    assert lines[lines.index('| 8 | x | y | z |') + 1].startswith('| 10 | claim | **second**')
+    assert not O.merge_into_readme(str(tmp_path / 'none.md'), sec('x'))
 
 
 def test_quick_pipeline_runs_end_to_end(tmp_path):

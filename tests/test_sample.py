@@ -300,7 +300,7 @@ def test_infilling_works_with_every_order(order):
 
 @pytest.mark.parametrize('spec', ['blocks:0', 'blocks:', 'blocks:x', 'sideways', 'confident'])
 def test_a_bad_order_spec_is_one_clear_error(spec):
-    with pytest.raises(ValueError, match='use random, l2r, blocks:K'):
+    with pytest.raises(ValueError, match='an order is random, l2r, semiar:K'):
         generate_ao(tiny(), 8, 2, 4, order=spec)
     with pytest.raises(ValueError, match='confidence orders'):
         generate_ao(tiny(), 8, 2, 4, order='random', threshold=0.5)
@@ -883,8 +883,10 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     (['--top_p', '1.5'], 'invalid --top_p=1.5'),
     (['--temperature', '-1'], 'invalid --temperature=-1'),
     (['--use_ema', 'nope'], 'use_ema must be True or False'),
-    (['--order', 'blocks:0'], '--order: unknown order'),
-    (['--order', 'sideways'], 'blocks:K (K >= 1'),
+    (['--order', 'blocks:0'], "--order: order 'blocks:0': blocks:K takes an integer K >= 1"),
+    (['--order', 'sideways'], "--order: unknown order 'sideways': an order is random, l2r, semiar:K (K >= 1)"),
+    (['--order', 'mix:0.5*l2r+0.6*random'], "the weights of a mix sum to 1, these sum to 1.1"),
+    (['--order', 'nearl2r:-2', '--speculative', '4'], "nearl2r:W takes a number W >= 0"),
     (['--threshold', '0.5'], 'invalid --threshold=0.5'),
     (['--order', 'confidence', '--threshold', '1.5'], 'invalid --threshold=1.5'),
 ])
@@ -984,16 +986,35 @@ def test_samples_are_printed_with_control_characters_escaped():
     assert sample.printable('café ☃') == 'café ☃'
 
 
-@pytest.mark.parametrize('args', [['--order', 'blocks:4'], ['--order', 'confidence'],
+@pytest.mark.parametrize('args', [['--order', 'blocks:4'], ['--order', 'confidence'], ['--order', 'nearl2r:2.5'],
+                                  ['--order', 'mix:0.5*semiar:4+0.5*random', '--speculative', 'auto'],
                                   ['--order', 'margin', '--threshold', '0.05', '--template', 'a [BLANK:3] b'],
                                   ['--order', 'entropy', '--stepper', 'static']])
 def test_cli_new_orders(tmp_path, cli, args):
     write_ckpt(tmp_path / 'ckpt.pt')
-    code, out, err = cli('--out_dir', str(tmp_path), '--steps', '4', '--batch_size', '2', '--length', '8', *args,
+    steps = [] if '--speculative' in args else ['--steps', '4']  # the speculative sampler refuses --steps
+    code, out, err = cli('--out_dir', str(tmp_path), *steps, '--batch_size', '2', '--length', '8', *args,
                          '--save', str(tmp_path / 's.json'))
     assert code == 0, err
     res = json.load(open(tmp_path / 's.json'))
     assert res['config']['order'] == args[1] and len(res['samples']) == 2 and 'token-passes' in out
+
+
+def test_auto_order_is_the_training_order_distribution(tmp_path, cli):
+    """A checkpoint trained on an order distribution samples along it by default (--order auto): the same
+    samples as naming it, not the uniform order's."""
+    model = tiny(vocab_size=50304, block_size=16)
+    save_checkpoint(dict(format='aogpt-v1', model_args=model_args(model.config), model=model.state_dict(),
+                         config={'dataset': 'no-such-dataset', 'order_mode': 'nearl2r:3'}, order=None),
+                    str(tmp_path / 'ckpt.pt'))
+    got, said = {}, {}
+    for order in ('auto', 'nearl2r:3', 'random'):
+        code, said[order], err = cli('--out_dir', str(tmp_path), '--order', order, '--steps', '16', '--batch_size',
+                                     '3', '--save', str(tmp_path / f'{order}.json'))
+        assert code == 0, err
+        got[order] = json.load(open(tmp_path / f'{order}.json'))['samples']
+    assert "order: the checkpoint's training order distribution, nearl2r:3" in said['auto']
+    assert got['auto'] == got['nearl2r:3'] != got['random']
 
 
 def test_a_boolean_flag_alone_as_the_readme_types_it(tmp_path, cli):

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from helpers import tiny
+from helpers import exact_law, tiny
 
 from aogpt import engine, generate, speculative
 from aogpt.generate import logits_to_probs
@@ -49,22 +49,24 @@ def m4():
 @torch.no_grad()
 def seq_law(model, n, V, orders, given=None, **tf):
     """P(x) over all V^n sequences x of sequential sampling along each order (given tokens first,
-    ascending), averaged over `orders`; tf: temperature / top_p. One uncached forward per order reads
-    every conditional: slot j of model(x, order) predicts order[j] from order[:j]."""
+    ascending), averaged over `orders` (a list), or weighted by them ({order: probability}); tf:
+    temperature / top_p. One uncached forward per order reads every conditional: slot j of
+    model(x, order) predicts order[j] from order[:j]."""
     xs = torch.tensor(list(itertools.product(range(V), repeat=n)))            # (V^n, n)
     law = torch.zeros(len(xs), dtype=torch.float64)
     g = [] if given is None else [i for i in range(n) if given[i] >= 0]
     ok = torch.ones(len(xs), dtype=torch.bool)
     for i in g:
         ok &= xs[:, i] == given[i]
-    for sigma in orders:
+    weighted = orders.items() if isinstance(orders, dict) else [(sigma, 1 / len(orders)) for sigma in orders]
+    for sigma, w in weighted:
         o = torch.tensor(g + [s for s in sigma if s not in g])
         logits = model(xs, order=o.expand(len(xs), n))[0]                     # (V^n, n, V')
         p = logits_to_probs(logits, vocab_size=V, **tf)
         lp = torch.ones(len(xs), dtype=torch.float64)
         for j in range(len(g), n):
             lp *= p[:, j].gather(1, xs[:, o[j]][:, None]).squeeze(1)
-        law += torch.where(ok, lp, 0.0) / len(orders)
+        law += torch.where(ok, lp, 0.0) * w
     return xs, law
 
 
@@ -127,6 +129,20 @@ def test_blocks_order_is_the_mixture_over_its_orders(m4):
     x, _ = run(m4, k=4, order='blocks:2', batch_commit='per_row')
     allowed = [a + b for a in itertools.permutations((0, 1)) for b in itertools.permutations((2, 3))]
     assert passes(m4, x, allowed) and not passes(m4, x, PERMS4) and not passes(m4, x, L2R4)
+
+
+@pytest.mark.parametrize('order', ['semiar:3', 'mix:0.3*l2r+0.7*nearl2r:2.5'])
+def test_an_order_distribution_gives_the_mixture_over_its_law(m4, order):
+    """semiar, and a mix of l2r and nearl2r (orders.py), the order drawn before the first draft: whole
+    sequences follow the model's joint mixed over the distribution's exact law (helpers.exact_law, by
+    enumeration), neither the uniform mixture nor L2R alone. The Lemma-1 sampler at one token a step draws
+    the same law."""
+    law = {perm: float(w) for perm, w in exact_law(order, range(4)).items() if w}
+    x, _ = run(m4, k=3, order=order, batch_commit='per_row')
+    assert passes(m4, x, law) and not passes(m4, x, PERMS4) and not passes(m4, x, L2R4)
+    if order.startswith('mix'):
+        x, _ = generate.generate_ao(m4, 4, N, 4, order=order, fixed_counts=True, vocab_size=3, generator=gen(7))
+        assert passes(m4, x, law) and not passes(m4, x, PERMS4)
 
 
 @pytest.mark.parametrize('commit', ['min', 'per_row'])

@@ -203,6 +203,43 @@ def test_every_order_mode_trains_on_exactly_its_orders(env, monkeypatch, mode, t
         assert [r['l2r_frac'] for r in log(env, tmp_path)] == [1.0, 0.0]
 
 
+def micro_step_generator(seed, it, m):
+    """train.py's generator of micro-step m of iteration it (seed_for(it, m, 1)), rebuilt from its definition."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, it, m, 1]).generate_state(1, np.uint64)[0])
+                                         >> 1)
+
+
+@pytest.mark.parametrize('spec', ['semiar:4', 'nearl2r:3', 'mix:0.5*semiar:8+0.5*l2r'])
+def test_an_order_distribution_trains_on_its_own_draws_and_scores_its_val_order(env, monkeypatch, tmp_path, spec):
+    """order_mode SPEC: every micro-step's orders are drawn from SPEC by that micro-step's counter-seeded
+    generator (so resume and the world size cannot change them), and val_order, the headline, is the loss
+    under SPEC."""
+    from aogpt.orders import draw_orders
+    seen = capture_orders(monkeypatch)
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=2', '--eval_interval=2',
+                                    f'--order_mode={spec}'))
+    want = [draw_orders(spec, 8, N, generator=micro_step_generator(1337, it, m)) for it in range(2) for m in range(2)]
+    assert torch.equal(torch.cat(seen), torch.cat(want))
+    last = log(env, tmp_path)[-1]
+    assert last['val_loss'] == last['val_order'] != last['val_ao'] and last['l2r_frac'] is None
+    assert load_checkpoint(str(tmp_path / 'ckpt.pt'))['order'] is None
+
+
+def test_resume_on_an_order_distribution_is_bit_identical(env, monkeypatch, tmp_path):
+    """4 iterations in one go == 2, then resumed to 4, on a mix of semi-AR and near-L2R orders."""
+    spec = ['--order_mode=mix:0.5*semiar:4+0.5*nearl2r:3', '--eval_interval=2', '--dropout=0.1']
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "whole"}', '--max_iters=4', *spec))
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "split"}', '--max_iters=2', *spec))
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "split"}', '--max_iters=4', '--init_from=auto',
+                                    *spec))
+    a, b = load_checkpoint(str(tmp_path / 'whole')), load_checkpoint(str(tmp_path / 'split'))
+    assert a['iter_num'] == b['iter_num'] == 4
+    for k in a['model']:
+        assert torch.equal(a['model'][k], b['model'][k]), k
+    strip = lambda recs: [{k: v for k, v in r.items() if k not in ('time', 'tok_per_s')} for r in recs]  # noqa: E731
+    assert strip(log(env, tmp_path / 'whole')) == strip(log(env, tmp_path / 'split'))
+
+
 def test_orders_are_seeded(env, monkeypatch, tmp_path):
     got = []
     for i, s in enumerate([1, 1, 2]):
@@ -533,6 +570,18 @@ def test_ddp_two_processes_match_one_process(env):
     assert_same_run(env, [0, 2, 4], moved=0.3)
 
 
+def test_ddp_two_processes_match_one_process_on_an_order_distribution(env):
+    """The same with order_mode a mix of semi-AR and near-L2R orders: the draws do not depend on the world size,
+    and neither does val_order, the loss under them."""
+    common = ['--max_iters=4', '--eval_interval=2', '--batch_size=4', '--gradient_accumulation_steps=4',
+              '--order_mode=mix:0.5*semiar:4+0.5*nearl2r:3']
+    run(env, args(env, 'single_mix', *common))
+    run(env, args(env, 'ddp_mix', *common), torchrun=True)
+    assert_same_run(env, [0, 2, 4], moved=0.3, single='single_mix', ddp='ddp_mix')
+    for ra, rb in zip(log(env, 'single_mix'), log(env, 'ddp_mix')):
+        assert abs(ra['val_order'] - rb['val_order']) < 1e-5 and ra['val_loss'] == ra['val_order']
+
+
 def test_ddp_two_processes_match_one_process_through_a_restart(env):
     """torchrun, 2 ranks, gloo: same global batch (4 micro-steps, 2 per rank) -> same losses and weights.
 
@@ -594,6 +643,9 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
 
 @pytest.mark.parametrize('argv,needle', [
     (['--order_mode=sideways'], "order_mode must be one of random, l2r, fixed_random, block_random"),
+    (['--order_mode=semiar:0'], "or an order distribution: order 'semiar:0': semiar:K takes an integer K >= 1"),
+    (['--order_mode=mix:0.2*l2r+0.2*random'], "the weights of a mix sum to 1, these sum to 0.4"),
+    (['--cond=none', '--order_mode=nearl2r:2'], "cannot train on random orders: use order_mode='l2r'"),
     (['--n_layers=2'], "did you mean 'n_layer'"),
     (['--dataset=nothere'], "nothere/train.bin not found"),
     (['--cond=none'], "cannot train on random orders: use order_mode='l2r'"),
@@ -827,8 +879,9 @@ def test_a_terminal_gets_a_progress_bar_and_the_log_lines_stay_above_it(env, mon
 
 
 @pytest.mark.parametrize('bad,line', [
-    ('--order_mode=sideways', "error: order_mode must be one of random, l2r, fixed_random, block_random, got "
-                              "'sideways'"),
+    ('--order_mode=sideways', "error: order_mode must be one of random, l2r, fixed_random, block_random or an order "
+                              "distribution: unknown order 'sideways': an order is random, l2r, semiar:K (K >= 1), "
+                              "nearl2r:W (W >= 0) or mix:w1*A+w2*B+... (weights summing to 1)"),
     ('--backend=gloo', "error: unknown config key '--backend' (did you mean 'cond'?); see --help for the list"),
 ])
 def test_torchrun_ends_its_report_with_the_workers_line(env, bad, line):
