@@ -175,7 +175,10 @@ class AOGPTLM(TemplateLM):
         return self._device
 
     def tok_encode(self, string, add_special_tokens=None, **kwargs):
-        return list(self.codec.encode(string))  # a char codec raises UserError (one line) on a missing character
+        try:
+            return list(self.codec.encode(string))
+        except UserError as e:  # a char-level checkpoint meeting a character it does not have
+            raise UserError(f"{e.msg}: this checkpoint's codec cannot encode the task's text")
 
     def tok_decode(self, tokens):
         return self.codec.decode(tokens)
@@ -214,7 +217,11 @@ class AOGPTLM(TemplateLM):
                 self._score_encoder(todo, memo)
             else:
                 self._score_decoder(todo, memo)
-        return [self._answer(memo[k]) for k in keys]
+        out = [self._answer(memo[k]) for k in keys]
+        if not all(math.isfinite(ll) for ll, _ in out):  # a NaN is never ranked (NaN scored acc = acc_norm = 1.0)
+            raise UserError("the model's log-likelihoods are NaN or inf (non-finite logits: an overflow in float16, "
+                            "or non-finite weights); no accuracy is computed from them (try --dtype float32)")
+        return out
 
     def _answer(self, m):
         if self.estimator == 'orders' and not self.encoder:
@@ -543,14 +550,11 @@ def run_harness(lm, tm, task_names, c):
     kw = dict(tasks=task_names, task_manager=tm, limit=c.limit or None, num_fewshot=c.num_fewshot,
               bootstrap_iters=c.bootstrap_iters, log_samples=c.log_samples, random_seed=c.seed,
               numpy_random_seed=c.seed, torch_random_seed=c.seed, fewshot_random_seed=c.seed)
-    try:
-        res = {'primary': simple_evaluate(model=lm, **kw)}
-        if lm.estimator == 'orders' and not lm.encoder:
-            lm.orders_score = 'lme' if c.orders_score == 'mean' else 'mean'
-            res['other'] = simple_evaluate(model=lm, **kw)
-            lm.orders_score = c.orders_score
-    except UserError as e:  # a char-level checkpoint meeting a character it does not have
-        die(f"{e.msg}: this checkpoint's codec cannot encode the task's text")
+    res = {'primary': simple_evaluate(model=lm, **kw)}  # a UserError inside is main's one line (errors.command)
+    if lm.estimator == 'orders' and not lm.encoder:
+        lm.orders_score = 'lme' if c.orders_score == 'mean' else 'mean'
+        res['other'] = simple_evaluate(model=lm, **kw)
+        lm.orders_score = c.orders_score
     return res
 
 

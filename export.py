@@ -136,8 +136,8 @@ def export_config(model, ck, codec, used_ema, src, dtype):
 def weights(model, dtype):
     """The state dict for safetensors: a tied lm_head dropped (it is wte; safetensors refuses shared
     storage, and the loader re-ties it), every tensor contiguous in the requested float type. A tensor
-    that is not finite, or would not be in that type (float16 ends at 65504), is refused by name: an
-    export of inf or NaN scores and samples as if nothing were wrong."""
+    that would not fit that type (float16 ends at 65504, and turns larger values into inf without a word)
+    is refused by name: an export of inf scores and samples as if nothing were wrong."""
     from aogpt.errors import die
     sd = model.state_dict()
     if model.config.tie_head:
@@ -146,11 +146,7 @@ def weights(model, dtype):
     out = {}
     for k, v in sd.items():
         w = (v.to(dt) if v.is_floating_point() else v).contiguous().clone()
-        if w.is_floating_point() and not bool(torch.isfinite(w).all()):
-            if not bool(torch.isfinite(v).all()):
-                die(f"{k} holds {'NaN' if bool(v.isnan().any()) else 'inf'} in the checkpoint itself: these "
-                    f"weights cannot be exported (export an earlier checkpoint, or the other weight set with "
-                    f"--use_ema)")
+        if w.is_floating_point() and not bool(torch.isfinite(w).all()):  # (load_model refused non-finite sources)
             die(f"{k} does not fit {dtype}: its largest magnitude {v.abs().max().item():.4g} exceeds "
                 f"{torch.finfo(dt).max:.6g}; export as bfloat16 or float32")
         out[k] = w
@@ -174,6 +170,7 @@ def write_folder(path, config, tensors, card, overwrite=False):
         save_file(tensors, os.path.join(tmp, checkpoint.EXPORT_WEIGHTS), metadata={'format': 'pt'})
         # checked on every load: a corrupted or swapped weights file is refused, not sampled from
         config = dict(config, weights_sha256=checkpoint.file_sha256(os.path.join(tmp, checkpoint.EXPORT_WEIGHTS)))
+        config['config_sha256'] = checkpoint.config_digest(config)  # what runs the weights is checked too
         with open(os.path.join(tmp, checkpoint.EXPORT_CONFIG), 'w') as f:
             json.dump(config, f, indent=2)
             f.write('\n')

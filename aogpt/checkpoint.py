@@ -252,11 +252,25 @@ def load_model(path, device='cpu', use_ema=None):
             if not ema:
                 raise UserError("--use_ema=True but the checkpoint has no EMA weights")
             apply_ema(model, ema['params'])
+    bad = nonfinite_weight(model)
+    if bad:
+        raise UserError(f"{where}: {bad[0]} holds {bad[1]} in its {'EMA' if use_ema else 'raw'} weights, so every "
+                        f"score and sample would be meaningless; load an earlier checkpoint (or the other weight "
+                        f"set with --use_ema)")
     if ckpt.get('source') == 'paper-sigma' and use_ema:
         print("note: using sigma-GPT's EMA weights; the paper evaluated its sigma-GPT checkpoints with the "
               "raw weights (--use_ema=False; train.py: --init_ema=False)", file=sys.stderr)
     model.to(device).eval()
     return model, ckpt, use_ema
+
+
+def nonfinite_weight(model):
+    """(name, 'NaN' or 'inf') of the first parameter or buffer holding a non-finite number, or None: such
+    weights give NaN logits, which no score or draw may pass off as a number."""
+    for name, t in model.state_dict().items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name, 'NaN' if bool(t.isnan().any()) else 'inf'
+    return None
 
 
 def find_dataset(name, data_root='data'):
@@ -374,11 +388,18 @@ def read_export(folder):
         raise UserError(f"{cfg_path}: \"fixed_order\" must be a list of positions or null")
     if not os.path.exists(w_path):
         raise UserError(f"{folder} has {EXPORT_CONFIG} but no {EXPORT_WEIGHTS}: copy the whole export.py folder")
+    want = meta.get('config_sha256')
+    if want is not None and config_digest(meta) != want:
+        raise UserError(f"{cfg_path} was changed after export: it no longer matches the sha256 it records, and what it "
+                        f"says (the model's args, its codec, its weight set, its order) defines the model these weights "
+                        f"run as; copy or download the folder again (if you changed it on purpose, delete "
+                        f"\"config_sha256\" from {EXPORT_CONFIG})")
     want = meta.get('weights_sha256')
     if want is not None and file_sha256(w_path) != want:
         raise UserError(f"{w_path} does not match the sha256 that {EXPORT_CONFIG} records for it: the file is corrupt "
                         f"or was changed; copy or download it again (if you changed the weights on purpose, delete "
-                        f"\"weights_sha256\" from {EXPORT_CONFIG})")
+                        f"\"weights_sha256\"" + (" and \"config_sha256\"" if 'config_sha256' in meta else "")
+                        + f" from {EXPORT_CONFIG})")
     from safetensors.torch import load_file
     try:
         sd = load_file(w_path, device='cpu')
@@ -388,6 +409,14 @@ def read_export(folder):
                 weights=meta['weights'], iter_num=meta.get('iter_num'), tokens=meta.get('tokens'),
                 config=meta.get('train_config') or {}, order=None if order is None else torch.tensor(order),
                 export=meta)
+
+
+def config_digest(meta):
+    """The sha256 an export's config.json records of itself (config_sha256): of every other key, in a canonical
+    JSON form, the weights' own sha256 included. Any edit that keeps the shapes (a norm, a GELU, a codec's
+    order of characters, the weight set) would otherwise run the same weights as another model, silently."""
+    body = {k: v for k, v in meta.items() if k != 'config_sha256'}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(',', ':')).encode()).hexdigest()
 
 
 def file_sha256(path):

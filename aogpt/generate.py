@@ -168,6 +168,9 @@ def inverse_cdf(p, u):
     token can never be the first to exceed it."""
     cdf = p.cumsum(-1)
     total = cdf[..., -1:]
+    if not bool(((total > 0) & torch.isfinite(total)).all()):  # NaN mass would draw an id past the vocabulary
+        raise UserError("the model's probabilities are NaN or inf (non-finite logits: an overflow in float16, or "
+                        "non-finite weights); no token is drawn from them (try --dtype float32 or bfloat16)")
     v = torch.minimum(u.to(cdf)[..., None] * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf.contiguous(), v.contiguous(), right=True).squeeze(-1), total
 

@@ -452,3 +452,16 @@ def test_torchrun_two_ranks_match_one(tmp_path, task_dir):
             for m, v in metrics.items():
                 if isinstance(v, float) and 'stderr' not in m:
                     assert two[key][task][m] == pytest.approx(v, rel=1e-6), (key, task, m)
+
+
+def test_non_finite_loglikelihoods_are_refused_not_ranked(tmp_path, task_dir, capsys, monkeypatch):
+    """NaN log-likelihoods once ranked as the best answer: acc = acc_norm = 1.0, exit 0. (An overflow at run
+    time: non-finite weights are already refused at load.)"""
+    run = _ckpt(tmp_path)
+    real = GPT.hidden_slots
+    monkeypatch.setattr(GPT, 'hidden_slots', lambda self, *a, **k: real(self, *a, **k) * float('nan'))
+    with pytest.raises(SystemExit) as e:
+        H.main(['--ckpt', run, '--tasks', 'aogpt_test_mc', '--include_path', task_dir, '--builtin_tasks', 'False'])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and err[-1].startswith('error: ') and 'log-likelihoods are NaN or inf' in err[-1], err
+    assert not any('error' in line or 'Traceback' in line for line in err[:-1]), err  # above it: progress bars only

@@ -283,7 +283,7 @@ def test_ctrl_c_during_an_overwrite_leaves_the_old_export(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize('spoil, dtype, says', [
     (lambda w: w.__setitem__((0, 0), 7e4), 'float16', 'does not fit float16: its largest magnitude 7e+04 exceeds 65504'),
-    (lambda w: w.__setitem__((0, 0), float('nan')), 'float32', 'holds NaN in the checkpoint itself'),
+    (lambda w: w.__setitem__((0, 0), float('nan')), 'float32', 'holds NaN in its EMA weights'),  # refused at load
 ])
 def test_export_refuses_non_finite_weights(tmp_path, capsys, spoil, dtype, says):
     """float16 turns a weight above 65504 into inf without a word, and an export of inf or NaN weights once
@@ -308,9 +308,13 @@ def _zero_bytes(folder):  # 100 zeroed bytes inside the tensors: safetensors its
     (folder / 'model.safetensors').write_bytes(bytes(data))
 
 
-def _edit_config(**changes):
+def _edit_config(seal_broken=False, **changes):
+    """An edit of config.json. By default its config_sha256 goes too (an edit accepted on purpose), so that the
+    checks behind the seal are what the case meets; seal_broken=True keeps the seal, as an edit by mistake would."""
     def edit(folder):
         cfg = json.loads((folder / 'config.json').read_text())
+        if not seal_broken:
+            del cfg['config_sha256']
         for k, v in changes.items():
             if k in GPTConfig.__dataclass_fields__ or k == 'n_layers':
                 cfg['model_args'][k] = v
@@ -359,11 +363,48 @@ def test_weights_edited_on_purpose_load_once_their_sha256_is_deleted(tmp_path, c
     make_run(tmp_path / 'run')
     run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'hub'))
     cfg = json.loads((tmp_path / 'hub' / 'config.json').read_text())
-    assert len(cfg['weights_sha256']) == 64
+    assert len(cfg['weights_sha256']) == 64 and len(cfg['config_sha256']) == 64
     _zero_bytes(tmp_path / 'hub')
-    del cfg['weights_sha256']
+    one_line(capsys, lambda: load_model_cli(tmp_path / 'hub'), 'delete "weights_sha256" and "config_sha256"')
+    del cfg['weights_sha256'], cfg['config_sha256']
     (tmp_path / 'hub' / 'config.json').write_text(json.dumps(cfg))
     load_model(str(tmp_path / 'hub'))  # the escape hatch: no check without a recorded sha256
+
+
+def load_model_cli(folder):
+    eval_ppl.main(['--ckpt', str(folder), '--datasets', 'ptb', '--progress', 'False'])
+
+
+@pytest.mark.parametrize('kind, change', [
+    ('adaln', dict(gelu='tanh')), ('adaln', dict(causal=False)), ('gpt', dict(gelu='tanh')),
+    ('adaln', dict(codec=dict(CODEC, chars=CHARS[::-1]))), ('gpt', dict(weights='raw')),
+    ('adaln', dict(fixed_order=list(range(16))[::-1])), ('gpt', dict(train_config={'order_mode': 'random'}))])
+def test_an_edit_of_config_json_that_keeps_the_shapes_is_refused(tmp_path, capsys, kind, change):
+    """The weights' sha256 was checked but not what says how to run them: a GELU, a norm, the encoder switch,
+    the codec's order of characters, the weight set, the order all fit the same tensors and silently made
+    another model. config_sha256 covers config.json whole; deleting it accepts an edit made on purpose."""
+    make_run(tmp_path / 'run', kind)
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'hub'))
+    _edit_config(seal_broken=True, **change)(tmp_path / 'hub')
+    one_line(capsys, lambda: load_model_cli(tmp_path / 'hub'), 'config.json was changed after export',
+             'delete "config_sha256"')
+    if 'weights' not in change and 'causal' not in change:
+        cfg = json.loads((tmp_path / 'hub' / 'config.json').read_text())
+        del cfg['config_sha256']
+        (tmp_path / 'hub' / 'config.json').write_text(json.dumps(cfg))
+        load_model(str(tmp_path / 'hub'))  # accepted on purpose: it loads as edited
+
+
+def test_non_finite_weights_are_refused_at_load(tmp_path, capsys):
+    """A checkpoint holding a NaN once scored acc 1.0 in eval_harness and sampled padding characters, exit 0."""
+    make_run(tmp_path / 'run')
+    ck = load_checkpoint(str(tmp_path / 'run'))
+    ck['model']['transformer.h.1.attn.c_proj.weight'][0, 0] = float('inf')
+    save_checkpoint(ck, str(tmp_path / 'run' / 'ckpt.pt'))
+    load_model(str(tmp_path / 'run'))  # the EMA weights are finite: they load
+    one_line(capsys, lambda: eval_ppl.main(['--out_dir', str(tmp_path / 'run'), '--use_ema', 'False', '--datasets',
+                                            'ptb', '--progress', 'False']),
+             'transformer.h.1.attn.c_proj.weight holds inf in its raw weights')
 
 
 def test_a_card_never_shows_another_checkpoints_numbers(tmp_path, capsys):

@@ -1060,3 +1060,24 @@ def test_the_plan_is_the_calls_generate_ao_makes(monkeypatch):
                         '--batch_size=3', '--steps=4,32'], cwd=ROOT, capture_output=True, text=True)
     first = r.stdout.split('Exact speculative sampling')[0]  # the AO table (the speculative one has k rows)
     assert r.returncode == 0 and first.count('\n| 4 | ') == 1, r.stderr
+
+
+@pytest.mark.parametrize('where', ['sample_tokens', 'top_p', 'generate_ao', 'speculative'])
+def test_non_finite_probabilities_are_refused_never_drawn(where):
+    """NaN logits once drew the first id past the vocabulary (sample.py printed padding characters, exit 0):
+    every draw goes through inverse_cdf, which refuses a row whose mass is not a positive finite number."""
+    from aogpt.errors import UserError
+    from aogpt.speculative import generate_speculative
+    with pytest.raises(UserError, match='NaN or inf'):
+        if where in ('sample_tokens', 'top_p'):
+            sample_tokens(torch.full((3, 7), float('nan')), torch.rand(3), vocab_size=5,
+                          top_p=0.9 if where == 'top_p' else 1.0)
+        else:
+            model = tiny(block_size=8, vocab_size=11)
+            with torch.no_grad():
+                model.lm_head.weight[0, 0] = float('nan')
+            g = torch.Generator().manual_seed(0)
+            if where == 'generate_ao':
+                generate_ao(model, 8, 2, 4, vocab_size=11, generator=g)
+            else:
+                generate_speculative(model, 8, 2, k=3, vocab_size=11, generator=g)
