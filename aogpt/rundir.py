@@ -28,7 +28,7 @@ except ImportError:
 
 from tqdm import tqdm
 
-from aogpt.checkpoint import CKPT_NAME
+from aogpt.checkpoint import CKPT_NAME, is_export
 from aogpt.errors import UserError, die, tell_torchrun
 
 Lock = namedtuple('Lock', 'fd out_dir made')  # made: this run created out_dir (a failed start removes it again)
@@ -39,6 +39,12 @@ def claim_out_dir(out_dir):
     first checkpoint that it cannot save one, nor share its directory with another live run (a UserError)."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UserError(f"out_dir {out_dir} is a file, not a directory: pick another out_dir")
+    if is_export(out_dir) and not os.path.exists(os.path.join(out_dir, CKPT_NAME)):
+        # a run here would write its own ckpt.pt beside the export, and every --ckpt of the folder would then
+        # load that new model instead of the exported one
+        raise UserError(f"out_dir {out_dir} is an export folder (export.py's config.json + model.safetensors), not a "
+                        f"run directory, so there is no run to resume and no room for a new one: to train on from "
+                        f"these weights, fine-tune into a new run with --init_from={out_dir} --out_dir=<a new folder>")
     made = not os.path.exists(out_dir)
     try:
         os.makedirs(out_dir, exist_ok=True)

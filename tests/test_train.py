@@ -1021,3 +1021,24 @@ def test_the_peak_flops_table_matches_the_most_specific_name_first():
     from aogpt.runtime import gpu_peak_flops
     assert gpu_peak_flops('NVIDIA H100 PCIe') == 756e12 and gpu_peak_flops('NVIDIA H100 80GB HBM3') == 989e12
     assert gpu_peak_flops('NVIDIA A10') == 125e12 and gpu_peak_flops('Tesla T4') == 0.0  # unknown: no MFU
+
+
+@pytest.mark.parametrize('init_from', ['resume', 'auto', 'scratch'])
+def test_an_export_folder_is_not_a_run_directory(env, monkeypatch, init_from):
+    """train.py --init_from=resume into an export folder once suggested auto, which then trained a new model
+    from scratch inside it; from then on every --ckpt of the folder loaded that model. Now: one line that
+    points to fine-tuning, the folder untouched; and the fine-tune it names works."""
+    import export
+    out = f'exsrc_{init_from}'
+    run_inprocess(monkeypatch, args(env, out, '--max_iters=2', '--eval_interval=2'))
+    dest = env / f'exported_{init_from}'
+    export.main(['--out_dir', str(env / out), '--dest', str(dest)])
+    before = sorted(os.listdir(dest))
+    p = run(env, args(env, dest.name, '--max_iters=4', f'--init_from={init_from}'), check=False)
+    err = p.stderr.strip()
+    assert p.returncode == 1 and len(err.splitlines()) == 1 and 'is an export folder' in err and \
+        f'--init_from={dest}' in err, err
+    assert sorted(os.listdir(dest)) == before
+    run_inprocess(monkeypatch, args(env, f'tuned_{init_from}', '--max_iters=2', '--eval_interval=2',
+                                    f'--init_from={dest}'))
+    assert load_checkpoint(str(env / f'tuned_{init_from}'))['iter_num'] == 2
