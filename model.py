@@ -552,8 +552,9 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ GPT-2 weights
     @classmethod
-    def from_pretrained(cls, path, **overrides):
-        """Load a local Hugging Face GPT-2 directory (config.json + model.safetensors / pytorch_model.bin).
+    def from_pretrained(cls, path, state_dict=None, **overrides):
+        """Load a local Hugging Face GPT-2 directory (config.json + model.safetensors / pytorch_model.bin);
+        state_dict: its weights already read (aogpt.checkpoint.read_hf_weights, with one-line errors).
 
         With the default overrides this is GPT-2 itself (L2R mode equals HF's logits for
         [<|endoftext|>] + x). With cond='adaln' it warm-starts an AO-GPT: AdaLN weights are zero and the
@@ -566,7 +567,7 @@ class GPT(nn.Module):
                     qk_norm=False, tie_head=True, head_bias=False, gelu='tanh')
         args.update(overrides)
         model = cls(GPTConfig(**args))
-        sd_hf = _load_hf_state_dict(path)
+        sd_hf = _load_hf_state_dict(path) if state_dict is None else state_dict
         eot = 50256
         sd = model.state_dict()
         transposed = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')

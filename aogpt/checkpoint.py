@@ -172,14 +172,33 @@ def _raise_unreadable(path, e):
         raise UserError(f"{path} is not a checkpoint: torch files are zip archives (or legacy pickles), this one "
                         f"starts with the bytes {head!r}")
     text = str(e)
-    m = re.search(r'Unsupported global: GLOBAL ([\w.]+)', text)
+    # torch's wording varies by what is named ("Unsupported global: GLOBAL print ...", "Trying to load unsupported
+    # GLOBAL posix.system whose module posix is blocked"); the name after GLOBAL is what the file asks for
+    m = re.search(r'GLOBAL ([\w.]+)', text)
     if m:
-        raise UserError(f"cannot read checkpoint {path} with weights_only=True: it pickles {m.group(1)}, not just "
-                        f"tensors, numbers, strings, lists and dicts (if you trust the file, allow that type with "
-                        f"torch.serialization.add_safe_globals, or re-save the checkpoint without it)")
+        raise UserError(f"refused {path}: it holds a pickled {m.group(1)}, which loading would run as code "
+                        f"(weights_only: a checkpoint may hold tensors, numbers, strings, lists and dicts only). "
+                        f"Re-save it without that object; only for a class you trust, "
+                        f"torch.serialization.add_safe_globals allows it")
     # torch's own first sentence says what failed; its next ones are advice about its internals
     raise UserError(f"cannot read checkpoint {path}: it is truncated or corrupt "
                     f"({first_line(e).split('. ')[0].rstrip('.')}); copy it again, or pass another checkpoint")
+
+
+def read_hf_weights(folder):
+    """A Hugging Face model folder's weights (model.safetensors, else pytorch_model.bin through load_checkpoint's
+    weights_only checks), for model.GPT.from_pretrained: one line for a bad file, never an unpickling traceback."""
+    st = os.path.join(folder, 'model.safetensors')
+    if os.path.exists(st):
+        from safetensors.torch import load_file
+        try:
+            return load_file(st)
+        except Exception as e:
+            raise UserError(f"cannot read {st}: it is truncated, corrupt or not a safetensors file ({first_line(e)})")
+    binary = os.path.join(folder, 'pytorch_model.bin')
+    if not os.path.exists(binary):
+        raise UserError(f"{folder} holds neither model.safetensors nor pytorch_model.bin")
+    return load_checkpoint(binary)
 
 
 def detect_format(ckpt):

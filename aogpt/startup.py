@@ -12,7 +12,8 @@ import json
 import os
 from dataclasses import asdict
 
-from aogpt.checkpoint import CKPT_NAME, checkpoint_codec, load_checkpoint, load_model, run_checkpoints
+from aogpt.checkpoint import (CKPT_NAME, checkpoint_codec, load_checkpoint, load_model, read_hf_weights,
+                              run_checkpoints)
 from aogpt.errors import UserError
 from model import GPT, GPTConfig, config_fields, strip_prefixes
 
@@ -71,7 +72,7 @@ def model_source(cfg, given, codec, data_dir, say=print):
         if not cfg['causal']:
             raise UserError("init_from=gpt2:... warm-starts a decoder; the encoder MDM starts from scratch")
         # GPT-2's own architecture (layer norm, tied head, ...) with our conditioning switches on top
-        src = GPT.from_pretrained(hf_dir, cond=cfg['cond'], target_dim=cfg['target_dim'],
+        src = GPT.from_pretrained(hf_dir, read_hf_weights(hf_dir), cond=cfg['cond'], target_dim=cfg['target_dim'],
                                   adaln_init=cfg['adaln_init'], block_size=block_size)
         say(f"warm start from GPT-2 weights in {hf_dir}: model shape from its config.json")
     else:  # fine-tune from a checkpoint (ours, an export, or the paper's released ones)

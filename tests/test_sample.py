@@ -1081,3 +1081,31 @@ def test_non_finite_probabilities_are_refused_never_drawn(where):
                 generate_ao(model, 8, 2, 4, vocab_size=11, generator=g)
             else:
                 generate_speculative(model, 8, 2, k=3, vocab_size=11, generator=g)
+
+
+class _Evil:
+    """Pickled, it asks the loader to call os.system: what a weights_only load must refuse."""
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f'touch {self.marker}',)
+
+
+def test_an_hf_folder_with_a_pickled_call_is_one_line_and_runs_nothing(tmp_path, cli):
+    """An HF GPT-2 folder whose pytorch_model.bin pickles a call: as a --gen_ppl judge it gave an
+    UnpicklingError traceback (its load bypassed the checkpoint loader), and a checkpoint pickling a call was
+    called "truncated or corrupt". Both are refused in one line that says what the file asks for."""
+    hf = tmp_path / 'gpt2'
+    hf.mkdir()
+    (hf / 'config.json').write_text(json.dumps(dict(model_type='gpt2', n_positions=17, vocab_size=50257, n_layer=1,
+                                                    n_head=2, n_embd=8)))
+    torch.save({'wte.weight': _Evil(tmp_path / 'ran')}, hf / 'pytorch_model.bin')
+    write_ckpt(tmp_path / 'ckpt.pt')
+    code, out, err = cli('--out_dir', str(tmp_path), '--length', '8', '--gen_ppl', str(hf))
+    assert code == 1 and len(err.strip().splitlines()) == 1 and 'refused' in err and 'system' in err \
+        and 'would run as code' in err, err
+    torch.save({'model': _Evil(tmp_path / 'ran')}, tmp_path / 'evil.pt')
+    code, out, err = cli('--ckpt', str(tmp_path / 'evil.pt'), '--length', '8')
+    assert code == 1 and 'refused' in err and 'system' in err and 'truncated' not in err, err
+    assert not (tmp_path / 'ran').exists()

@@ -1042,3 +1042,20 @@ def test_an_export_folder_is_not_a_run_directory(env, monkeypatch, init_from):
     run_inprocess(monkeypatch, args(env, f'tuned_{init_from}', '--max_iters=2', '--eval_interval=2',
                                     f'--init_from={dest}'))
     assert load_checkpoint(str(env / f'tuned_{init_from}'))['iter_num'] == 2
+
+
+def test_a_gpt2_folder_with_a_pickled_call_is_one_line(env, tmp_path):
+    """--init_from=gpt2:DIR read pytorch_model.bin around the checkpoint loader's checks: a pickled call was an
+    UnpicklingError traceback. Now the same one line as any checkpoint that asks to run code."""
+    import sys as _sys
+    hf = tmp_path / 'hf'
+    hf.mkdir()
+    (hf / 'config.json').write_text(json.dumps(dict(model_type='gpt2', n_positions=N + 1, vocab_size=50257, n_layer=1,
+                                                    n_head=2, n_embd=8)))
+    _sys.path.insert(0, os.path.dirname(__file__))
+    from test_sample import _Evil
+    torch.save({'wte.weight': _Evil(tmp_path / 'ran')}, hf / 'pytorch_model.bin')
+    p = run(env, args(env, 'evil', f'--init_from=gpt2:{hf}', '--max_iters=1'), check=False)
+    err = p.stderr.strip()
+    assert p.returncode == 1 and len(err.splitlines()) == 1 and 'refused' in err and 'would run as code' in err, err
+    assert not (tmp_path / 'ran').exists()
