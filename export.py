@@ -221,6 +221,10 @@ def find_evals(src, listed, iter_num, used_ema, weights_id):
                 rec = json.load(f)
             if not isinstance(rec, dict) or not isinstance(rec.get('datasets'), dict):
                 raise ValueError("no 'datasets' table")
+            for key, want in (('iter_num', int), ('ema', bool), ('weights', str)):  # eval_ppl.py writes these
+                v = rec.get(key)
+                if v is not None and (not isinstance(v, want) or (want is int and isinstance(v, bool))):
+                    raise ValueError(f"its {key} is {v!r}, a {type(v).__name__}, not {'an' if want is int else 'a'} {want.__name__}")
         except (OSError, ValueError) as e:
             if listed:
                 die(f"--evals {p}: not an eval_ppl.py result ({type(e).__name__}: {e})")

@@ -426,6 +426,12 @@ def test_a_card_never_shows_another_checkpoints_numbers(tmp_path, capsys):
     run_export('--out_dir', str(tmp_path / 'a'), '--dest', str(tmp_path / 'hub'),  # its own: on the card
                '--evals', str(tmp_path / 'a' / 'eval_ppl.json'))
     assert '| ptb |' in (tmp_path / 'hub' / 'README.md').read_text()
+    # iter_num edited into a string once gave "evaluated iteration 9, this checkpoint is at 9"
+    rec['iter_num'] = '9'
+    (tmp_path / 'a' / 'eval_ppl.json').write_text(json.dumps(rec))
+    one_line(capsys, lambda: run_export('--out_dir', str(tmp_path / 'a'), '--dest', str(tmp_path / 'hub2'),
+                                        '--evals', str(tmp_path / 'a' / 'eval_ppl.json')),
+             "not an eval_ppl.py result", "its iter_num is '9', a str, not an int")
 
 
 @pytest.mark.parametrize('repo', ['bad id', 'me/bad id', 'a/b/c', 'noowner', 'me/-x'])
