@@ -298,6 +298,34 @@ def eval_command(spec, rec, block_size):
 
 
 # ------------------------------------------------------------------------------------------ the model card
+def use_commands(spec, ma, codec, cfg):
+    """The card's sampling lines, each one that runs as written on this model: a length and a template that
+    fit its context, a prompt only in an alphabet that has it."""
+    n = min(64, ma['block_size'])
+    gpt2 = codec['tokenizer'] == 'gpt2'
+    if ma['causal'] and ma['cond'] == 'none':
+        return [f'python sample.py --ckpt {spec}' + (' --prompt "The"' if gpt2 else '') + f' --length {n}']
+    out = [f"python sample.py --ckpt {spec} --steps {n} --batch_size 4 --length {n}"]
+    if gpt2 and ma['block_size'] >= 24:  # the template is 20 tokens
+        out.append(f'python sample.py --ckpt {spec} --template "The [BLANK] rose [BLANK:3] in October."')
+    return out
+
+
+def finetune_command(spec, ma, cfg):
+    """The card's fine-tune line: the model's own context, and its run's batch (when the export records it), so
+    it starts as written; short (1,000 steps) into a new folder. train.py says before the first step how long
+    a run will take on the machine it is given (the card cannot know that machine)."""
+    keys = dict(block_size=ma['block_size'])
+    if ma['causal'] and ma['cond'] == 'none':  # a GPT trains in the order it was trained in (random ones it cannot)
+        keys['order_mode'] = cfg['order_mode'] if cfg.get('order_mode') not in (None, 'random') else 'l2r'
+    for k in ('batch_size', 'gradient_accumulation_steps'):
+        if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool):
+            keys[k] = cfg[k]
+    keys.update(max_iters=1000, lr_decay_iters=1000, warmup_iters=50, eval_interval=250, out_dir='out-finetune')
+    return (f"python train.py --init_from={spec} --dataset <data> " + ' '.join(f"--{k}={v}" for k, v in keys.items())
+            + "   # fine-tune: data in the same codec")
+
+
 def model_card(config, results, repo, license, folder, title=''):
     ma, codec, cfg = config['model_args'], config['codec'], config['train_config']
     spec = f"hf:{repo}"
@@ -325,12 +353,7 @@ def model_card(config, results, repo, license, folder, title=''):
                   "weights before uploading.", '']
 
     lines += ['## Use', '', 'With the aogpt code (`pip install -r requirements.txt` in its folder):', '', '```bash']
-    if ma['causal'] and ma['cond'] == 'none':
-        lines.append(f'python sample.py --ckpt {spec} --prompt "The" --length 64')
-    else:
-        lines.append(f"python sample.py --ckpt {spec} --steps 256 --batch_size 4")
-        if codec['tokenizer'] == 'gpt2':
-            lines.append(f'python sample.py --ckpt {spec} --template "The [BLANK] rose [BLANK:3] in October."')
+    lines += use_commands(spec, ma, codec, cfg)
     if results:
         lines += [eval_command(spec, rec, ma['block_size']) for _, rec in results]
     elif codec['tokenizer'] == 'gpt2':
@@ -340,7 +363,7 @@ def model_card(config, results, repo, license, folder, title=''):
     else:
         lines.append(f"python eval_ppl.py --ckpt {spec} --datasets ptb --data_path ptb=test.txt   "
                      f"# test.txt: held-out text in the model's alphabet")
-    lines.append(f"python train.py --init_from={spec} --dataset <data>   # fine-tune (data in the same codec)")
+    lines.append(finetune_command(spec, ma, cfg))
     lines += ['```', '', "Eval sets other than ptb come from the hub on first use, or from local copies with "
               "`--data_path NAME=FILE`.", '', 'In Python:', '', '```python', 'from aogpt.checkpoint import load_model',
               f"model, ckpt, _ = load_model('{spec}')   # model.py's GPT, eval mode; ckpt['codec'] decodes its ids",

@@ -124,7 +124,18 @@ def check_model(model_args, cfg, data_vocab, data_dir):
 
 
 def duration(sec):
-    return f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.0f} min" if sec < 5400 else f"{sec / 3600:.1f} h"
+    return (f"{sec:.0f} s" if sec < 90 else f"{sec / 60:.0f} min" if sec < 5400 else f"{sec / 3600:.1f} h" if
+            sec < 2 * 86400 else f"{sec / 86400:.0f} days")
+
+
+def matmul_flops():
+    """FLOP/s of a 512 x 512 float32 matmul on this CPU, now: what a training step can reach at best (small
+    models reach far less; a busy CPU varies). Takes milliseconds."""
+    a = torch.ones(512, 512)
+    t0 = time.perf_counter()
+    for _ in range(4):
+        a @ a
+    return 4 * 2 * 512 ** 3 / (time.perf_counter() - t0)
 
 
 def cost_warnings(cfg, on_cpu, flops_per_token, val_batches, passes, start_iter, say=print):
@@ -136,12 +147,15 @@ def cost_warnings(cfg, on_cpu, flops_per_token, val_batches, passes, start_iter,
     eval_flops = n_windows * cfg['block_size'] * passes * flops_per_token / 3  # a forward is a third of a step
     step_flops = tokens_per_iter * flops_per_token
     between = max(1, min(cfg['eval_interval'], cfg['max_iters'] - start_iter))  # training steps between evals
-    if on_cpu and (step_flops > 1e11 or eval_flops > 1e12):  # else a CPU takes it in seconds
-        a = torch.ones(512, 512)
-        t0 = time.perf_counter()
-        for _ in range(4):
-            a @ a
-        cpu_flops = 4 * 2 * 512 ** 3 / (time.perf_counter() - t0)  # rough: training reaches less; a busy CPU varies
+    steps = 0 if cfg['eval_only'] else max(0, cfg['max_iters'] - start_iter)
+    run_flops = steps * step_flops + (steps // max(1, cfg['eval_interval']) + 1) * eval_flops
+    cpu_flops = matmul_flops() if on_cpu and (step_flops > 1e11 or eval_flops > 1e12 or run_flops > 1e13) else None
+    if cpu_flops and run_flops / cpu_flops > 3600:  # an hour at the matmul's pace is more in practice: say it first
+        say(f"warning: this run needs at least {duration(run_flops / cpu_flops)} on this CPU ({steps:,} steps of "
+            f"{tokens_per_iter:,} tokens x {flops_per_token / 1e9:.3f} GFLOP, and its evals, at the "
+            f"{cpu_flops / 1e9:.0f} GFLOP/s a matmul reached just now; training reaches less): lower max_iters "
+            f"(now {cfg['max_iters']:,}) or the model's size, or run it on a GPU")
+    if cpu_flops:
         if step_flops / cpu_flops > 10 or eval_flops / cpu_flops > 60:
             say(f"warning: a GPU-sized run on a CPU: one step is {tokens_per_iter:,} tokens x "
                 f"{flops_per_token / 1e9:.2f} GFLOP, roughly {duration(step_flops / cpu_flops)} here (this CPU did "

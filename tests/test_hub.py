@@ -34,7 +34,7 @@ KINDS = {'adaln': {}, 'sigma': dict(cond='sigma', norm='layer', qk_norm=False, t
          'gpt': dict(cond='none', tie_head=True, head_bias=False)}
 
 
-def make_run(path, kind='adaln', seed=0, codec=CODEC, **extra):
+def make_run(path, kind='adaln', seed=0, codec=CODEC, extra_config=None, **extra):
     """A train.py-style checkpoint whose EMA differs from its raw weights; returns (raw, ema) state dicts."""
     model = tiny(seed=seed, block_size=16, vocab_size=32, **KINDS[kind])
     raw = {k: v.clone() for k, v in model.state_dict().items()}
@@ -42,7 +42,7 @@ def make_run(path, kind='adaln', seed=0, codec=CODEC, **extra):
     ema = {k: v.detach() + 0.2 * torch.randn(v.shape, generator=g) for k, v in model.named_parameters()}
     ckpt = dict(format='aogpt-v1', model_args=model_args(model.config), model=raw,
                 ema=dict(decay=0.99, num_updates=9, params=ema), iter_num=9, tokens=9 * 64,
-                config={'dataset': 'tinychars', 'learning_rate': 1e-3}, order=None, **extra)
+                config={'dataset': 'tinychars', 'learning_rate': 1e-3, **(extra_config or {})}, order=None, **extra)
     if codec:
         ckpt['codec'] = codec
     save_checkpoint(ckpt, os.path.join(path, 'ckpt.pt'))
@@ -579,3 +579,41 @@ def test_train_fine_tunes_from_an_exported_folder(tmp_path, monkeypatch, capsys)
              'names no hub checkpoint')
     one_line(capsys, lambda: train(f'--out_dir={tmp_path / "y"}', f'--init_from={tmp_path / "hub"}',
                                    '--init_ema=False', *frozen), 'holds only its EMA weights')
+
+
+@pytest.mark.parametrize('kind', ['adaln', 'gpt'])
+def test_the_cards_commands_run_as_written(tmp_path, monkeypatch, kind):
+    """Every command in an export's card runs on the model it describes (block_size 16, a char codec): the
+    fine-tune line once failed on any model whose block_size is not train.py's 1024 (and its sample lines
+    asked for 64 tokens of it, and a prompt its alphabet may not have). Only <data>, the hub id and the
+    fine-tune's length are filled in here; the card's keys are kept."""
+    import shlex
+
+    import sample
+    data = tmp_path / 'data' / 'tinychars'
+    data.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for split, n in (('train', 4000), ('val', 1000)):
+        rng.integers(0, len(CHARS), n).astype(np.uint16).tofile(data / f'{split}.bin')
+    (data / 'meta.json').write_text(json.dumps(CODEC))
+    (tmp_path / 'test.txt').write_text(TEXT)
+    make_run(tmp_path / 'run', kind, extra_config=dict(batch_size=4, gradient_accumulation_steps=1))
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'hub'), '--repo_id', 'me/tiny')
+    card = (tmp_path / 'hub' / 'README.md').read_text()
+    block = card.split('## Use')[1].split('```bash\n')[1].split('```')[0]
+    lines = [ln.split('   #')[0].strip() for ln in block.splitlines() if ln.startswith('python ')]
+    assert {ln.split()[1] for ln in lines} == {'sample.py', 'eval_ppl.py', 'train.py'}, lines
+    monkeypatch.chdir(tmp_path)
+    for line in lines:
+        line = line.replace('hf:me/tiny', str(tmp_path / 'hub')).replace('<data>', 'tinychars')
+        script, *argv = shlex.split(line)[1:]
+        if script == 'train.py':
+            argv += [f'--data_root={tmp_path / "data"}', '--max_iters=2', '--eval_interval=2', '--eval_iters=1',
+                     '--device=cpu']
+            monkeypatch.setattr(sys, 'argv', ['train.py', *argv])
+            runpy.run_path(os.path.join(ROOT, 'train.py'), run_name='__main__')
+            assert load_checkpoint(str(tmp_path / 'out-finetune'))['iter_num'] == 2
+        elif script == 'sample.py':
+            sample.main(argv + ['--device', 'cpu', '--quiet', 'True'])
+        else:
+            eval_ppl.main(argv + ['--device', 'cpu', '--progress', 'False', '--plot', 'False'])

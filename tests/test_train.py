@@ -824,6 +824,20 @@ def test_a_gpu_sized_run_on_a_cpu_says_so_before_its_first_eval(env, monkeypatch
     assert len(gpu) == 1 and 'one step is 524,288 tokens x ' in gpu[0] and '--n_layer=4 --n_head=4' in gpu[0], warn
 
 
+def test_a_run_that_takes_days_on_this_cpu_says_so_before_it_starts(env, monkeypatch, capsys, tmp_path):
+    """The model card's fine-tune command once started the paper's 500,000 iterations on a CPU without a word
+    about how long that takes. The estimate is a lower bound (a matmul's pace; training reaches less)."""
+    from aogpt import preflight
+    monkeypatch.setattr(preflight, 'matmul_flops', lambda: 1e8)  # a slow CPU, the same on every machine
+    warn = warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path / 'a', '--max_iters=500000',
+                                             '--n_embd=64', '--n_head=4', '--lr_decay_iters=500000')
+    days = [w for w in warn if 'this run needs at least' in w]
+    assert len(days) == 1 and ' days on this CPU (500,000 steps of ' in days[0] and 'lower max_iters' in days[0], warn
+    warn = warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path / 'b', '--max_iters=20',
+                                             '--n_embd=64', '--n_head=4', '--lr_decay_iters=20')
+    assert not [w for w in warn if 'this run needs at least' in w], warn
+
+
 def test_an_eval_that_costs_more_than_the_training_around_it_is_named(env, monkeypatch, capsys, tmp_path):
     """The tiny sizes with the paper's eval (96 batches x 10 orders) and warmup (2000) over 20 iterations."""
     warn = warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path / 'a', '--max_iters=20',
