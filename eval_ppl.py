@@ -446,6 +446,9 @@ def read_config(argv):
             parse_order(c.order_mode)
         except UserError as e:
             die(f"--order_mode: {e.msg}")
+    for key in ('ensemble_mode', 'ensemble_draws'):  # given on purpose, never silently unused
+        if key in c.given and not c.ensemble:
+            die(f"--{key} is an option of the ensemble column: add --ensemble M (M >= 1), or drop --{key}")
     c.names = [s.strip() for s in c.datasets.split(',') if s.strip()]
     if not c.names:
         die("--datasets is empty")
@@ -483,6 +486,8 @@ def load_for_eval(c, dev):
     if codec.vocab_size > cfg.vocab_size:
         die(f"the {codec.name} codec has {codec.vocab_size} symbols but the model only {cfg.vocab_size}: "
             f"the checkpoint's codec does not fit its model")
+    if c.mdm_l2r and cfg.causal:
+        die("--mdm_l2r computes an encoder MDM's L2R column; this decoder's L2R column is exact anyway: drop it")
     n = c.block_size or cfg.block_size
     if n > cfg.block_size:
         die(f"--block_size {n} exceeds the model's block_size {cfg.block_size}")

@@ -378,6 +378,11 @@ def test_cli_errors_are_one_line(tmp_path, text_file, capsys):
         E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'lambada,lm1b', '--progress', 'False'])
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and 'none of the requested sets could be loaded (lambada, lm1b)' in err
+    with pytest.raises(SystemExit) as e:  # --mdm_l2r on a decoder was silently unused
+        E.main(['--out_dir', str(tmp_path / 'out'), '--mdm_l2r', 'True', '--datasets', 'ptb',
+                '--data_path', f'ptb={text_file}', '--progress', 'False'])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1 and '--mdm_l2r computes an encoder MDM' in err
 
 
 @pytest.mark.parametrize('argv,needle', [
@@ -395,6 +400,8 @@ def test_cli_errors_are_one_line(tmp_path, text_file, capsys):
     (['--datasets', 'ptbb'], "unknown eval set 'ptbb' (did you mean 'ptb'?)"),  # once "skipped: offline?"
     (['--order_mode', 'semiar:0'], "--order_mode: order 'semiar:0': semiar:K takes an integer K >= 1"),
     (['--order_mode', 'mix:0.5*l2r'], "the weights of a mix sum to 1, these sum to 0.5"),
+    (['--ensemble_draws', '3'], "--ensemble_draws is an option of the ensemble column"),  # once silently unused
+    (['--ensemble_mode', 'exact'], "--ensemble_mode is an option of the ensemble column"),
 ])
 def test_bad_values_are_one_line_before_anything_loads(tmp_path, capsys, argv, needle):
     with pytest.raises(SystemExit) as e:
