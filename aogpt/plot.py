@@ -37,9 +37,9 @@ def _label(ax, title, xlabel, ylabel, legend=True):
         ax.legend(fontsize=8)
 
 
-def _save(plt, fig, path):
-    """Write the PNG atomically: a reader never sees half a file."""
-    fig.tight_layout()
+def _save(plt, fig, path, rect=(0, 0, 1, 1)):
+    """Write the PNG atomically: a reader never sees half a file. rect: the part of the figure the axes fill."""
+    fig.tight_layout(rect=rect)
     tmp = f'{path}.tmp.png'
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
@@ -72,12 +72,13 @@ def xy(path, title, xs, series, xlabel, ylabel, logx=True, logy=False):
     finish(plt, fig, ax, path, title, xlabel, ylabel)
 
 
-def lines(path, title, panels, ylabel, logy=False):
-    """panels: [(subtitle, series, xlabel, logx)] side by side, sharing the y axis; series: [(label, xs,
-    ys, style)], each line on its own xs. The legend is drawn in the first panel."""
+def lines(path, title, panels, ylabel, logy=False, legend_below=False, sharey=True):
+    """panels: [(subtitle, series, xlabel, logx)] side by side, sharing the y axis unless not sharey; series:
+    [(label, xs, ys, style)], each line on its own xs. The legend is drawn in the first panel, or with
+    legend_below once under the panels, every panel's labels once each (it covers no data)."""
     plt = _pyplot()
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), sharey=sharey, squeeze=False)
     for i, (ax, (subtitle, series, xlabel, logx)) in enumerate(zip(axes[0], panels)):
         for label, xs, ys, style in series:
             ax.plot(xs, ys, style, label=label, lw=1.5, ms=4)
@@ -90,9 +91,18 @@ def lines(path, title, panels, ylabel, logy=False):
         ticks = sorted({x for _, xs, _, _ in series for x in xs})
         if len(ticks) <= 8:  # a few shared x values (steps T, say): label each of them
             ax.set_xticks(ticks, [f'{t:g}' for t in ticks])
-        _label(ax, subtitle, xlabel, ylabel if i == 0 else '', legend=i == 0)
+        _label(ax, subtitle, xlabel, ylabel if i == 0 or not sharey else '', legend=i == 0 and not legend_below)
     fig.suptitle(title, fontsize=11)
-    _save(plt, fig, path)
+    rect = (0, 0, 1, 1)
+    if legend_below:
+        seen = {}  # label -> handle, over every panel, in order
+        for ax in axes[0]:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(lab, h)
+        labels, handles = list(seen), list(seen.values())
+        fig.legend(handles, labels, loc='lower center', ncol=min(4, len(labels)), fontsize=8, frameon=False)
+        rect = (0, 0.06 + 0.05 * (-(-len(labels) // 4)), 1, 1)  # room for the legend's rows
+    _save(plt, fig, path, rect)
 
 
 def read_log(path):

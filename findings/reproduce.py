@@ -114,9 +114,10 @@ RUNS = {  # name: (train.py overrides beyond the shared ones, what it is)
 
 # ----------------------------------------------------------------------------- training runs
 
-def train_args(c, name):
-    """The train.py command line for one run (a list, also written into the results)."""
-    over, _ = RUNS[name]
+def train_args(c, name, runs=RUNS):
+    """The train.py command line for one run (a list, also written into the results). runs: name -> (overrides,
+    what it is), RUNS here; findings/optimizers.py passes its own."""
+    over, _ = runs[name]
     a = dict(out_dir=os.path.join(c.runs_dir, name), init_from='auto', dataset=DATASET,
              device=c.device, n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd,
              target_dim=c.target_dim, block_size=c.block_size, batch_size=c.batch_size,
@@ -134,7 +135,7 @@ def read_log(out_dir):
     return plot.read_log(path) if os.path.exists(path) else []
 
 
-def train_runs(c, names):
+def train_runs(c, names, runs=RUNS):
     """Train the runs (reusing finished ones), `jobs` train.py processes at a time, each with its share of
     the CPU's cores (OMP_NUM_THREADS): these models are too small for two threads to help one process much,
     so two single-thread runs side by side finish in about 0.55x the time of one after the other (and at
@@ -143,7 +144,7 @@ def train_runs(c, names):
     from tqdm import tqdm
     todo = []
     for name in names:
-        args = train_args(c, name)
+        args = train_args(c, name, runs)
         out_dir = os.path.join(c.runs_dir, name)
         cmd_file = os.path.join(out_dir, 'command.json')
         if os.path.exists(cmd_file) and json.load(open(cmd_file)) != args:
@@ -158,7 +159,7 @@ def train_runs(c, names):
                 json.dump(args, f)
             todo.append((name, args, out_dir))
     # the deepest runs first, so that no core idles at the end while one long run finishes alone
-    todo.sort(key=lambda t: -RUNS[t[0]][0].get('n_layer', c.n_layer))
+    todo.sort(key=lambda t: -runs[t[0]][0].get('n_layer', c.n_layer))
     from aogpt.runtime import cpu_cores
     cores = cpu_cores()
     jobs = c.jobs or (cores if c.device == 'cpu' else 1)
