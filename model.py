@@ -486,13 +486,13 @@ class GPT(nn.Module):
     def estimate_mfu(self, tokens_per_s, peak_flops, seq_len=None):
         return self.estimate_flops_per_token(seq_len) * tokens_per_s / peak_flops
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, muon_lr=None, muon_adaln=False):
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, muon_lr=None, muon_adaln=True):
         """The optimizers to step, AdamW first: [AdamW] (the paper's), or with muon_lr [AdamW, Muon].
 
         Muon (torch.optim.Muon) takes the blocks' hidden matrices (attention c_attn/c_proj, MLP c_fc/c_proj), and
-        with muon_adaln the AdaLN Linears (target_dim -> 6d per block, -> 2d before the head) as well; AdamW the
-        rest: embeddings, head, norms, biases. Both decay their matrices by weight_decay in the same decoupled
-        form (p -= lr * weight_decay * p). Each parameter is in one group, in named_parameters order, so the
+        with muon_adaln the AdaLN Linears (target_dim -> 6d per block, -> 2d before the head) as well (on AO-GPT
+        they train faster there: finding 9); AdamW the rest: embeddings, head, norms, biases. Both decay their
+        matrices by weight_decay in the same decoupled form (p -= lr * weight_decay * p). Each parameter is in one group, in named_parameters order, so the
         saved states (positional, as torch keeps them) line up on resume."""
         # Decay every matrix (embeddings and AdaLN included, as in the paper's code); not biases or norms.
         named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]

@@ -17,9 +17,9 @@ Models (same backbone: RMSNorm, QK-norm, untied head):
 Activation memory = peak memory during forward+backward minus the memory held before the forward
 (weights, grads, optimizer state), on CUDA only.
 
---optimizer: each model trained twice, with train.py's optimizer=adamw and optimizer=muon groups (Muon for the
-blocks' hidden matrices, AdamW for the rest), timing the optimizer step (synchronised on both sides) apart
-from the whole step: its cost against AdamW's, and its share of a training step.
+--optimizer: each model trained twice, with train.py's optimizer=adamw and optimizer=muon groups (Muon for
+the blocks' hidden matrices and AdaLN Linears, AdamW for the rest), timing the optimizer step (synchronised
+on both sides) apart from the whole step: its cost against AdamW's, and its share of a training step.
 """
 import os
 import sys
@@ -233,8 +233,8 @@ if optimizer:
     if write:
         append_benchmark('Optimizer step, AdamW against Muon', cuda, f"{n_layer}L/{n_embd}d/{n_head}H, block "
                          f"{block_size}, batch {batch_size}, {dtype if cuda else 'fp32'}, compile={compile}; Muon "
-                         f"for the blocks' hidden matrices (torch.optim.Muon, bf16 Newton-Schulz), AdamW for the "
-                         f"rest.", table)
+                         f"(torch.optim.Muon, bf16 Newton-Schulz) for the blocks' hidden matrices and AdaLN Linears, "
+                         f"AdamW for the rest, as train.py's optimizer=muon.", table)
     sys.exit(0)
 
 rows = [bench(m) for m in models.split(',')]

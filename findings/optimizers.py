@@ -2,7 +2,7 @@
 Finding 9: time to a target loss with Muon beside AdamW (train.py's optimizer=muon), at the findings' CPU
 scale: reproduce.py's setting (character-level PTB, context 32, 2 layers x 64) and its training commands.
 
-    python findings/optimizers.py              # about 40 CPU-core-minutes (2 jobs) -> results/f9_*
+    python findings/optimizers.py              # about 45 CPU-core-minutes (2 jobs) -> results/f9_*
     python findings/optimizers.py --quick      # the pipeline end to end in tiny runs; judges nothing
     python findings/optimizers.py --replot     # only redraw results/f9_*.png from results/f9_optimizers.json
 
@@ -34,7 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
-from aogpt.configurator import die, first_line, namespace, print_config  # noqa: E402
+from aogpt.configurator import die, first_line, namespace  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -63,9 +63,7 @@ def run(model, opt, lr, seed, adamw_lr=None, adaln=False):
         over.update(learning_rate=lr, min_lr=lr / 10)
         name, what = f"{model}_adamw_lr{lr:g}_s{seed}", f"AdamW lr {lr:g}"
     else:
-        over.update(learning_rate=adamw_lr, min_lr=adamw_lr / 10, optimizer='muon', muon_lr=lr)
-        if adaln:
-            over['muon_adaln'] = True
+        over.update(learning_rate=adamw_lr, min_lr=adamw_lr / 10, optimizer='muon', muon_lr=lr, muon_adaln=adaln)
         name = f"{model}_muon_lr{lr:g}{'_adaln' if adaln else ''}_s{seed}"
         what = f"Muon lr {lr:g}{' (AdaLN in Muon)' if adaln else ''}, AdamW lr {adamw_lr:g}"
     over['seed'] = seed
@@ -212,8 +210,10 @@ def report(c, d, cmd):
     row = (f"| 9 | {claim} ([plot]({FIG_CURVES})) | **{v}** | any-order: {text}; {others}; {gap_text}; "
            f"best: {d['best_text']} |")
     md = [f"## Finding 9: Muon beside AdamW, steps to a target loss{' (QUICK: nothing judged)' if c.quick else ''}",
-          '', f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, {d['cpu_min']:.1f} CPU-core-"
-          f"minutes for the runs trained by this invocation (runs reused cost nothing). Setting: reproduce.py's "
+          '', f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, "
+          + (f"{d['cpu_min']:.1f} CPU-core-minutes for the runs it trained (runs reused cost nothing here)"
+             if d['cpu_min'] >= 0.05 else "every run reused from an earlier invocation (its cost: notes.md)")
+          + ". Setting: reproduce.py's "
           f"(character-level PTB, context 32, 2 layers x 64, 32 x 32 characters a step, EMA weights), eval every "
           f"{d['config']['eval_interval']} steps; the sweep {d['config']['sweep_iters']} steps on seed {seeds[0]}, "
           f"the compared runs {d['config']['max_iters']} steps on seeds {', '.join(map(str, seeds))}. Ratio: the "
@@ -302,16 +302,8 @@ def study(c):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     c = namespace(globals(), argv)
-    if c.quick:
-        for k, v in dict(max_iters=30, sweep_iters=20, eval_interval=10, lrs_adamw='3e-3', lrs_muon='0.02').items():
-            setattr(c, k, v)
-            c.config[k] = v
-    c.runs_dir = c.config['runs_dir'] = c.runs_dir or ('out-optimizers-quick' if c.quick else 'out-optimizers')
-    c.results_dir = c.config['results_dir'] = c.results_dir or (
-        os.path.join('out-optimizers-quick', 'results') if c.quick else 'results')
-    print_config(c.config)
-    os.chdir(ROOT)
-    os.makedirs(c.results_dir, exist_ok=True)
+    R.settle(c, 'optimizers', dict(max_iters=30, sweep_iters=20, eval_interval=10, lrs_adamw='3e-3',
+                                   lrs_muon='0.02'))
     cmd = 'python findings/optimizers.py' + ''.join(f' {a}' for a in argv)
     if c.replot:
         path = os.path.join(c.results_dir, RECORD)

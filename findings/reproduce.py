@@ -388,18 +388,25 @@ def read_config(argv):
     c = namespace(globals(), argv)
     if c.jobs < 0:
         die(f"--jobs must be 0 (one per core) or more, not {c.jobs}")
-    if c.quick:  # small everything; same code path
-        for k, v in dict(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1, sample_n=32,
-                         sample_batch=4, sample_embd=c.n_embd, gen_samples=8, gen_batch=8).items():
+    settle(c, 'reproduce', dict(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1,
+                                sample_n=32, sample_batch=4, sample_embd=c.n_embd, gen_samples=8, gen_batch=8))
+    return c, 'python findings/reproduce.py ' + ' '.join(argv) if argv else 'python findings/reproduce.py'
+
+
+def settle(c, name, quick):
+    """What a findings script does with its resolved config c before it starts: with --quick, small everything
+    (quick: {key: value}, the same code path); runs_dir and results_dir default to out-NAME (out-NAME-quick and
+    its results/ with --quick) and results/; print the config; work from the repository root."""
+    if c.quick:
+        for k, v in quick.items():
             setattr(c, k, v)
             c.config[k] = v
-    c.runs_dir = c.config['runs_dir'] = c.runs_dir or ('out-reproduce-quick' if c.quick else 'out-reproduce')
+    c.runs_dir = c.config['runs_dir'] = c.runs_dir or (f'out-{name}-quick' if c.quick else f'out-{name}')
     c.results_dir = c.config['results_dir'] = c.results_dir or (
-        os.path.join('out-reproduce-quick', 'results') if c.quick else 'results')
+        os.path.join(f'out-{name}-quick', 'results') if c.quick else 'results')
     print_config(c.config)
     os.chdir(ROOT)
     os.makedirs(c.results_dir, exist_ok=True)
-    return c, 'python findings/reproduce.py ' + ' '.join(argv) if argv else 'python findings/reproduce.py'
 
 
 def prepare_data():

@@ -640,9 +640,10 @@ def test_resuming_with_another_optimizer_is_refused_in_one_line(env, monkeypatch
     """Saved optimizer states fit only their own parameter groups: another optimizer, or the AdaLN Linears moved
     between Muon and AdamW, is refused before the first step, the checkpoint untouched; the same setting resumes."""
     for name, saved, extra, want in [
-            ('a', [], ['--optimizer=muon'], "optimizer=adamw, but this config asks for optimizer=muon, muon_adaln=False"),
-            ('m', ['--optimizer=muon'], ['--optimizer=muon', '--muon_adaln=True'],
-             "optimizer=muon, muon_adaln=False, but this config asks for optimizer=muon, muon_adaln=True")]:
+            ('a', [], ['--optimizer=muon'],
+             "optimizer=adamw, but this config asks for optimizer=muon, muon_adaln=True"),
+            ('m', ['--optimizer=muon'], ['--optimizer=muon', '--muon_adaln=False'],
+             "optimizer=muon, muon_adaln=True, but this config asks for optimizer=muon, muon_adaln=False")]:
         argv = args(env, '', f'--out_dir={tmp_path / name}', '--eval_interval=2')
         run_inprocess(monkeypatch, argv + ['--max_iters=2', *saved])
         before = (tmp_path / name / 'ckpt.pt').read_bytes()
@@ -674,8 +675,9 @@ def test_muon_warm_starts_from_gpt2_resumes_and_fine_tunes(env, monkeypatch, tmp
                                     *frozen))
     assert load_checkpoint(str(tmp_path / 'warm'))['iter_num'] == 2
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "src"}', '--max_iters=2', '--eval_interval=2'))
-    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "ft"}', f'--init_from={tmp_path / "src" / "ckpt.pt"}',
-                                    '--init_ema=False', '--max_iters=1', *frozen))
+    src = tmp_path / 'src' / 'ckpt.pt'
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "ft"}', f'--init_from={src}', '--init_ema=False',
+                                    '--max_iters=1', *frozen))
     f, src = load_checkpoint(str(tmp_path / 'ft')), load_checkpoint(str(tmp_path / 'src'))
     assert f['iter_num'] == 1 and f['model_args'] == src['model_args'] and src['muon'] is None and f['muon']['state']
     for k, v in src['model'].items():
