@@ -540,15 +540,31 @@ class GPT(nn.Module):
     def estimate_mfu(self, tokens_per_s, peak_flops, seq_len=None):
         return self.estimate_flops_per_token(seq_len) * tokens_per_s / peak_flops
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, muon_lr=None, muon_adaln=True):
+        """The optimizers to step, AdamW first: [AdamW] (the paper's), or with muon_lr [AdamW, Muon].
+
+        Muon (torch.optim.Muon) takes the blocks' hidden matrices (attention c_attn/c_proj, MLP c_fc/c_proj), and
+        with muon_adaln the AdaLN Linears (target_dim -> 6d per block, -> 2d before the head) as well (on AO-GPT
+        they train faster there: finding 9); AdamW the rest: embeddings, head, norms, biases. Both decay their
+        matrices by weight_decay in the same decoupled form (p -= lr * weight_decay * p). Each parameter is in one group, in named_parameters order, so the
+        saved states (positional, as torch keeps them) line up on resume."""
         # Decay every matrix (embeddings and AdaLN included, as in the paper's code); not biases or norms.
-        params = [p for p in self.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
+        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        hidden = ('.attn.c_attn.weight', '.attn.c_proj.weight', '.mlp.c_fc.weight', '.mlp.c_proj.weight')
+
+        def to_muon(name):
+            adaln = muon_adaln and 'adaLN' in name and name.endswith('.weight')
+            return muon_lr is not None and (name.endswith(hidden) or adaln)
+        muon = [p for n, p in named if to_muon(n)]
+        decay = [p for n, p in named if p.dim() >= 2 and not to_muon(n)]
+        no_decay = [p for n, p in named if p.dim() < 2]
         groups = [{'params': decay, 'weight_decay': weight_decay},
                   {'params': no_decay, 'weight_decay': 0.0}]
         fused = device_type == 'cuda'
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)
+        optimizers = [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)]
+        if muon_lr is not None:
+            optimizers.append(torch.optim.Muon(muon, lr=muon_lr, weight_decay=weight_decay))
+        return optimizers
 
     # ------------------------------------------------------------------ GPT-2 weights
     @classmethod

@@ -105,8 +105,10 @@ l2r_frac_end: float = None  # if set, l2r_frac moves linearly to this value over
 l2r_frac_iters = 0  # length of that schedule (0: lr_decay_iters)
 block_size_order = 4  # block_random: block length; blocks go left to right
 order_seed = 0  # seed of the fixed permutation (fixed_random) or within-block pattern (block_random)
-# optimizer: AdamW, warmup then cosine decay
-learning_rate = 6e-4
+# optimizer: AdamW (the paper's), or Muon for the blocks' hidden matrices beside AdamW for the rest; every
+# group on one schedule, warmup then cosine decay
+optimizer = 'adamw'  # adamw | muon
+learning_rate = 6e-4  # AdamW's peak (optimizer=muon: for the embeddings, head, norms and biases)
 max_iters = 500000
 weight_decay = 0.05
 beta1 = 0.9
@@ -116,6 +118,8 @@ decay_lr = True
 warmup_iters = 2000
 lr_decay_iters = 500000
 min_lr = 6e-5
+muon_lr = 0.02  # optimizer=muon: Muon's peak; it decays to the same fraction of it as learning_rate to min_lr
+muon_adaln = True  # optimizer=muon: the AdaLN Linears in Muon too (measured better: finding 9); False: AdamW
 ema_decay = 0.9999  # EMA of the weights, warm-up min(decay, (1+n)/(10+n)); 0 disables
 # system
 device = 'auto'  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
@@ -144,7 +148,7 @@ def interrupted_at():
 
 
 with run.failing():
-    check_config(cfg)  # every key, before anything is read or written: a bad value costs one line, not a run
+    check_config(cfg, _given)  # every key, before anything is read or written: a bad value costs one line, not a run
 
 # ------------------------------------------------------------------ devices and processes
 with run.failing():
@@ -260,13 +264,24 @@ def train_micro_batch(it, m, frac):
 
 
 # ------------------------------------------------------------------ optimizer, EMA, scaler
-optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+# [AdamW] or [AdamW, Muon]; AdamW's state is saved as 'optimizer' (as it always was), Muon's as 'muon'
+optimizers = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type,
+                                        muon_lr=muon_lr if optimizer == 'muon' else None, muon_adaln=muon_adaln)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 ema = EMA(model, ema_decay) if ema_decay > 0 else None  # see ema.py
 iter_num, best_val_loss, elapsed = 0, float('inf'), 0.0
 train_losses = []  # the training losses since the last eval, averaged into its train_loss
 if ckpt is not None:
-    iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizer, scaler, ema)
+    def setup(c):  # what the saved optimizer states fit: another optimizer or AdaLN placement groups them otherwise
+        muon = c.get('optimizer') == 'muon'
+        return c.get('optimizer', 'adamw') + (f", muon_adaln={c.get('muon_adaln')}" if muon else '')
+    if setup(ckpt['config']) != setup(cfg):
+        fail(f"{resume_path} was trained with optimizer={setup(ckpt['config'])}, but this config asks for "
+             f"optimizer={setup(cfg)}: its optimizer state fits only its own setting, so resume with that, or "
+             f"fine-tune from it with a fresh optimizer (init_from={resume_path}, in another out_dir)")
+    iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizers[0], scaler, ema)
+    if optimizer == 'muon':
+        optimizers[1].load_state_dict(ckpt['muon'])
     say(f"resumed {resume_path} at iteration {iter_num}")
     if iter_num >= max_iters and not eval_only:
         say(f"it has reached max_iters ({max_iters}): nothing to train (raise max_iters to train on)")
@@ -281,15 +296,20 @@ if ddp:
     model = DDP(model, device_ids=[torch.cuda.current_device()] if device_type == 'cuda' else None)
 
 
-def get_lr(it):
+def get_lr(it, peak=learning_rate, floor=min_lr):
+    """The schedule at iteration it for a group peaking at `peak` and ending at `floor` (AdamW's by default)."""
     if not decay_lr:
-        return learning_rate
+        return peak
     if it < warmup_iters:
-        return learning_rate * (it + 1) / (warmup_iters + 1)
+        return peak * (it + 1) / (warmup_iters + 1)
     if it > lr_decay_iters:
-        return min_lr
+        return floor
     ratio = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+    return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak - floor)
+
+
+# Muon's group follows the same curve scaled to its own peak (min_lr <= learning_rate, so 0 when that is 0)
+muon_floor = min_lr * muon_lr / learning_rate if learning_rate > 0 else 0.0
 
 
 # ------------------------------------------------------------------ validation
@@ -319,7 +339,8 @@ def save():
             try:
                 ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(),
                             model=raw_model.state_dict(), ema=ema.state_dict() if ema is not None else None,
-                            optimizer=optimizer.state_dict(), scaler=scaler.state_dict(), iter_num=iter_num,
+                            optimizer=optimizers[0].state_dict(), muon=optimizers[1].state_dict() if
+                            optimizer == 'muon' else None, scaler=scaler.state_dict(), iter_num=iter_num,
                             best_val_loss=best_val_loss, config=cfg,
                             order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
                             tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
@@ -359,8 +380,9 @@ if show_bar and not eval_only:
 
 while True:
     lr = get_lr(iter_num)
-    for group in optimizer.param_groups:
-        group['lr'] = lr
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group['lr'] = get_lr(iter_num, muon_lr, muon_floor) if isinstance(opt, torch.optim.Muon) else lr
     frac = l2r_frac_at(iter_num)
 
     resumed_here = iter_num == start_iter > 0 and not eval_only  # that eval is already in the log
@@ -417,11 +439,14 @@ while True:
                 if last_saved else "No checkpoint was written")
              + "; try a lower learning_rate or dtype=float32")
     if grad_clip > 0:
-        scaler.unscale_(optimizer)
+        for opt in optimizers:
+            scaler.unscale_(opt)
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)  # before clipping
-    scaler.step(optimizer)
+    for opt in optimizers:
+        scaler.step(opt)  # float16: skipped for an optimizer whose gradients overflowed
     scaler.update()
-    optimizer.zero_grad(set_to_none=True)
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
     if ema is not None:
         ema.update()
     iter_num += 1

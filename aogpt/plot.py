@@ -40,8 +40,14 @@ def _label(ax, title, xlabel, ylabel, legend=True):
 def legend_below(where, fontsize=8):
     """The legend under the axes (or under a whole figure): never on top of the data, however many entries
     it has. The PNG grows to hold it (bbox_inches='tight' in save)."""
-    handles, labels = (where.get_legend_handles_labels() if hasattr(where, 'get_legend_handles_labels') else
-                       where.axes[0].get_legend_handles_labels())
+    if hasattr(where, 'get_legend_handles_labels'):
+        handles, labels = where.get_legend_handles_labels()
+    else:  # a figure: every panel's labels, each once, in order
+        seen = {}
+        for ax in where.axes:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(lab, h)
+        labels, handles = list(seen), list(seen.values())
     if not handles:
         return None
     on_axes = hasattr(where, 'get_legend_handles_labels')
@@ -56,9 +62,9 @@ def legend_below(where, fontsize=8):
     return legend
 
 
-def _save(plt, fig, path):
-    """Write the PNG atomically: a reader never sees half a file."""
-    fig.tight_layout()
+def _save(plt, fig, path, rect=(0, 0, 1, 1)):
+    """Write the PNG atomically: a reader never sees half a file. rect: the part of the figure the axes fill."""
+    fig.tight_layout(rect=rect)
     tmp = f'{path}.tmp.png'
     legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
     fig.savefig(tmp, dpi=110, bbox_inches='tight', bbox_extra_artists=legends)
@@ -97,12 +103,13 @@ def xy(path, title, xs, series, xlabel, ylabel, logx=True, logy=False):
     finish(plt, fig, ax, path, title, xlabel, ylabel)
 
 
-def lines(path, title, panels, ylabel, logy=False):
-    """panels: [(subtitle, series, xlabel, logx)] side by side, sharing the y axis; series: [(label, xs,
-    ys, style)], each line on its own xs. One legend, the first panel's, under the figure."""
+def lines(path, title, panels, ylabel, logy=False, sharey=True):
+    """panels: [(subtitle, series, xlabel, logx)] side by side, sharing the y axis unless not sharey; series:
+    [(label, xs, ys, style)], each line on its own xs. One legend under the figure: every panel's labels,
+    each once."""
     plt = _pyplot()
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), sharey=sharey, squeeze=False)
     for i, (ax, (subtitle, series, xlabel, logx)) in enumerate(zip(axes[0], panels)):
         for label, xs, ys, style in series:
             ax.plot(xs, ys, style, label=label, lw=1.5, ms=4)
@@ -115,7 +122,7 @@ def lines(path, title, panels, ylabel, logy=False):
         ticks = sorted({x for _, xs, _, _ in series for x in xs})
         if len(ticks) <= 8:  # a few shared x values (steps T, say): label each of them
             ax.set_xticks(ticks, [f'{t:g}' for t in ticks])
-        _label(ax, subtitle, xlabel, ylabel if i == 0 else '', legend=False)
+        _label(ax, subtitle, xlabel, ylabel if i == 0 or not sharey else '', legend=False)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     legend_below(fig)  # one legend for every panel, under them all

@@ -2,7 +2,7 @@
 What train.py checks before its first step, so that a run that cannot work, or will cost far more than its
 config suggests, says so in one line instead of hours later:
 
-    check_config(cfg)                       every key, before anything is read or written
+    check_config(cfg, given)                every key, before anything is read or written
     data_dir, codec, n_train, n_val = check_data(cfg, say)
     check_model(model_args, cfg, data_vocab, data_dir)    the model against the data and the orders
     cost_warnings(...); lr_warnings(cfg, get_lr, say)     what the run will cost, what its schedule does
@@ -27,9 +27,12 @@ from aogpt.orders import TRAIN_MODES, parse_order
 from aogpt.tokenizer import get_codec
 from model import GPTConfig, config_fields
 
+MUON_KEYS = ('muon_lr', 'muon_adaln')  # what only optimizer='muon' takes
 
-def check_config(cfg):
-    """Every key is checked here, before anything is read or written: a bad value costs one line, not a run."""
+
+def check_config(cfg, given=()):
+    """Every key is checked here, before anything is read or written: a bad value costs one line, not a run.
+    given: the keys the config files and command line set (a setting the chosen optimizer ignores is refused)."""
     def need(ok, key, what):
         if not ok:
             raise UserError(f"{key} must be {what}, got {cfg[key]!r}")
@@ -39,7 +42,7 @@ def check_config(cfg):
         need(cfg[k] >= 1, k, "an integer >= 1")
     for k in ('ckpt_interval', 'keep_ckpt_every', 'warmup_iters', 'lr_decay_iters', 'l2r_frac_iters'):
         need(cfg[k] >= 0, k, "an integer >= 0")
-    for k in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops'):
+    for k in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops', 'muon_lr'):
         need(0 <= cfg[k] < math.inf, k, "a number >= 0")
     need(not cfg['decay_lr'] or cfg['min_lr'] <= cfg['learning_rate'], 'min_lr',
          f"<= learning_rate ({cfg['learning_rate']}), the peak the cosine decays from (or decay_lr=False)")
@@ -49,6 +52,12 @@ def check_config(cfg):
     need(cfg['l2r_frac_end'] is None or 0 <= cfg['l2r_frac_end'] <= 1, 'l2r_frac_end',
          "a probability in [0, 1], or None")
     need(0 <= cfg['seed'] < 2 ** 32, 'seed', "in [0, 2**32)")
+    need(cfg['optimizer'] in ('adamw', 'muon'), 'optimizer', "adamw or muon")
+    ignored = [k for k in MUON_KEYS if k in given]
+    if cfg['optimizer'] != 'muon' and ignored:
+        raise UserError(f"{', '.join(ignored)} {'is a setting' if len(ignored) == 1 else 'are settings'} of "
+                        f"optimizer='muon', but this run uses optimizer={cfg['optimizer']!r}: add --optimizer=muon, "
+                        f"or leave {'it' if len(ignored) == 1 else 'them'} out")
     if cfg['order_mode'] not in TRAIN_MODES:
         try:
             parse_order(cfg['order_mode'])

@@ -12,8 +12,7 @@ import json
 import os
 from dataclasses import asdict
 
-from aogpt.checkpoint import (CKPT_NAME, checkpoint_codec, load_checkpoint, load_model, read_hf_weights,
-                              run_checkpoints)
+from aogpt.checkpoint import CKPT_NAME, checkpoint_codec, load_checkpoint, load_model, read_hf_weights, run_checkpoints
 from aogpt.errors import UserError
 from model import GPT, GPTConfig, config_fields, strip_prefixes
 

@@ -11,6 +11,8 @@
 #                                    # whole cache (0), then the profile of graphed AO at T=128
 #   bash bench/gpu_suite.sh pytest   # the whole test suite on the GPU machine, with the packages its image lacks
 #                                    # from .whl (bench/gpu_wheels.sh, run here first; carry .whl)
+#   bash bench/gpu_suite.sh optimizer # the optimizer step of optimizer=muon against AdamW's, and its share of a
+#                                    # training step (small, compiled, batch 16, ao_table)
 #   bash bench/gpu_suite.sh tune     # the training levers not yet tried on the H100 (BENCHMARKS.md):
 #                                    # micro-batch 32 (with a kernel profile by kind), and cuDNN attention,
 #                                    # for ao_table and gpt
@@ -61,6 +63,11 @@ if [[ $what == tune || $what == all ]]; then
     $PY bench/train_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 \
         --compile=True --iters=15 --warmup=3 --models=ao_table,gpt $extra --write=True 2>&1 | tee -a $LOG/bench_full.log | grep -v '^  '
   done
+fi
+
+if [[ $what == optimizer || $what == all ]]; then
+  $PY bench/train_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 --block_size=1024 \
+      --batch_size=16 --compile=True --iters=15 --warmup=3 --models=ao_table --optimizer=True --write=True 2>&1 | tee -a $LOG/bench_full.log | grep -v '^  '
 fi
 
 if [[ $what == train || $what == all ]]; then

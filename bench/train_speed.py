@@ -6,6 +6,7 @@ side by side in one run (absolute CPU times are noise; the ratios are the result
     python bench/train_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 \
         --block_size=1024 --batch_size=16 --compile=True         # AO-GPT-small on a GPU
     ... --write=True                                              # append the table to BENCHMARKS.md
+    python bench/train_speed.py --optimizer                       # the optimizer step: AdamW against Muon
 
 Models (same backbone: RMSNorm, QK-norm, untied head):
   ao        AO-GPT, per-token AdaLN: each block runs Linear(128 -> 6d) on every token
@@ -15,6 +16,10 @@ Models (same backbone: RMSNorm, QK-norm, untied head):
   mdm       the encoder MDM (full attention) on masked input
 Activation memory = peak memory during forward+backward minus the memory held before the forward
 (weights, grads, optimizer state), on CUDA only.
+
+--optimizer: each model trained twice, with train.py's optimizer=adamw and optimizer=muon groups (Muon for
+the blocks' hidden matrices and AdaLN Linears, AdamW for the rest), timing the optimizer step (synchronised
+on both sides) apart from the whole step: its cost against AdamW's, and its share of a training step.
 """
 import os
 import sys
@@ -45,6 +50,7 @@ peak_flops: float = None     # FLOP/s for MFU; None: measure a bf16 matmul on CU
 sdpa = 'default'             # attention kernel on CUDA: default | flash | cudnn | efficient
 write = False                # append the table to BENCHMARKS.md
 profile = False              # after timing, profile 3 steps of each model and print where the time goes
+optimizer = False            # time the optimizer step of AdamW and of Muon (+ AdamW for the rest) instead
 seed = 0
 exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
@@ -122,14 +128,17 @@ VARIANTS = {
 }
 
 
-def bench(name):
+def make_step(name, opt_name='adamw'):
+    """(model, its training step, the list each step appends its optimizer seconds to when --optimizer)."""
     cfg = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
                     vocab_size=vocab_size, **VARIANTS[name])
     model = GPT(cfg).to(device)
-    opt = model.configure_optimizers(0.05, 3e-4, (0.9, 0.95), 'cuda' if cuda else 'cpu')
+    opts = model.configure_optimizers(0.05, 3e-4, (0.9, 0.95), 'cuda' if cuda else 'cpu',
+                                      muon_lr=0.02 if opt_name == 'muon' else None)  # train.py's defaults
     fwd = torch.compile(model) if compile else model
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randint(0, 50257, (batch_size, block_size), device=device, generator=g)
+    opt_s = []
 
     def step():
         with ctx:
@@ -141,9 +150,21 @@ def bench(name):
                 _, loss = fwd(xt, targets=x, t=t)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=False)  # keep grads allocated so "held" memory is stable
+        if optimizer:  # only then: a synchronisation on each side of the optimizer step
+            sync()
+            t = time.perf_counter()
+        for opt in opts:
+            opt.step()
+        if optimizer:
+            sync()
+            opt_s.append(time.perf_counter() - t)
+        for opt in opts:
+            opt.zero_grad(set_to_none=False)  # keep grads allocated so "held" memory is stable
+    return model, step, opt_s
 
+
+def bench(name):
+    model, step, _ = make_step(name)
     for _ in range(warmup):
         step()
     sync()
@@ -164,11 +185,59 @@ def bench(name):
     mfu = model.estimate_mfu(tok_s, peak_flops, block_size) if peak_flops else None
     row = dict(model=name, params=model.get_num_params(), ms=dt * 1e3, tok_s=tok_s, mfu=mfu, act_mem=act_mem,
                flops_tok=model.estimate_flops_per_token(block_size))
-    del model, opt, fwd
+    del model, step
     if cuda:
         torch.cuda.empty_cache()
     return row
 
+
+def bench_optimizers(name):
+    """--optimizer: the model twice, with AdamW and with Muon + AdamW, their steps interleaved
+    (a drifting load, CPU or GPU clocks, hits both alike); medians over iters steps of each."""
+    runs = {o: make_step(name, o) for o in ('adamw', 'muon')}
+    for _ in range(warmup):
+        for _, step, _ in runs.values():
+            step()
+    step_s = {o: [] for o in runs}
+    for _, _, opt_s in runs.values():
+        opt_s.clear()
+    for _ in range(iters):
+        for o, (_, step, _) in runs.items():
+            sync()
+            t0 = time.perf_counter()
+            step()
+            sync()
+            step_s[o].append(time.perf_counter() - t0)
+    med = lambda xs: sorted(xs)[len(xs) // 2] * 1e3  # noqa: E731
+    rows = [dict(model=name, optimizer=o, ms=med(step_s[o]), opt_ms=med(runs[o][2])) for o in runs]
+    del runs
+    if cuda:
+        torch.cuda.empty_cache()
+    return rows
+
+
+def optimizer_table(rows):
+    """Per model, AdamW's row then Muon's: the optimizer step's time, its share of the training step, and the
+    ratios to AdamW's (medians; the step timed with a synchronisation on each side of the optimizer step)."""
+    lines = ['| model | optimizer | ms/step | optimizer ms/step | optimizer share of step | optimizer step vs AdamW '
+             '| step vs AdamW |', '|---|---|---|---|---|---|---|']
+    for r in rows:
+        a = next(x for x in rows if x['model'] == r['model'] and x['optimizer'] == 'adamw')
+        lines.append(f"| {r['model']} | {r['optimizer']} | {r['ms']:.1f} | {r['opt_ms']:.2f} | "
+                     f"{r['opt_ms'] / r['ms']:.1%} | {r['opt_ms'] / a['opt_ms']:.2f}x | {r['ms'] / a['ms']:.3f}x |")
+    return '\n'.join(lines)
+
+
+if optimizer:
+    rows = [r for m in models.split(',') for r in bench_optimizers(m)]
+    table = optimizer_table(rows)
+    print(table)
+    if write:
+        append_benchmark('Optimizer step, AdamW against Muon', cuda, f"{n_layer}L/{n_embd}d/{n_head}H, block "
+                         f"{block_size}, batch {batch_size}, {dtype if cuda else 'fp32'}, compile={compile}; Muon "
+                         f"(torch.optim.Muon, bf16 Newton-Schulz) for the blocks' hidden matrices and AdaLN Linears, "
+                         f"AdamW for the rest, as train.py's optimizer=muon.", table)
+    sys.exit(0)
 
 rows = [bench(m) for m in models.split(',')]
 base = next((r for r in rows if r['model'] == 'gpt'), None)

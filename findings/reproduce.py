@@ -416,30 +416,35 @@ def read_config(argv):
     c = namespace(globals(), argv)
     if c.jobs < 0:
         die(f"--jobs must be 0 (one per core) or more, not {c.jobs}")
-    if c.quick:  # small everything; same code path. A setting given on purpose is kept, and said.
-        small = dict(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1, sample_n=32,
-                     sample_batch=4, sample_embd=c.n_embd, gen_samples=8, gen_batch=8)
-        for k, v in small.items():
+    settle(c, 'reproduce', dict(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1,
+                                sample_n=32, sample_batch=4, sample_embd=c.n_embd, gen_samples=8, gen_batch=8))
+    return c, 'python findings/reproduce.py ' + ' '.join(argv) if argv else 'python findings/reproduce.py'
+
+
+def settle(c, name, quick):
+    """What a findings script does with its resolved config c before it starts: with --quick, small everything
+    (quick: {key: value}, the same code path), but a setting given on purpose is kept, and said; runs_dir and
+    results_dir default to out-NAME (out-NAME-quick and its results/ with --quick) and results/, and a path
+    given means what it says where the user stands; print the config; work from the repository root."""
+    if c.quick:
+        for k, v in quick.items():
             if k not in c.given:
                 setattr(c, k, v)
                 c.config[k] = v
-        kept = [f"--{k}={getattr(c, k)}" for k in small if k in c.given]
+        kept = [f"--{k}={getattr(c, k)}" for k in quick if k in c.given]
         if kept:
             print(f"--quick: keeping {', '.join(kept)} as given (quick would use "
-                  f"{', '.join(f'{k}={small[k]}' for k in small if k in c.given)})")
-    # A path given on the command line means what it says where the user stands; the defaults live in
-    # the repository (the script works from there).
+                  f"{', '.join(f'{k}={quick[k]}' for k in quick if k in c.given)})")
     for k in ('runs_dir', 'results_dir'):
         if getattr(c, k):
             setattr(c, k, os.path.abspath(getattr(c, k)))
-    c.runs_dir = c.config['runs_dir'] = c.runs_dir or ('out-reproduce-quick' if c.quick else 'out-reproduce')
+    c.runs_dir = c.config['runs_dir'] = c.runs_dir or (f'out-{name}-quick' if c.quick else f'out-{name}')
     c.results_dir = c.config['results_dir'] = c.results_dir or (
-        os.path.join('out-reproduce-quick', 'results') if c.quick else 'results')
+        os.path.join(f'out-{name}-quick', 'results') if c.quick else 'results')
     print_config(c.config)
     os.chdir(ROOT)
     if not c.replot:  # --replot reads a record; it makes no folder
         os.makedirs(c.results_dir, exist_ok=True)
-    return c, 'python findings/reproduce.py ' + ' '.join(argv) if argv else 'python findings/reproduce.py'
 
 
 def prepare_data():

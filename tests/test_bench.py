@@ -54,7 +54,7 @@ COMMANDS = suite_commands()
 
 def test_the_suite_is_read_whole():
     groups = {g for g, _ in COMMANDS}
-    assert {'sample', 'graphs', 'spans', 'tune', 'train'} <= groups
+    assert {'sample', 'graphs', 'spans', 'tune', 'train', 'optimizer'} <= groups
     assert sum(g == 'spans' for g, _ in COMMANDS) == 3 and sum(g == 'tune' for g, _ in COMMANDS) == 2
     assert all(argv[0] in TOY for _, argv in COMMANDS)
 

@@ -305,3 +305,94 @@ def test_no_legend_lies_over_data(tmp_path, monkeypatch):
     monkeypatch.setattr(plot, '_save', checked)
     R.main(['--replot', f'--results_dir={tmp_path}'])
     assert sorted(seen) == sorted(R.FIGS.values())
+
+
+# ----------------------------------------------------------------------------- finding 9 (findings/optimizers.py)
+
+def test_steps_to_reach_interpolates_between_evals():
+    from findings import optimizers as O
+    assert O.steps_to_reach([0, 100, 200], [3.0, 2.0, 1.0], 1.5) == pytest.approx(150.0)
+    assert O.steps_to_reach([0, 100, 200], [3.0, 2.0, 1.0], 2.0) == 100.0  # reached exactly at an eval
+    assert O.steps_to_reach([0, 100, 200], [3.0, 1.0, 2.5], 2.0) == pytest.approx(50.0)  # the first crossing
+    assert O.steps_to_reach([0, 100], [3.0, 2.0], 1.0) is None
+
+
+def _log(speed, floor, seed_shift=0.0, n=61, every=100):
+    """An eval log whose losses fall as floor + 2 exp(-speed * step / 1000) (speed 1: AdamW's pace)."""
+    return [dict(iter=i * every, val_ao=floor + seed_shift + 2 * math.exp(-speed * i * every / 1000),
+                 val_l2r=floor - 0.5 + seed_shift + 2 * math.exp(-speed * i * every / 1000)) for i in range(n)]
+
+
+@pytest.mark.parametrize('speed,want', [(1 / 0.6, 'met'), (1 / 0.8, 'not met'), (0.7, 'not met')])
+def test_finding9_ratio_follows_the_curves(speed, want):
+    """Muon's curve is AdamW's run `speed` times faster: the step ratio is 1/speed (interpolation aside)."""
+    from findings import optimizers as O
+    logs = {}
+    for i, s in enumerate((1, 2)):
+        for model in ('ao', 'l2r'):
+            logs[f'{model}_adamw_s{s}'] = _log(1.0, 1.5, 0.01 * i)
+            logs[f'{model}_muon_s{s}'] = _log(speed, 1.5, 0.01 * i)
+    judged, gap = O.judge(logs, [1, 2], 6000)
+    rows = judged['ao val_ao']
+    v, text = O.verdict_line(rows)
+    assert v == want, text
+    if speed > 1:  # AdamW's end loss is reached; the ratio is the time compression
+        assert all(r['ratio'] == pytest.approx(1 / speed, abs=0.02) for r in rows), rows
+        assert f"{1 / speed:.2f}x" in text
+    else:  # Muon never gets there: said so, with the ratio the other way round (> 1)
+        assert all(r['ratio'] is None and r['reverse'] > 1 for r in rows) and 'does not reach' in text
+    assert gap['adamw'] == pytest.approx([0.5, 0.5], abs=0.01)  # same floors: finding 1's gap is the L2R offset
+
+
+def test_finding9_runs_differ_only_in_the_optimizer_and_its_keys():
+    """Like with like: a finding-9 command is reproduce.py's command for that model plus only the optimizer's
+    keys (learning rates, optimizer, muon_lr, muon_adaln) and the seed."""
+    from types import SimpleNamespace
+
+    from findings import optimizers as O
+    c = SimpleNamespace(runs_dir='r', device='cpu', n_layer=2, n_head=2, n_embd=32, target_dim=16, block_size=64,
+                        batch_size=4, max_iters=100, learning_rate=1e-3, ema_decay=0.99, eval_interval=10,
+                        eval_iters=2, eval_orders=2, seed=1)
+    parse = lambda args: dict(a[2:].split('=', 1) for a in args[1:])  # noqa: E731
+    for model in ('ao', 'l2r'):
+        base = parse(R.train_args(c, model))
+        for spec in [O.run(model, 'adamw', 6e-3, 2), O.run(model, 'muon', 0.02, 1337, 6e-3, adaln=True)]:
+            args = parse(R.train_args(c, spec[0], dict([spec])))
+            diff = {k for k in set(args) | set(base) if args.get(k) != base.get(k)}
+            assert diff <= {'out_dir', 'learning_rate', 'min_lr', 'optimizer', 'muon_lr', 'muon_adaln', 'seed'}
+            assert args['max_iters'] == '100' and ('optimizer' in args) == (spec[0].split('_')[1] == 'muon')
+
+
+def test_finding9_report_and_replot_from_its_record(tmp_path, capsys):
+    """The report from synthetic runs: the findings-table row, the section, the record and both plots; --replot
+    redraws the plots from the record alone, and a spoilt record is one line."""
+    from types import SimpleNamespace
+
+    from findings import optimizers as O
+    logs = {f'{m}_{o}_s{s}': _log(1.0 if o == 'adamw' else 1.5, 1.5 + (0.3 if m == 'ao' else 0), 0.01 * i)
+            for i, s in enumerate((1, 2)) for m in ('ao', 'l2r') for o in ('adamw', 'muon')}
+    sweep = [dict(name=f'{m}_{o}_lr{x:g}{"_adaln" if a else ""}_s1', model=m, opt=o, lr=x, adaln=a,
+                  end={'val_ao': 2.0 + x, 'val_l2r': 1.5})
+             for m in ('ao', 'l2r') for o, xs in (('adamw', (1e-3, 3e-3)), ('muon', (0.02,))) for x in xs
+             for a in ((False, True) if o == 'muon' else (False,))]
+    d = dict(config=dict(max_iters=6000, sweep_iters=3000, eval_interval=100), seeds=[1, 2], sweep=sweep,
+             best={}, muon_adaln=False, best_text='(synthetic)', logs=logs, what={k: k for k in logs},
+             commands={k: f'python train.py {k}' for k in [*logs, *(r['name'] for r in sweep)]}, cpu_min=0.0)
+    c = SimpleNamespace(results_dir=str(tmp_path), quick=False, device='cpu')
+    O.report(c, d, 'python findings/optimizers.py')
+    md = (tmp_path / O.SECTION).read_text()
+    row = next(line for line in md.splitlines() if line.startswith('| 9 | '))
+    assert '**met**' in row and '0.67x' in row and 'with AdamW' in row and '(synthetic)' in row
+    assert md.count('| AO-GPT | any-order |') == 2 and md.count('`python train.py ') == len(d['commands'])
+    record = json.loads((tmp_path / O.RECORD).read_text())
+    assert record['verdicts']['row'] == row
+    for f in (O.FIG_CURVES, O.FIG_SWEEP):
+        (tmp_path / f).unlink()
+    O.main(['--replot', f'--results_dir={tmp_path}'])
+    assert (tmp_path / O.FIG_CURVES).exists() and (tmp_path / O.FIG_SWEEP).exists()
+    (tmp_path / O.RECORD).write_text('{"logs": 3}')
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        O.main(['--replot', f'--results_dir={tmp_path}'])
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and 'is not a readable finding-9 record' in err, err

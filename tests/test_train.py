@@ -23,7 +23,7 @@ import torch
 from aogpt.checkpoint import load_checkpoint, load_model
 from aogpt.configurator import configure
 from aogpt.errors import UserError
-from model import GPT
+from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'train.py')
@@ -250,15 +250,19 @@ def test_orders_are_seeded(env, monkeypatch, tmp_path):
     assert torch.equal(got[0], got[1]) and not torch.equal(got[0], got[2])
 
 
-def test_exact_resume_after_kill_is_bit_identical(env):
+@pytest.mark.parametrize('optimizer', ['adamw', 'muon'])
+def test_exact_resume_after_kill_is_bit_identical(env, optimizer):
     """8 iterations in one go == 6, SIGKILL mid-iteration 7, resume (init_from=auto) from the iter-6 checkpoint.
 
     The checkpoint at 6 (ckpt_interval) lies between evals, so the eval at 8 must still average the training
     losses of iterations 4..7, as the uninterrupted run does. The killed run leaves its lock file behind, and
-    the resume must not be blocked by it.
+    the resume must not be blocked by it. With optimizer=muon both optimizers' states come back (Muon's momentum
+    and AdamW's moments for the rest), the AdaLN Linears in Muon too.
     """
-    common = ['--max_iters=8', '--eval_interval=4', '--ckpt_interval=2', '--dropout=0.1']  # dropout: its RNG too
-    run(env, args(env, 'whole', *common))
+    common = ['--max_iters=8', '--eval_interval=4', '--ckpt_interval=2', '--dropout=0.1',  # dropout: its RNG too
+              f'--optimizer={optimizer}'] + (['--muon_lr=0.05', '--muon_adaln=True'] if optimizer == 'muon' else [])
+    whole, split = f'whole_{optimizer}', f'split_{optimizer}'
+    run(env, args(env, whole, *common))
     kill = """
     import signal, torch
     from model import GPT
@@ -272,23 +276,27 @@ def test_exact_resume_after_kill_is_bit_identical(env):
         return orig(self, *a, **k)
     GPT.forward = forward
     """
-    p = run(env, args(env, 'split', *common), pre=kill, check=False)
+    p = run(env, args(env, split, *common), pre=kill, check=False)
     assert p.returncode == -signal.SIGKILL
-    assert load_checkpoint(str(env / 'split'))['iter_num'] == 6
-    assert (env / 'split' / '.lock').read_text().startswith('pid ')  # the dead run's, still there
-    p = run(env, args(env, 'split', *common, '--init_from=auto'))
+    assert load_checkpoint(str(env / split))['iter_num'] == 6
+    assert (env / split / '.lock').read_text().startswith('pid ')  # the dead run's, still there
+    p = run(env, args(env, split, *common, '--init_from=auto'))
     assert 'resumed' in p.stdout
-    a, b = load_checkpoint(str(env / 'whole')), load_checkpoint(str(env / 'split'))
+    a, b = load_checkpoint(str(env / whole)), load_checkpoint(str(env / split))
     assert a['iter_num'] == b['iter_num'] == 8
     for k in a['model']:
         assert torch.equal(a['model'][k], b['model'][k]), k
     for k in a['ema']['params']:
         assert torch.equal(a['ema']['params'][k], b['ema']['params'][k]), k
     assert a['ema']['num_updates'] == b['ema']['num_updates'] == 8
-    for sa, sb in zip(a['optimizer']['state'].values(), b['optimizer']['state'].values()):
-        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    states = ['optimizer', 'muon'] if optimizer == 'muon' else ['optimizer']
+    assert (a['muon'] is None) == (optimizer == 'adamw')
+    for opt in states:
+        assert len(a[opt]['state']) == len(b[opt]['state']) > 0
+        for sa, sb in zip(a[opt]['state'].values(), b[opt]['state'].values()):
+            assert all(torch.equal(sa[k], sb[k]) for k in sa)
     # the log of the resumed run holds each eval once, with the same numbers
-    la, lb = log(env, 'whole'), log(env, 'split')
+    la, lb = log(env, whole), log(env, split)
     strip = lambda recs: [{k: v for k, v in r.items() if k not in ('time', 'tok_per_s')} for r in recs]
     assert strip(la) == strip(lb) and [r['iter'] for r in lb] == [0, 4, 8]
 
@@ -547,8 +555,8 @@ def test_nonfinite_loss_stops_and_keeps_last_checkpoint(env, monkeypatch, tmp_pa
     assert c['iter_num'] == 4 and all(torch.isfinite(v).all() for v in c['model'].values())
 
 
-def assert_same_run(env, iters, moved, single='single', ddp='ddp'):
-    """The `single` and `ddp` runs logged the same losses at `iters` and saved the same weights."""
+def assert_same_run(env, iters, moved, single='single', ddp='ddp', atol=1e-5):
+    """The `single` and `ddp` runs logged the same losses at `iters` and saved the same weights (to atol)."""
     a, b = log(env, single), log(env, ddp)
     assert [r['iter'] for r in b] == iters
     for ra, rb in zip(a, b):
@@ -557,7 +565,7 @@ def assert_same_run(env, iters, moved, single='single', ddp='ddp'):
                 assert abs(ra[k] - rb[k]) < 1e-5, (k, ra, rb)
     ca, cb = load_checkpoint(str(env / single)), load_checkpoint(str(env / ddp))
     for k in ca['model']:
-        torch.testing.assert_close(ca['model'][k], cb['model'][k], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(ca['model'][k], cb['model'][k], atol=atol, rtol=1e-4)
     assert a[-1]['val_ao'] < a[0]['val_ao'] - moved  # the run moved: equal weights are not initial weights
 
 
@@ -608,13 +616,140 @@ def test_ddp_two_processes_match_one_process_through_a_restart(env):
     assert_same_run(env, [0, 3, 6], moved=0.5, single='single_r', ddp='ddp_r')
 
 
-def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, tmp_path):
-    """With learning_rate=0 one step changes nothing, so the saved weights must be the source's."""
+def test_ddp_two_processes_match_one_process_with_muon(env):
+    """optimizer=muon under torchrun, 2 gloo ranks: every rank orthogonalises the same all-reduced gradients
+    (the AdaLN Linears' too), so after every step the ranks hold bit-identical Muon matrices, and the run is one
+    process's. The weights agree to 1e-3, not 1e-5: the all-reduce sums in another order than one process does,
+    and Muon's Newton-Schulz runs in bfloat16, which turns those 1e-7 differences into whole bf16 ulps (2^-8)
+    of some update entries (the losses still agree to 1e-5)."""
+    digest = f"""
+    import hashlib, torch
+    orig = torch.optim.Muon.step
+    def step(self, *a, **k):
+        out = orig(self, *a, **k)
+        h = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for g in self.param_groups for p in g['params']))
+        with open(os.path.join({str(env)!r}, 'muon_rank' + os.environ['RANK']), 'a') as f:
+            f.write(h.hexdigest() + '\\n')
+        return out
+    torch.optim.Muon.step = step
+    """
+    common = ['--max_iters=4', '--eval_interval=2', '--batch_size=4', '--gradient_accumulation_steps=4',
+              '--optimizer=muon', '--muon_adaln=True']
+    run(env, args(env, 'single_muon', *common))
+    run(env, args(env, 'ddp_muon', *common), pre=digest, torchrun=True)
+    steps = [(env / f'muon_rank{r}').read_text().split() for r in (0, 1)]
+    assert len(steps[0]) == 4 and steps[0] == steps[1]
+    assert_same_run(env, [0, 2, 4], moved=0.3, single='single_muon', ddp='ddp_muon', atol=1e-3)
+
+
+def test_muon_takes_the_blocks_hidden_matrices_and_adamw_the_rest():
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, target_dim=16, block_size=N, vocab_size=64))
+    names = {p: n for n, p in model.named_parameters()}
+    hidden = {f'transformer.h.{i}.{m}.weight' for i in range(2) for m in ('attn.c_attn', 'attn.c_proj', 'mlp.c_fc',
+                                                                          'mlp.c_proj')}
+    adaln = {'transformer.h.0.adaLN.1.weight', 'transformer.h.1.adaLN.1.weight', 'transformer.adaLN_f.1.weight'}
+    for muon_adaln, want in [(False, hidden), (True, hidden | adaln)]:
+        adamw, muon = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', muon_lr=0.02, muon_adaln=muon_adaln)
+        in_muon = [names[p] for g in muon.param_groups for p in g['params']]
+        in_adamw = [names[p] for g in adamw.param_groups for p in g['params']]
+        assert set(in_muon) == want and isinstance(muon, torch.optim.Muon)
+        assert sorted(in_muon + in_adamw) == sorted(names.values())  # every parameter in exactly one group
+        assert muon.param_groups[0]['weight_decay'] == adamw.param_groups[0]['weight_decay'] == 0.1
+    only, = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')  # the default: AdamW for everything
+    assert isinstance(only, torch.optim.AdamW) and sum(len(g['params']) for g in only.param_groups) == len(names)
+
+
+def test_muon_through_accumulation_clipping_bf16_autocast_and_ema(env, monkeypatch, tmp_path):
+    """optimizer=muon through everything a step does: 2 micro-steps accumulated, the gradients of both optimizers
+    clipped together before either steps, the forward in bf16 autocast on the CPU, the EMA evaluated; it learns."""
+    norms, autocast = [], []
+    for cls in (torch.optim.AdamW, torch.optim.Muon):  # each optimizer's squared gradient norm when it steps
+        def step(self, *a, _orig=cls.step, **k):
+            norms.append((type(self), sum(p.grad.float().pow(2).sum().item() for g in self.param_groups
+                                          for p in g['params'] if p.grad is not None)))
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(cls, 'step', step)
+    orig = GPT.forward
+
+    def forward(self, *a, **k):
+        autocast.append((torch.is_autocast_enabled('cpu'), torch.get_autocast_dtype('cpu')))
+        return orig(self, *a, **k)
+    monkeypatch.setattr(GPT, 'forward', forward)
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=40', '--eval_interval=40',
+                                    '--optimizer=muon', '--grad_clip=0.05', '--dtype=bfloat16'))
+    assert [t for t, _ in norms[:4]] == [torch.optim.AdamW, torch.optim.Muon] * 2
+    total = [a[1] + b[1] for a, b in zip(norms[::2], norms[1::2])]  # per step: both optimizers' gradients
+    assert len(total) == 40 and max(total) ** 0.5 <= 0.05 * (1 + 1e-4) and min(total) ** 0.5 > 0.04  # clipped
+    assert autocast and all(a == (True, torch.bfloat16) for a in autocast)
+    first, last = log(env, tmp_path)
+    assert last['ema'] is True and last['val_loss'] < first['val_loss'] - 1.0, (first, last)
+    c = load_checkpoint(str(tmp_path))
+    assert c['ema']['num_updates'] == 40 and c['muon']['state'] and c['config']['optimizer'] == 'muon'
+    assert not torch.equal(c['ema']['params']['transformer.h.0.mlp.c_fc.weight'],
+                           c['model']['transformer.h.0.mlp.c_fc.weight'])
+
+
+def test_resuming_with_another_optimizer_is_refused_in_one_line(env, monkeypatch, capsys, tmp_path):
+    """Saved optimizer states fit only their own parameter groups: another optimizer, or the AdaLN Linears moved
+    between Muon and AdamW, is refused before the first step, the checkpoint untouched; the same setting resumes."""
+    for name, saved, extra, want in [
+            ('a', [], ['--optimizer=muon'],
+             "optimizer=adamw, but this config asks for optimizer=muon, muon_adaln=True"),
+            ('m', ['--optimizer=muon'], ['--optimizer=muon', '--muon_adaln=False'],
+             "optimizer=muon, muon_adaln=True, but this config asks for optimizer=muon, muon_adaln=False")]:
+        argv = args(env, '', f'--out_dir={tmp_path / name}', '--eval_interval=2')
+        run_inprocess(monkeypatch, argv + ['--max_iters=2', *saved])
+        before = (tmp_path / name / 'ckpt.pt').read_bytes()
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=resume', *extra])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 1 and len(err.splitlines()) == 1 and f"was trained with {want}" in err and \
+            f"fine-tune from it with a fresh optimizer (init_from={tmp_path / name / 'ckpt.pt'}" in err, err
+        assert (tmp_path / name / 'ckpt.pt').read_bytes() == before
+        run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=resume', *saved])
+        assert load_checkpoint(str(tmp_path / name))['iter_num'] == 4
+
+
+def test_muon_warm_starts_from_gpt2_resumes_and_fine_tunes(env, monkeypatch, tmp_path):
+    """optimizer=muon from GPT-2 weights, its resume, and a fine-tune from an AdamW run's checkpoint file (a fresh
+    optimizer: the way to change optimizers). Learning rates 0: the weights stay the source's while Muon's
+    momentum fills."""
+    hf = tiny_gpt2(tmp_path / 'hf')
+    frozen = ['--eval_interval=1', '--learning_rate=0', '--muon_lr=0', '--warmup_iters=0', '--decay_lr=False',
+              '--optimizer=muon', '--muon_adaln=True']
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "warm"}', f'--init_from=gpt2:{tmp_path / "hf"}',
+                                    '--max_iters=1', *frozen))
+    c = load_checkpoint(str(tmp_path / 'warm'))
+    torch.testing.assert_close(c['model']['transformer.h.1.mlp.c_fc.weight'], hf.transformer.h[1].mlp.c_fc.weight.t(),
+                               atol=0, rtol=0)
+    assert all(s['momentum_buffer'].abs().sum() > 0 for s in c['muon']['state'].values())
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "warm"}', '--init_from=resume', '--max_iters=2',
+                                    *frozen))
+    assert load_checkpoint(str(tmp_path / 'warm'))['iter_num'] == 2
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "src"}', '--max_iters=2', '--eval_interval=2'))
+    src = tmp_path / 'src' / 'ckpt.pt'
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "ft"}', f'--init_from={src}', '--init_ema=False',
+                                    '--max_iters=1', *frozen))
+    f, src = load_checkpoint(str(tmp_path / 'ft')), load_checkpoint(str(tmp_path / 'src'))
+    assert f['iter_num'] == 1 and f['model_args'] == src['model_args'] and src['muon'] is None and f['muon']['state']
+    for k, v in src['model'].items():
+        torch.testing.assert_close(f['model'][k], v, atol=0, rtol=0)
+
+
+def tiny_gpt2(path):
+    """A random 2-layer GPT-2 saved as a Hugging Face directory at path (the model is returned)."""
     transformers = pytest.importorskip('transformers')
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257,
                                                               n_positions=N + 1))
-    hf.save_pretrained(tmp_path / 'hf')
+    hf.save_pretrained(path)
+    return hf
+
+
+def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, tmp_path):
+    """With learning_rate=0 one step changes nothing, so the saved weights must be the source's."""
+    hf = tiny_gpt2(tmp_path / 'hf')
     frozen = ['--max_iters=1', '--eval_interval=1', '--learning_rate=0', '--warmup_iters=0', '--decay_lr=False']
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "warm"}', f'--init_from=gpt2:{tmp_path / "hf"}',
                                     *frozen))
@@ -655,6 +790,10 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     (['--causal=False', '--cond=adaln'], "cond must be 'none' for the encoder MDM"),
     (['--init_from=gpt2:/no/such/dir'], "not a local Hugging Face GPT-2 directory"),
     (['--adaln_std=-0.1'], "adaln_std must be an init std > 0"),
+    (['--optimizer=sgd'], "optimizer must be adamw or muon, got 'sgd'"),
+    (['--muon_lr=0.01'], "muon_lr is a setting of optimizer='muon', but this run uses optimizer='adamw': add "
+                         "--optimizer=muon, or leave it out"),
+    (['--muon_adaln=True', '--muon_lr=0.05'], "muon_lr, muon_adaln are settings of optimizer='muon'"),
     (['--causal=False', '--cond=none', '--mask_token_id=500'],  # beyond the vocab derived from the data
      "mask_token_id must be a token id in [0, vocab_size=64) for the encoder MDM's [MASK], got 500 (vocab_size 64"),
 ])
@@ -674,7 +813,7 @@ def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, ar
     '--eval_iters=0', '--eval_orders=0', '--log_interval=0', '--batch_size=0', '--ckpt_interval=-1',
     '--keep_ckpt_every=-1', '--warmup_iters=-1', '--lr_decay_iters=-1', '--l2r_frac_iters=-1', '--l2r_frac=1.5',
     '--l2r_frac_end=-0.5', '--block_size_order=0', '--seed=-1', '--dtype=float8', '--device=tpu',
-    '--device=cuda:x', '--wandb_mode=maybe', '--out_dir=', '--peak_flops=-1',
+    '--device=cuda:x', '--wandb_mode=maybe', '--out_dir=', '--peak_flops=-1', '--optimizer=lion', '--muon_lr=-0.02',
 ])
 def test_each_bad_value_is_one_line_naming_its_key(env, monkeypatch, capsys, tmp_path, bad):
     """Checked before anything is read or written: out_dir is not even created."""
