@@ -248,8 +248,10 @@ def report(c, d, cmd):
     with open(os.path.join(res, RECORD), 'w') as f:
         json.dump(d, f, indent=1)
     draw(c, d)
+    merged = R.merge_section(os.path.join(res, 'README.md'), 9, '\n'.join(md))
     print(row)
-    print(f"\nwrote {res}/{SECTION}, {res}/{RECORD}, {res}/{FIG_CURVES}, {res}/{FIG_SWEEP}")
+    print(f"\nwrote {res}/{SECTION}, {res}/{RECORD}, {res}/{FIG_CURVES}, {res}/{FIG_SWEEP}"
+          + (" and its section in README.md" if merged else ""))
 
 
 def best_of(sweep, model, opt, adaln=False):

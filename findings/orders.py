@@ -233,28 +233,6 @@ def section(c, cmd, rows, summary, verdict, timing):
     return '\n'.join(md)
 
 
-def merge_into_readme(path, sec):
-    """Put the section into results/README.md (as reproduce.py wrote it), replacing an earlier one, and its
-    verdict row into the findings table; finding 8 appends its rows the same way."""
-    if not os.path.exists(path):
-        return False
-    text = open(path, encoding='utf-8').read()
-    end = MARK.replace('<!-- ', '<!-- end of ')
-    if MARK in text:
-        text = text[:text.index(MARK)].rstrip('\n') + '\n' + text[text.index(end) + len(end):].lstrip('\n')
-    lines = [ln for ln in text.rstrip('\n').split('\n') if not ln.startswith('| 10 | ')]
-    row = next(ln for ln in sec.split('\n') if ln.startswith('| 10 | '))
-    head = next((i for i, ln in enumerate(lines) if ln.startswith('| # | claim')), None)
-    if head is not None:
-        last = head
-        while last + 1 < len(lines) and lines[last + 1].startswith('|'):
-            last += 1
-        lines.insert(last + 1, row)
-    with open(path, 'w', encoding='utf-8') as f:
-        f.write('\n'.join(lines) + '\n\n' + sec)
-    return True
-
-
 def replot(c):
     path = os.path.join(c.results_dir, 'orders.json')
     if not os.path.exists(path):
@@ -291,7 +269,7 @@ def main(argv=None):
     sec = section(c, cmd, rows, summary, verdict, time.time() - t0)
     with open(os.path.join(c.results_dir, 'f10_orders.md'), 'w') as f:
         f.write(sec)
-    merged = merge_into_readme(os.path.join(c.results_dir, 'README.md'), sec)
+    merged = R.merge_section(os.path.join(c.results_dir, 'README.md'), 10, sec)
     print(f"\n[10] {CLAIM}\n     {verdict[0]}: {verdict[1]}")
     print(f"\nwrote {c.results_dir}/orders.json, {FIG}, f10_orders.md" + (" and its section in README.md" if merged
                                                                           else ""))

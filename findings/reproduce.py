@@ -42,6 +42,7 @@ smaller than the ao/ao_seed2 spread is reported as within noise, i.e. not reprod
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -616,6 +617,40 @@ def judge_findings(c, names, logs, ens, ema, samp, gen, figs):
     return findings
 
 
+SECTIONS = {9: 'f9_optimizers.md', 10: 'f10_orders.md'}  # findings whose own commands write these sections
+
+
+def merge_section(path, n, sec):
+    """Put finding n's section (as its command wrote it) into results/README.md, between its marks, replacing
+    an earlier one, and its row (the section's line '| n | ...') into the findings table in number order.
+    False when there is no README.md yet (reproduce.py writes it, then merges every section it finds)."""
+    if not os.path.exists(path):
+        return False
+    mark, end = f'<!-- finding {n} -->', f'<!-- end of finding {n} -->'
+    if not sec.startswith(mark):
+        sec = f"{mark}\n{sec.strip()}\n{end}\n"
+    text = open(path, encoding='utf-8').read()
+    if mark in text and end in text:
+        text = text[:text.index(mark)].rstrip('\n') + '\n' + text[text.index(end) + len(end):].lstrip('\n')
+    lines = [ln for ln in text.rstrip('\n').split('\n') if not ln.startswith(f'| {n} | ')]
+    row = next(ln for ln in sec.split('\n') if ln.startswith(f'| {n} | '))
+    head = next((i for i, ln in enumerate(lines) if ln.startswith('| # | claim')), None)
+    if head is not None:
+        at = head + 2  # past the header and its |---| line
+        while at < len(lines) and lines[at].startswith('|') and not _row_after(lines[at], n):
+            at += 1
+        lines.insert(at, row)
+    with open(path, 'w', encoding='utf-8') as f:
+        f.write('\n'.join(lines) + '\n\n' + sec)
+    return True
+
+
+def _row_after(line, n):
+    """Whether a findings-table row is numbered after n (rows are '| 5a | ...', '| 8 | ...', '| 10 | ...')."""
+    num = re.match(r'\| (\d+)', line)
+    return bool(num) and int(num.group(1)) > n
+
+
 def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, timing, total):
     res = c.results_dir
     L = lambda k, key: end(curve(logs[k], key)[1])  # noqa: E731
@@ -669,6 +704,9 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, tim
     md += ['', ' '.join(f"![f{i}]({f})" for i, f in FIGS.items()), '']
     with open(os.path.join(res, 'README.md'), 'w') as f:
         f.write('\n'.join(md))
+    for n, name in SECTIONS.items():  # the findings that other commands write stay in the report
+        if os.path.exists(os.path.join(res, name)):
+            merge_section(os.path.join(res, 'README.md'), n, open(os.path.join(res, name), encoding='utf-8').read())
     with open(os.path.join(res, 'results.json'), 'w') as f:
         json.dump(dict(config=c.config, command=cmd, logs=logs, ensemble=ens, ema=ema, sampling=samp, generation=gen,
                        timing=timing, findings=[dict(id=i, claim=cl, verdict=v, evidence=ev)

@@ -133,19 +133,24 @@ def test_finding10_verdict_follows_the_numbers():
     assert v == 'no single best: all undominated' and ev.endswith('B +0.050 / +0.050 / +0.2')  # no stars
 
 
-def test_finding10_section_goes_into_the_report_once(tmp_path):
-    """results/README.md as reproduce.py writes it: the verdict row joins the findings table and the section
-    is appended, and a second run replaces both instead of adding more."""
+def test_sections_of_findings_9_and_10_go_into_the_report_once_in_order(tmp_path):
+    """results/README.md as reproduce.py writes it: each finding's verdict row joins the findings table in number
+    order and its section is appended; a second run replaces both instead of adding more. reproduce.py merges
+    the sections it finds again whenever it rewrites the report, so make findings never drops them."""
     readme = tmp_path / 'README.md'
     readme.write_text('# Paper findings\n\n| # | claim | verdict | evidence |\n|---|---|---|---|\n| 8 | x | y | z |\n\n'
                       '## Runs\n\ntext\n')
-    sec = lambda v: f"{O.MARK}\n## Finding 10\n\n| 10 | claim | **{v}** | ev |\n\n{O.MARK.replace('<!-- ', '<!-- end of ')}\n"  # noqa: E731
-    assert O.merge_into_readme(str(readme), sec('first')) and O.merge_into_readme(str(readme), sec('second'))
+    sec10 = lambda v: f"{O.MARK}\n## Finding 10\n\n| 10 | claim | **{v}** | ev |\n\n{O.MARK.replace('<!-- ', '<!-- end of ')}\n"  # noqa: E731
+    sec9 = lambda v: f"## Finding 9\n\n| # | claim | verdict | evidence |\n|---|---|---|---|\n| 9 | muon | **{v}** | ev |\n"  # noqa: E731
+    assert R.merge_section(str(readme), 10, sec10('first')) and R.merge_section(str(readme), 10, sec10('second'))
+    assert R.merge_section(str(readme), 9, sec9('a')) and R.merge_section(str(readme), 9, sec9('b'))
     text = readme.read_text()
     assert text.count('| 10 | ') == 2 and 'first' not in text and text.count('## Finding 10') == 1
+    assert text.count('| 9 | ') == 2 and '**a**' not in text and text.count('## Finding 9') == 1
     lines = text.split('\n')
-    assert lines[lines.index('| 8 | x | y | z |') + 1].startswith('| 10 | claim | **second**')
-    assert not O.merge_into_readme(str(tmp_path / 'none.md'), sec('x'))
+    at = lines.index('| 8 | x | y | z |')
+    assert lines[at + 1].startswith('| 9 | muon | **b**') and lines[at + 2].startswith('| 10 | claim | **second**')
+    assert not R.merge_section(str(tmp_path / 'none.md'), 10, sec10('x'))
 
 
 def test_quick_pipeline_runs_end_to_end(tmp_path):
