@@ -632,14 +632,16 @@ def merge_section(path, n, sec):
     text = open(path, encoding='utf-8').read()
     if mark in text and end in text:
         text = text[:text.index(mark)].rstrip('\n') + '\n' + text[text.index(end) + len(end):].lstrip('\n')
-    lines = [ln for ln in text.rstrip('\n').split('\n') if not ln.startswith(f'| {n} | ')]
+    lines = text.rstrip('\n').split('\n')
     row = next(ln for ln in sec.split('\n') if ln.startswith(f'| {n} | '))
     head = next((i for i, ln in enumerate(lines) if ln.startswith('| # | claim')), None)
-    if head is not None:
-        at = head + 2  # past the header and its |---| line
-        while at < len(lines) and lines[at].startswith('|') and not _row_after(lines[at], n):
-            at += 1
-        lines.insert(at, row)
+    if head is not None:  # the findings table, the first of the report: its rows only (other tables number T, M)
+        stop = head + 2
+        while stop < len(lines) and lines[stop].startswith('|'):
+            stop += 1
+        rows = [ln for ln in lines[head + 2:stop] if not ln.startswith(f'| {n} | ')]
+        at = next((i for i, ln in enumerate(rows) if _row_after(ln, n)), len(rows))
+        lines = lines[:head + 2] + rows[:at] + [row] + rows[at:] + lines[stop:]
     with open(path, 'w', encoding='utf-8') as f:
         f.write('\n'.join(lines) + '\n\n' + sec)
     return True

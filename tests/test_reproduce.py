@@ -139,7 +139,7 @@ def test_sections_of_findings_9_and_10_go_into_the_report_once_in_order(tmp_path
     the sections it finds again whenever it rewrites the report, so make findings never drops them."""
     readme = tmp_path / 'README.md'
     readme.write_text('# Paper findings\n\n| # | claim | verdict | evidence |\n|---|---|---|---|\n| 8 | x | y | z |\n\n'
-                      '## Runs\n\ntext\n')
+                      '## Runs\n\n| T | s |\n|---|---|\n| 9 | 0.1 |\n| 10 | 0.2 |\n')  # another table's rows stay
     sec10 = lambda v: f"{O.MARK}\n## Finding 10\n\n| 10 | claim | **{v}** | ev |\n\n{O.MARK.replace('<!-- ', '<!-- end of ')}\n"  # noqa: E731
     sec9 = lambda v: f"## Finding 9\n\n| # | claim | verdict | evidence |\n|---|---|---|---|\n| 9 | muon | **{v}** | ev |\n"  # noqa: E731
     assert R.merge_section(str(readme), 10, sec10('first')) and R.merge_section(str(readme), 10, sec10('second'))
@@ -150,6 +150,7 @@ def test_sections_of_findings_9_and_10_go_into_the_report_once_in_order(tmp_path
     lines = text.split('\n')
     at = lines.index('| 8 | x | y | z |')
     assert lines[at + 1].startswith('| 9 | muon | **b**') and lines[at + 2].startswith('| 10 | claim | **second**')
+    assert '| 9 | 0.1 |' in lines and '| 10 | 0.2 |' in lines
     assert not R.merge_section(str(tmp_path / 'none.md'), 10, sec10('x'))
 
 
