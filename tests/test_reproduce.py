@@ -145,8 +145,8 @@ def test_sections_of_findings_9_and_10_go_into_the_report_once_in_order(tmp_path
     assert R.merge_section(str(readme), 10, sec10('first')) and R.merge_section(str(readme), 10, sec10('second'))
     assert R.merge_section(str(readme), 9, sec9('a')) and R.merge_section(str(readme), 9, sec9('b'))
     text = readme.read_text()
-    assert text.count('| 10 | ') == 2 and 'first' not in text and text.count('## Finding 10') == 1
-    assert text.count('| 9 | ') == 2 and '**a**' not in text and text.count('## Finding 9') == 1
+    assert text.count('| 10 | claim') == 2 and 'first' not in text and text.count('## Finding 10') == 1
+    assert text.count('| 9 | muon') == 2 and '**a**' not in text and text.count('## Finding 9') == 1
     lines = text.split('\n')
     at = lines.index('| 8 | x | y | z |')
     assert lines[at + 1].startswith('| 9 | muon | **b**') and lines[at + 2].startswith('| 10 | claim | **second**')
