@@ -55,6 +55,8 @@ seed = 0
 repeats = 1                  # decoders: run each T this many times and time the last (2: shapes already seen)
 kv_bucket = KV_BUCKET         # fixed-shape decoders: attend over the cache up to a multiple of this (0: all of it)
 sdpa = 'default'             # CUDA attention kernels: default (torch's choice) | nocudnn (flash, efficient, math)
+encoder_passes = 0           # > 0: an encoder is timed over this many passes of its one shape, and its time at a T
+                             # is that per-pass time x its passes there (counted on a 1-layer stand-in), labelled
 write = False                # append the table to BENCHMARKS.md
 exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
@@ -109,6 +111,7 @@ if unknown:
              f"_static or _graph")
 if not cuda and any(mode == 'cuda_graph' for _, mode in named.values()):
     sys.exit("error: the _graph samplers need --device=cuda")
+extrapolated = set()  # encoders timed per pass (encoder_passes) and multiplied by their counted passes
 failed = {}  # sampler -> its error: one sampler's crash (a capture that fails on a new GPU, say) must not
 #              cost the other samplers' numbers, which a device call of a few minutes went to measure
 
@@ -157,11 +160,30 @@ mine = [(name, ENCODERS[k], mode) for name, (k, mode) in named.items() if k in E
 if mine:
     enc = build(cond='none', causal=False)
     for name, trick, mode in mine:
-        def setup(mode=mode, trick=trick):
-            st = EncoderStepper(enc, batch_size, n, mode)
-            return lambda T: generate_mdm(enc, n, batch_size, T, cache_trick=trick, generator=gen(),
+        def setup(mode=mode, trick=trick, model=enc):
+            st = EncoderStepper(model, batch_size, n, mode)
+            return lambda T: generate_mdm(model, n, batch_size, T, cache_trick=trick, generator=gen(),
                                           vocab_size=50257, stepper=st)
-        measure(name, setup, Ts, 1)  # one shape, seen in the warm-up
+        if not encoder_passes:
+            measure(name, setup, Ts, 1)  # one shape, seen in the warm-up
+            continue
+        # An encoder pass has one shape whatever T is: time encoder_passes of them (no skipped step), and count
+        # the passes each T takes on a 1-layer stand-in (the plan does not depend on the weights).
+        measure(name, lambda mode=mode: setup(mode, False), [encoder_passes], 1)
+        if name in failed:
+            continue
+        secs, st = res.pop((name, encoder_passes))
+        per_pass = secs / st['forward_calls']
+        torch.manual_seed(seed)
+        stand_in = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=16, block_size=n, vocab_size=vocab_size,
+                                 causal=False, cond='none')).to(device).eval()
+        count = setup('dynamic', trick, stand_in)
+        for T in Ts:
+            _, plan = count(T)
+            res[name, T] = per_pass * plan['forward_calls'], plan
+            extrapolated.add(name)
+            print(f"{name} T={T}: {per_pass * 1000:.1f} ms a pass (over {st['forward_calls']}) x "
+                  f"{plan['forward_calls']} passes = {res[name, T][0]:.2f} s", flush=True)
     del enc
 
 cols = [c for c in want if any(c == k for k, _ in res)]
@@ -173,7 +195,7 @@ pairs = [(m, a) for a in aos for m in cols if named[m][0] in ENCODERS] + \
         [(a, 'ar' + a[2:]) for a in aos if 'ar' + a[2:] in cols] + \
         [(s_, t + sfx) for s_ in specs for t in ('ar', 'ao') for sfx, md in SUFFIX.items()
          if md == named[s_][1] and t + sfx in cols]
-head = ('| T | ' + ' | '.join(f'{c} s' for c in cols) + ' | ' + ' | '.join(f'{c} passes/calls' for c in cols)
+head = ('| T | ' + ' | '.join(f'{c} s' + (' (per pass x passes)' if c in extrapolated else '') for c in cols) + ' | ' + ' | '.join(f'{c} passes/calls' for c in cols)
         + ''.join(f' | {a} / {b}' for a, b in pairs) + ' |')
 lines = [head, '|' + '---|' * (head.count('|') - 1)]
 for T in Ts:

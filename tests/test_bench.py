@@ -20,12 +20,16 @@ TOY = {
 }
 
 
-def suite_commands():
-    """Every `$PY bench/...` command in bench/gpu_suite.sh, as (group, argv) with the loops unrolled."""
-    text = open(os.path.join(ROOT, 'bench/gpu_suite.sh')).read().replace('\\\n', ' ')
-    out, group, loop = [], None, None
+def suite_commands(script='bench/gpu_suite.sh'):
+    """Every `$PY bench/...` command in a GPU script, as (group, argv) with the loops unrolled and its NAME="..."
+    variables filled in (gpu_session.sh's steps, `step SECS $PY ...`, are one group, 'session')."""
+    text = open(os.path.join(ROOT, script)).read().replace('\\\n', ' ')
+    out, group, loop = [], None if script.endswith('gpu_suite.sh') else 'session', None
+    names = dict(re.findall(r'^(\w+)="([^"]*)"', text, re.M))
     for line in text.splitlines():
-        line = line.strip()
+        line = re.sub(r'^(left \d+ && )?step \d+ ', '', line.strip())
+        for k, v in names.items():
+            line = line.replace(f'${k}', v)
         if m := re.match(r'if \[\[ \$what == (\w+)', line):
             group = m.group(1)
         if m := re.match(r'for (\w+) in (.*); do', line):
@@ -49,12 +53,13 @@ def on_cpu(argv):
     return [sys.executable, argv[0]] + args + TOY[argv[0]].split()
 
 
-COMMANDS = suite_commands()
+COMMANDS = suite_commands() + suite_commands('bench/gpu_session.sh')
 
 
 def test_the_suite_is_read_whole():
     groups = {g for g, _ in COMMANDS}
-    assert {'sample', 'graphs', 'spans', 'tune', 'train', 'optimizer'} <= groups
+    assert {'sample', 'graphs', 'spans', 'tune', 'train', 'optimizer', 'session'} <= groups
+    assert sum(g == 'session' for g, _ in COMMANDS) == 6
     assert sum(g == 'spans' for g, _ in COMMANDS) == 3 and sum(g == 'tune' for g, _ in COMMANDS) == 2
     assert all(argv[0] in TOY for _, argv in COMMANDS)
 
@@ -80,3 +85,15 @@ def test_one_failing_sampler_does_not_cost_the_others():
     assert re.search(r'^FAILED ao_static: ValueError: kv_bucket must be', r.stdout, re.M), r.stdout
     rows = [ln for ln in r.stdout.splitlines() if ln.startswith('| ')]
     assert 'mdm_cache s' in rows[0] and 'ao_static' not in rows[0] and len(rows) == 1 + 2, r.stdout  # the head, T = 4 and 16
+
+
+def test_an_encoder_timed_per_pass_counts_the_passes_a_full_run_makes():
+    """--encoder_passes (the session's encoder columns): the passes each T is multiplied by are those the
+    encoder's own run makes there (counted on a 1-layer stand-in), with and without skipping empty steps."""
+    args = [sys.executable, 'bench/sample_speed.py', '--samplers=mdm,mdm_cache', *TOY['bench/sample_speed.py'].split(),
+            '--steps=4,16,64']
+    full, per_pass = (subprocess.run(args + extra, cwd=ROOT, capture_output=True, text=True, timeout=300)
+                      for extra in ([], ['--encoder_passes=8']))
+    rows = [[ln.split(' | ')[3:5] for ln in r.stdout.splitlines() if re.match(r'\| \d+ \|', ln)] for r in (full, per_pass)]
+    assert rows[0] == rows[1] and len(rows[0]) == 3, full.stdout[-1500:] + per_pass.stdout[-1500:]
+    assert 'mdm s (per pass x passes)' in per_pass.stdout and 'per pass x passes' not in full.stdout
