@@ -37,6 +37,7 @@ from aogpt import plot  # noqa: E402
 from aogpt.configurator import namespace, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die, first_line  # noqa: E402
 from findings import reproduce as R  # noqa: E402
+from findings.report import merge_section  # noqa: E402
 
 # -----------------------------------------------------------------------------
 quick = False                  # tiny runs: the pipeline end to end; nothing is judged
@@ -248,7 +249,7 @@ def report(c, d, cmd):
     with open(os.path.join(res, RECORD), 'w') as f:
         json.dump(d, f, indent=1)
     draw(c, d)
-    merged = R.merge_section(os.path.join(res, 'README.md'), 9, '\n'.join(md))
+    merged = merge_section(os.path.join(res, 'README.md'), 9, '\n'.join(md))
     print(row)
     print(f"\nwrote {res}/{SECTION}, {res}/{RECORD}, {res}/{FIG_CURVES}, {res}/{FIG_SWEEP}"
           + (" and its section in README.md" if merged else ""))

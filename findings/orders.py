@@ -35,6 +35,7 @@ from aogpt.configurator import stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die, first_line  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 from findings import sampling as S  # noqa: E402
+from findings.report import merge_section  # noqa: E402
 
 FAMILIES = {  # the distributions compared: (name of its first-seed run, order spec, what it is)
     'uniform + 10% L2R': ('ao', 'mix:0.1*l2r+0.9*random', "the paper's: uniform orders, 10% L2R sequences"),
@@ -269,7 +270,7 @@ def main(argv=None):
     sec = section(c, cmd, rows, summary, verdict, time.time() - t0)
     with open(os.path.join(c.results_dir, 'f10_orders.md'), 'w') as f:
         f.write(sec)
-    merged = R.merge_section(os.path.join(c.results_dir, 'README.md'), 10, sec)
+    merged = merge_section(os.path.join(c.results_dir, 'README.md'), 10, sec)
     print(f"\n[10] {CLAIM}\n     {verdict[0]}: {verdict[1]}")
     print(f"\nwrote {c.results_dir}/orders.json, {FIG}, f10_orders.md" + (" and its section in README.md" if merged
                                                                           else ""))

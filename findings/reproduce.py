@@ -42,7 +42,6 @@ smaller than the ao/ao_seed2 spread is reported as within noise, i.e. not reprod
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -86,6 +85,7 @@ sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die, first_line  # noqa: E402
+from findings import report  # noqa: E402
 from findings.sampling import (  # noqa: E402
     GEN_SETTINGS,
     SPEC_FIG,
@@ -491,7 +491,7 @@ def redraw(c):
     if wrong:
         die(f"{path} is not a reproduce.py record: " + (f"it holds a {type(d).__name__}, not an object" if not
             isinstance(d, dict) else f"{', '.join(wrong)} missing or of the wrong type") + f"; {again}")
-    bad = nonfinite(d)
+    bad = report.nonfinite(d)
     if bad:
         die(f"{path} holds a non-finite number at {bad}, which no plot can show; {again}")
     # Every plot is drawn into a scratch folder first and moved in only when all of them were drawn: a
@@ -511,18 +511,6 @@ def redraw(c):
         shutil.rmtree(c.results_dir, ignore_errors=True)
         c.results_dir = results_dir
     print(f"redrew {len(figs)} plots in {c.results_dir} from {path}")
-
-
-def nonfinite(d, at='the record'):
-    """Where the first NaN or infinity in a JSON value is (a path like logs.ao[3].val_ao), or None."""
-    if isinstance(d, float) and not math.isfinite(d):
-        return at
-    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
-    for k, v in items:
-        where = nonfinite(v, f"{at}[{k}]" if isinstance(k, int) else k if at == 'the record' else f"{at}.{k}")
-        if where:
-            return where
-    return None
 
 
 def draw_plots(c, logs, ens, samp, gen):
@@ -617,42 +605,6 @@ def judge_findings(c, names, logs, ens, ema, samp, gen, figs):
     return findings
 
 
-SECTIONS = {9: 'f9_optimizers.md', 10: 'f10_orders.md'}  # findings whose own commands write these sections
-
-
-def merge_section(path, n, sec):
-    """Put finding n's section (as its command wrote it) into results/README.md, between its marks, replacing
-    an earlier one, and its row (the section's line '| n | ...') into the findings table in number order.
-    False when there is no README.md yet (reproduce.py writes it, then merges every section it finds)."""
-    if not os.path.exists(path):
-        return False
-    mark, end = f'<!-- finding {n} -->', f'<!-- end of finding {n} -->'
-    if not sec.startswith(mark):
-        sec = f"{mark}\n{sec.strip()}\n{end}\n"
-    text = open(path, encoding='utf-8').read()
-    if mark in text and end in text:
-        text = text[:text.index(mark)].rstrip('\n') + '\n' + text[text.index(end) + len(end):].lstrip('\n')
-    lines = text.rstrip('\n').split('\n')
-    row = next(ln for ln in sec.split('\n') if ln.startswith(f'| {n} | '))
-    head = next((i for i, ln in enumerate(lines) if ln.startswith('| # | claim')), None)
-    if head is not None:  # the findings table, the first of the report: its rows only (other tables number T, M)
-        stop = head + 2
-        while stop < len(lines) and lines[stop].startswith('|'):
-            stop += 1
-        rows = [ln for ln in lines[head + 2:stop] if not ln.startswith(f'| {n} | ')]
-        at = next((i for i, ln in enumerate(rows) if _row_after(ln, n)), len(rows))
-        lines = lines[:head + 2] + rows[:at] + [row] + rows[at:] + lines[stop:]
-    with open(path, 'w', encoding='utf-8') as f:
-        f.write('\n'.join(lines) + '\n\n' + sec)
-    return True
-
-
-def _row_after(line, n):
-    """Whether a findings-table row is numbered after n (rows are '| 5a | ...', '| 8 | ...', '| 10 | ...')."""
-    num = re.match(r'\| (\d+)', line)
-    return bool(num) and int(num.group(1)) > n
-
-
 def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, timing, total):
     res = c.results_dir
     L = lambda k, key: end(curve(logs[k], key)[1])  # noqa: E731
@@ -706,9 +658,10 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, tim
     md += ['', ' '.join(f"![f{i}]({f})" for i, f in FIGS.items()), '']
     with open(os.path.join(res, 'README.md'), 'w') as f:
         f.write('\n'.join(md))
-    for n, name in SECTIONS.items():  # the findings that other commands write stay in the report
+    for n, name in report.SECTIONS.items():  # the findings that other commands write stay in the report
         if os.path.exists(os.path.join(res, name)):
-            merge_section(os.path.join(res, 'README.md'), n, open(os.path.join(res, name), encoding='utf-8').read())
+            with open(os.path.join(res, name), encoding='utf-8') as f:
+                report.merge_section(os.path.join(res, 'README.md'), n, f.read())
     with open(os.path.join(res, 'results.json'), 'w') as f:
         json.dump(dict(config=c.config, command=cmd, logs=logs, ensemble=ens, ema=ema, sampling=samp, generation=gen,
                        timing=timing, findings=[dict(id=i, claim=cl, verdict=v, evidence=ev)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from findings import orders as O
+from findings import report
 from findings import reproduce as R
 from findings import sampling as S
 
@@ -142,8 +143,8 @@ def test_sections_of_findings_9_and_10_go_into_the_report_once_in_order(tmp_path
                       '## Runs\n\n| T | s |\n|---|---|\n| 9 | 0.1 |\n| 10 | 0.2 |\n')  # another table's rows stay
     sec10 = lambda v: f"{O.MARK}\n## Finding 10\n\n| 10 | claim | **{v}** | ev |\n\n{O.MARK.replace('<!-- ', '<!-- end of ')}\n"  # noqa: E731
     sec9 = lambda v: f"## Finding 9\n\n| # | claim | verdict | evidence |\n|---|---|---|---|\n| 9 | muon | **{v}** | ev |\n"  # noqa: E731
-    assert R.merge_section(str(readme), 10, sec10('first')) and R.merge_section(str(readme), 10, sec10('second'))
-    assert R.merge_section(str(readme), 9, sec9('a')) and R.merge_section(str(readme), 9, sec9('b'))
+    assert report.merge_section(str(readme), 10, sec10('first')) and report.merge_section(str(readme), 10, sec10('second'))
+    assert report.merge_section(str(readme), 9, sec9('a')) and report.merge_section(str(readme), 9, sec9('b'))
     text = readme.read_text()
     assert text.count('| 10 | claim') == 2 and 'first' not in text and text.count('## Finding 10') == 1
     assert text.count('| 9 | muon') == 2 and '**a**' not in text and text.count('## Finding 9') == 1
@@ -151,7 +152,7 @@ def test_sections_of_findings_9_and_10_go_into_the_report_once_in_order(tmp_path
     at = lines.index('| 8 | x | y | z |')
     assert lines[at + 1].startswith('| 9 | muon | **b**') and lines[at + 2].startswith('| 10 | claim | **second**')
     assert '| 9 | 0.1 |' in lines and '| 10 | 0.2 |' in lines
-    assert not R.merge_section(str(tmp_path / 'none.md'), 10, sec10('x'))
+    assert not report.merge_section(str(tmp_path / 'none.md'), 10, sec10('x'))
 
 
 def test_quick_pipeline_runs_end_to_end(tmp_path):

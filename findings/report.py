@@ -1,0 +1,54 @@
+"""
+The findings' record: the sections that findings with commands of their own (optimizers.py, orders.py)
+write into results/README.md, and the check a record passes before any plot is redrawn from it.
+"""
+import math
+import os
+import re
+
+SECTIONS = {9: 'f9_optimizers.md', 10: 'f10_orders.md'}  # findings whose own commands write these sections
+
+
+def merge_section(path, n, sec):
+    """Put finding n's section (as its command wrote it) into results/README.md, between its marks, replacing
+    an earlier one, and its row (the section's line '| n | ...') into the findings table in number order.
+    False when there is no README.md yet (reproduce.py writes it, then merges every section it finds)."""
+    if not os.path.exists(path):
+        return False
+    mark, end = f'<!-- finding {n} -->', f'<!-- end of finding {n} -->'
+    if not sec.startswith(mark):
+        sec = f"{mark}\n{sec.strip()}\n{end}\n"
+    text = open(path, encoding='utf-8').read()
+    if mark in text and end in text:
+        text = text[:text.index(mark)].rstrip('\n') + '\n' + text[text.index(end) + len(end):].lstrip('\n')
+    lines = text.rstrip('\n').split('\n')
+    row = next(ln for ln in sec.split('\n') if ln.startswith(f'| {n} | '))
+    head = next((i for i, ln in enumerate(lines) if ln.startswith('| # | claim')), None)
+    if head is not None:  # the findings table, the first of the report: its rows only (other tables number T, M)
+        stop = head + 2
+        while stop < len(lines) and lines[stop].startswith('|'):
+            stop += 1
+        rows = [ln for ln in lines[head + 2:stop] if not ln.startswith(f'| {n} | ')]
+        at = next((i for i, ln in enumerate(rows) if _row_after(ln, n)), len(rows))
+        lines = lines[:head + 2] + rows[:at] + [row] + rows[at:] + lines[stop:]
+    with open(path, 'w', encoding='utf-8') as f:
+        f.write('\n'.join(lines) + '\n\n' + sec)
+    return True
+
+
+def _row_after(line, n):
+    """Whether a findings-table row is numbered after n (rows are '| 5a | ...', '| 8 | ...', '| 10 | ...')."""
+    num = re.match(r'\| (\d+)', line)
+    return bool(num) and int(num.group(1)) > n
+
+
+def nonfinite(d, at='the record'):
+    """Where the first NaN or infinity in a JSON value is (a path like logs.ao[3].val_ao), or None."""
+    if isinstance(d, float) and not math.isfinite(d):
+        return at
+    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
+    for k, v in items:
+        where = nonfinite(v, f"{at}[{k}]" if isinstance(k, int) else k if at == 'the record' else f"{at}.{k}")
+        if where:
+            return where
+    return None
