@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 
-.PHONY: install test demo findings findings-quick bench clean
+.PHONY: install test demo findings findings-quick findings-optimizers bench clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "aogpt needs Python 3.11+"'
@@ -31,6 +31,9 @@ findings: $(STAMP)  # 15-25 minutes on 2 CPU cores, by the machine (23.6 on 2026
 findings-quick: $(STAMP)  # the same pipeline with tiny runs, a few minutes; judges nothing
 	$(BIN)/python findings/reproduce.py --quick
 	$(BIN)/python findings/orders.py --quick
+
+findings-optimizers: $(STAMP)  # finding 9, Muon against AdamW: about 45 CPU-core-minutes of its own runs; its section joins results/README.md
+	$(BIN)/python findings/optimizers.py
 
 clean:
 	rm -rf out-demo __pycache__ tests/__pycache__
