@@ -12,6 +12,7 @@ What nanoGPT did not do and this does:
   * an unknown key, in a config file or on the command line, is an error naming the nearest valid key;
   * every value is checked against its key's type: the default's type, or for a key whose default is
     None the annotation written beside it (`vocab_size: int = None`); ints are accepted for floats;
+    a float must be finite, and a key named `seed` is an integer in [0, 2**32) in every script;
   * a string key takes its value as text, never evaluated (`--prompt="[1, 2]"` is that text);
   * a boolean key given alone means True (`--fixed_counts`, like argparse's store_true); booleans may be
     written True/False, yes/no, on/off or 1/0;
@@ -24,6 +25,7 @@ the process itself: status 2 for a malformed command line or config file, 0 afte
 
 import ast
 import difflib
+import math
 import os
 import re
 import signal
@@ -33,6 +35,9 @@ from types import SimpleNamespace
 from aogpt.errors import UserError, die
 
 _SIMPLE = (int, float, bool, str, tuple, list, type(None))
+# Every script's `seed` takes the range all its consumers accept: numpy's legacy seeding (lm-eval's
+# numpy_random_seed) stops at 2**32, and SeedSequence (train.py's counter-based draws) refuses negatives.
+SEED_LIMIT = 2 ** 32
 
 
 def _keys(g):
@@ -80,6 +85,10 @@ def _coerce(key, value, typ, source):
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
         raise UserError(f"{source}: {key} expects {typ.__name__}, got {type(value).__name__} "
                         f"{_short(value)}", 2)
+    if typ is float and not math.isfinite(value):  # 1e999 parses as inf; a config file can say float('nan')
+        raise UserError(f"{source}: {key} must be a finite number, got {value!r}", 2)
+    if key == 'seed' and not 0 <= value < SEED_LIMIT:
+        raise UserError(f"{source}: seed must be an integer in [0, 2**32), got {_short(value)}", 2)
     return value
 
 

@@ -51,7 +51,6 @@ def check_config(cfg, given=()):
     need(0 <= cfg['l2r_frac'] <= 1, 'l2r_frac', "a probability in [0, 1]")
     need(cfg['l2r_frac_end'] is None or 0 <= cfg['l2r_frac_end'] <= 1, 'l2r_frac_end',
          "a probability in [0, 1], or None")
-    need(0 <= cfg['seed'] < 2 ** 32, 'seed', "in [0, 2**32)")
     need(cfg['optimizer'] in ('adamw', 'muon'), 'optimizer', "adamw or muon")
     ignored = [k for k in MUON_KEYS if k in given]
     if cfg['optimizer'] != 'muon' and ignored:

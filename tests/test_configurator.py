@@ -49,6 +49,38 @@ def test_bad_input_is_one_clear_line(argv, needle, capsys):
     assert needle in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize('argv,needle', [
+    (['--learning_rate=1e999'], "command line: learning_rate must be a finite number, got inf"),
+    (['--learning_rate=-1e999'], "learning_rate must be a finite number, got -inf"),
+    (['NAN'], "learning_rate must be a finite number, got nan"),
+    (['--seed=-1'], "command line: seed must be an integer in [0, 2**32), got -1"),
+    (['--seed=4294967296'], "seed must be an integer in [0, 2**32), got 4294967296"),
+    (['--seed=99999999999999999999999'], "seed must be an integer in [0, 2**32), got 99999999999999999999999"),
+])
+def test_non_finite_floats_and_out_of_range_seeds_are_refused(argv, needle, capsys, tmp_path):
+    """inf reaches a float key as 1e999 (and nan from a config file); a seed past 2**64 made torch's
+    manual_seed raise a traceback after the model had loaded, and one past 2**32 breaks lm-eval's numpy seed."""
+    f = tmp_path / 'nan.py'
+    f.write_text("learning_rate = float('nan')\n")
+    with pytest.raises(SystemExit) as e:
+        configure(dict(defaults(), seed=1337), [str(f) if a == 'NAN' else a for a in argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert configure(dict(defaults(), seed=1337), ['--seed=0', '--learning_rate=1e-300'])['seed'] == 0
+
+
+@pytest.mark.parametrize('script', ['sample.py', 'eval_ppl.py', 'eval_harness.py', 'train.py',
+                                    'findings/reproduce.py'])
+def test_every_command_refuses_a_seed_out_of_range_in_one_line(script):
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, os.path.join(ROOT, script), '--seed=99999999999999999999999'],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 2 and 'Traceback' not in p.stderr, p.stderr
+    assert p.stderr.strip() == "error: command line: seed must be an integer in [0, 2**32), got 99999999999999999999999"
+
+
 def test_unknown_key_in_config_file(tmp_path, capsys):
     f = tmp_path / 'c.py'
     f.write_text('max_iter = 5\n')

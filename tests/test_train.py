@@ -812,7 +812,7 @@ def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, ar
     '--beta1=1.0', '--beta2=1.5', '--ema_decay=1.0', '--max_iters=-3', '--max_iters=0', '--eval_interval=0',
     '--eval_iters=0', '--eval_orders=0', '--log_interval=0', '--batch_size=0', '--ckpt_interval=-1',
     '--keep_ckpt_every=-1', '--warmup_iters=-1', '--lr_decay_iters=-1', '--l2r_frac_iters=-1', '--l2r_frac=1.5',
-    '--l2r_frac_end=-0.5', '--block_size_order=0', '--seed=-1', '--dtype=float8', '--device=tpu',
+    '--l2r_frac_end=-0.5', '--block_size_order=0', '--dtype=float8', '--device=tpu',
     '--device=cuda:x', '--wandb_mode=maybe', '--out_dir=', '--peak_flops=-1', '--optimizer=lion', '--muon_lr=-0.02',
 ])
 def test_each_bad_value_is_one_line_naming_its_key(env, monkeypatch, capsys, tmp_path, bad):
