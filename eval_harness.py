@@ -482,6 +482,8 @@ def read_config(argv):
     if c.include_path and not os.path.isdir(c.include_path):
         die(f"--include_path {c.include_path}: no such folder")
     c.device = script_device(c.device, c.dtype)[0]  # a device this machine lacks, or a bad --dtype: one line
+    from aogpt.checkpoint import check_writable
+    check_writable(json_path(c), 'out', 'harness.json', create=True, given=bool(c.out))  # before hours of tasks
     return c
 
 
@@ -614,12 +616,10 @@ def json_path(c):
 
 
 def write_record(record, c):
+    from aogpt.checkpoint import atomic_write
     path = json_path(c)
     try:
-        tmp = path + '.tmp'
-        with open(tmp, 'w') as f:
-            json.dump(record, f, indent=2)
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: json.dump(record, f, indent=2), 'w')
     except OSError as e:
         die(f"cannot write {path} ({e.strerror}); the table above has the numbers; pass --out FILE")
     print(f"wrote {path}")

@@ -43,7 +43,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from aogpt.checkpoint import atomic_write, checkpoint_codec, fingerprint, load_model
+from aogpt.checkpoint import atomic_write, check_writable, checkpoint_codec, fingerprint, load_model
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die
 from aogpt.evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
@@ -467,6 +467,8 @@ def read_config(argv):
     if extra:
         die(f"--revisions names {extra}, which are not in --datasets {c.names}")
     c.device = script_device(c.device, c.dtype)[0]  # a device this machine lacks, or a bad --dtype: one line
+    # the record's file, checked before an evaluation that may take hours
+    check_writable(json_path(c), 'json_out', 'eval_ppl.json', create=True, given=bool(c.json_out))
     return c
 
 

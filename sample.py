@@ -26,6 +26,7 @@ import unicodedata
 import torch
 
 from aogpt import engine, generate, genppl
+from aogpt.checkpoint import check_writable
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import command, die
 from aogpt.orders import TRAIN_MODES, is_order_spec
@@ -197,28 +198,8 @@ def read_config(argv=None):
         die(f"--stepper cuda_graph needs a CUDA device (got --device {c.device}); use static or dynamic")
     for flag, example in (('save', 'samples.json'), ('trace', 'trace.html')):
         if getattr(c, flag):
-            check_output(flag, getattr(c, flag), example)
+            check_writable(getattr(c, flag), flag, example)
     return c
-
-
-def check_output(flag, path, example):
-    """A file the run will write (--save, --trace), checked before anything loads or samples: a bad path
-    must not cost the sampling."""
-    d = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        die(f"--{flag} {path} is a folder: name a file in it, e.g. --{flag} {os.path.join(path, example)}")
-    if not os.path.isdir(d):
-        what = "is a file, not a folder" if os.path.exists(d) or _under_a_file(d) else "does not exist; create it first"
-        die(f"--{flag} {path}: the folder {d} {what}")
-    if not os.access(d, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        die(f"--{flag} {path}: not writable")
-
-
-def _under_a_file(d):
-    """Whether some folder on the path d is in fact a file (then no mkdir can make d)."""
-    while d and not os.path.exists(d):
-        d = os.path.dirname(d)
-    return bool(d) and not os.path.isdir(d)
 
 
 def load_for_sampling(c):

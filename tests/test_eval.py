@@ -410,6 +410,27 @@ def test_bad_values_are_one_line_before_anything_loads(tmp_path, capsys, argv, n
     assert e.value.code != 0 and len(err.splitlines()) == 1 and needle in err, err
 
 
+def test_the_record_path_is_checked_before_the_checkpoint_loads(tmp_path, text_file, capsys):
+    """--json_out to a folder or under a file was found only after the whole evaluation had run (one line,
+    but hours lost). Now it is refused first: the checkpoint here does not even exist."""
+    (tmp_path / 'f').write_text('a file')
+    (tmp_path / 'run').write_text('a file where the default record folder would be')
+    for argv, needle in [(['--json_out', str(tmp_path)], f"--json_out {tmp_path} is a folder: name a file in it"),
+                         (['--json_out', str(tmp_path / 'f' / 'x.json')], f"the folder {tmp_path / 'f'} is a file"),
+                         (['--json_out', str(tmp_path / 'f' / 'a' / 'x.json')],
+                          f"{tmp_path / 'f'} is a file, so the folder {tmp_path / 'f' / 'a'} cannot be made"),
+                         (['--ckpt', str(tmp_path / 'run' / 'ckpt.pt')],
+                          "(where the record goes by default, beside the checkpoint): pass --json_out FILE")]:
+        with pytest.raises(SystemExit) as e:
+            E.main(['--out_dir', str(tmp_path / 'not-even-there'), '--progress', 'False', *argv])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 1 and len(err.splitlines()) == 1 and needle in err, err
+    make_ckpt(tmp_path / 'out')  # a folder that does not exist yet is made, as before
+    E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
+            '--progress', 'False', '--json_out', str(tmp_path / 'new' / 'deeper' / 'r.json')])
+    assert json.load(open(tmp_path / 'new' / 'deeper' / 'r.json'))['datasets']['ptb']['l2r'] is not None
+
+
 def test_offline_default_sets_skip_with_a_line_and_every_eval_is_kept(tmp_path, text_file, capsys):
     """Offline, the default sets that need the hub are skipped in one line before the first forward
     pass, so a run with no flags still scores what it can; each run is kept in the .jsonl history."""

@@ -416,6 +416,17 @@ def test_one_line_errors(args, says, task_dir, capsys):
     assert len(err) == 1 and says in err[0] and 'Traceback' not in err[0], err
 
 
+def test_the_out_path_is_checked_before_anything_loads(task_dir, tmp_path, capsys):
+    """--out to a folder was refused only after every task had run; now before the checkpoint loads (here it
+    does not even exist)."""
+    with pytest.raises(SystemExit) as e:
+        H.main(['--tasks', 'aogpt_test_mc', '--ckpt', 'missing/ckpt.pt', '--out', str(tmp_path),
+                '--include_path', task_dir, '--builtin_tasks', 'False'])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and err == [f"error: --out {tmp_path} is a folder: name a file in it, e.g. --out "
+                                         f"{tmp_path / 'harness.json'}"], err
+
+
 def test_task_without_data_names_include_path(tmp_path, capsys):
     """A task whose data is neither cached nor local (here: a hub dataset, offline) is one line that says
     how to run it offline."""

@@ -911,7 +911,7 @@ def test_bad_destinations_and_judges_fail_before_any_sampling(tmp_path, cli, mon
                       (['--save', str(tmp_path)], 'is a folder'),
                       (['--trace', str(tmp_path / 'missing' / 't.html')], 'does not exist'),
                       (['--trace', str(tmp_path)], 'is a folder'),
-                      (['--trace', str(tmp_path / 'afile' / 'sub' / 't.html')], 'is a file, not a folder'),
+                      (['--trace', str(tmp_path / 'afile' / 'sub' / 't.html')], 'afile is a file, so the folder'),
                       (['--gen_ppl', str(tmp_path / 'nojudge')], 'checkpoint not found'),
                       (['--gen_ppl', str(tmp_path / 'mdm.pt')], 'is an encoder MDM'),
                       (['--gen_ppl', str(tmp_path / 'char.pt')], 'reads 3 characters, and the samples are gpt2')):
