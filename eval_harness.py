@@ -51,6 +51,7 @@ from torch.nn import functional as F
 
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die, first_line
+from aogpt.paths import check_writable
 from aogpt.runtime import autocast, resolve_device, script_device, start_ranks
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
@@ -482,7 +483,6 @@ def read_config(argv):
     if c.include_path and not os.path.isdir(c.include_path):
         die(f"--include_path {c.include_path}: no such folder")
     c.device = script_device(c.device, c.dtype)[0]  # a device this machine lacks, or a bad --dtype: one line
-    from aogpt.checkpoint import check_writable
     check_writable(json_path(c), 'out', 'harness.json', create=True, given=bool(c.out))  # before hours of tasks
     return c
 

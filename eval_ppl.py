@@ -43,11 +43,12 @@ import time
 import torch
 from torch.nn import functional as F
 
-from aogpt.checkpoint import atomic_write, check_writable, checkpoint_codec, fingerprint, load_model
+from aogpt.checkpoint import atomic_write, checkpoint_codec, fingerprint, load_model
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die
 from aogpt.evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
 from aogpt.orders import draw_orders, parse_order
+from aogpt.paths import check_writable
 from aogpt.plot import plot_eval
 from aogpt.runtime import autocast, script_device, start_ranks
 from model import random_orders, stratified_uniform

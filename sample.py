@@ -26,10 +26,10 @@ import unicodedata
 import torch
 
 from aogpt import engine, generate, genppl
-from aogpt.checkpoint import check_writable
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import command, die
 from aogpt.orders import TRAIN_MODES, is_order_spec
+from aogpt.paths import check_writable
 from aogpt.runtime import script_device
 
 # -----------------------------------------------------------------------------

@@ -8,6 +8,8 @@ eval_harness.py, export.py) and the model they share (model.py, also at the root
     tokenizer     codecs (GPT-2 BPE, character level) and dataset metadata
     hub, evalsets the Hugging Face hub; the zero-shot eval sets and their detokenizers
     checkpoint    checkpoint and export files: reading, writing, resolving, the hub; paper_ckpt: the paper's
+                  released checkpoints, converted to ours
+    paths         where a command writes, checked before the work (--save, --json_out, --runs_dir, ...)
     preflight, startup   train.py's checks before its first step; where its model and state come from (init_from)
     rundir, valloss, ema train.py's out_dir (lock, periodic copies), val losses, EMA
     engine        the KV caches (shared, per-sample) and how a forward call runs (dynamic, fixed shapes,

@@ -77,34 +77,6 @@ def atomic_write(path, write, mode='wb'):
         pass
 
 
-def check_writable(path, flag, example, create=False, given=True):
-    """A file a command will write (--save, --trace, --json_out, --out), checked before the work that fills
-    it: a bad path must not cost a sampling run or an evaluation. create: missing folders will be made
-    (atomic_write makes them), so only a file in the way or an unwritable folder is refused. given=False:
-    the path is the command's default (beside the checkpoint), which the message says."""
-    why = _unwritable(path, flag, example, create)
-    if why:
-        raise UserError(why if given else f"{why} (where the record goes by default, beside the checkpoint): "
-                                          f"pass --{flag} FILE")
-
-
-def _unwritable(path, flag, example, create):
-    if os.path.isdir(path):
-        return f"--{flag} {path} is a folder: name a file in it, e.g. --{flag} {os.path.join(path, example)}"
-    d = os.path.dirname(os.path.abspath(path))
-    up = d
-    while not os.path.exists(up):  # the nearest folder that exists: where a write or a mkdir starts
-        up = os.path.dirname(up)
-    if not os.path.isdir(up):
-        return (f"--{flag} {path}: the folder {d} is a file, not a folder" if up == d else
-                f"--{flag} {path}: {up} is a file, so the folder {d} cannot be made")
-    if up != d and not create:
-        return f"--{flag} {path}: the folder {d} does not exist; create it first"
-    if not os.access(up, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        return f"--{flag} {path}: not writable"
-    return None
-
-
 def save_checkpoint(obj, path):
     """torch.save through atomic_write: a kill or a full disk mid-save never corrupts or loses `path`."""
     atomic_write(path, lambda f: torch.save(obj, f))
