@@ -209,6 +209,19 @@ def namespace(g, argv=None):
     return SimpleNamespace(**cfg, config=cfg, given=given)
 
 
+def split_list(key, text, typ=str, ok=lambda v: True, what=None):
+    """A comma-separated setting (--seeds=1337,2, --steps=16,32,64) as a list of typ, each value checked by ok:
+    a value that does not parse or pass is one line naming the key, not a traceback from int() or a KeyError."""
+    parts = [p.strip() for p in str(text).split(',')]
+    try:
+        values = [typ(p) for p in parts]
+    except ValueError:
+        values = None
+    if values is None or not all(ok(v) and (typ is not float or math.isfinite(v)) for v in values):
+        raise UserError(f"--{key} must be a comma-separated list of {what or typ.__name__ + 's'}, got {text!r}", 2)
+    return values
+
+
 def print_config(cfg, file=None):
     """The resolved config, one key per line, so a log records exactly what ran."""
     width = max(len(k) for k in cfg) if cfg else 0

@@ -1,9 +1,14 @@
-"""What the bench scripts share: appending a measured table to BENCHMARKS.md with device, date and command."""
+"""What the bench scripts share: their settings checked before anything is built, and appending a measured table
+to BENCHMARKS.md with device, date and command."""
 import os
 import sys
 from datetime import date
 
 import torch
+
+from aogpt.errors import UserError
+from aogpt.runtime import resolve_device
+from model import GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -14,3 +19,26 @@ def append_benchmark(title, cuda, description, table):
     with open(os.path.join(ROOT, 'BENCHMARKS.md'), 'a') as f:
         f.write(f"\n### {title}: {dev}, {date.today()}, torch {torch.__version__}\n\n"
                 f"`python {' '.join(sys.argv)}`  \n{description}\n\n{table}\n")
+
+
+def check_settings(config, at_least=None, one_of=None, model=None):
+    """A bench script's settings, before any model is built (exit_in_one_line prints the UserError as its one
+    line): each key of at_least at or above its minimum, each of one_of among its choices, a --device this
+    machine has, and the model's shape by GPTConfig's own checks (a plain ValueError: model.py imports nothing
+    of ours)."""
+    for key, low in (at_least or {}).items():
+        if not config[key] >= low:
+            raise UserError(f"--{key} must be at least {low}, got {config[key]!r}")
+    for key, choices in (one_of or {}).items():
+        if config[key] not in choices:
+            raise UserError(f"--{key} must be one of {', '.join(choices)}, got {config[key]!r}")
+    if 'device' in config:
+        try:
+            resolve_device(config['device'])
+        except UserError as e:
+            raise UserError(f"--{e.msg}") from None
+    if model is not None:
+        try:
+            GPTConfig(**model)
+        except ValueError as e:
+            raise UserError(f"the model: {e}") from None

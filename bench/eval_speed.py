@@ -20,7 +20,7 @@ import torch  # noqa: E402
 
 from aogpt.configurator import configure, print_config  # noqa: E402
 from aogpt.errors import exit_in_one_line  # noqa: E402
-from bench.common import append_benchmark  # noqa: E402
+from bench.common import append_benchmark, check_settings  # noqa: E402
 from eval_ppl import nll_any_order, nll_ensemble  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -40,6 +40,9 @@ write = False
 exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
 print_config(config)
+check_settings(config, at_least=dict(n=2, chunks=1, exact_chunks=1, members=1, batch_size=1),
+               one_of=dict(dtype=('bfloat16', 'float32')),
+               model=dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=n, vocab_size=vocab_size))
 
 cuda = device.startswith('cuda')
 if not cuda:

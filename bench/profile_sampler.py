@@ -19,6 +19,7 @@ from aogpt import (
 )
 from aogpt.configurator import configure  # noqa: E402
 from aogpt.errors import exit_in_one_line  # noqa: E402
+from bench.common import check_settings  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 device = 'cpu'
@@ -31,7 +32,10 @@ steps = 16
 stepper = 'dynamic'          # dynamic | static | cuda_graph (engine.SlotStepper)
 kv_bucket = engine.KV_BUCKET  # fixed shapes: attend over the cache up to a multiple of this (0: all of it)
 exit_in_one_line()  # from here on a UserError is its one line, not a traceback
-configure(globals())
+config = configure(globals())
+check_settings(config, at_least=dict(n=1, batch_size=1, steps=1, kv_bucket=0),
+               one_of=dict(stepper=('dynamic', 'static', 'cuda_graph')),
+               model=dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=n))
 
 cuda = device.startswith('cuda')
 dt = torch.bfloat16 if cuda else torch.float32

@@ -31,11 +31,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
-from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.engine import KV_BUCKET, KVCache, SlotStepper  # noqa: E402
 from aogpt.errors import exit_in_one_line  # noqa: E402
 from aogpt.generate import ao_calls, draw_plan  # noqa: E402
 from aogpt.speculative import row_slots  # noqa: E402
+from bench.common import check_settings  # noqa: E402
 
 n_layer = 24
 n_embd = 1024
@@ -54,6 +55,12 @@ spec_alphas = '0.5,0.7,0.8,0.9'  # speculative: assumed per-draft acceptance pro
 exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
 print_config(config)
+check_settings(config, at_least=dict(n_layer=1, n_embd=1, vocab_size=1, target_dim=1, n=1, batch_size=1, kv_bucket=0,
+                                     peak_flops=1, hbm_bandwidth=1))
+Ts = split_list('steps', steps, int, lambda t: t >= 1, 'step counts >= 1')
+bks = split_list('buckets', buckets, int, lambda b: b >= 0, 'span buckets >= 0')
+KS = split_list('spec_ks', spec_ks, int, lambda k: k >= 2, 'draft lengths >= 2')
+ALPHAS = split_list('spec_alphas', spec_alphas, float, lambda a: 0 < a < 1, 'acceptance probabilities in (0, 1)')
 
 d, V, B, nl = n_embd, vocab_size, batch_size, n_layer
 P_block = nl * 12 * d * d
@@ -108,7 +115,6 @@ cols = ['T', 'AO calls / token-passes', 'AO floor s', 'AO fixed-shape floor s', 
         'AR fixed-shape floor s', 'encoder floor s', 'encoder+cache floor s', 'encoder / AO',
         'encoder+cache / AO', 'AO / AR', 'AO / AR, fixed shapes', 'AO: compute-bound calls']
 lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
-Ts = [int(t) for t in steps.split(',')]
 plans = {}  # T -> generate_ao's own counts and calls
 for T in Ts:
     counts = draw_plan(n, B, T, generator=torch.Generator().manual_seed(seed))[2].tolist()
@@ -131,7 +137,6 @@ print(f"AR: {n} calls, each reading the {W * (P_block + d * V) / 1e9:.2f} GB of 
       f"{ar_Y / 1e9:.0f} GB and {ar_F / 1e12:.1f} TFLOP in all")
 
 # What the span buckets buy: the fixed-shape floor over the dynamic one, and the graphs a run captures
-bks = [int(b) for b in buckets.split(',')]
 head = ['T'] + [f'kv_bucket {b}: floor / dynamic, graphs' for b in bks]
 lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
 for name, plan, adaln in [(f'AO, T = {T}', p, True) for T, (_, p) in plans.items()] + [('AR', ar_plan, False)]:
@@ -197,8 +202,7 @@ cols = ['round', 'k', 'alpha (assumed)', 'calls / token-passes', 'floor s', 'fix
         'calls (batch minimum)', 'vs AR floor (L2R)', 'vs AR fixed-shape floor', 'vs AO T = n floor (random)',
         'vs AO T = n fixed-shape floor']
 lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
-for fused, k, alpha in [(f, int(k), float(a)) for f in (False, True) for k in spec_ks.split(',')
-                        for a in spec_alphas.split(',')]:
+for fused, k, alpha in [(f, k, a) for f in (False, True) for k in KS for a in ALPHAS]:
     per = spec_plan(k, alpha, 'fused' if fused else 'per_row', torch.Generator().manual_seed(seed))
     mn = '-' if fused else len(spec_plan(k, alpha, 'min', torch.Generator().manual_seed(seed)))
     # decoder_time reads (r, L cached, k): keys = L + r, so hand it L = keys - r

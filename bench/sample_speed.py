@@ -31,12 +31,12 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
-from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.engine import KV_BUCKET, EncoderStepper, SlotStepper  # noqa: E402
-from aogpt.errors import exit_in_one_line  # noqa: E402
+from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
 from aogpt.generate import generate_ao, generate_ar, generate_mdm  # noqa: E402
 from aogpt.speculative import generate_speculative, row_stepper  # noqa: E402
-from bench.common import append_benchmark  # noqa: E402
+from bench.common import append_benchmark, check_settings  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 device = 'cpu'
@@ -61,13 +61,19 @@ write = False                # append the table to BENCHMARKS.md
 exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
 print_config(config)
+check_settings(config, at_least=dict(n=1, batch_size=1, repeats=1, encoder_passes=0, kv_bucket=0, vocab_size=50257),
+               one_of=dict(dtype=('bfloat16', 'float16', 'float32'), sdpa=('default', 'nocudnn')),
+               model=dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=n, vocab_size=vocab_size))
+if not (spec_k == 'auto' or spec_k.isdigit() and int(spec_k) >= 2) or spec_order not in ('random', 'l2r'):
+    raise UserError(f"--spec_k must be an int >= 2 or auto (got {spec_k!r}), --spec_order random or l2r "
+                    f"(got {spec_order!r})")
 
 cuda = device.startswith('cuda')
 if not cuda:
     torch.set_flush_denormal(True)
 ptdtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16, 'float32': torch.float32}[dtype] \
     if cuda else torch.float32
-Ts = [int(s) for s in steps.split(',')]
+Ts = split_list('steps', steps, int, lambda t: t >= 1, 'step counts >= 1')
 if sdpa == 'nocudnn':
     from torch.nn.attention import SDPBackend, sdpa_kernel
     sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]).__enter__()

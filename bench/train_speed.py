@@ -28,10 +28,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
-from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.errors import exit_in_one_line  # noqa: E402
 from aogpt.runtime import fast_math  # noqa: E402
-from bench.common import append_benchmark  # noqa: E402
+from bench.common import append_benchmark, check_settings  # noqa: E402
 from model import GPT, GPTConfig, mdm_corrupt, random_orders  # noqa: E402
 
 device = 'cpu'
@@ -55,6 +55,11 @@ seed = 0
 exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
 print_config(config)
+check_settings(config, at_least=dict(batch_size=1, iters=1, warmup=0),
+               one_of=dict(dtype=('bfloat16', 'float16', 'float32'), sdpa=('default', 'flash', 'cudnn', 'efficient')),
+               model=dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, vocab_size=vocab_size))
+MODELS = split_list('models', models, str, lambda m: m in ('ao', 'ao_table', 'gpt', 'mdm'),
+                    'models among ao, ao_table, gpt, mdm')
 
 torch.manual_seed(seed)
 fast_math(device)  # as train.py: TF32 on CUDA, denormals flushed on the CPU
@@ -229,7 +234,7 @@ def optimizer_table(rows):
 
 
 if optimizer:
-    rows = [r for m in models.split(',') for r in bench_optimizers(m)]
+    rows = [r for m in MODELS for r in bench_optimizers(m)]
     table = optimizer_table(rows)
     print(table)
     if write:
@@ -239,7 +244,7 @@ if optimizer:
                          f"AdamW for the rest, as train.py's optimizer=muon.", table)
     sys.exit(0)
 
-rows = [bench(m) for m in models.split(',')]
+rows = [bench(m) for m in MODELS]
 base = next((r for r in rows if r['model'] == 'gpt'), None)
 lines = ['| model | params | ms/step | tokens/s | MFU | act. mem (GiB) | tok/s vs gpt | act. mem vs gpt |',
          '|---|---|---|---|---|---|---|---|']

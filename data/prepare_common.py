@@ -30,6 +30,7 @@ sys.path.insert(0, ROOT)
 
 from aogpt.errors import UserError  # noqa: E402
 from aogpt.evalsets import doc_end  # noqa: E402  (the ids that end a document: [EOT], or '\n' for char level)
+from aogpt.paths import make_folder  # noqa: E402
 from aogpt.tokenizer import char_codec, gpt2_codec  # noqa: E402
 
 STATE = ".prepare_state.json"
@@ -197,7 +198,9 @@ def prepare(out_dir, splits, source, chars=None, detok=None, num_proc=1, batch_d
     the fingerprint that decides whether existing bins can be reused.
     chars: None for GPT-2 BPE, else the ordered char-level vocabulary (also written to meta.pkl).
     detok: optional str -> str applied to each document before tokenizing. Returns the meta dict."""
-    os.makedirs(out_dir, exist_ok=True)
+    if num_proc < 1:  # was taken as 1 without a word
+        raise UserError(f"num_proc must be at least 1, got {num_proc}")
+    make_folder(out_dir, "out_dir")  # a file in the way: one line, not a FileExistsError
     meta_path, state_path = os.path.join(out_dir, "meta.json"), os.path.join(out_dir, STATE)
     codec = char_codec(chars) if chars else gpt2_codec()
     assert codec.vocab_size <= 65536, "uint16 bins hold ids < 65536"

@@ -34,7 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
-from aogpt.configurator import namespace, stop_on_ctrl_c  # noqa: E402
+from aogpt.configurator import SEED_LIMIT, namespace, split_list, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die, first_line  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 from findings.report import merge_section  # noqa: E402
@@ -262,7 +262,7 @@ def best_of(sweep, model, opt, adaln=False):
 
 def study(c):
     """The sweep, then the compared runs: (the record, its command lines)."""
-    seeds = [int(s) for s in c.seeds.split(',')]
+    seeds = c.seed_list
     s0, sweep, logs, what, cmds = seeds[0], [], {}, {}, {}
 
     def stage(what, specs):
@@ -277,7 +277,7 @@ def study(c):
         for name, m in meta.items():
             end = {k: R.end(steps_of(lg[name], k)[1]) for k in MODELS[m['model']]}
             sweep.append(dict(name=name, **m, end=end))
-    lrs = {opt: [float(v) for v in getattr(c, f'lrs_{opt}').split(',')] for opt in ('adamw', 'muon')}
+    lrs = c.lrs
     stage("AdamW's learning_rate", [(m, 'adamw', x, None, False) for m in MODELS for x in lrs['adamw']])
     best_adamw = {m: best_of(sweep, m, 'adamw')['lr'] for m in MODELS}
     stage("Muon's muon_lr", [(m, 'muon', x, best_adamw[m], False) for m in MODELS for x in lrs['muon']])
@@ -321,6 +321,12 @@ def main(argv=None):
             die(f"{path} is not a readable finding-9 record ({type(e).__name__}: {first_line(e, 120)}): run "
                 f"`python findings/optimizers.py` again to rewrite it")
         return print(f"redrew {FIG_CURVES} and {FIG_SWEEP} in {c.results_dir} from {path}")
+    for key in ('max_iters', 'sweep_iters', 'eval_interval'):  # else the runs start, and fail one by one
+        if getattr(c, key) < 1:
+            die(f"--{key} must be at least 1, got {getattr(c, key)}")
+    c.seed_list = split_list('seeds', c.seeds, int, lambda s: 0 <= s < SEED_LIMIT, 'seeds in [0, 2**32)')
+    c.lrs = {opt: split_list(f'lrs_{opt}', getattr(c, f'lrs_{opt}'), float, lambda v: v > 0, 'learning rates > 0')
+             for opt in ('adamw', 'muon')}
     # reproduce.py's settings for everything this study does not change
     c.rc = namespace(vars(R), [])
     if c.quick:

@@ -85,6 +85,7 @@ sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die, first_line  # noqa: E402
+from aogpt.paths import make_folder  # noqa: E402
 from findings import report  # noqa: E402
 from findings.sampling import (  # noqa: E402
     GEN_SETTINGS,
@@ -445,7 +446,8 @@ def settle(c, name, quick):
     print_config(c.config)
     os.chdir(ROOT)
     if not c.replot:  # --replot reads a record; it makes no folder
-        os.makedirs(c.results_dir, exist_ok=True)
+        make_folder(c.results_dir, 'results_dir')
+        make_folder(c.runs_dir, 'runs_dir')
 
 
 def prepare_data():

@@ -97,3 +97,24 @@ def test_an_encoder_timed_per_pass_counts_the_passes_a_full_run_makes():
     rows = [[ln.split(' | ')[3:5] for ln in r.stdout.splitlines() if re.match(r'\| \d+ \|', ln)] for r in (full, per_pass)]
     assert rows[0] == rows[1] and len(rows[0]) == 3, full.stdout[-1500:] + per_pass.stdout[-1500:]
     assert 'mdm s (per pass x passes)' in per_pass.stdout and 'per pass x passes' not in full.stdout
+
+
+@pytest.mark.parametrize('argv, says', [
+    (['bench/sample_speed.py', '--n_head=3'], "error: the model: n_embd must be a multiple of n_head (3), got 128"),
+    (['bench/sample_speed.py', '--steps=16,x'], "error: --steps must be a comma-separated list of step counts >= 1, "
+                                                "got '16,x'"),
+    (['bench/sample_speed.py', '--samplers=spec', '--spec_k=1'], "error: --spec_k must be an int >= 2 or auto"),
+    (['bench/train_speed.py', '--models=ao,foo'], "error: --models must be a comma-separated list of models among "
+                                                  "ao, ao_table, gpt, mdm, got 'ao,foo'"),
+    (['bench/train_speed.py', '--iters=0'], "error: --iters must be at least 1, got 0"),
+    (['bench/eval_speed.py', '--device=cuda:99'], "error: --device cuda:99, but "),
+    (['bench/profile_sampler.py', '--stepper=foo'], "error: --stepper must be one of dynamic, static, cuda_graph"),
+    (['bench/sample_roofline.py', '--spec_alphas=0.5,1.5'], "error: --spec_alphas must be a comma-separated list of "
+                                                            "acceptance probabilities in (0, 1), got '0.5,1.5'"),
+])
+def test_bad_settings_are_one_line_before_anything_is_built(argv, says):
+    """These were tracebacks (int('x'), a KeyError, GPTConfig's ValueError, a division by zero iters), or, for
+    --spec_k=1, a timing of a setting the sampler does not take."""
+    p = subprocess.run([sys.executable] + argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode != 0 and len(err) == 1 and err[0].startswith(says), p.stderr

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from aogpt.configurator import configure
+from aogpt.configurator import configure, split_list
+from aogpt.errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -200,3 +201,14 @@ def test_train_py_and_gpt_config_agree_on_every_model_default(tmp_path):
     assert weights is None and ckpt is None
     typed = lambda d: {k: (type(v).__name__, v) for k, v in d.items()}  # noqa: E731  (an int 0 for 0.0 drifts too)
     assert typed(args) == typed(asdict(GPTConfig()))
+
+
+def test_split_list_parses_and_checks_each_value():
+    assert split_list('steps', '16, 32,64', int, lambda t: t >= 1) == [16, 32, 64]
+    assert split_list('lrs', '3e-3,0.02', float) == [3e-3, 0.02]
+    for text, typ, ok in [('16,x', int, lambda t: True), ('', float, lambda v: True), ('1,', int, lambda t: True),
+                          ('0.1,1e999', float, lambda v: True), ('nan', float, lambda v: True),
+                          ('4,0', int, lambda t: t >= 1), ('ao,foo', str, lambda m: m in ('ao', 'gpt'))]:
+        with pytest.raises(UserError, match=r"^--k must be a comma-separated list of") as e:
+            split_list('k', text, typ, ok)
+        assert e.value.code == 2 and repr(text) in e.value.msg

@@ -278,6 +278,21 @@ def test_local_formats_load_the_same_documents(tmp_path, monkeypatch):
         evalsets.open_documents(str(tmp_path / "missing.jsonl"))
 
 
+def test_prepare_refuses_a_file_as_out_dir_and_num_proc_below_one(tmp_path):
+    """A file at (or above) out_dir was a FileExistsError / NotADirectoryError traceback; num_proc=0 or -1 ran
+    silently as 1."""
+    f = tmp_path / "afile"
+    f.write_text("x")
+    splits = {"train": pc.as_dataset(_docs(4))}
+    for out, num_proc, says in [(f, 1, f"--out_dir {f} is a file, not a folder"),
+                                (f / "sub", 1, f"--out_dir {f / 'sub'}: {f} is a file, so that folder cannot be made"),
+                                (tmp_path / "new", 0, "num_proc must be at least 1, got 0")]:
+        with pytest.raises(UserError) as e:
+            pc.prepare(str(out), splits, "test", num_proc=num_proc)
+        assert e.value.msg == says
+    assert not (tmp_path / "new").exists()
+
+
 def test_prepare_resumes_after_a_crash(tmp_path, capsys):
     docs = _docs(40)
     crash = {"at": docs[25]}

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from findings import optimizers as OPT
 from findings import orders as O
 from findings import report
 from findings import reproduce as R
@@ -264,6 +265,27 @@ def test_paths_are_the_callers_and_replot_makes_no_folder(tmp_path):
                         '--results_dir=mine'], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and f"no {tmp_path / 'mine' / 'results.json'}" in p.stderr, p.stderr
     assert not os.path.exists(os.path.join(R.ROOT, 'mine')) and not (tmp_path / 'mine').exists()
+
+
+def test_output_folders_and_list_settings_are_one_line_before_any_run(tmp_path, capsys):
+    """A file where --runs_dir/--results_dir should be, a list setting that does not parse, or a run length of 0
+    once ended in a traceback (makedirs, int(), float()) or in runs that started and failed one by one."""
+    f = tmp_path / 'afile'
+    f.write_text('not a folder')
+    dirs = ['--runs_dir', str(tmp_path / 'runs'), '--results_dir', str(tmp_path / 'res')]
+    for main, argv, says in [
+            (R.main, ['--quick', '--runs_dir', str(f)], f"--runs_dir {f} is a file, not a folder"),
+            (OPT.main, ['--quick', '--results_dir', str(f / 'sub')], f"{f} is a file, so that folder cannot be made"),
+            (OPT.main, ['--quick', '--seeds', '1337,abc', *dirs], "--seeds must be a comma-separated list of seeds "
+                                                                  "in [0, 2**32), got '1337,abc'"),
+            (OPT.main, ['--quick', '--lrs_muon', '0.02,-1', *dirs], "--lrs_muon must be a comma-separated list of "
+                                                                    "learning rates > 0"),
+            (OPT.main, ['--quick', '--max_iters', '0', *dirs], "--max_iters must be at least 1, got 0")]:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code != 0 and len(err) == 1 and says in err[0], err
+    assert not (tmp_path / 'runs' / 'sweep').exists()  # no run started
 
 
 def _record_with(tmp_path, spoil):

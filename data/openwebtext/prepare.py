@@ -150,6 +150,7 @@ for folder, nbytes in need.items():
     pc.check_disk(folder, nbytes, "the token shards and bins" if folder == out_dir else "the HF cache downloads")
 
 gpt2_codec()  # a missing BPE is one line now, not one per worker later (and the workers inherit it)
+pc.make_folder(out_dir, "out_dir")  # a file in the way: one line
 os.makedirs(shard_dir, exist_ok=True)
 if from_hub and any(a.files[0] is None for a in todo):
     print(f"downloading {sum(a.files[0] is None for a in todo)} archive(s) into the HF cache "
