@@ -689,6 +689,31 @@ def test_muon_through_accumulation_clipping_bf16_autocast_and_ema(env, monkeypat
                            c['model']['transformer.h.0.mlp.c_fc.weight'])
 
 
+def test_muon_under_torch_compile_trains_as_eager_and_its_checkpoint_resumes_eagerly(env):
+    """optimizer=muon with compile=True (inductor on the CPU; about 20 s of compiling): the optimizers are built on
+    the raw model before it is wrapped, so the same parameters are grouped, the losses follow the eager run's (the
+    bf16 Newton-Schulz lets float-order differences grow a little), and the checkpoint holds the plain names and
+    both states, so a run without compile resumes it."""
+    common = ['--max_iters=6', '--eval_interval=2', '--optimizer=muon', '--muon_adaln=True']
+    run(env, args(env, 'mu_eager', *common))
+    run(env, args(env, 'mu_compiled', *common, '--compile=True'))
+    eager, compiled = log(env, 'mu_eager'), log(env, 'mu_compiled')
+    assert [r['iter'] for r in compiled] == [r['iter'] for r in eager] == [0, 2, 4, 6]
+    for a, b in zip(eager, compiled):
+        assert b['val_loss'] == pytest.approx(a['val_loss'], abs=2e-3)
+        assert (a['train_loss'] is None) == (b['train_loss'] is None)
+        assert a['train_loss'] is None or b['train_loss'] == pytest.approx(a['train_loss'], abs=2e-3)
+    assert eager[-1]['val_loss'] < eager[0]['val_loss'] - 0.3  # it learns
+    e, c = load_checkpoint(str(env / 'mu_eager')), load_checkpoint(str(env / 'mu_compiled'))
+    assert sorted(c['model']) == sorted(e['model']) and not any('_orig_mod' in k for k in c['model'])
+    assert {k: v['momentum_buffer'].shape for k, v in c['muon']['state'].items()} == \
+        {k: v['momentum_buffer'].shape for k, v in e['muon']['state'].items()}
+    for k in e['model']:
+        assert torch.allclose(c['model'][k], e['model'][k], atol=2e-2), k
+    run(env, args(env, 'mu_compiled', *common[1:], '--max_iters=8', '--init_from=auto'))
+    assert [r['iter'] for r in log(env, 'mu_compiled')] == [0, 2, 4, 6, 8]
+
+
 def test_resuming_with_another_optimizer_is_refused_in_one_line(env, monkeypatch, capsys, tmp_path):
     """Saved optimizer states fit only their own parameter groups: another optimizer, or the AdaLN Linears moved
     between Muon and AdamW, is refused before the first step, the checkpoint untouched; the same setting resumes."""
