@@ -11,7 +11,8 @@ Every requested set is loaded before the first forward pass. One that cannot be 
 the HF cache, with no --data_path) is skipped, with one line naming it (--skip_missing False fails
 instead); PTB ships with the package, so the default command scores something even offline. The record
 goes to eval_ppl.json beside the checkpoint, is appended to eval_ppl.jsonl (every run is kept), and is
-drawn as eval_ppl.png.
+drawn as eval_ppl.png. It names what it scored: the weights by a hash (`weights`) and each set's token ids by
+another (`datasets.<name>.data`), so two records compare only when both agree.
 
 Columns (per-token NLL -> PPL = exp(mean NLL) over every token of every block_size chunk):
   L2R        exact likelihood in the identity order; n predictions per chunk, the first made from [None]
@@ -34,6 +35,7 @@ The estimators are importable (bench/eval_speed.py uses them) and return token-w
 """
 
 import difflib
+import hashlib
 import json
 import math
 import os
@@ -568,7 +570,8 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
     if world > 1:
         torch.distributed.all_reduce(t)
     mean = {k: t[2 * i].item() / t[2 * i + 1].item() for i, k in enumerate(keys)}
-    row = {'chunks': len(chunks), 'tokens': chunks.numel(), 'source': c.sources.get(name)}
+    row = {'chunks': len(chunks), 'tokens': chunks.numel(), 'source': c.sources.get(name),
+           'data': data_fingerprint(chunks)}
     for k in ('l2r', 'any_order', 'order', 'ensemble'):
         row[k] = {'nll': mean[k], 'ppl': math.exp(mean[k])} if k in cols and k != 'ensemble' else None
     if spec:
@@ -652,6 +655,12 @@ def print_table(model, c, results, skipped, used_ema, codec, n, world):
         print(f"{name:<{w}} {'skipped':>7}")
     for s in _notes(model, c, results):
         print(f"note: {s}")
+
+
+def data_fingerprint(chunks):
+    """A short hash of the token ids scored (every rank's chunks, in order): two records with the same one scored
+    the same tokens, whatever cache, revision or local file they came from; the weights have theirs too."""
+    return hashlib.sha256(chunks.to('cpu', torch.int64).contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 def json_path(c):

@@ -1,4 +1,5 @@
 """eval_ppl.py: every estimator against exact enumeration on tiny models, the DDP split, and the CLI."""
+import hashlib
 import itertools
 import json
 import math
@@ -297,6 +298,8 @@ def test_cli_table_and_json_match_the_functions(tmp_path, text_file, capsys):
     # the L2R number is deterministic: recompute it from the same chunks and EMA weights
     model, _, _ = load_model(str(tmp_path / 'out'), 'cpu')
     chunks = load_eval_chunks('ptb', get_codec(None), 16, path=text_file)[:6]
+    # the record names the tokens it scored, computed here independently of eval_ppl's helper
+    assert row['data'] == hashlib.sha256(chunks.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
     s, cnt = E.nll_l2r(model, chunks)
     assert row['l2r']['nll'] == pytest.approx(s / cnt, rel=1e-6)
     assert row['l2r']['ppl'] == pytest.approx(math.exp(s / cnt), rel=1e-6)
@@ -469,6 +472,7 @@ def test_torchrun_two_ranks_reduce_to_the_single_process_numbers(tmp_path, text_
     a = json.load(open(tmp_path / '1.json'))
     b = json.load(open(tmp_path / '2.json'))
     assert b['world_size'] == 2 and b['datasets']['ptb']['tokens'] == a['datasets']['ptb']['tokens'] == 7 * 16
+    assert b['datasets']['ptb']['data'] == a['datasets']['ptb']['data']  # every rank's chunks, not rank 0's
     assert b['datasets']['ptb']['l2r']['nll'] == pytest.approx(a['datasets']['ptb']['l2r']['nll'], rel=1e-9)
 
 
