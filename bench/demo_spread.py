@@ -17,6 +17,7 @@ Writes --out (findings/demo_summary.py prints its range under the demo's table) 
 import datetime
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,8 +28,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
-from aogpt.configurator import configure, print_config  # noqa: E402
+from aogpt.checkpoint import atomic_write  # noqa: E402
+from aogpt.configurator import configure, print_config, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command  # noqa: E402
+from aogpt.paths import check_writable  # noqa: E402
 from aogpt.runtime import cpu_cores  # noqa: E402
 
 runs = 4                               # how many of VARIANTS to run, in order
@@ -45,6 +48,24 @@ VARIANTS = [  # (name, extra environment, extra config lines)
 ]
 
 
+LIVE = set()  # the demos running, each a process group: none outlives this process
+
+
+def stop_demos():
+    """SIGTERM every running demo's whole group (train.py ends as at a Ctrl-C), SIGKILL after 30 s."""
+    for p in list(LIVE):
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + 30
+    for p in list(LIVE):
+        try:
+            p.wait(timeout=max(0.1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+
+
 def run_demo(variant, work):
     """findings/demo.sh into work/<name>; returns the demo's eval numbers for the PTB test rows."""
     name, env_extra, config_extra = variant
@@ -58,7 +79,14 @@ def run_demo(variant, work):
                OMP_NUM_THREADS=threads, **env_extra)
     t0 = time.time()
     with open(os.path.join(folder, 'demo.log'), 'w') as log:
-        p = subprocess.run(['bash', 'findings/demo.sh'], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # its own process group: bash dies of a SIGTERM at once, and would leave its train.py running
+        p = subprocess.Popen(['bash', 'findings/demo.sh'], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        LIVE.add(p)
+        try:
+            p.wait()
+        finally:
+            LIVE.discard(p)
     if p.returncode != 0:
         raise SystemExit(f"error: the '{name}' demo failed (exit {p.returncode}); see {folder}/demo.log")
     ev = json.load(open(os.path.join(folder, 'out', 'eval_ppl.json')))['datasets']['ptb']
@@ -71,21 +99,24 @@ def run_demo(variant, work):
 def main():
     if not 1 <= runs <= len(VARIANTS):
         raise SystemExit(f"error: --runs must be 1 to {len(VARIANTS)}")
+    check_writable(out, 'out', 'demo_spread.json', create=True)  # before an hour of demos, not after
     work = keep or tempfile.mkdtemp(prefix='demo_spread_')
     print(f"{runs} demo runs, {parallel} at a time, in {work}", flush=True)
     t0 = time.time()
     # the runs share data/ptb_char: prepare it once here, so parallel demos only find it done
     subprocess.run([sys.executable, 'data/ptb/prepare.py', '--char=True'], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
-    with ThreadPoolExecutor(parallel) as pool:
+    pool = ThreadPoolExecutor(parallel)
+    try:
         results = list(pool.map(lambda v: run_demo(v, work), VARIANTS[:runs]))
+    finally:  # a Ctrl-C, a SIGTERM, a failed demo: end the others first, or the pool would wait for them
+        stop_demos()
+        pool.shutdown(cancel_futures=True)
     rec = dict(date=datetime.date.today().isoformat(), torch=torch.__version__,
                cpu_capability=torch.backends.cpu.get_cpu_capability(),
                command='python bench/demo_spread.py' + ''.join(f' {a}' for a in sys.argv[1:]),
                wall_s=round(time.time() - t0), runs=results)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, 'w') as f:
-        json.dump(rec, f, indent=1)
+    atomic_write(out, lambda f: json.dump(rec, f, indent=1), 'w')
     print(f"\n{'run':<18} {'L2R':>7} {'any-order':>10} {'ens x8':>7}   (nats/char, PTB test, {rec['cpu_capability']})")
     for r in results:
         print(f"{r['name']:<18} {r['l2r']:7.3f} {r['any_order']:10.3f} {r['ensemble']:7.3f}")
@@ -96,4 +127,5 @@ def main():
 
 
 if __name__ == '__main__':
+    stop_on_ctrl_c('the demos were stopped; nothing was written (a run kept with --keep resumes)')
     main()

@@ -4,8 +4,10 @@ could have found first. Only the device and the sizes change; every other flag i
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT
@@ -118,3 +120,42 @@ def test_bad_settings_are_one_line_before_anything_is_built(argv, says):
     p = subprocess.run([sys.executable] + argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     err = p.stderr.strip().splitlines()
     assert p.returncode != 0 and len(err) == 1 and err[0].startswith(says), p.stderr
+
+
+def _processes_mentioning(text):
+    """The pids whose command line or environment mentions text (from /proc: no psutil needed); the demos'
+    bash has it in its environment (DEMO_OUT), their train.py in its command line."""
+    pids = []
+    for d in os.listdir('/proc'):
+        try:
+            if d.isdigit() and any(text in open(f'/proc/{d}/{f}', 'rb').read().decode(errors='replace')
+                                   for f in ('cmdline', 'environ')) and int(d) != os.getpid():
+                pids.append(int(d))
+        except OSError:
+            pass
+    return pids
+
+
+def test_demo_spread_ends_its_demos_with_it(tmp_path):
+    """SIGTERM to bench/demo_spread.py left each demo's bash and its train.py running (bash dies of a SIGTERM at
+    once and orphans its child). Now each demo is a process group that ends with it; nothing is written."""
+    keep, out = tmp_path / 'kept', tmp_path / 'spread.json'
+    p = subprocess.Popen([sys.executable, 'bench/demo_spread.py', '--runs=1', '--parallel=1', f'--keep={keep}',
+                          f'--out={out}'], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while not (keep / 'this_CPU' / 'out' / 'log.jsonl').exists():  # its train.py has started (its first eval)
+            assert p.poll() is None and time.time() < deadline, p.communicate()
+            time.sleep(0.5)
+        assert any('train.py' in open(f'/proc/{q}/cmdline', 'rb').read().decode(errors='replace')
+                   for q in _processes_mentioning(str(keep)))
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=90)
+        assert p.returncode == 143 and err.strip().splitlines()[-1].startswith('terminated: the demos were stopped'), err
+        time.sleep(0.5)
+        assert _processes_mentioning(str(keep)) == [] and not out.exists()
+    finally:
+        for q in _processes_mentioning(str(keep)):
+            os.kill(q, signal.SIGKILL)
+        if p.poll() is None:
+            p.kill()
