@@ -33,7 +33,8 @@ Where the sequence starts (--bos; docs/downstream.md has the details):
         <|endoftext|>), windows of block_size+1 tokens. Only for a GPT-2 loaded from Hugging Face
         (GPT.from_pretrained), whose [None] is <|endoftext|>; it reproduces the hf class exactly.
 
-Results: the harness's table on the console, and a JSON (harness.json beside the checkpoint, or --out).
+Results: the harness's table on the console, and a JSON (harness.json beside the checkpoint, or --out), also
+appended to harness.jsonl beside it, where every run is kept.
 The lm_eval CLI can use the class too, once this module is imported:
     python -c "import eval_harness; from lm_eval.__main__ import cli_evaluate; cli_evaluate()" \\
         --model aogpt --model_args ckpt=out,likelihood=orders:4 --tasks piqa
@@ -616,13 +617,18 @@ def json_path(c):
 
 
 def write_record(record, c):
+    """The record as JSON (atomically), and appended to the .jsonl history beside it, as eval_ppl.py does: a run
+    of other tasks replaces harness.json, never an earlier run's results."""
     from aogpt.checkpoint import atomic_write
     path = json_path(c)
+    history = os.path.splitext(path)[0] + '.jsonl'
     try:
         atomic_write(path, lambda f: json.dump(record, f, indent=2), 'w')
+        with open(history, 'a') as f:
+            f.write(json.dumps(record) + '\n')
     except OSError as e:
         die(f"cannot write {path} ({e.strerror}); the table above has the numbers; pass --out FILE")
-    print(f"wrote {path}")
+    print(f"wrote {path} (history: {history})")
 
 
 def model_card_section(src, iter_num=None, used_ema=None, weights=None):

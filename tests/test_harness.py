@@ -358,6 +358,20 @@ def test_char_level_checkpoint(tmp_path, task_dir, capsys):
     assert len(err) == 1 and "'T' (aogpt_test_mc)" in err[0] and 'codec' in err[0], err
 
 
+def test_a_run_of_other_tasks_keeps_the_earlier_results(tmp_path, task_dir):
+    """harness.json is the latest run; each run is also appended to harness.jsonl beside it. Before, a run of
+    other tasks overwrote harness.json and the earlier tasks' results were gone."""
+    run = _ckpt(tmp_path / 'run')
+    args = ['--include_path', task_dir, '--builtin_tasks', 'False', '--bootstrap_iters', '0', '--ckpt', run]
+    first = H.main(['--tasks', 'aogpt_test_mc'] + args)
+    H.main(['--tasks', 'aogpt_test_rolling'] + args)
+    latest = json.load(open(os.path.join(run, 'harness.json')))
+    history = [json.loads(line) for line in open(os.path.join(run, 'harness.jsonl'))]
+    assert list(latest['results']) == ['aogpt_test_rolling']
+    assert [list(r['results']) for r in history] == [['aogpt_test_mc'], ['aogpt_test_rolling']]
+    assert history[0]['results'] == first['results']
+
+
 def test_launcher_end_to_end(tmp_path, task_dir, capsys):
     """All four local tasks through main(): the harness's table, a JSON beside the checkpoint that records
     the estimator, both orders:K scores, EMA and the lm-eval version, and the model-card section."""
