@@ -7,6 +7,17 @@ import os
 import re
 
 SECTIONS = {9: 'f9_optimizers.md', 10: 'f10_orders.md'}  # findings whose own commands write these sections
+TITLE = '# Paper findings at small scale'  # the report's first line: a README.md without it is not ours to rewrite
+
+
+def foreign_readme(results_dir):
+    """The path of a README.md in results_dir that is not a findings report (a findings script would overwrite
+    or append to it), else None."""
+    path = os.path.join(results_dir, 'README.md')
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding='utf-8', errors='replace') as f:
+        return None if f.readline().startswith(TITLE) else path
 
 
 def merge_section(path, n, sec):

@@ -446,6 +446,9 @@ def settle(c, name, quick):
     print_config(c.config)
     os.chdir(ROOT)
     if not c.replot:  # --replot reads a record; it makes no folder
+        if report.foreign_readme(c.results_dir):  # --results_dir=. from the repository: its README.md would go
+            die(f"--results_dir {c.results_dir} holds a README.md that is not a findings report, which the report "
+                f"would replace or append to: pick another --results_dir")
         make_folder(c.results_dir, 'results_dir')
         make_folder(c.runs_dir, 'runs_dir')
 
@@ -610,7 +613,7 @@ def judge_findings(c, names, logs, ens, ema, samp, gen, figs):
 def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, timing, total):
     res = c.results_dir
     L = lambda k, key: end(curve(logs[k], key)[1])  # noqa: E731
-    md = [f"# Paper findings at small scale{' (QUICK: smoke test, nothing judged)' if c.quick else ''}", '',
+    md = [f"{report.TITLE}{' (QUICK: smoke test, nothing judged)' if c.quick else ''}", '',
           f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, in {total / 60:.1f} min "
           f"(" + ', '.join(f"{k} {v / 60:.1f}" for k, v in timing.items()) + "; runs reused from an earlier "
           f"invocation cost nothing here). Setting: character-level PTB, context {c.block_size}, "

@@ -286,6 +286,16 @@ def test_output_folders_and_list_settings_are_one_line_before_any_run(tmp_path, 
         err = capsys.readouterr().err.strip().splitlines()
         assert e.value.code != 0 and len(err) == 1 and says in err[0], err
     assert not (tmp_path / 'runs' / 'sweep').exists()  # no run started
+    mine = tmp_path / 'mine'  # a folder with a README.md of the user's own: the report would replace it
+    mine.mkdir()
+    (mine / 'README.md').write_text('# my project\n')
+    for main in (R.main, OPT.main, O.main):
+        with pytest.raises(SystemExit):
+            main(['--quick', '--results_dir', str(mine), '--runs_dir', str(tmp_path / 'runs')])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: --results_dir {mine} holds a README.md that is not a findings report, which the "
+                       f"report would replace or append to: pick another --results_dir"], err
+    assert (mine / 'README.md').read_text() == '# my project\n' and sorted(os.listdir(mine)) == ['README.md']
 
 
 def _record_with(tmp_path, spoil):
