@@ -126,6 +126,27 @@ def run_inprocess(monkeypatch, argv):
 
 # ---------------------------------------------------------------------------------------------------
 
+def test_token_ids_beyond_the_codec_are_refused_in_one_line(env, monkeypatch, capsys, tmp_path):
+    """Hand-made bins whose ids pass meta.json's vocab_size (here 12 and up, in a model padded to 64 rows) trained
+    without a word, on embedding rows no codec id maps to (for an encoder MDM, id 12 would be its [MASK])."""
+    meta = (env / 'data' / 'runs' / 'meta.json').read_text()
+    for bad, says in [('train', 'train.bin holds token id 40'), ('val', 'val.bin holds token id 40')]:
+        d = tmp_path / 'data' / f'bad_{bad}'
+        d.mkdir(parents=True)
+        (d / 'meta.json').write_text(meta)
+        for split, n, seed in (('train', 20000, 0), ('val', 4000, 1)):
+            x = runs_corpus(n, seed)
+            if split == bad:
+                x[::7] = 40  # in every window
+            x.tofile(d / f'{split}.bin')
+        with pytest.raises(SystemExit) as e:
+            run_inprocess(monkeypatch, [str(env / 'tiny.py'), f'--data_root={tmp_path / "data"}', f'--dataset=bad_{bad}',
+                                        f'--out_dir={tmp_path / bad}', '--max_iters=2'])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 1 and len(err) == 1 and says in err[0] and "has 12 symbols" in err[0], err
+        assert not (tmp_path / bad / 'ckpt.pt').exists()
+
+
 def test_loss_decreases_below_unigram(env):
     run(env, args(env, 'loss', '--max_iters=60', '--eval_interval=20', '--batch_size=16',
                   '--gradient_accumulation_steps=1', '--lr_decay_iters=60'))
