@@ -179,11 +179,15 @@ def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_doc
                     last = time.time()
             f.flush()
             os.fsync(f.fileno())
+        if pool is not None:  # done: let the workers finish and exit on their own
+            pool.close()
+            pool.join()
+            pool = None
     except OSError as e:
         disk_full(e, partial)
     finally:
         bar.close()
-        if pool is not None:
+        if pool is not None:  # an error or an interrupt: stop them (SIGTERM)
             pool.terminate()
     os.replace(partial, path)
     st["done"] = True

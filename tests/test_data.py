@@ -293,6 +293,63 @@ def test_prepare_refuses_a_file_as_out_dir_and_num_proc_below_one(tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+FORKED = """
+import multiprocessing as mp, os, signal, sys
+sys.path.insert(0, {root!r})
+from aogpt.configurator import stop_on_ctrl_c
+stop_on_ctrl_c('stopped')
+def report(q):
+    q.put((signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, signal.getsignal(signal.SIGINT) == signal.SIG_DFL))
+q = mp.get_context('fork').Queue()
+p = mp.get_context('fork').Process(target=report, args=(q,))
+p.start()
+print(q.get(timeout=30), signal.getsignal(signal.SIGTERM) != signal.SIG_DFL)
+p.join()
+"""
+
+STRESS = """
+import io, contextlib, json, os, shutil, signal, sys, tempfile
+sys.path.insert(0, {root!r}); sys.path.insert(0, os.path.join({root!r}, 'data'))
+import prepare_common as pc
+from aogpt.configurator import stop_on_ctrl_c
+stop_on_ctrl_c('stopped')  # as every prepare script does
+splits = {{'train': pc.as_dataset(['doc %d ' % i * 20 for i in range(23)]), 'val': pc.as_dataset(['v'] * 3)}}
+for i in range({n}):
+    d = tempfile.mkdtemp()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        pc.prepare(d, splits, 'test', num_proc=2, batch_docs=4)
+    shutil.rmtree(d)
+print('done', {n})
+"""
+
+
+def test_a_forked_worker_dies_of_sigterm_without_the_parents_handler(tmp_path):
+    """stop_on_ctrl_c's handler, inherited by a forked pool worker, could miss the SIGTERM of pool.terminate()
+    (the worker lived on, blocked on the task queue's lock, and the parent waited forever in terminate's join):
+    a child now gets the default dispositions at fork, while the parent keeps its handler."""
+    f = tmp_path / 'forked.py'
+    f.write_text(FORKED.format(root=pc.ROOT))
+    p = subprocess.run([sys.executable, str(f)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.split() == ['(True,', 'True)', 'True'], p.stdout + p.stderr
+
+
+def test_a_two_process_prepare_never_hangs(tmp_path):
+    """100 small 2-process prepares in a row (each pool ends in close/join, not terminate): before the fixes about
+    1 in 50 hung for good. A hang is caught by the timeout; the process group goes with it."""
+    f = tmp_path / 'stress.py'
+    f.write_text(STRESS.format(root=pc.ROOT, n=100))
+    p = subprocess.Popen([sys.executable, str(f)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True, env={**os.environ, 'TQDM_DISABLE': '1'})
+    try:
+        out, _ = p.communicate(timeout=120)
+    finally:
+        try:
+            os.killpg(p.pid, 9)  # a hung worker too
+        except ProcessLookupError:
+            pass
+    assert p.returncode == 0 and out.strip().endswith('done 100'), out[-2000:]
+
+
 def test_prepare_resumes_after_a_crash(tmp_path, capsys):
     docs = _docs(40)
     crash = {"at": docs[25]}
