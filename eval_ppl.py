@@ -470,8 +470,7 @@ def read_config(argv):
     if extra:
         die(f"--revisions names {extra}, which are not in --datasets {c.names}")
     c.device = script_device(c.device, c.dtype)[0]  # a device this machine lacks, or a bad --dtype: one line
-    # the record's file, checked before an evaluation that may take hours
-    check_writable(json_path(c), 'json_out', 'eval_ppl.json', create=True, given=bool(c.json_out))
+    check_writable(json_path(c), 'json_out', 'eval_ppl.json', create=True, given=bool(c.json_out))  # not hours later
     return c
 
 
