@@ -256,6 +256,19 @@ def stop_on_ctrl_c(what):
     os.register_at_fork(after_in_child=_default_signals)
 
 
+def die_with_parent(parent):
+    """In a worker process (a prepare pool's): the kernel kills it when its parent dies (Linux's PR_SET_PDEATHSIG),
+    even while it waits idle on a queue whose write end its siblings keep open; a SIGKILLed prepare left such a
+    worker waiting forever. parent: the parent's pid, read before the fork (it may already be gone)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: prepare_shards.advance's own check of the parent still stops a busy worker
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+
+
 def _default_signals():
     """In a forked child (a prepare pool's worker): Ctrl-C and SIGTERM kill it at once, as if no handler had been
     set. A Python-level handler inherited from the parent could miss the signal: a Pool worker given SIGTERM by

@@ -28,6 +28,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from aogpt.configurator import die_with_parent  # noqa: E402
 from aogpt.errors import UserError  # noqa: E402
 from aogpt.evalsets import doc_end  # noqa: E402  (the ids that end a document: [EOT], or '\n' for char level)
 from aogpt.paths import make_folder  # noqa: E402
@@ -47,8 +48,9 @@ def as_dataset(docs):
 _W = {}
 
 
-def _init_pool_worker(*args):
+def _init_pool_worker(parent, *args):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (one line, not one per worker)
+    die_with_parent(parent)  # a SIGKILLed parent: no worker left waiting on the task queue
     _init_worker(*args)
 
 
@@ -156,7 +158,7 @@ def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_doc
     pool = None
     if num_proc > 1 and len(tasks) > 1:
         import multiprocessing as mp
-        pool = mp.Pool(num_proc, _init_pool_worker, args)
+        pool = mp.Pool(num_proc, _init_pool_worker, (os.getpid(), *args))
         results = pool.imap(_tokenize_range, tasks)  # ordered: the bin is the same for any num_proc
     else:
         _init_worker(*args)

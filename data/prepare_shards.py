@@ -24,6 +24,7 @@ import signal
 import numpy as np
 from prepare_common import atomic_json, disk_full
 
+from aogpt.configurator import die_with_parent
 from aogpt.errors import UserError
 from aogpt.tokenizer import gpt2_codec
 
@@ -61,6 +62,7 @@ _W = {"progress": None, "stop": None, "parent": None}
 
 def _init_worker(progress, stop, parent):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
+    die_with_parent(parent)  # an idle worker never reaches advance()'s check of the parent
     _W.update(progress=progress, stop=stop, parent=parent)
 
 

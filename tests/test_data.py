@@ -7,6 +7,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -331,6 +332,50 @@ def test_a_forked_worker_dies_of_sigterm_without_the_parents_handler(tmp_path):
     f.write_text(FORKED.format(root=pc.ROOT))
     p = subprocess.run([sys.executable, str(f)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.split() == ['(True,', 'True)', 'True'], p.stdout + p.stderr
+
+
+ORPHAN = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from aogpt.configurator import die_with_parent
+r, w = os.pipe()
+parent = os.getpid()
+pid = os.fork()
+if pid == 0:  # a pool worker waiting for its next job: a pipe whose write end it holds itself never ends
+    if {use}:
+        die_with_parent(parent)
+    os.read(r, 1)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _alive(pid):
+    try:
+        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize('use', [True, False])
+def test_a_worker_dies_with_its_sigkilled_parent(tmp_path, use):
+    """A SIGKILLed prepare left a pool worker waiting forever for its next job. die_with_parent has the kernel
+    kill it with the parent; without it (use=False, the control) the same worker outlives its parent."""
+    f = tmp_path / 'orphan.py'
+    f.write_text(ORPHAN.format(root=pc.ROOT, use=use))
+    p = subprocess.Popen([sys.executable, str(f)], stdout=subprocess.PIPE, text=True)
+    child = int(p.stdout.readline())
+    p.kill()
+    p.wait()
+    deadline = time.time() + (5 if use else 1.5)  # the control only needs to be seen alive a while
+    while _alive(child) and time.time() < deadline:
+        time.sleep(0.05)
+    try:
+        assert _alive(child) != use
+    finally:
+        if _alive(child):
+            os.kill(child, 9)
 
 
 def test_a_two_process_prepare_never_hangs(tmp_path):
