@@ -3,7 +3,8 @@ aogpt: the library behind the commands at the repository's root (train.py, sampl
 eval_harness.py, export.py) and the model they share (model.py, also at the root).
 
     errors        UserError, the library's one exception for bad input, and how a command prints it
-    configurator  the command-line / config-file settings of every script
+    configurator  the command-line / config-file settings of every script, and how its processes end (Ctrl-C,
+                  SIGTERM, a parent's death)
     runtime       device, dtype, autocast, process settings, torchrun ranks
     tokenizer     codecs (GPT-2 BPE, character level) and dataset metadata
     hub, evalsets the Hugging Face hub; the zero-shot eval sets and their detokenizers
