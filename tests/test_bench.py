@@ -11,6 +11,7 @@ import time
 
 import pytest
 from conftest import ROOT
+from helpers import processes
 
 # per script, the sizes that make a run take seconds on a CPU (appended: the last value of a key wins)
 TOY = {
@@ -122,20 +123,6 @@ def test_bad_settings_are_one_line_before_anything_is_built(argv, says):
     assert p.returncode != 0 and len(err) == 1 and err[0].startswith(says), p.stderr
 
 
-def _processes_mentioning(text):
-    """The pids whose command line or environment mentions text (from /proc: no psutil needed); the demos'
-    bash has it in its environment (DEMO_OUT), their train.py in its command line."""
-    pids = []
-    for d in os.listdir('/proc'):
-        try:
-            if d.isdigit() and any(text in open(f'/proc/{d}/{f}', 'rb').read().decode(errors='replace')
-                                   for f in ('cmdline', 'environ')) and int(d) != os.getpid():
-                pids.append(int(d))
-        except OSError:
-            pass
-    return pids
-
-
 def test_demo_spread_ends_its_demos_with_it(tmp_path):
     """SIGTERM to bench/demo_spread.py left each demo's bash and its train.py running (bash dies of a SIGTERM at
     once and orphans its child). Now each demo is a process group that ends with it; nothing is written."""
@@ -148,14 +135,14 @@ def test_demo_spread_ends_its_demos_with_it(tmp_path):
             assert p.poll() is None and time.time() < deadline, p.communicate()
             time.sleep(0.5)
         assert any('train.py' in open(f'/proc/{q}/cmdline', 'rb').read().decode(errors='replace')
-                   for q in _processes_mentioning(str(keep)))
+                   for q in processes(str(keep)))
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=90)
         assert p.returncode == 143 and err.strip().splitlines()[-1].startswith('terminated: the demos were stopped'), err
         time.sleep(0.5)
-        assert _processes_mentioning(str(keep)) == [] and not out.exists()
+        assert processes(str(keep)) == [] and not out.exists()
     finally:
-        for q in _processes_mentioning(str(keep)):
+        for q in processes(str(keep)):
             os.kill(q, signal.SIGKILL)
         if p.poll() is None:
             p.kill()

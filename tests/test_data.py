@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from helpers import alive
 
 from aogpt import evalsets, tokenizer
 from aogpt.errors import UserError
@@ -351,13 +352,6 @@ time.sleep(120)
 """
 
 
-def _alive(pid):
-    try:
-        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize('use', [True, False])
 def test_a_worker_dies_with_its_sigkilled_parent(tmp_path, use):
     """A SIGKILLed prepare left a pool worker waiting forever for its next job. die_with_parent has the kernel
@@ -369,12 +363,12 @@ def test_a_worker_dies_with_its_sigkilled_parent(tmp_path, use):
     p.kill()
     p.wait()
     deadline = time.time() + (5 if use else 1.5)  # the control only needs to be seen alive a while
-    while _alive(child) and time.time() < deadline:
+    while alive(child) and time.time() < deadline:
         time.sleep(0.05)
     try:
-        assert _alive(child) != use
+        assert alive(child) != use
     finally:
-        if _alive(child):
+        if alive(child):
             os.kill(child, 9)
 
 

@@ -20,6 +20,7 @@ import urllib.parse
 
 import numpy as np
 import pytest
+from helpers import processes
 
 from aogpt.errors import UserError
 from aogpt.tokenizer import gpt2_codec
@@ -238,9 +239,9 @@ def test_sigkill_mid_prepare_resumes_to_the_same_bins(tmp_path):
     assert not (out / "meta.json").exists() and not (out / "train.bin").exists()
     # its workers die with it: an idle one used to wait forever on the task queue (its siblings hold the pipe)
     deadline = time.time() + 15
-    while _mentioning(f"--out_dir={out}") and time.time() < deadline:
+    while processes(f"--out_dir={out}") and time.time() < deadline:
         time.sleep(0.1)
-    left = _mentioning(f"--out_dir={out}")
+    left = processes(f"--out_dir={out}")
     for q in left:
         os.kill(q, signal.SIGKILL)
     assert left == [], "workers outlived their SIGKILLed parent"
@@ -270,19 +271,6 @@ def test_sizes_are_said_in_the_unit_that_fits():
     import prepare_common as pc
     assert [pc.human_bytes(n) for n in (0, 999, 4_300, 1_234_567, 17e9)] == ["0 bytes", "999 bytes", "4.3 kB",
                                                                                "1.23 MB", "17 GB"]
-
-
-def _mentioning(text):
-    """The live (not zombie) processes whose command line holds text."""
-    out = []
-    for d in os.listdir("/proc"):
-        try:
-            if d.isdigit() and text in open(f"/proc/{d}/cmdline", "rb").read().decode(errors="replace") and \
-                    open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
-                out.append(int(d))
-        except OSError:
-            pass
-    return out
 
 
 def _children(pid):
