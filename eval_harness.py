@@ -619,13 +619,10 @@ def json_path(c):
 def write_record(record, c):
     """The record as JSON (atomically), and appended to the .jsonl history beside it, as eval_ppl.py does: a run
     of other tasks replaces harness.json, never an earlier run's results."""
-    from aogpt.checkpoint import atomic_write
+    from aogpt.checkpoint import save_record
     path = json_path(c)
-    history = os.path.splitext(path)[0] + '.jsonl'
     try:
-        atomic_write(path, lambda f: json.dump(record, f, indent=2), 'w')
-        with open(history, 'a') as f:
-            f.write(json.dumps(record) + '\n')
+        history = save_record(path, record)
     except OSError as e:
         die(f"cannot write {path} ({e.strerror}); the table above has the numbers; pass --out FILE")
     print(f"wrote {path} (history: {history})")

@@ -36,7 +36,6 @@ The estimators are importable (bench/eval_speed.py uses them) and return token-w
 
 import difflib
 import hashlib
-import json
 import math
 import os
 import sys
@@ -45,7 +44,7 @@ import time
 import torch
 from torch.nn import functional as F
 
-from aogpt.checkpoint import atomic_write, checkpoint_codec, fingerprint, load_model
+from aogpt.checkpoint import checkpoint_codec, fingerprint, load_model, save_record
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die
 from aogpt.evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
@@ -683,12 +682,10 @@ def write_record(record, c):
     record['checkpoint'] = os.path.abspath(record['checkpoint']) if os.path.exists(record['checkpoint']) \
         else record['checkpoint']
     try:
-        atomic_write(out, lambda f: json.dump(record, f, indent=2), 'w')
-        with open(os.path.splitext(out)[0] + '.jsonl', 'a') as f:
-            f.write(json.dumps(record) + '\n')
+        history = save_record(out, record)
     except OSError as e:
         die(f"cannot write {out} ({e.strerror}); the table above has the numbers; pass --json_out FILE")
-    print(f"wrote {out} (history: {os.path.splitext(out)[0] + '.jsonl'})")
+    print(f"wrote {out} (history: {history})")
     if c.plot and record['datasets']:
         png = os.path.splitext(out)[0] + '.png'
         plot_eval(record, png)

@@ -77,6 +77,17 @@ def atomic_write(path, write, mode='wb'):
         pass
 
 
+def save_record(path, record):
+    """An eval record as JSON at path (atomically), and appended to the .jsonl history beside it, where every run
+    is kept: a run of other sets or tasks replaces the JSON, never an earlier run's numbers. Returns the
+    history's path; a failed write raises OSError."""
+    history = os.path.splitext(path)[0] + '.jsonl'
+    atomic_write(path, lambda f: json.dump(record, f, indent=2), 'w')
+    with open(history, 'a') as f:
+        f.write(json.dumps(record) + '\n')
+    return history
+
+
 def save_checkpoint(obj, path):
     """torch.save through atomic_write: a kill or a full disk mid-save never corrupts or loses `path`."""
     atomic_write(path, lambda f: torch.save(obj, f))
