@@ -546,8 +546,8 @@ class GPT(nn.Module):
         Muon (torch.optim.Muon) takes the blocks' hidden matrices (attention c_attn/c_proj, MLP c_fc/c_proj), and
         with muon_adaln the AdaLN Linears (target_dim -> 6d per block, -> 2d before the head) as well (on AO-GPT
         they train faster there: finding 9); AdamW the rest: embeddings, head, norms, biases. Both decay their
-        matrices by weight_decay in the same decoupled form (p -= lr * weight_decay * p). Each parameter is in one group, in named_parameters order, so the
-        saved states (positional, as torch keeps them) line up on resume."""
+        matrices by weight_decay in the same decoupled form (p -= lr * weight_decay * p). Each parameter is in one
+        group, in named_parameters order, so the saved states (positional, as torch keeps them) line up on resume."""
         # Decay every matrix (embeddings and AdaLN included, as in the paper's code); not biases or norms.
         named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
         hidden = ('.attn.c_attn.weight', '.attn.c_proj.weight', '.mlp.c_fc.weight', '.mlp.c_proj.weight')

@@ -185,8 +185,9 @@ def read_windows(split, starts):
     # re-open the memmap every call: a long-lived one keeps growing the page cache (nanoGPT #428)
     data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
     windows = np.stack([data[s:s + block_size] for s in starts])
-    if windows.max() >= data_vocab:  # a hand-made bin: such an id would train the padding rows, or be the mask
-        fail(f"{data_dir}/{split}.bin holds token id {windows.max()}, but its codec (meta.json) has {data_vocab} "
+    top = int(windows.max())
+    if top >= data_vocab:  # a hand-made bin: such an id would train the padding rows, or be the mask
+        fail(f"{data_dir}/{split}.bin holds token id {top}, but its codec (meta.json) has {data_vocab} "
              f"symbols: the bins and their metadata disagree; re-run the dataset's prepare.py")
     x = torch.from_numpy(windows.astype(np.int64))
     if device_type == 'cuda':
