@@ -72,17 +72,22 @@ def run(model, opt, lr, seed, adamw_lr=None, adaln=False):
     return name, (over, f"{NAMES[model]}, {what}, seed {seed}")
 
 
-def train(c, iters, sub, runs):
-    """Train runs {name: (overrides, what)} for `iters` steps in runs_dir/sub; returns {name: log}."""
+def stage_config(c, iters, sub):
+    """reproduce.py's settings for a stage of this study: its runs' length, and their folder runs_dir/sub."""
     rc = copy.copy(c.rc)
     rc.max_iters, rc.runs_dir = iters, os.path.join(c.runs_dir, sub)
+    return rc
+
+
+def train(c, iters, sub, runs):
+    """Train runs {name: (overrides, what)} for `iters` steps in runs_dir/sub; returns {name: log}."""
+    rc = stage_config(c, iters, sub)
     R.train_runs(rc, list(runs), runs)
     return {k: R.read_log(os.path.join(rc.runs_dir, k)) for k in runs}
 
 
 def commands(c, iters, sub, runs):
-    rc = copy.copy(c.rc)
-    rc.max_iters, rc.runs_dir = iters, os.path.join(c.runs_dir, sub)
+    rc = stage_config(c, iters, sub)
     return {k: 'python ' + ' '.join(R.train_args(rc, k, runs)) for k in runs}
 
 
