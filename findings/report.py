@@ -7,6 +7,7 @@ import os
 import re
 
 SECTIONS = {9: 'f9_optimizers.md', 10: 'f10_orders.md'}  # findings whose own commands write these sections
+PLACE = '<!-- the section goes here -->'  # merge_section's placeholder while it edits the findings table
 TITLE = '# Paper findings at small scale'  # the report's first line: a README.md without it is not ours to rewrite
 
 
@@ -30,8 +31,11 @@ def merge_section(path, n, sec):
     if not sec.startswith(mark):
         sec = f"{mark}\n{sec.strip()}\n{end}\n"
     text = open(path, encoding='utf-8').read()
-    if mark in text and end in text:
-        text = text[:text.index(mark)].rstrip('\n') + '\n' + text[text.index(end) + len(end):].lstrip('\n')
+    if mark in text and end in text:  # in its place, so a rerun of one finding keeps the sections' order
+        before, after = text[:text.index(mark)].rstrip('\n'), text[text.index(end) + len(end):].lstrip('\n')
+        text = before + '\n\n' + PLACE + '\n\n' + after
+    else:
+        text = text.rstrip('\n') + '\n\n' + PLACE
     lines = text.rstrip('\n').split('\n')
     row = next(ln for ln in sec.split('\n') if ln.startswith(f'| {n} | '))
     head = next((i for i, ln in enumerate(lines) if ln.startswith('| # | claim')), None)
@@ -43,7 +47,7 @@ def merge_section(path, n, sec):
         at = next((i for i, ln in enumerate(rows) if _row_after(ln, n)), len(rows))
         lines = lines[:head + 2] + rows[:at] + [row] + rows[at:] + lines[stop:]
     with open(path, 'w', encoding='utf-8') as f:
-        f.write('\n'.join(lines) + '\n\n' + sec)
+        f.write('\n'.join(lines).replace(PLACE, sec.strip('\n')).rstrip('\n') + '\n')
     return True
 
 

@@ -153,9 +153,13 @@ def test_sections_of_findings_9_and_10_go_into_the_report_once_in_order(tmp_path
     at = lines.index('| 8 | x | y | z |')
     assert lines[at + 1].startswith('| 9 | muon | **b**') and lines[at + 2].startswith('| 10 | claim | **second**')
     assert '| 9 | 0.1 |' in lines and '| 10 | 0.2 |' in lines
+    assert report.merge_section(str(readme), 10, sec10('third'))  # a rerun of one finding keeps the sections' order
+    again = readme.read_text()
+    assert again.index('## Finding 10') < again.index('## Finding 9') and again == text.replace('second', 'third')
     assert not report.merge_section(str(tmp_path / 'none.md'), 10, sec10('x'))
 
 
+@pytest.mark.slow
 def test_quick_pipeline_runs_end_to_end(tmp_path):
     """`reproduce.py --quick`: every run trains, every finding gets a row, every plot is written."""
     runs, res = tmp_path / 'runs', tmp_path / 'res'
