@@ -120,6 +120,7 @@ lr_decay_iters = 500000
 min_lr = 6e-5
 muon_lr = 0.02  # optimizer=muon: Muon's peak; it decays to the same fraction of it as learning_rate to min_lr
 muon_adaln = True  # optimizer=muon: the AdaLN Linears in Muon too (measured better: finding 9); False: AdamW
+muon_dtype = 'bfloat16'  # optimizer=muon: Newton-Schulz in bfloat16 (torch's) | float32 (faster on CPUs without bf16 units)
 ema_decay = 0.9999  # EMA of the weights, warm-up min(decay, (1+n)/(10+n)); 0 disables
 # system
 device = 'auto'  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
@@ -271,7 +272,8 @@ def train_micro_batch(it, m, frac):
 # ------------------------------------------------------------------ optimizer, EMA, scaler
 # [AdamW] or [AdamW, Muon]; AdamW's state is saved as 'optimizer' (as it always was), Muon's as 'muon'
 optimizers = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type,
-                                        muon_lr=muon_lr if optimizer == 'muon' else None, muon_adaln=muon_adaln)
+                                        muon_lr=muon_lr if optimizer == 'muon' else None, muon_adaln=muon_adaln,
+                                        muon_dtype=muon_dtype)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 ema = EMA(model, ema_decay) if ema_decay > 0 else None  # see ema.py
 iter_num, best_val_loss, elapsed = 0, float('inf'), 0.0

@@ -27,7 +27,7 @@ from aogpt.orders import TRAIN_MODES, parse_order
 from aogpt.tokenizer import get_codec
 from model import GPTConfig, config_fields
 
-MUON_KEYS = ('muon_lr', 'muon_adaln')  # what only optimizer='muon' takes
+MUON_KEYS = ('muon_lr', 'muon_adaln', 'muon_dtype')  # what only optimizer='muon' takes
 
 
 def check_config(cfg, given=()):
@@ -52,6 +52,7 @@ def check_config(cfg, given=()):
     need(cfg['l2r_frac_end'] is None or 0 <= cfg['l2r_frac_end'] <= 1, 'l2r_frac_end',
          "a probability in [0, 1], or None")
     need(cfg['optimizer'] in ('adamw', 'muon'), 'optimizer', "adamw or muon")
+    need(cfg['muon_dtype'] in ('bfloat16', 'float32'), 'muon_dtype', "bfloat16 or float32")
     ignored = [k for k in MUON_KEYS if k in given]
     if cfg['optimizer'] != 'muon' and ignored:
         raise UserError(f"{', '.join(ignored)} {'is a setting' if len(ignored) == 1 else 'are settings'} of "
