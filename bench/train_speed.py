@@ -7,6 +7,7 @@ side by side in one run (absolute CPU times are noise; the ratios are the result
         --block_size=1024 --batch_size=16 --compile=True         # AO-GPT-small on a GPU
     ... --write=True                                              # append the table to BENCHMARKS.md
     python bench/train_speed.py --optimizer                       # the optimizer step: AdamW against Muon
+    ... --optimizer --json_out=f.json                             # the same rows as JSON (findings/optimizers.py)
 
 Models (same backbone: RMSNorm, QK-norm, untied head):
   ao        AO-GPT, per-token AdaLN: each block runs Linear(128 -> 6d) on every token
@@ -17,10 +18,12 @@ Models (same backbone: RMSNorm, QK-norm, untied head):
 Activation memory = peak memory during forward+backward minus the memory held before the forward
 (weights, grads, optimizer state), on CUDA only.
 
---optimizer: each model trained twice, with train.py's optimizer=adamw and optimizer=muon groups (Muon for
-the blocks' hidden matrices and AdaLN Linears, AdamW for the rest), timing the optimizer step (synchronised
-on both sides) apart from the whole step: its cost against AdamW's, and its share of a training step.
+--optimizer: each model trained with each of `optimizers`: train.py's optimizer=adamw, optimizer=muon (Muon
+for the blocks' hidden matrices and AdaLN Linears, AdamW for the rest; muon: torch's bfloat16 Newton-Schulz,
+muon_fp32: muon_dtype=float32), timing the optimizer step (synchronised on both sides) apart from the whole
+step: its cost against AdamW's, and its share of a training step.
 """
+import json
 import os
 import sys
 import time
@@ -28,8 +31,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
+from aogpt.checkpoint import atomic_write  # noqa: E402
 from aogpt.configurator import configure, print_config, split_list  # noqa: E402
-from aogpt.errors import exit_in_one_line  # noqa: E402
+from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
+from aogpt.paths import check_writable  # noqa: E402
 from aogpt.runtime import fast_math  # noqa: E402
 from bench.common import append_benchmark, check_settings  # noqa: E402
 from model import GPT, GPTConfig, mdm_corrupt, random_orders  # noqa: E402
@@ -39,6 +44,7 @@ dtype = 'bfloat16'           # autocast dtype on CUDA; CPU runs fp32
 n_layer = 4
 n_head = 4
 n_embd = 128
+target_dim = 128             # width of the AdaLN target table
 block_size = 128
 vocab_size = 50304
 batch_size = 8
@@ -51,15 +57,25 @@ sdpa = 'default'             # attention kernel on CUDA: default | flash | cudnn
 write = False                # append the table to BENCHMARKS.md
 profile = False              # after timing, profile 3 steps of each model and print where the time goes
 optimizer = False            # time the optimizer step of AdamW and of Muon (+ AdamW for the rest) instead
+optimizers = 'adamw,muon,muon_fp32'  # --optimizer: which (muon: bf16 Newton-Schulz; muon_fp32: muon_dtype=float32)
+json_out = ''                # --optimizer: also write the rows to this JSON file
 seed = 0
 exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
 print_config(config)
 check_settings(config, at_least=dict(batch_size=1, iters=1, warmup=0),
                one_of=dict(dtype=('bfloat16', 'float16', 'float32'), sdpa=('default', 'flash', 'cudnn', 'efficient')),
-               model=dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, vocab_size=vocab_size))
+               model=dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, target_dim=target_dim, block_size=block_size,
+                          vocab_size=vocab_size))
 MODELS = split_list('models', models, str, lambda m: m in ('ao', 'ao_table', 'gpt', 'mdm'),
                     'models among ao, ao_table, gpt, mdm')
+MUON_DTYPE = {'adamw': None, 'muon': 'bfloat16', 'muon_fp32': 'float32'}  # --optimizer's names: Muon's NS dtype
+OPTIMIZERS = split_list('optimizers', optimizers, str, lambda o: o in MUON_DTYPE,
+                        'optimizers among adamw, muon, muon_fp32')
+if optimizer and OPTIMIZERS[0] != 'adamw':
+    raise UserError("--optimizers must start with adamw, the baseline the others are compared with")
+if json_out:
+    check_writable(json_out, 'json_out', 'optimizers.json', create=True)
 
 torch.manual_seed(seed)
 fast_math(device)  # as train.py: TF32 on CUDA, denormals flushed on the CPU
@@ -135,14 +151,15 @@ VARIANTS = {
 
 def make_step(name, opt_name='adamw'):
     """(model, its training step, the list each step appends its optimizer seconds to when --optimizer)."""
-    cfg = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
+    cfg = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, target_dim=target_dim, block_size=block_size,
                     vocab_size=vocab_size, **VARIANTS[name])
     model = GPT(cfg).to(device)
-    opts = model.configure_optimizers(0.05, 3e-4, (0.9, 0.95), 'cuda' if cuda else 'cpu',
-                                      muon_lr=0.02 if opt_name == 'muon' else None)  # train.py's defaults
+    muon_dtype = MUON_DTYPE[opt_name]
+    opts = model.configure_optimizers(0.05, 3e-4, (0.9, 0.95), 'cuda' if cuda else 'cpu',  # train.py's defaults
+                                      muon_lr=0.02 if muon_dtype else None, muon_dtype=muon_dtype or 'bfloat16')
     fwd = torch.compile(model) if compile else model
     g = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randint(0, 50257, (batch_size, block_size), device=device, generator=g)
+    x = torch.randint(0, min(vocab_size, 50257), (batch_size, block_size), device=device, generator=g)
     opt_s = []
 
     def step():
@@ -197,9 +214,9 @@ def bench(name):
 
 
 def bench_optimizers(name):
-    """--optimizer: the model twice, with AdamW and with Muon + AdamW, their steps interleaved
-    (a drifting load, CPU or GPU clocks, hits both alike); medians over iters steps of each."""
-    runs = {o: make_step(name, o) for o in ('adamw', 'muon')}
+    """--optimizer: the model once per optimizer, their steps interleaved (a drifting load, CPU or GPU clocks,
+    hits all alike); medians over iters steps of each."""
+    runs = {o: make_step(name, o) for o in OPTIMIZERS}
     for _ in range(warmup):
         for _, step, _ in runs.values():
             step()
@@ -237,11 +254,16 @@ if optimizer:
     rows = [r for m in MODELS for r in bench_optimizers(m)]
     table = optimizer_table(rows)
     print(table)
+    if json_out:
+        record = dict(rows=rows, torch=torch.__version__, capability=torch.backends.cpu.get_cpu_capability(),
+                      threads=torch.get_num_threads())
+        atomic_write(json_out, lambda f: json.dump(record, f, indent=1), 'w')
     if write:
         append_benchmark('Optimizer step, AdamW against Muon', cuda, f"{n_layer}L/{n_embd}d/{n_head}H, block "
                          f"{block_size}, batch {batch_size}, {dtype if cuda else 'fp32'}, compile={compile}; Muon "
-                         f"(torch.optim.Muon, bf16 Newton-Schulz) for the blocks' hidden matrices and AdaLN Linears, "
-                         f"AdamW for the rest, as train.py's optimizer=muon.", table)
+                         f"(muon: torch.optim.Muon's bf16 Newton-Schulz; muon_fp32: muon_dtype=float32) for the "
+                         f"blocks' hidden matrices and AdaLN Linears, AdamW for the rest, as train.py's "
+                         f"optimizer=muon.", table)
     sys.exit(0)
 
 rows = [bench(m) for m in MODELS]
