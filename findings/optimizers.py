@@ -5,6 +5,7 @@ scale: reproduce.py's setting (character-level PTB, context 32, 2 layers x 64) a
     python findings/optimizers.py              # about 45 CPU-core-minutes (2 jobs) -> results/f9_*
     python findings/optimizers.py --quick      # the pipeline end to end in tiny runs; judges nothing
     python findings/optimizers.py --replot     # only redraw results/f9_*.png from results/f9_optimizers.json
+    python findings/optimizers.py --extend     # keep the record's runs; add what it lacks (step times, float32 runs)
 
 Models: reproduce.py's `ao` (AO-GPT, scored by its any-order and by its L2R val loss) and `l2r` (the same
 architecture trained left to right, finding 1's GPT, scored by its L2R loss), each trained with AdamW and
@@ -16,6 +17,11 @@ with Muon, by reproduce.py's train_args with an eval every eval_interval steps.
    (muon_adaln=True) instead of in AdamW. Best: the lowest end loss (mean of the last 3 evals) in the model's
    own objective (AO: any-order; L2R: L2R). The placement that wins on `ao` is the one both models use.
 2. Each model and optimizer at its best, max_iters steps, every seed in `seeds`.
+3. Muon's Newton-Schulz in float32 (train.py's muon_dtype=float32) on AO-GPT, at Muon's best, every seed: the
+   same runs as 2's Muon runs but for the iteration's dtype, judged the same way.
+4. The wall-clock of a step of each (bench/train_speed.py --optimizer at this shape, one thread as each run
+   here has, the optimizers' steps interleaved in one process): the step ratio times the step-time ratio is
+   Muon's wall-clock to AdamW's end loss over AdamW's own.
 
 Verdict, per model and loss, seed by seed (Muon against the AdamW run of the same seed): the steps Muon needs
 to reach AdamW's final loss (the AdamW run's end loss) over the steps AdamW needs, both by linear
@@ -28,6 +34,7 @@ import copy
 import json
 import os
 import resource
+import subprocess
 import sys
 import time
 
@@ -52,22 +59,29 @@ eval_interval = 100            # fine enough to interpolate the step a loss is r
 lrs_adamw = '1.5e-3,3e-3,6e-3,1.2e-2'  # AdamW's learning_rate (reproduce.py's runs use 3e-3; 6e-3 won the first three)
 lrs_muon = '0.01,0.02,0.04'    # Muon's muon_lr (the anchors' tuned values: 0.02-0.035)
 seeds = '1337,2'               # the first one also runs the sweep
+time_iters = 200               # timed steps of each optimizer for the step times (interleaved)
+extend = False                 # reuse results_dir's record: train and measure only what it lacks
 # -----------------------------------------------------------------------------
 MODELS = {'ao': ('val_ao', 'val_l2r'), 'l2r': ('val_l2r',)}  # the losses judged; the first one picks the best
 NAMES = {'ao': 'AO-GPT', 'l2r': 'L2R GPT', 'val_ao': 'any-order', 'val_l2r': 'L2R'}
 RECORD, FIG_CURVES, FIG_SWEEP, SECTION = 'f9_optimizers.json', 'f9_optimizers.png', 'f9_sweep.png', 'f9_optimizers.md'
+VOCAB = 64  # ptb_char's 49 symbols, padded as train.py pads them (a multiple of 64)
 
 
 def run(model, opt, lr, seed, adamw_lr=None, adaln=False):
-    """(name, (train.py overrides beyond reproduce.py's shared ones, what it is)) of one run."""
+    """(name, (train.py overrides beyond reproduce.py's shared ones, what it is)) of one run. opt: adamw, muon,
+    or muon32 (Muon with its Newton-Schulz iteration in float32)."""
     over = dict(R.RUNS[model][0])  # l2r: order_mode='l2r'
     if opt == 'adamw':
         over.update(learning_rate=lr, min_lr=lr / 10)
         name, what = f"{model}_adamw_lr{lr:g}_s{seed}", f"AdamW lr {lr:g}"
     else:
         over.update(learning_rate=adamw_lr, min_lr=adamw_lr / 10, optimizer='muon', muon_lr=lr, muon_adaln=adaln)
-        name = f"{model}_muon_lr{lr:g}{'_adaln' if adaln else ''}_s{seed}"
-        what = f"Muon lr {lr:g}{' (AdaLN in Muon)' if adaln else ''}, AdamW lr {adamw_lr:g}"
+        if opt == 'muon32':
+            over['muon_dtype'] = 'float32'
+        name = f"{model}_{opt}_lr{lr:g}{'_adaln' if adaln else ''}_s{seed}"
+        what = (f"Muon lr {lr:g}{' (AdaLN in Muon)' if adaln else ''}{', float32 Newton-Schulz' if opt == 'muon32' else ''}"
+                f", AdamW lr {adamw_lr:g}")
     over['seed'] = seed
     return name, (over, f"{NAMES[model]}, {what}, seed {seed}")
 
@@ -214,8 +228,18 @@ def report(c, d, cmd):
         v = 'not judged (--quick)'
     others = '; '.join(f"{NAMES[k.split()[0]]} {NAMES[k.split()[1]]}: {verdict_line(rows)[1]}"
                        for k, rows in judged.items() if k != 'ao val_ao')
+    ms = {r['optimizer']: r['ms'] for r in d['step_times']['rows']}
+    cost = {o: ms[o] / ms['adamw'] for o in ms}  # a step's wall-clock against AdamW's
+    f32 = float32_rows(d)
+    wall = lambda rows, o: mean_spread([r['ratio'] * cost[o] for r in rows])  # noqa: E731  (None: judged 'not met')
+    wall_text = (f"wall-clock to AdamW's any-order end loss on this CPU: Muon {cost['muon']:.2f}x AdamW's step time"
+                 + (f", so {wall(judged['ao val_ao'], 'muon')[0]:.2f}x the time"
+                    if all(r['ratio'] for r in judged['ao val_ao']) else '')
+                 + f"; with a float32 Newton-Schulz {cost['muon_fp32']:.2f}x the step time"
+                 + (f", {mean_spread([r['ratio'] for r in f32])[0]:.2f}x the steps, "
+                    f"{wall(f32, 'muon_fp32')[0]:.2f}x the time" if all(r['ratio'] for r in f32) else ''))
     row = (f"| 9 | {claim} ([plot]({FIG_CURVES})) | **{v}** | any-order: {text}; {others}; {gap_text}; "
-           f"best: {d['best_text']} |")
+           f"{wall_text}; best: {d['best_text']} |")
     md = [f"## Finding 9: Muon beside AdamW, steps to a target loss{' (QUICK: nothing judged)' if c.quick else ''}",
           '', f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, "
           + (f"{d['cpu_min']:.1f} CPU-core-minutes for the runs it trained (runs reused cost nothing here)"
@@ -227,17 +251,35 @@ def report(c, d, cmd):
           f"steps Muon needs to reach the final (end: mean of the last 3 evals) loss of AdamW's run of the same "
           f"seed, over AdamW's own steps to it (both interpolated on the eval curve); ± half the seed range.", '',
           '| # | claim | verdict | evidence |', '|---|---|---|---|', row, '',
-          '| model | loss | seed | AdamW end | Muon end | Muon steps / AdamW steps to AdamW\'s end | at '
+          '| model | loss | seed | AdamW end | Muon end | Muon steps / AdamW steps to AdamW\'s end | Muon time / '
+          'AdamW time to it | at '
           + ', '.join(f"step {t}" for t in (d['config']['max_iters'] // 4, d['config']['max_iters'] // 2))
-          + ' (AdamW / Muon) |', '|---|---|---|---|---|---|---|']
+          + ' (AdamW / Muon) |', '|---|---|---|---|---|---|---|---|']
     for k, rows in judged.items():
         model, key = k.split()
         for r in rows:
             ratio = (f"{r['muon_steps']:.0f} / {r['adamw_steps']:.0f} = {r['ratio']:.2f}" if r['ratio'] is not None
                      else f"not reached / {r['adamw_steps']:.0f}")
+            time_ratio = f"{r['ratio'] * cost['muon']:.2f}" if r['ratio'] is not None else ''
             at = ', '.join(f"{a:.3f} / {m:.3f}" for t, (a, m) in r['at'].items() if t < d['config']['max_iters'])
             md.append(f"| {NAMES[model]} | {NAMES[key]} | {r['seed']} | {r['adamw_end']:.3f} | {r['muon_end']:.3f} | "
-                      f"{ratio} | {at} |")
+                      f"{ratio} | {time_ratio} | {at} |")
+    st = d['step_times']
+    md += ['', f"A training step's wall-clock (median of {d['config'].get('time_iters', '?')} interleaved steps "
+           f"each, one thread, torch {st['torch']}, CPU kernels {st['capability']}: `{st['command']}`); the time "
+           f"ratio above is the step ratio times Muon's step time over AdamW's:", '',
+           '| optimizer | ms/step | optimizer ms/step | vs AdamW |', '|---|---|---|---|']
+    md += [f"| {r['optimizer']} | {r['ms']:.2f} | {r['opt_ms']:.2f} | {cost[r['optimizer']]:.2f}x |"
+           for r in st['rows']]
+    md += ['', "Muon's Newton-Schulz in float32 (`--muon_dtype=float32`) against torch's bfloat16, AO-GPT any-order, "
+           "the same runs but for that dtype:", '',
+           '| seed | AdamW end | Muon end (bf16) | Muon end (fp32) | steps to AdamW\'s end, bf16 / fp32 (x AdamW\'s) '
+           '| time to it, bf16 / fp32 (x AdamW\'s) |', '|---|---|---|---|---|---|']
+    for r, b in zip(f32, judged['ao val_ao']):
+        fmt = lambda x, c=1.0: f"{x * c:.2f}" if x is not None else 'not reached'  # noqa: E731
+        md.append(f"| {r['seed']} | {r['adamw_end']:.3f} | {b['muon_end']:.3f} | {r['muon_end']:.3f} | "
+                  f"{fmt(b['ratio'])} / {fmt(r['ratio'])} | {fmt(b['ratio'], cost['muon'])} / "
+                  f"{fmt(r['ratio'], cost['muon_fp32'])} |")
     md += ['', f"Sweep ({d['config']['sweep_iters']} steps, seed {seeds[0]}; end losses):", '',
            '| model | optimizer | peak lr | AdaLN in | end any-order | end L2R | command |',
            '|---|---|---|---|---|---|---|']
@@ -258,6 +300,15 @@ def report(c, d, cmd):
     print(row)
     print(f"\nwrote {res}/{SECTION}, {res}/{RECORD}, {res}/{FIG_CURVES}, {res}/{FIG_SWEEP}"
           + (" and its section in README.md" if merged else ""))
+
+
+def float32_rows(d):
+    """step_ratio of each seed's float32-Newton-Schulz Muon run against its AdamW run (AO-GPT, any-order)."""
+    rows = []
+    for s in d['seeds']:
+        a, m = steps_of(d['logs'][f'ao_adamw_s{s}'], 'val_ao'), steps_of(d['logs'][f'ao_muon32_s{s}'], 'val_ao')
+        rows.append(dict(step_ratio(a, m), seed=s, adamw_end=R.end(a[1]), muon_end=R.end(m[1])))
+    return rows
 
 
 def best_of(sweep, model, opt, adaln=False):
@@ -304,8 +355,43 @@ def study(c):
     what = {k: w for k, (_, w) in runs.items()}
     best_text = ', '.join(f"{NAMES[m]} AdamW lr {b['adamw']:g}, Muon muon_lr {b['muon']:g}" for m, b in best.items()) \
         + f"; AdaLN Linears in {'Muon' if adaln else 'AdamW'} (the lower end loss on AO-GPT at Muon's best lr)"
-    return dict(config=c.config, seeds=seeds, sweep=sweep, best=best, muon_adaln=adaln, best_text=best_text,
-                logs=logs, what=what, commands=cmds)
+    d = dict(config=c.config, seeds=seeds, sweep=sweep, best=best, muon_adaln=adaln, best_text=best_text,
+             logs=logs, what=what, commands=cmds)
+    float32_runs(c, d)
+    d['step_times'] = step_times(c)
+    return d
+
+
+def float32_runs(c, d):
+    """Stage 3: AO-GPT's Muon runs again with the Newton-Schulz iteration in float32 (muon_dtype), every seed,
+    in runs_dir/final beside the runs they are compared with; their logs, descriptions and commands join d's."""
+    b = d['best']['ao']
+    runs = {f'ao_muon32_s{s}': run('ao', 'muon32', b['muon'], s, b['adamw'], d['muon_adaln'])[1] for s in d['seeds']}
+    print(f"Muon with a float32 Newton-Schulz: {len(runs)} runs of {c.max_iters} steps")
+    d['logs'].update(train(c, c.max_iters, 'final', runs))
+    d['commands'].update(commands(c, c.max_iters, 'final', runs))
+    d['what'].update({k: w for k, (_, w) in runs.items()})
+
+
+def step_times(c):
+    """Stage 4: the median ms of one training step of AO-GPT at this study's shape with AdamW, Muon and Muon with
+    a float32 iteration, their steps interleaved in one process (bench/train_speed.py --optimizer), one thread
+    as each training run here has (reproduce.py's jobs). The L2R GPT is the same network, so its steps cost the
+    same. Returns the bench's record (rows, torch version, CPU capability) and its command."""
+    rc, out = c.rc, os.path.join(c.runs_dir, 'step_times.json')
+    args = ['bench/train_speed.py', '--optimizer=True', '--models=ao', '--device=cpu', f'--n_layer={rc.n_layer}',
+            f'--n_head={rc.n_head}', f'--n_embd={rc.n_embd}', f'--target_dim={rc.target_dim}',
+            f'--block_size={rc.block_size}', f'--batch_size={rc.batch_size}', f'--vocab_size={VOCAB}',
+            f'--iters={c.time_iters}', f'--warmup={min(10, c.time_iters)}', f'--json_out={out}']
+    print(f"step times: {c.time_iters} interleaved steps of each optimizer, one thread")
+    r = subprocess.run([sys.executable] + args, cwd=R.ROOT, env=dict(os.environ, OMP_NUM_THREADS='1'),
+                       capture_output=True, text=True)
+    if r.returncode:
+        die(f"bench/train_speed.py failed: {first_line(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else '', 200)}")
+    with open(out, encoding='utf-8') as f:
+        record = json.load(f)
+    record['command'] = 'OMP_NUM_THREADS=1 python ' + ' '.join(a for a in args if not a.startswith('--json_out'))
+    return record
 
 
 @command
@@ -313,7 +399,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     c = namespace(globals(), argv)
     R.settle(c, 'optimizers', dict(max_iters=30, sweep_iters=20, eval_interval=10, lrs_adamw='3e-3',
-                                   lrs_muon='0.02'))
+                                   lrs_muon='0.02', time_iters=5))
     cmd = 'python findings/optimizers.py' + ''.join(f' {a}' for a in argv)
     if c.replot:
         path = os.path.join(c.results_dir, RECORD)
@@ -326,7 +412,7 @@ def main(argv=None):
             die(f"{path} is not a readable finding-9 record ({type(e).__name__}: {first_line(e, 120)}): run "
                 f"`python findings/optimizers.py` again to rewrite it")
         return print(f"redrew {FIG_CURVES} and {FIG_SWEEP} in {c.results_dir} from {path}")
-    for key in ('max_iters', 'sweep_iters', 'eval_interval'):  # else the runs start, and fail one by one
+    for key in ('max_iters', 'sweep_iters', 'eval_interval', 'time_iters'):  # else the runs start, and fail one by one
         if getattr(c, key) < 1:
             die(f"--{key} must be at least 1, got {getattr(c, key)}")
     c.seed_list = split_list('seeds', c.seeds, int, lambda s: 0 <= s < SEED_LIMIT, 'seeds in [0, 2**32)')
@@ -339,10 +425,36 @@ def main(argv=None):
     c.rc.device, c.rc.jobs, c.rc.eval_interval = c.device, c.jobs, c.eval_interval
     R.prepare_data()
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    d = study(c)
+    d = extended(c) if c.extend else study(c)
     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     d['cpu_min'] = (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) / 60
     report(c, d, cmd)
+
+
+def extended(c):
+    """--extend: results_dir's record with what it lacks added: the float32-Newton-Schulz runs (trained with the
+    record's settings) and the step times (measured again). Its other runs are taken as recorded."""
+    path = os.path.join(c.results_dir, RECORD)
+    try:
+        with open(path, encoding='utf-8') as f:
+            d = json.load(f)
+        kept = {k: d['config'][k] for k in ('max_iters', 'eval_interval', 'seeds', 'sweep_iters')}
+    except FileNotFoundError:
+        die(f"--extend: no {path}: run `python findings/optimizers.py` first")
+    except (ValueError, KeyError, TypeError) as e:
+        die(f"--extend: {path} is not a readable finding-9 record ({type(e).__name__}: {first_line(e, 120)})")
+    changed = [f"--{k}={getattr(c, k)}" for k in kept if k in c.given and getattr(c, k) != kept[k]]
+    if changed:
+        die(f"--extend keeps the record's settings, so {', '.join(changed)} cannot apply: leave "
+            f"{'it' if len(changed) == 1 else 'them'} out, or run without --extend")
+    for k, v in kept.items():
+        setattr(c, k, v)
+    c.rc.eval_interval = c.eval_interval
+    d['config'].update(time_iters=c.time_iters)
+    if not all(f'ao_muon32_s{s}' in d['logs'] for s in d['seeds']):
+        float32_runs(c, d)
+    d['step_times'] = step_times(c)
+    return d
 
 
 if __name__ == '__main__':

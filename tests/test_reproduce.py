@@ -414,18 +414,25 @@ def test_finding9_report_and_replot_from_its_record(tmp_path, capsys):
     from findings import optimizers as O
     logs = {f'{m}_{o}_s{s}': _log(1.0 if o == 'adamw' else 1.5, 1.5 + (0.3 if m == 'ao' else 0), 0.01 * i)
             for i, s in enumerate((1, 2)) for m in ('ao', 'l2r') for o in ('adamw', 'muon')}
+    logs.update({f'ao_muon32_s{s}': logs[f'ao_muon_s{s}'] for s in (1, 2)})  # a float32 iteration, same curves
     sweep = [dict(name=f'{m}_{o}_lr{x:g}{"_adaln" if a else ""}_s1', model=m, opt=o, lr=x, adaln=a,
                   end={'val_ao': 2.0 + x, 'val_l2r': 1.5})
              for m in ('ao', 'l2r') for o, xs in (('adamw', (1e-3, 3e-3)), ('muon', (0.02,))) for x in xs
              for a in ((False, True) if o == 'muon' else (False,))]
     d = dict(config=dict(max_iters=6000, sweep_iters=3000, eval_interval=100), seeds=[1, 2], sweep=sweep,
              best={}, muon_adaln=False, best_text='(synthetic)', logs=logs, what={k: k for k in logs},
-             commands={k: f'python train.py {k}' for k in [*logs, *(r['name'] for r in sweep)]}, cpu_min=0.0)
+             commands={k: f'python train.py {k}' for k in [*logs, *(r['name'] for r in sweep)]}, cpu_min=0.0,
+             step_times=dict(rows=[dict(optimizer=o, ms=ms, opt_ms=1.0) for o, ms in
+                                   (('adamw', 10.0), ('muon', 12.0), ('muon_fp32', 11.0))],
+                             torch='x', capability='DEFAULT', command='python bench/train_speed.py --optimizer'))
     c = SimpleNamespace(results_dir=str(tmp_path), quick=False, device='cpu')
     O.report(c, d, 'python findings/optimizers.py')
     md = (tmp_path / O.SECTION).read_text()
     row = next(line for line in md.splitlines() if line.startswith('| 9 | '))
     assert '**met**' in row and '0.67x' in row and 'with AdamW' in row and '(synthetic)' in row
+    # wall-clock: the step ratio times the step-time ratio (Muon 1.2x, its float32 iteration 1.1x AdamW's step)
+    assert '1.20x AdamW\'s step time, so 0.80x the time' in row and '1.10x the step time, 0.67x the steps, 0.73x' in row
+    assert '| 1 | 1.805 | 1.800 | 1.800 | 0.67 / 0.67 | 0.80 / 0.73 |' in md  # seed 1: end losses, ratios
     assert md.count('| AO-GPT | any-order |') == 2 and md.count('`python train.py ') == len(d['commands'])
     record = json.loads((tmp_path / O.RECORD).read_text())
     assert record['verdicts']['row'] == row
