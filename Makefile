@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 
-.PHONY: install test demo findings findings-quick findings-optimizers bench clean
+.PHONY: install test test-all demo findings findings-quick findings-optimizers bench clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "aogpt needs Python 3.11+"'
@@ -18,7 +18,10 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP)  # a few minutes: everything but the end-to-end checks marked slow
+	$(BIN)/python -m pytest -q tests -m 'not slow'
+
+test-all: $(STAMP)  # the whole suite, slow end-to-end checks included (what CI runs)
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP)

@@ -14,6 +14,11 @@ import torch  # noqa: E402
 torch.set_flush_denormal(True)
 
 
+def pytest_configure(config):
+    # `make test` runs `-m "not slow"`; `make test-all` (what CI runs) runs everything
+    config.addinivalue_line('markers', 'slow: an end-to-end check of half a minute or more (make test-all runs it)')
+
+
 @pytest.fixture
 def cli(monkeypatch, capsys):
     """Run sample.main() in-process, each call from the module's default config (main() writes the

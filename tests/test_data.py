@@ -372,6 +372,7 @@ def test_a_worker_dies_with_its_sigkilled_parent(tmp_path, use):
             os.kill(child, 9)
 
 
+@pytest.mark.slow
 def test_a_two_process_prepare_never_hangs(tmp_path):
     """100 small 2-process prepares in a row (each pool ends in close/join, not terminate): before the fixes about
     1 in 50 hung for good. A hang is caught by the timeout; the process group goes with it."""

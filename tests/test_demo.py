@@ -27,6 +27,7 @@ def test_unigram_nll_of_a_sample_on_itself_is_its_entropy():
     assert demo_summary.unigram_nll(counts0, 0.5, np.array([2])) == pytest.approx(-math.log(0.5 / 5.5))
 
 
+@pytest.mark.slow
 def test_make_demo_runs_end_to_end_and_reuses_its_work(tmp_path):
     """demo.sh with the demo's config shrunk to seconds: every stage runs, the summary's numbers are the
     evaluation's, and a second run trains and evaluates nothing."""

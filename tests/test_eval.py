@@ -455,6 +455,7 @@ def test_offline_default_sets_skip_with_a_line_and_every_eval_is_kept(tmp_path, 
     assert open(tmp_path / 'out' / 'eval_ppl.png', 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_reduce_to_the_single_process_numbers(tmp_path, text_file):
     """gloo on CPU: two ranks split the chunks with no duplicates; the deterministic L2R column and the
     token counts must equal the single-process run exactly."""

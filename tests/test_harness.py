@@ -453,6 +453,7 @@ def test_task_without_data_names_include_path(tmp_path, capsys):
     assert len(err) == 1 and '--include_path' in err[0], err
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_match_one(tmp_path, task_dir):
     """Data parallel: under torchrun (2 CPU ranks, gloo) the harness shards the requests and gathers
     them through the LM's all_gather / gather_object; the metrics equal a single process's (orders are

@@ -463,6 +463,7 @@ def python(tmp_path, env, *args, timeout=180):
 PAPER_PATH = '124M/124M-AdaLN6_cond_128_drop_0.0_CL_0.1/ckpt_7.pt'  # dots in folder names, like the paper's
 
 
+@pytest.mark.slow
 def test_hf_ids_resolve_offline_from_the_cache_end_to_end(tmp_path, monkeypatch, capsys):
     from test_paper_ckpt import gpt2_sized_paper_file
     make_run(tmp_path / 'run')

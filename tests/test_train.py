@@ -590,6 +590,7 @@ def assert_same_run(env, iters, moved, single='single', ddp='ddp', atol=1e-5):
     assert a[-1]['val_ao'] < a[0]['val_ao'] - moved  # the run moved: equal weights are not initial weights
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one_process(env):
     """torchrun, 2 ranks, gloo: same global batch (4 micro-steps, 2 per rank) -> same losses and weights."""
     common = ['--max_iters=4', '--eval_interval=2', '--batch_size=4', '--gradient_accumulation_steps=4']
@@ -599,6 +600,7 @@ def test_ddp_two_processes_match_one_process(env):
     assert_same_run(env, [0, 2, 4], moved=0.3)
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one_process_on_an_order_distribution(env):
     """The same with order_mode a mix of semi-AR and near-L2R orders: the draws do not depend on the world size,
     and neither does val_order, the loss under them."""
@@ -611,6 +613,7 @@ def test_ddp_two_processes_match_one_process_on_an_order_distribution(env):
         assert abs(ra['val_order'] - rb['val_order']) < 1e-5 and ra['val_loss'] == ra['val_order']
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one_process_through_a_restart(env):
     """torchrun, 2 ranks, gloo: same global batch (4 micro-steps, 2 per rank) -> same losses and weights.
 
@@ -637,6 +640,7 @@ def test_ddp_two_processes_match_one_process_through_a_restart(env):
     assert_same_run(env, [0, 3, 6], moved=0.5, single='single_r', ddp='ddp_r')
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one_process_with_muon(env):
     """optimizer=muon under torchrun, 2 gloo ranks: every rank orthogonalises the same all-reduced gradients
     (the AdaLN Linears' too), so after every step the ranks hold bit-identical Muon matrices, and the run is one
@@ -744,6 +748,7 @@ def test_muon_through_accumulation_clipping_bf16_autocast_and_ema(env, monkeypat
                            c['model']['transformer.h.0.mlp.c_fc.weight'])
 
 
+@pytest.mark.slow
 def test_muon_under_torch_compile_trains_as_eager_and_its_checkpoint_resumes_eagerly(env):
     """optimizer=muon with compile=True (inductor on the CPU; about 20 s of compiling): the optimizers are built on
     the raw model before it is wrapped, so the same parameters are grouped, the losses follow the eager run's, and
