@@ -384,6 +384,7 @@ def online_env(tmp_path, srv):
     return dict(env, HF_ENDPOINT=f"http://127.0.0.1:{srv.server_address[1]}")
 
 
+@pytest.mark.slow
 def test_hub_set_read_online_downloads_only_its_split(tmp_path):
     """Online (a local hub on 127.0.0.1 via HF_ENDPOINT): only the README and the test split's files are
     downloaded; the cache then serves the same chunks offline; a split left half-downloaded is refused."""

@@ -397,6 +397,7 @@ def gpt2_sized_paper_file(tmp_path, fmt):
     return save(tmp_path, ckpt, f'{fmt}.pt')
 
 
+@pytest.mark.slow
 def test_scripts_read_paper_files(tmp_path, capsys):
     import json
     import os

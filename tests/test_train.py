@@ -271,7 +271,7 @@ def test_orders_are_seeded(env, monkeypatch, tmp_path):
     assert torch.equal(got[0], got[1]) and not torch.equal(got[0], got[2])
 
 
-@pytest.mark.parametrize('optimizer', ['adamw', 'muon'])
+@pytest.mark.parametrize('optimizer', ['adamw', pytest.param('muon', marks=pytest.mark.slow)])
 def test_exact_resume_after_kill_is_bit_identical(env, optimizer):
     """8 iterations in one go == 6, SIGKILL mid-iteration 7, resume (init_from=auto) from the iter-6 checkpoint.
 
@@ -997,6 +997,7 @@ def test_the_cards_commands_meet_at_one_out_dir():
     assert len(set(outs.values())) == len(outs), outs
 
 
+@pytest.mark.slow
 def test_the_cards_chain_runs_as_written_with_only_the_sizes_shrunk(tmp_path):
     """The card's three commands in one working directory: train with the card's config (only sizes, data and
     length overridden), then `eval_ppl.py --ensemble 8` and `sample.py --steps 1024` find its checkpoint with
@@ -1118,6 +1119,7 @@ def test_a_terminal_gets_a_progress_bar_and_the_log_lines_stay_above_it(env, mon
         assert tty.getvalue() == '' and 'iter 1/4: loss ' in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('bad,line', [
     ('--order_mode=sideways', "error: order_mode must be one of random, l2r, fixed_random, block_random or an order "
                               "distribution: unknown order 'sideways': an order is random, l2r, semiar:K (K >= 1), "
