@@ -11,14 +11,18 @@ from aogpt.runtime import resolve_device
 from model import GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the variables that choose a CPU's kernels and threads: a table measured under them says so in its command
+KERNEL_ENV = ('ATEN_CPU_CAPABILITY', 'ONEDNN_MAX_CPU_ISA', 'OMP_NUM_THREADS')
 
 
 def append_benchmark(title, cuda, description, table):
     """Append `table` under a heading naming the device, the date and torch, with the exact command."""
-    dev = torch.cuda.get_device_name() if cuda else f'CPU ({os.cpu_count()} cores)'
+    dev = torch.cuda.get_device_name() if cuda else (f'CPU ({os.cpu_count()} cores, '
+                                                     f'{torch.backends.cpu.get_cpu_capability()} kernels)')
+    env = ''.join(f'{k}={os.environ[k]} ' for k in KERNEL_ENV if k in os.environ)  # part of the command
     with open(os.path.join(ROOT, 'BENCHMARKS.md'), 'a') as f:
         f.write(f"\n### {title}: {dev}, {date.today()}, torch {torch.__version__}\n\n"
-                f"`python {' '.join(sys.argv)}`  \n{description}\n\n{table}\n")
+                f"`{env}python {' '.join(sys.argv)}`  \n{description}\n\n{table}\n")
 
 
 def check_settings(config, at_least=None, one_of=None, model=None):
