@@ -242,7 +242,8 @@ def report(c, d, cmd):
            f"{wall_text}; best: {d['best_text']} |")
     md = [f"## Finding 9: Muon beside AdamW, steps to a target loss{' (QUICK: nothing judged)' if c.quick else ''}",
           '', f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, "
-          + (f"{d['cpu_min']:.1f} CPU-core-minutes for the runs it trained (runs reused cost nothing here)"
+          + (f"{d['cpu_min']:.1f} CPU-core-minutes for what it ran (training runs, the step timing; runs reused "
+             f"cost nothing here)"
              if d['cpu_min'] >= 0.05 else "every run reused from an earlier invocation (its cost: notes.md)")
           + ". Setting: reproduce.py's "
           f"(character-level PTB, context 32, 2 layers x 64, 32 x 32 characters a step, EMA weights), eval every "
