@@ -19,6 +19,8 @@ eval_harness.py, export.py) and the model they share (model.py, also at the root
     generate      the samplers (Lemma 1 on the KV cache, AR, confidence orders, the encoder MDM) and the
                   one temperature / top-p transform every draw goes through (logits_to_probs)
     speculative   exact parallel decoding; genppl: generative perplexity; tracepage: --trace's HTML page
+    likelihood    the estimators every score comes from: exact L2R, the any-order bound, the context-order
+                  ensemble, the encoder MDM's ELBO
     plot          loss curves and eval bars
 
 Modules are imported by their full name (`from aogpt.engine import KVCache`); nothing is re-exported here.

@@ -14,6 +14,7 @@ import torch
 from helpers import exact_law, tiny
 
 import eval_ppl as E
+from aogpt import likelihood as L
 from aogpt.checkpoint import save_checkpoint
 from model import GPT, GPTConfig
 
@@ -72,7 +73,7 @@ def enumerate_ensemble(model, x, M):
 def test_l2r_equals_prefix_by_prefix_computation(cond):
     model = tiny(cond=cond)
     x = torch.randint(0, 11, (3, 8), generator=torch.Generator().manual_seed(0))
-    total, count = E.nll_l2r(model, x, batch_size=2)
+    total, count = L.nll_l2r(model, x, batch_size=2)
     # direct: feed each prefix x_<i+1 alone and read -log p(x_i) off its last slot; the first token is
     # predicted from [None] (the paper's n predictions, not HF's n-1)
     ref = 0.0
@@ -88,7 +89,7 @@ def test_l2r_encoder_is_the_masked_suffix_chain_rule():
     V = 11
     model = tiny(causal=False, cond='none', vocab_size=V + 1, mask_token_id=V)
     x = torch.randint(0, V, (2, 6), generator=torch.Generator().manual_seed(1))
-    total, count = E.nll_l2r(model, x, batch_size=4)
+    total, count = L.nll_l2r(model, x, batch_size=4)
     ref = 0.0
     with torch.no_grad():
         for b in range(2):
@@ -112,12 +113,12 @@ def test_fast_and_exact_ensemble_match_enumeration():
     q1 = enumerate_ensemble(model, X4, 1)
     qM = enumerate_ensemble(model, X4, M)
     g = torch.Generator().manual_seed(0)
-    ens, member = E.nll_ensemble(model, X4.expand(4000, n), M, 'fast', g, 1, 512)
+    ens, member = L.nll_ensemble(model, X4.expand(4000, n), M, 'fast', g, 1, 512)
     fast, fast_se = per_token(ens, n)
     # the mean member on the same draws estimates the plain any-order loss (eval_ppl's control variate)
     mem, mem_se = per_token(member, n)
     assert abs(mem - q1) < 4 * mem_se, (mem, q1, mem_se)
-    exact, exact_se = per_token(E.nll_ensemble(model, X4.expand(600, n), M, 'exact', g, 1, 512)[0], n)
+    exact, exact_se = per_token(L.nll_ensemble(model, X4.expand(600, n), M, 'exact', g, 1, 512)[0], n)
     assert abs(fast - qM) < 4 * fast_se, (fast, qM, fast_se)
     assert abs(exact - qM) < 4 * exact_se, (exact, qM, exact_se)
     assert abs(fast - exact) < 4 * math.hypot(fast_se, exact_se)
@@ -129,15 +130,15 @@ def test_one_member_reproduces_the_plain_any_order_loss():
     model, n = sharp(), 4
     q1 = enumerate_ensemble(model, X4, 1)
     g = torch.Generator().manual_seed(1)
-    ens, member = E.nll_ensemble(model, X4.expand(8000, n), 1, 'fast', g, 1, 512)
+    ens, member = L.nll_ensemble(model, X4.expand(8000, n), 1, 'fast', g, 1, 512)
     assert torch.equal(ens, member)  # one member: the mixture is the member itself
     fast, se = per_token(ens, n)
     assert abs(fast - q1) < 4 * se, (fast, q1, se)
-    ao, ao_se = per_token(E._any_order_per_chunk(model, X4.expand(4000, n), 1, g, 512), n)
+    ao, ao_se = per_token(L._any_order_per_chunk(model, X4.expand(4000, n), 1, g, 512), n)
     assert abs(ao - q1) < 4 * ao_se, (ao, q1, ao_se)
     # the public wrappers return token-weighted sums of the same per-chunk numbers
-    s, cnt = E.nll_any_order(model, X4.expand(10, n), 3, torch.Generator().manual_seed(2))
-    ref = E._any_order_per_chunk(model, X4.expand(10, n), 3, torch.Generator().manual_seed(2), 8).sum()
+    s, cnt = L.nll_any_order(model, X4.expand(10, n), 3, torch.Generator().manual_seed(2))
+    ref = L._any_order_per_chunk(model, X4.expand(10, n), 3, torch.Generator().manual_seed(2), 8).sum()
     assert cnt == 40 and s == pytest.approx(ref.item())
 
 
@@ -153,16 +154,16 @@ def test_order_bound_is_the_expectation_over_its_law(spec):
     with torch.no_grad():
         nll = model(xs, order=torch.tensor(perms), targets=xs, reduction='none')[1].sum(1)
     exact = sum(float(law[p]) * v for p, v in zip(perms, nll.tolist())) / n
-    est, se = per_token(E._any_order_per_chunk(model, X4.expand(4000, n), 1, torch.Generator().manual_seed(3),
+    est, se = per_token(L._any_order_per_chunk(model, X4.expand(4000, n), 1, torch.Generator().manual_seed(3),
                                                512, spec=spec), n)
     assert abs(est - exact) < 4 * se, (est, exact, se)
     assert abs(enumerate_ensemble(model, X4, 1) - exact) > 10 * se  # power: the uniform bound is far
     chunks = torch.randint(0, 11, (6, 8), generator=torch.Generator().manual_seed(4))
-    assert E.nll_order(model, chunks, 'random', 2, torch.Generator().manual_seed(5)) == \
-        E.nll_any_order(model, chunks, 2, torch.Generator().manual_seed(5))
-    l2r = E.nll_l2r(model, chunks)
+    assert L.nll_order(model, chunks, 'random', 2, torch.Generator().manual_seed(5)) == \
+        L.nll_any_order(model, chunks, 2, torch.Generator().manual_seed(5))
+    l2r = L.nll_l2r(model, chunks)
     for edge in ('l2r', 'semiar:1', 'nearl2r:0'):
-        s, cnt = E.nll_order(model, chunks, edge, 2, torch.Generator())
+        s, cnt = L.nll_order(model, chunks, edge, 2, torch.Generator())
         assert cnt == l2r[1] and s == pytest.approx(l2r[0], rel=1e-6), edge
 
 
@@ -170,7 +171,7 @@ def test_order_bound_is_the_expectation_over_its_law(spec):
 def test_ensemble_never_worse_than_its_mean_member_on_the_same_draws(mode):
     model = sharp(seed=2)
     x = torch.randint(0, 11, (6, 8), generator=torch.Generator().manual_seed(3))
-    ens, member = E.nll_ensemble(model, x, 4, mode, torch.Generator().manual_seed(4), 2, 16)
+    ens, member = L.nll_ensemble(model, x, 4, mode, torch.Generator().manual_seed(4), 2, 16)
     assert ens.shape == member.shape == (6,) and ens.dtype == torch.float64
     assert not ens.requires_grad  # no autograd graph kept across a whole dataset
     assert (ens <= member + 1e-9).all()              # Jensen: -log mean p <= mean -log p, per target
@@ -182,33 +183,33 @@ def test_nested_ensemble_sizes_share_their_draws():
     same draws: the largest equals the one-size estimate on the same seed, and the sizes differ."""
     model = sharp(seed=2)
     chunks = torch.randint(0, 11, (5, 8), generator=torch.Generator().manual_seed(0))
-    est, member = E.nll_ensemble(model, chunks, (1, 2, 4), 'fast', torch.Generator().manual_seed(3), 3, 8)
-    ref, ref_member = E.nll_ensemble(model, chunks, 4, 'fast', torch.Generator().manual_seed(3), 3, 8)
+    est, member = L.nll_ensemble(model, chunks, (1, 2, 4), 'fast', torch.Generator().manual_seed(3), 3, 8)
+    ref, ref_member = L.nll_ensemble(model, chunks, 4, 'fast', torch.Generator().manual_seed(3), 3, 8)
     assert est.shape == (3, 5)
     torch.testing.assert_close(est[-1], ref)
     torch.testing.assert_close(member, ref_member)
     assert not torch.allclose(est[0], est[-1])       # the members differ, so the test has teeth
     assert (est[-1] <= member + 1e-9).all()          # Jensen on the same draws
     with pytest.raises(ValueError, match='one member count'):
-        E.nll_ensemble(model, chunks, (1, 2), 'exact')
+        L.nll_ensemble(model, chunks, (1, 2), 'exact')
 
 
 def test_any_order_estimators_refuse_a_left_to_right_gpt():
     model = tiny(cond='none')
     x = torch.randint(0, 11, (2, 8))
     with pytest.raises(ValueError):
-        E.nll_any_order(model, x)
+        L.nll_any_order(model, x)
     with pytest.raises(ValueError):
-        E.nll_ensemble(model, x, 2)
+        L.nll_ensemble(model, x, 2)
 
 
 def test_stratified_counts_cover_every_stratum():
     g = torch.Generator().manual_seed(0)
     for n, r in ((5, 1), (7, 3)):
-        ls = E.stratified_counts(n * r, n, g)
+        ls = L.stratified_counts(n * r, n, g)
         assert torch.equal(torch.bincount(ls, minlength=n + 1)[1:], torch.full((n,), r))
     # marginally uniform: the mean over many independent calls of one slot
-    first = torch.stack([E.stratified_counts(3, 8, g)[0] for _ in range(4000)]).double()
+    first = torch.stack([L.stratified_counts(3, 8, g)[0] for _ in range(4000)]).double()
     assert abs(first.mean().item() - 4.5) < 4 * first.std().item() / math.sqrt(4000)
 
 
@@ -237,11 +238,11 @@ def test_mdm_elbo_matches_enumeration_over_orders(estimator):
     exact /= math.factorial(n) * n
     N = 20000
     g = torch.Generator().manual_seed(5)
-    est, se = per_token(E._mdm_elbo_per_chunk(model, x.expand(N, n), 1, g, estimator, 4096), n)
+    est, se = per_token(L._mdm_elbo_per_chunk(model, x.expand(N, n), 1, g, estimator, 4096), n)
     assert abs(est - exact) < 4 * se, (est, exact, se)
     # nll_any_order on an encoder is its ELBO
-    s, cnt = E.nll_any_order(model, x.expand(50, n), 2, torch.Generator().manual_seed(7), batch_size=64)
-    ref = E._mdm_elbo_per_chunk(model, x.expand(50, n), 2, torch.Generator().manual_seed(7), 'count', 64)
+    s, cnt = L.nll_any_order(model, x.expand(50, n), 2, torch.Generator().manual_seed(7), batch_size=64)
+    ref = L._mdm_elbo_per_chunk(model, x.expand(50, n), 2, torch.Generator().manual_seed(7), 'count', 64)
     assert cnt == 200 and s == pytest.approx(ref.sum().item())
 
 
@@ -300,18 +301,18 @@ def test_cli_table_and_json_match_the_functions(tmp_path, text_file, capsys):
     chunks = load_eval_chunks('ptb', get_codec(None), 16, path=text_file)[:6]
     # the record names the tokens it scored, computed here independently of eval_ppl's helper
     assert row['data'] == hashlib.sha256(chunks.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
-    s, cnt = E.nll_l2r(model, chunks)
+    s, cnt = L.nll_l2r(model, chunks)
     assert row['l2r']['nll'] == pytest.approx(s / cnt, rel=1e-6)
     assert row['l2r']['ppl'] == pytest.approx(math.exp(s / cnt), rel=1e-6)
     assert f"{row['l2r']['ppl']:.2f}" in out
-    s, cnt = E.nll_any_order(model, chunks, 2, torch.Generator().manual_seed(1337))  # the seed, rank 0
+    s, cnt = L.nll_any_order(model, chunks, 2, torch.Generator().manual_seed(1337))  # the seed, rank 0
     assert row['any_order']['nll'] == pytest.approx(s / cnt, rel=1e-6)
     ens = row['ensemble']
     assert ens['nll_direct'] <= ens['mean_member_nll']  # Jensen on the same draws
     # the reported number: any-order minus the gain on identical draws, so never above any-order
     assert ens['nll'] == pytest.approx(row['any_order']['nll'] - (ens['mean_member_nll'] - ens['nll_direct']))
     assert ens['nll'] <= row['any_order']['nll']
-    direct, _ = E.nll_ensemble(model, chunks, 2, 'fast', torch.Generator().manual_seed(1337))
+    direct, _ = L.nll_ensemble(model, chunks, 2, 'fast', torch.Generator().manual_seed(1337))
     assert ens['nll_direct'] == pytest.approx(direct.sum().item() / chunks.numel(), rel=1e-6)
 
 
@@ -333,7 +334,7 @@ def test_cli_order_distribution_column(tmp_path, text_file, capsys):
     assert row['any_order'] == plain['any_order'] and plain['order'] is None
     model, _, _ = load_model(str(tmp_path / 'out'), 'cpu')
     chunks = load_eval_chunks('ptb', get_codec(None), 16, path=text_file)[:6]
-    s, cnt = E.nll_order(model, chunks, 'nearl2r:3', 2, torch.Generator().manual_seed(1337))
+    s, cnt = L.nll_order(model, chunks, 'nearl2r:3', 2, torch.Generator().manual_seed(1337))
     assert row['order']['nll'] == pytest.approx(s / cnt, rel=1e-6) and f"{row['order']['ppl']:.2f}" in out
 
 
