@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from aogpt.configurator import configure, print_config  # noqa: E402
 from aogpt.errors import exit_in_one_line  # noqa: E402
 from bench.common import append_benchmark, check_settings  # noqa: E402
-from eval_ppl import nll_any_order, nll_ensemble  # noqa: E402
+from aogpt.likelihood import nll_any_order, nll_ensemble  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 device = 'cpu'

@@ -79,7 +79,7 @@ def study(c, runs):
     from aogpt.checkpoint import load_model
     from aogpt.generate import generate_ao
     from aogpt.speculative import generate_speculative
-    from eval_ppl import nll_any_order, nll_l2r, nll_order
+    from aogpt.likelihood import nll_any_order, nll_l2r, nll_order
     chunks = R.val_chunks(c.eval_chunks, c.block_size)
     judge, codec = S.load_judge(c)
     n, nb = c.block_size, max(1, c.gen_samples // c.gen_batch)

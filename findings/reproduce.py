@@ -345,7 +345,7 @@ def eval_ema(c, name, chunks):
     import torch
 
     from aogpt.checkpoint import load_model
-    from eval_ppl import nll_any_order, nll_l2r
+    from aogpt.likelihood import nll_any_order, nll_l2r
     out = {}
     for use_ema in (True, False):
         model, _, _ = load_model(os.path.join(c.runs_dir, name), c.device, use_ema=use_ema)
@@ -361,7 +361,7 @@ def eval_ensemble(c, name, chunks):
     import torch
 
     from aogpt.checkpoint import load_model
-    from eval_ppl import nll_ensemble
+    from aogpt.likelihood import nll_ensemble
     model, _, _ = load_model(os.path.join(c.runs_dir, name), c.device)
     # nested sizes on the same draws, so the differences between M are paired
     est, _ = nll_ensemble(model, chunks, ENSEMBLE_M, 'fast', torch.Generator().manual_seed(c.seed), c.ens_draws, 64)

@@ -16,7 +16,7 @@ from helpers import tiny  # noqa: E402
 import eval_harness as H  # noqa: E402
 from aogpt.checkpoint import save_checkpoint  # noqa: E402
 from aogpt.tokenizer import GPT2_PAT, char_codec, gpt2_codec, gpt2_file  # noqa: E402
-from eval_ppl import nll_l2r  # noqa: E402
+from aogpt.likelihood import nll_l2r  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -1,6 +1,6 @@
 """The repository's layout as a contract: the commands and model.py at the root, the library in aogpt/,
 the findings pipeline in findings/; every module imported under one name only, and the imports layered
-(model.py <- aogpt <- the commands <- findings, bench) with no circle."""
+(model.py <- aogpt <- the commands; findings and bench on aogpt) with no circle."""
 import ast
 import importlib.util
 import os
@@ -52,6 +52,14 @@ def test_a_moved_module_has_no_bare_name(name):
 def test_no_file_imports_a_library_module_by_its_bare_name():
     bare = set(LIBRARY) | set(FINDINGS) | {'findings_sampling'}
     found = [(os.path.relpath(p, ROOT), n) for p in _sources() for n in _imports(p) if n.split('.')[0] in bare]
+    assert not found, found
+
+
+def test_findings_and_bench_import_the_library_not_a_command():
+    """A command is a script around the library: what findings/ and bench/ need of it (the estimators, the
+    samplers) lives in aogpt/, so a command's main can change without breaking them."""
+    found = [(os.path.relpath(p, ROOT), n) for d in ('findings', 'bench') for p in _sources()
+             if os.path.relpath(p, ROOT).startswith(d + os.sep) for n in _imports(p) if n.split('.')[0] in COMMANDS]
     assert not found, found
 
 
