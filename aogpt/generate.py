@@ -229,8 +229,8 @@ ADAPTIVE = ('confidence', 'margin', 'entropy')  # chosen step by step from the m
 
 
 def check_order(order):
-    """A generation order spec, checked: an order distribution (orders.py: random, l2r, semiar:K or its
-    alias blocks:K, nearl2r:W, mix:...), a confidence order (ADAPTIVE), or a permutation tensor.
+    """A generation order spec, checked: an order distribution (orders.GRAMMAR, defined in orders.py), a
+    confidence order (ADAPTIVE), or a permutation tensor.
     Raises ValueError (UserError) naming what is wrong and what is accepted."""
     if not isinstance(order, str) or order in ADAPTIVE:
         return order
@@ -242,10 +242,9 @@ def check_order(order):
 
 
 def free_order(order, free, batch_size, generator=None):
-    """(B, n_free) generation order of the free positions: drawn from an order distribution (orders.py;
-    'random' uniform per sample, 'l2r', 'blocks:K' / 'semiar:K' blocks of K positions left to right with a
-    uniform order inside each: semi-autoregressive decoding, 'nearl2r:W', 'mix:...'), or a permutation
-    (n,) / (B, n) of all positions, of which the free ones are taken in its order."""
+    """(B, n_free) generation order of the free positions: drawn from an order distribution (orders.GRAMMAR,
+    defined in orders.py), or a permutation (n,) / (B, n) of all positions, of which the free ones are taken
+    in its order."""
     B, nf = batch_size, free.numel()
     if isinstance(order, str):
         if order in ADAPTIVE:
@@ -296,9 +295,9 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
                 threshold=0.0):
     """KV-cached any-order sampling from an AO-GPT / sigma-GPT. Returns (tokens (B, n), stats).
 
-    order: 'random' (the MDM reverse process), 'l2r', 'blocks:K' (semi-autoregressive) or a permutation,
-    all fixed before the first pass; or 'confidence' / 'margin' / 'entropy', chosen step by step from
-    the model's scores (generate_confident; threshold applies there).
+    order: an order distribution (orders.GRAMMAR, defined in aogpt/orders.py: 'random' is the MDM reverse
+    process) or a permutation, fixed before the first pass; or 'confidence' / 'margin' / 'entropy', chosen
+    step by step from the model's scores (generate_confident; threshold applies there).
     given: LongTensor (n,) with -1 at the positions to generate; the given tokens enter the cache first
     (ascending positions, in the first pass), the rest follow `order`. stats: steps, forward_calls,
     token_passes (rows through the network per sample), tokens_generated, counts (the per-step counts
