@@ -23,6 +23,10 @@ configure() is the command line's parser, called first thing by a command, so li
 the process itself: status 2 for a malformed command line or config file, 0 after --help.
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/configurator.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/configurator.py is a library module, with nothing to run: the commands are "
+                     "train.py, sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import ast
 import difflib
 import math

@@ -40,6 +40,10 @@ decoding) token for token, and the encoder sampler with and without `cache_trick
 samples under the same seed.
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/generate.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/generate.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import math
 
 import torch

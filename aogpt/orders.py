@@ -29,6 +29,10 @@ component for every row in the spec's order, then one float32 uniform per row pi
 (as random_orders picks its L2R rows).
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/orders.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/orders.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import math
 import re
 

@@ -11,6 +11,10 @@ Each takes the config as a dict. What cannot work is a UserError, which train.py
 (rank 0 prints; every rank releases out_dir and exits 1); warnings go to say (rank 0, above the progress bar).
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/preflight.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/preflight.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import importlib.util
 import math
 import os

@@ -69,6 +69,10 @@ q and p come from generate.logits_to_probs, the transform sample_tokens draws fr
 calls are engine.py's (SlotStepper, RowStepper).
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/speculative.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/speculative.py is a library module, with nothing to run: the commands are train.py,"
+                     " sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 from dataclasses import dataclass, field
 
 import torch
