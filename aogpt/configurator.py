@@ -116,7 +116,13 @@ def _parse_value(text, typ, nullable):
     try:
         return ast.literal_eval(text)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return text  # a bare word, e.g. --device=cuda; a typed key then rejects it in _coerce
+        pass
+    if typ in (int, float):  # nan, inf, -Infinity: Python's own float words, not literals; _coerce says they
+        try:                 # are not finite (not "expects float, got str")
+            return float(text)
+        except ValueError:
+            pass
+    return text  # a bare word, e.g. --device=cuda; a typed key then rejects it in _coerce
 
 
 def _help_text(g, defaults):
