@@ -303,7 +303,8 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
     process) or a permutation, fixed before the first pass; or 'confidence' / 'margin' / 'entropy', chosen
     step by step from the model's scores (generate_confident; threshold applies there).
     given: LongTensor (n,) with -1 at the positions to generate; the given tokens enter the cache first
-    (ascending positions, in the first pass), the rest follow `order`. stats: steps, forward_calls,
+    (ascending positions, in the first pass), the rest follow `order`. stats: steps (those that revealed a
+    token, at most min(steps, tokens generated): a step that reveals none makes no call), forward_calls,
     token_passes (rows through the network per sample), tokens_generated, counts (the per-step counts
     of the steps that ran), order (B, n) positions in reveal order.
     stepper: how each forward call runs: 'dynamic', 'static' or 'cuda_graph', or a SlotStepper to reuse
@@ -346,7 +347,7 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
         slot_tok[:, m + 1:m + k + 1] = sample_tokens(logits, u[:, m:m + k], temperature, top_p, vocab_size)
         a += r
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
-    stats = dict(steps=steps, forward_calls=len(calls), token_passes=sum(r for r, _, _ in calls),
+    stats = dict(steps=len(calls), forward_calls=len(calls), token_passes=sum(r for r, _, _ in calls),
                  tokens_generated=n - g, counts=[k for _, _, k in calls], order=reveal)
     return tokens, stats
 
@@ -412,7 +413,7 @@ def generate_confident(model, n, batch_size, steps, *, score='confidence', fixed
         m, passes = m + k, passes + tok.size(1)
         ks.append(k)
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
-    stats = dict(steps=len(ks) if threshold else steps, forward_calls=len(ks), token_passes=passes,
+    stats = dict(steps=len(ks), forward_calls=len(ks), token_passes=passes,
                  tokens_generated=n - g, counts=ks, order=reveal)
     return tokens, stats
 
@@ -526,6 +527,7 @@ def generate_mdm(model, n, batch_size, steps, *, cache_trick=False, counts='shar
         x[bi, pi] = sample_tokens(logits, u_pos[bi, pi], temperature, top_p, vocab_size,
                                   ban=cfg.mask_token_id)
         stale = True
-    stats = dict(steps=steps, forward_calls=passes, token_passes=passes * n, tokens_generated=nf,
+    stats = dict(steps=sum(b > a for a, b in zip(bounds, bounds[1:])), forward_calls=passes,
+                 token_passes=passes * n, tokens_generated=nf,
                  order=reveal.to(dev), step_of=step)  # step_of (B, n): each position's step, -1 if given
     return x, stats
