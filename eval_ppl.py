@@ -48,7 +48,7 @@ from aogpt.checkpoint import checkpoint_codec, fingerprint, load_model, save_rec
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die
 from aogpt.evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
-from aogpt.orders import draw_orders, parse_order
+from aogpt.orders import draw_orders, one_block, parse_order
 from aogpt.paths import check_writable
 from aogpt.plot import plot_eval
 from aogpt.runtime import autocast, script_device, start_ranks
@@ -416,6 +416,8 @@ def main(argv=None):
         print_config(c.config)
     quiet_hf_bars(master and c.progress)
     model, ck, used_ema, codec, n = load_for_eval(c, dev)
+    if master and c.order_mode and one_block(c.order_mode, n):
+        print(f"note: {one_block(c.order_mode, n)}")
     data, skipped = load_sets(c, codec, n, master)
     ctx, precision = autocast(dev, c.dtype)
     results = {name: evaluate_set(model, name, chunks, c, ctx, rank, world, codec.name == 'char')

@@ -335,6 +335,10 @@ def test_cli_order_distribution_column(tmp_path, text_file, capsys):
     chunks = load_eval_chunks('ptb', get_codec(None), 16, path=text_file)[:6]
     s, cnt = E.nll_order(model, chunks, 'nearl2r:3', 2, torch.Generator().manual_seed(1337))
     assert row['order']['nll'] == pytest.approx(s / cnt, rel=1e-6) and f"{row['order']['ppl']:.2f}" in out
+    assert 'note: order' not in out  # semiar:K with K >= the block is the uniform law: said in one line
+    out = run_cli(args + ['--order_mode', 'semiar:16'], capsys)
+    assert 'note: order semiar:16: semiar:16 at length 16 puts all 16 positions in one block, which is the uniform ' \
+           'random order' in out
 
 
 def test_cli_gpt_shows_na_and_char_level_reports_bpc(tmp_path, text_file, capsys):

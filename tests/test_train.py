@@ -1058,6 +1058,18 @@ def test_one_learning_rate_at_0_under_muon_says_what_it_freezes(env, monkeypatch
                                              '--learning_rate=0', '--min_lr=0') == []
 
 
+def test_a_semiar_block_as_long_as_the_window_says_it_is_the_uniform_order(env, monkeypatch, capsys, tmp_path):
+    for i, (spec, said) in enumerate([(f'semiar:{N}', True), (f'mix:0.5*l2r+0.5*semiar:{2 * N}', True),
+                                      (f'semiar:{N - 1}', False)]):
+        Stop = stop_at_first_forward(monkeypatch)
+        with pytest.raises(Stop):
+            run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / str(i)}', f'--order_mode={spec}'))
+        notes = [l for l in capsys.readouterr().out.splitlines() if 'in one block' in l]
+        assert notes == ([f"note: order {spec}: semiar:{N if said and 'mix' not in spec else 2 * N} at length {N} puts "
+                          f"all {N} positions in one block, which is the uniform random order (semi-autoregressive "
+                          f"needs K < {N})"] if said else []), notes
+
+
 def test_a_long_eval_without_a_terminal_reports_its_progress(env, monkeypatch, capsys, tmp_path):
     """No bar (stderr is not a terminal): a line every PROGRESS_EVERY seconds; a clock that jumps 31 s per look
     makes every val batch one."""
