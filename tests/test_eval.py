@@ -15,6 +15,7 @@ from helpers import exact_law, tiny
 
 import eval_ppl as E
 from aogpt.checkpoint import save_checkpoint
+from aogpt.errors import UserError
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -515,3 +516,22 @@ def test_a_missing_dataset_names_each_path_it_tried_once(tmp_path, capsys, monke
     err = capsys.readouterr().err.strip()
     assert err == "error: --dataset nothere: no such data directory (tried nothere and data/nothere); leave it " \
                   "empty to use the checkpoint's codec", err
+
+
+@pytest.mark.parametrize('where', ['record', 'mid-bar'])
+def test_an_error_after_or_inside_the_progress_bar_starts_its_own_line(tmp_path, text_file, capsys, monkeypatch, where):
+    """The bar (stderr not a terminal, as in a log) left its line open, and the one-line error of a failed record
+    write was glued to it; an error raised while the bar runs was too. Both now start a line of their own."""
+    make_ckpt(tmp_path / 'out')
+    if where == 'record':
+        monkeypatch.setattr(E, 'save_record', lambda *a: (_ for _ in ()).throw(OSError(28, 'No space left on device')))
+    else:
+        monkeypatch.setattr(E, 'nll_any_order', lambda *a: (_ for _ in ()).throw(UserError('the model is broken')))
+    with pytest.raises(SystemExit):
+        E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
+                '--max_chunks', '6', '--json_out', str(tmp_path / 'r.json')])
+    err = capsys.readouterr().err
+    assert '%|' in err  # the bar ran
+    last = err.rstrip('\n').split('\n')[-1]
+    assert last == ("error: cannot write " + str(tmp_path / 'r.json') + " (No space left on device); the table above "
+                    "has the numbers; pass --json_out FILE" if where == 'record' else "error: the model is broken"), err[-300:]
