@@ -50,7 +50,7 @@ import torch
 
 from aogpt.engine import EncoderStepper, SlotStepper
 from aogpt.errors import UserError
-from aogpt.orders import draw_orders, parse_order
+from aogpt.orders import GRAMMAR, draw_orders, parse_order
 
 _CHUNK = 1 << 25  # float64 elements per sampling chunk (256 MiB): bounds memory when a step reveals a lot
 
@@ -84,6 +84,8 @@ def reveal_counts(n, steps, schedule='linear', fixed=False, generator=None):
     the multinomial of n uniforms over the grid's bins: k_i ~ Binomial(#still masked, 1 - t_{i+1}/t_i).
     fixed: the paper code's counts, cumulative max(int(n (1 - t_{i+1})), previous + 1), capped at n.
     """
+    if not (isinstance(n, int) and n >= 0 and isinstance(steps, int) and steps >= 1):
+        raise UserError(f"reveal_counts: n is an integer >= 0 and steps one >= 1, got n={n!r}, steps={steps!r}")
     t = time_grid(steps, schedule)
     if fixed:
         cum, prev = [], 0
@@ -212,6 +214,22 @@ def sorted_nucleus(p, top_p):
 
 # ----------------------------------------------------------------------------- orders and given tokens
 
+def check_run(model, n, batch_size, steps=None, tokens=None):
+    """A sampler's sizes and given tokens against the model, each in one line rather than a torch error deep in
+    the run: n in [1, block_size], batch_size >= 1, steps >= 1 (the samplers that take them), and every given
+    token id (tokens: the given or prompt ids, -1 where free) in the model's vocabulary."""
+    V, limits = model.config.vocab_size, dict(n=model.config.block_size, batch_size=None, steps=None)
+    for name, v in (('n', n), ('batch_size', batch_size), ('steps', steps)):
+        if (name != 'steps' or v is not None) and not (isinstance(v, int) and 1 <= v <= (limits[name] or v)):
+            raise UserError(f"{name} must be an integer >= 1" + (f" and <= block_size {limits[name]}" if limits[name]
+                                                                 else "") + f", got {v!r}")
+    ids = torch.as_tensor([] if tokens is None else tokens).reshape(-1)
+    bad = ids[(ids >= V) | (ids < -1)]
+    if bad.numel():
+        raise UserError(f"given token id {bad[0].item()!r} is not in the model's vocabulary (ids 0..{V - 1}, and -1 "
+                        f"where a token is to be generated)")
+
+
 def split_given(given, n):
     """given: None or a LongTensor (n,) of token ids with -1 at the positions to generate (shared by
     the batch). Returns (given positions ascending, their tokens, free positions ascending)."""
@@ -245,21 +263,32 @@ def check_order(order):
     return order
 
 
-def free_order(order, free, batch_size, generator=None):
+def free_order(order, free, batch_size, generator=None, n=None):
     """(B, n_free) generation order of the free positions: drawn from an order distribution (orders.GRAMMAR,
     defined in orders.py), or a permutation (n,) / (B, n) of all positions, of which the free ones are taken
-    in its order."""
+    in its order (n: the sequence's length, which the permutation must have; by default one past the last
+    free position at least)."""
     B, nf = batch_size, free.numel()
     if isinstance(order, str):
         if order in ADAPTIVE:
             raise ValueError(f"free_order takes an order distribution or a permutation, not {order!r}")
         return draw_orders(check_order(order), B, positions=free, generator=generator)
-    o = torch.as_tensor(order, dtype=torch.long).cpu()
+    n = int(free.max()) + 1 if n is None and nf else n
+    try:
+        o = torch.as_tensor(order)
+    except (TypeError, ValueError, RuntimeError):
+        o = None
+    if o is None or o.dim() not in (1, 2) or o.is_floating_point() or o.dtype == torch.bool:
+        raise UserError(f"order must be an order distribution ({GRAMMAR}) or a permutation of the positions, "
+                        f"a (n,) or (B, n) integer tensor; got {order!r:.60}")
+    shape, o = tuple(o.shape), o.long().cpu()
     o = o.expand(B, -1) if o.dim() == 1 else o
-    n = o.size(1)
-    if o.size(0) != B or not torch.equal(o.sort(1).values, torch.arange(n).expand(B, n)):
-        raise ValueError(f"order must be a permutation of range({n}) per sample")
-    is_free = torch.zeros(n, dtype=torch.bool)
+    m = o.size(1)
+    if o.size(0) != B or (n is not None and m != n) or not torch.equal(o.sort(1).values, torch.arange(m).expand(B, m)):
+        N = m if n is None else n
+        raise UserError(f"order must be a permutation of range({N}), ({N},) or one per sample ({B}, {N}): got " +
+                        (f"shape {shape}" if shape not in ((N,), (B, N)) else "a tensor of that shape that is not one"))
+    is_free = torch.zeros(m, dtype=torch.bool)
     is_free[free] = True
     return o[is_free[o]].view(B, nf)
 
@@ -275,7 +304,7 @@ def draw_plan(n, batch_size, steps, *, order='random', fixed_counts=False, sched
     B = batch_size
     gpos, gtok, free = split_given(given, n)
     u = torch.rand(B, n, dtype=torch.float64, generator=generator)
-    reveal = torch.cat([gpos.expand(B, gpos.numel()), free_order(order, free, B, generator)], 1)
+    reveal = torch.cat([gpos.expand(B, gpos.numel()), free_order(order, free, B, generator, n)], 1)
     counts = reveal_counts(free.numel(), steps, schedule, fixed_counts, generator)
     return u, reveal, counts, gpos, gtok
 
@@ -313,8 +342,7 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
     if not model.any_order:
         raise ValueError("generate_ao needs an any-order decoder (cond='adaln' or 'sigma'); "
                          "use generate_ar for a GPT and generate_mdm for an encoder")
-    if n > model.config.block_size:
-        raise ValueError(f"n = {n} > block_size {model.config.block_size}")
+    check_run(model, n, batch_size, steps, given)
     if isinstance(check_order(order), str) and order in ADAPTIVE:
         return generate_confident(model, n, batch_size, steps, score=order, fixed_counts=fixed_counts,
                                   schedule=schedule, threshold=threshold, temperature=temperature, top_p=top_p,
@@ -429,8 +457,7 @@ def generate_ar(model, n, batch_size, *, temperature=1.0, top_p=1.0, vocab_size=
     """
     if not model.config.causal:
         raise ValueError("generate_ar needs a decoder; use generate_mdm for an encoder MDM")
-    if n > model.config.block_size:
-        raise ValueError(f"n = {n} > block_size {model.config.block_size}")
+    check_run(model, n, batch_size, tokens=prompt)
     dev = next(model.parameters()).device
     B = batch_size
     prompt = torch.as_tensor([] if prompt is None else prompt, dtype=torch.long)
@@ -475,15 +502,14 @@ def generate_mdm(model, n, batch_size, steps, *, cache_trick=False, counts='shar
     cfg = model.config
     if cfg.causal:
         raise ValueError("generate_mdm needs an encoder MDM (causal=False)")
-    if n > cfg.block_size:
-        raise ValueError(f"n = {n} > block_size {cfg.block_size}")
+    check_run(model, n, batch_size, steps, given)
     dev = next(model.parameters()).device
     B = batch_size
     gpos, gtok, free = split_given(given, n)
     g, nf = gpos.numel(), free.numel()
     u = torch.rand(B, n, dtype=torch.float64, generator=generator)
     if counts == 'shared':
-        forder = free_order(order, free, B, generator)                     # (B, nf)
+        forder = free_order(order, free, B, generator, n)                  # (B, nf)
         k = reveal_counts(nf, steps, schedule, fixed_counts, generator)     # (T,)
         step_of_rank = torch.repeat_interleave(torch.arange(steps), k)      # (nf,) step of the j-th reveal
         step = torch.empty(B, n, dtype=torch.long).scatter_(1, forder, step_of_rank.expand(B, nf))

@@ -78,7 +78,7 @@ from dataclasses import dataclass, field
 import torch
 
 from aogpt.engine import KV_BUCKET, RowStepper, SlotStepper
-from aogpt.generate import ADAPTIVE, check_order, free_order, inverse_cdf, logits_to_probs, split_given
+from aogpt.generate import ADAPTIVE, check_order, check_run, free_order, inverse_cdf, logits_to_probs, split_given
 from aogpt.orders import GRAMMAR
 
 K_MAX = 16   # the largest draft length k='auto' goes to
@@ -245,8 +245,7 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
                          f"be exact: use an order fixed before the draws, {GRAMMAR}, or a permutation")
     if k != 'auto' and (not isinstance(k, int) or k < 1):
         raise ValueError(f"k must be an integer >= 1 or 'auto', got {k!r}")
-    if n > model.config.block_size:
-        raise ValueError(f"n = {n} > block_size {model.config.block_size}")
+    check_run(model, n, batch_size, tokens=given)
     if batch_commit not in ('min', 'per_row'):
         raise ValueError(f"batch_commit must be 'min' or 'per_row', got {batch_commit!r}")
     if fused and (batch_commit != 'per_row' or not bonus):
@@ -260,7 +259,7 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
     B = batch_size
     gpos, gtok, free = split_given(given, n)
     g = gpos.numel()
-    reveal = torch.cat([gpos.expand(B, g), free_order(order, free, B, generator)], 1)  # (B, n) positions
+    reveal = torch.cat([gpos.expand(B, g), free_order(order, free, B, generator, n)], 1)  # (B, n) positions
     kmax = (K_FUSED if fused else K_MAX) if k == 'auto' else k
     room = kmax + 2 if batch_commit == 'per_row' else 0                     # past n, for the done samples
     slot_tok = torch.full((B, n + 1 + room), -1, dtype=torch.long)          # slot j: the j-th revealed token
