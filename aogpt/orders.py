@@ -148,7 +148,6 @@ def _draw(kind, arg, B, pos, generator):
     return keys.argsort(dim=1)
 
 
-
 def _positions(batch_size, n, positions, device):
     """The positions to order, (m,) on the device: range(n), or the caller's, checked (one line, not a torch
     error deep in a draw)."""
