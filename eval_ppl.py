@@ -48,7 +48,7 @@ from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die
 from aogpt.evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
 from aogpt.likelihood import nll_any_order, nll_ensemble, nll_l2r, nll_order
-from aogpt.orders import parse_order
+from aogpt.orders import one_block, parse_order
 from aogpt.paths import check_writable
 from aogpt.plot import plot_eval
 from aogpt.runtime import autocast, script_device, start_ranks
@@ -99,6 +99,8 @@ def main(argv=None):
         print_config(c.config)
     quiet_hf_bars(master and c.progress)
     model, ck, used_ema, codec, n = load_for_eval(c, dev)
+    if master and c.order_mode and one_block(c.order_mode, n):
+        print(f"note: {one_block(c.order_mode, n)}")
     data, skipped = load_sets(c, codec, n, master)
     ctx, precision = autocast(dev, c.dtype)
     results = {name: evaluate_set(model, name, chunks, c, ctx, rank, world, codec.name == 'char')
@@ -222,12 +224,14 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
         print(f"warning: {name} has {len(chunks)} chunks for {world} ranks; some ranks get none")
     mine = chunks[rank_slice(len(chunks), rank, world)]
     cols = [k for k, on in (('l2r', do_l2r), ('any_order', do_ao), ('order', bool(spec)), ('ensemble', M > 0)) if on]
-    bar = tqdm(total=len(mine) * len(cols), desc=name, unit='chunk', leave=False,
+    # On a terminal the bar is wiped when done; elsewhere (a log, a pipe) it ends its line, so that what follows,
+    # an error above all, starts a line of its own. Closed on the way out of an exception too.
+    bar = tqdm(total=len(mine) * len(cols), desc=name, unit='chunk', leave=not sys.stderr.isatty(),
                disable=not (rank == 0 and c.progress), file=sys.stderr)
     # one generator per column, seeded by (seed, rank): adding a column never changes another's draws
     gen = lambda: torch.Generator().manual_seed(c.seed + 100_003 * rank)  # noqa: E731
     sums = {}
-    with ctx:
+    with ctx, bar:
         if do_l2r:
             bar.set_description(f"{name} L2R")
             sums['l2r'] = nll_l2r(model, mine, c.batch_size, bar)
@@ -244,7 +248,6 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
             ens, member = nll_ensemble(model, mine, M, c.ensemble_mode, gen(), c.ensemble_draws, c.batch_size, bar)
             sums['ensemble'] = (ens.sum().item(), mine.numel())
             sums['member'] = (member.sum().item(), mine.numel())
-    bar.close()
     keys = cols + (['member'] if M else [])
     t = torch.tensor([v for k in keys for v in sums.get(k, (0.0, 0))], dtype=torch.float64,
                      device=next(model.parameters()).device)

@@ -437,7 +437,10 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------ training and likelihood
     def forward(self, idx, order=None, targets=None, t=None, reduction='mean'):
         cfg = self.config
+        _check_ids('idx', idx)
         B, n = idx.shape
+        for name, x in (('order', order), ('targets', targets)):
+            _check_ids(name, x, idx.shape)
         if n > cfg.block_size:
             raise ValueError(f"sequence length {n} > block_size {cfg.block_size}")
         if not cfg.causal:
@@ -681,6 +684,19 @@ def _load_hf_state_dict(path):
 
 
 # ---------------------------------------------------------------------- helpers shared by the scripts
+
+def _check_ids(name, x, shape=None):
+    """forward's inputs, idx (B, n) and order / targets of its shape, are integer tensors: a wrong one is one
+    line naming it, not a dtype error from deep inside an embedding, gather or cross-entropy. (The values are
+    not looked at: that would cost a device sync every call.)"""
+    if x is None and shape is not None:
+        return
+    ok = torch.is_tensor(x) and not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+    if not ok or (x.dim() != 2 if shape is None else x.shape != shape):
+        got = f"{x.dtype} of shape {tuple(x.shape)}" if torch.is_tensor(x) else type(x).__name__
+        want = "(B, n)" if shape is None else f"idx's shape {tuple(shape)}"
+        raise ValueError(f"GPT.forward: {name} must be an integer tensor of {want}, got {got}")
+
 
 def random_orders(B, n, device=None, generator=None, l2r_frac=0.0):
     """B independent uniform permutations of range(n): argsort of uniform noise, on the device. The one

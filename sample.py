@@ -28,7 +28,7 @@ import torch
 from aogpt import engine, generate, genppl
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import command, die
-from aogpt.orders import TRAIN_MODES, is_order_spec
+from aogpt.orders import TRAIN_MODES, is_order_spec, one_block
 from aogpt.paths import check_writable
 from aogpt.runtime import script_device
 
@@ -144,8 +144,10 @@ def main(argv=None):
             print(f"---------- sample {i}\n{printable(text)}")
         print("----------")
     N = samples.size(0)
-    steps = 'threshold-chosen' if stats['steps'] is None else stats['steps']
-    print(f"{N} samples x {n} tokens ({stats['tokens_generated']} generated each), {steps} steps: "
+    steps = f"{'threshold-chosen' if stats['steps'] is None else stats['steps']} steps"  # that revealed a token
+    if family in ('ao', 'mdm') and not c.speculative and stats['steps'] is not None and stats['steps'] < c.steps:
+        steps += f" (of --steps {c.steps}: the others revealed no token)"
+    print(f"{N} samples x {n} tokens ({stats['tokens_generated']} generated each), {steps}: "
           f"{wall:.2f} s wall, {N * stats['tokens_generated'] / wall:.1f} tokens/s; per sample "
           f"{stats['token_passes']:g} token-passes ({stats['token_passes'] / n:.2f} n) in "
           f"{stats['forward_calls']:g} forward calls (last batch)")
@@ -272,6 +274,8 @@ def generation_order(c, ck, family, n):
         except ValueError as e:
             die(f"--order: {e}; or a file of positions")
     adaptive = isinstance(o, str) and o in generate.ADAPTIVE
+    if isinstance(o, str) and not adaptive and one_block(o, n):
+        print(f"note: {one_block(o, n)}")
     if not 0 <= c.threshold <= 1 or (c.threshold and not adaptive):
         die(f"invalid --threshold={c.threshold!r}: a probability in (0, 1], for --order confidence, margin or "
             f"entropy (0: take the counts from the Lemma-1 schedule)")

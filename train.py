@@ -43,7 +43,7 @@ from tqdm import tqdm
 from aogpt.checkpoint import CKPT_NAME, save_checkpoint
 from aogpt.configurator import configure, print_config
 from aogpt.ema import EMA
-from aogpt.orders import draw_orders
+from aogpt.orders import TRAIN_MODES, draw_orders, one_block
 from aogpt.plot import plot_log
 from aogpt.preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
 from aogpt.rundir import Run, claim_out_dir, keep_copy, release_out_dir, rewind_out_dir
@@ -219,7 +219,7 @@ if weights is not None:
 del weights
 
 with run.failing():
-    check_model(model_args, cfg, data_vocab, data_dir)  # against the data and the orders
+    check_model(model_args, cfg, data_vocab, data_dir, _given)  # against the data, the orders, the settings
 if not model_args['causal']:
     model.transformer.wnonee.weight.requires_grad_(False)  # the encoder never uses [None]; DDP needs all used
 model.to(device)
@@ -377,6 +377,8 @@ if peak_flops <= 0 and device_type == 'cuda':
 passes = val_passes(raw_model, eval_orders, fixed_order, order_mode)  # forward passes per val batch
 cost_warnings(cfg, device_type == 'cpu', flops_per_token, val_batches, passes, iter_num, say)
 lr_warnings(cfg, get_lr, say)
+if order_mode not in TRAIN_MODES and one_block(order_mode, block_size):
+    say(f"note: {one_block(order_mode, block_size)}")
 
 # ------------------------------------------------------------------ the loop
 t_start = time.time()

@@ -26,6 +26,10 @@ Hub files go through huggingface_hub into its cache (HF_HUB_CACHE), only the fil
 cache serves, and a file that is not cached fails at once in one line saying how to get it.
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/checkpoint.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/checkpoint.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import hashlib
 import json
 import os

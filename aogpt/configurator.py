@@ -23,6 +23,10 @@ configure() is the command line's parser, called first thing by a command, so li
 the process itself: status 2 for a malformed command line or config file, 0 after --help.
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/configurator.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/configurator.py is a library module, with nothing to run: the commands are "
+                     "train.py, sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import ast
 import difflib
 import math
@@ -112,7 +116,13 @@ def _parse_value(text, typ, nullable):
     try:
         return ast.literal_eval(text)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return text  # a bare word, e.g. --device=cuda; a typed key then rejects it in _coerce
+        pass
+    if typ in (int, float):  # nan, inf, -Infinity: Python's own float words, not literals; _coerce says they
+        try:                 # are not finite (not "expects float, got str")
+            return float(text)
+        except ValueError:
+            pass
+    return text  # a bare word, e.g. --device=cuda; a typed key then rejects it in _coerce
 
 
 def _help_text(g, defaults):

@@ -10,6 +10,10 @@ fast. A checkpoint holds state_dict(), ema=dict(decay, num_updates, params) keye
 (checkpoint.py): the paper's EMA is a positional list, which silently scrambles if modules are reordered.
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/ema.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/ema.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import torch
 
 from model import strip_prefixes

@@ -22,6 +22,10 @@ launch-bound on a GPU, and every new shape pays kernel setup; a replayed graph p
   enc = EncoderStepper(model, B, n, mode) the encoder MDM: enc(x) -> final-norm hidden states (B, n, C)
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/engine.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/engine.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import torch
 
 from model import parallel_mask

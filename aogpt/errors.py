@@ -13,6 +13,10 @@ train.py, a linear script that must also let go of its out_dir, wraps its start-
 (rundir.py), which ends in run.fail's line. die(msg) is that line and exit, for a command's own refusals.
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/errors.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/errors.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import functools
 import json
 import os

@@ -35,11 +35,15 @@ offline mode if not, instead of letting them retry for ~20 s).
 import logging
 import os
 import re
+import sys
 from collections import namedtuple
 
-from aogpt import ROOT
-from aogpt.errors import UserError, first_line
-from aogpt.hub import dataset_files, go_offline, hub_reachable
+if __name__ == '__main__' and not __package__:  # run as a file (python aogpt/evalsets.py): the repository's root,
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # for `import aogpt`, in aogpt/'s place
+
+from aogpt import ROOT  # noqa: E402
+from aogpt.errors import UserError, first_line  # noqa: E402
+from aogpt.hub import dataset_files, go_offline, hub_reachable  # noqa: E402
 
 # -------------------------------------------------------------------------------------------- detokenizers
 # The conventions of SEDD/RADD/MDLM's eval pipelines, restated as ordered rule tables so each can be read
@@ -365,17 +369,17 @@ def load_eval_chunks(name, codec, block_size, split=None, path=None, keep_partia
 
 
 if __name__ == "__main__":
-    import sys
-
     from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
     from aogpt.errors import exit_in_one_line
     from aogpt.tokenizer import get_codec
     exit_in_one_line()  # a set that cannot be read is its one line, not a traceback
     stop_on_ctrl_c("nothing was written")
     if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        asked = sys.argv[1:2] in (["-h"], ["--help"])  # asked for: stdout and status 0, as argparse does
         print(f"usage: python -m aogpt.evalsets NAME [--block_size=1024 --split=test --path=... --paper_split=True "
-              f"--revision=main --data_dir=data/ptb]; NAME in {', '.join(EVAL_SETS)}", file=sys.stderr)
-        raise SystemExit(2)
+              f"--revision=main --data_dir=data/ptb]; NAME in {', '.join(EVAL_SETS)}",
+              file=sys.stdout if asked else sys.stderr)
+        raise SystemExit(0 if asked else 2)
     # '' means the default; data_dir: a data/<name> dir whose meta.json picks the codec (default GPT-2);
     # revision: a branch, tag or commit of the set's hub repo instead of its pin
     c = namespace(dict(block_size=1024, split="", path="", paper_split=False, keep_partial=False, data_dir="",

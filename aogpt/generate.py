@@ -40,13 +40,17 @@ decoding) token for token, and the encoder sampler with and without `cache_trick
 samples under the same seed.
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/generate.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/generate.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import math
 
 import torch
 
 from aogpt.engine import EncoderStepper, SlotStepper
 from aogpt.errors import UserError
-from aogpt.orders import draw_orders, parse_order
+from aogpt.orders import GRAMMAR, draw_orders, parse_order
 
 _CHUNK = 1 << 25  # float64 elements per sampling chunk (256 MiB): bounds memory when a step reveals a lot
 
@@ -80,6 +84,8 @@ def reveal_counts(n, steps, schedule='linear', fixed=False, generator=None):
     the multinomial of n uniforms over the grid's bins: k_i ~ Binomial(#still masked, 1 - t_{i+1}/t_i).
     fixed: the paper code's counts, cumulative max(int(n (1 - t_{i+1})), previous + 1), capped at n.
     """
+    if not (isinstance(n, int) and n >= 0 and isinstance(steps, int) and steps >= 1):
+        raise UserError(f"reveal_counts: n is an integer >= 0 and steps one >= 1, got n={n!r}, steps={steps!r}")
     t = time_grid(steps, schedule)
     if fixed:
         cum, prev = [], 0
@@ -208,6 +214,22 @@ def sorted_nucleus(p, top_p):
 
 # ----------------------------------------------------------------------------- orders and given tokens
 
+def check_run(model, n, batch_size, steps=None, tokens=None):
+    """A sampler's sizes and given tokens against the model, each in one line rather than a torch error deep in
+    the run: n in [1, block_size], batch_size >= 1, steps >= 1 (the samplers that take them), and every given
+    token id (tokens: the given or prompt ids, -1 where free) in the model's vocabulary."""
+    V, limits = model.config.vocab_size, dict(n=model.config.block_size, batch_size=None, steps=None)
+    for name, v in (('n', n), ('batch_size', batch_size), ('steps', steps)):
+        if (name != 'steps' or v is not None) and not (isinstance(v, int) and 1 <= v <= (limits[name] or v)):
+            raise UserError(f"{name} must be an integer >= 1" + (f" and <= block_size {limits[name]}" if limits[name]
+                                                                 else "") + f", got {v!r}")
+    ids = torch.as_tensor([] if tokens is None else tokens).reshape(-1)
+    bad = ids[(ids >= V) | (ids < -1)]
+    if bad.numel():
+        raise UserError(f"given token id {bad[0].item()!r} is not in the model's vocabulary (ids 0..{V - 1}, and -1 "
+                        f"where a token is to be generated)")
+
+
 def split_given(given, n):
     """given: None or a LongTensor (n,) of token ids with -1 at the positions to generate (shared by
     the batch). Returns (given positions ascending, their tokens, free positions ascending)."""
@@ -229,8 +251,8 @@ ADAPTIVE = ('confidence', 'margin', 'entropy')  # chosen step by step from the m
 
 
 def check_order(order):
-    """A generation order spec, checked: an order distribution (orders.py: random, l2r, semiar:K or its
-    alias blocks:K, nearl2r:W, mix:...), a confidence order (ADAPTIVE), or a permutation tensor.
+    """A generation order spec, checked: an order distribution (orders.GRAMMAR, defined in orders.py), a
+    confidence order (ADAPTIVE), or a permutation tensor.
     Raises ValueError (UserError) naming what is wrong and what is accepted."""
     if not isinstance(order, str) or order in ADAPTIVE:
         return order
@@ -241,22 +263,32 @@ def check_order(order):
     return order
 
 
-def free_order(order, free, batch_size, generator=None):
-    """(B, n_free) generation order of the free positions: drawn from an order distribution (orders.py;
-    'random' uniform per sample, 'l2r', 'blocks:K' / 'semiar:K' blocks of K positions left to right with a
-    uniform order inside each: semi-autoregressive decoding, 'nearl2r:W', 'mix:...'), or a permutation
-    (n,) / (B, n) of all positions, of which the free ones are taken in its order."""
+def free_order(order, free, batch_size, generator=None, n=None):
+    """(B, n_free) generation order of the free positions: drawn from an order distribution (orders.GRAMMAR,
+    defined in orders.py), or a permutation (n,) / (B, n) of all positions, of which the free ones are taken
+    in its order (n: the sequence's length, which the permutation must have; by default one past the last
+    free position at least)."""
     B, nf = batch_size, free.numel()
     if isinstance(order, str):
         if order in ADAPTIVE:
             raise ValueError(f"free_order takes an order distribution or a permutation, not {order!r}")
         return draw_orders(check_order(order), B, positions=free, generator=generator)
-    o = torch.as_tensor(order, dtype=torch.long).cpu()
+    n = int(free.max()) + 1 if n is None and nf else n
+    try:
+        o = torch.as_tensor(order)
+    except (TypeError, ValueError, RuntimeError):
+        o = None
+    if o is None or o.dim() not in (1, 2) or o.is_floating_point() or o.dtype == torch.bool:
+        raise UserError(f"order must be an order distribution ({GRAMMAR}) or a permutation of the positions, "
+                        f"a (n,) or (B, n) integer tensor; got {order!r:.60}")
+    shape, o = tuple(o.shape), o.long().cpu()
     o = o.expand(B, -1) if o.dim() == 1 else o
-    n = o.size(1)
-    if o.size(0) != B or not torch.equal(o.sort(1).values, torch.arange(n).expand(B, n)):
-        raise ValueError(f"order must be a permutation of range({n}) per sample")
-    is_free = torch.zeros(n, dtype=torch.bool)
+    m = o.size(1)
+    if o.size(0) != B or (n is not None and m != n) or not torch.equal(o.sort(1).values, torch.arange(m).expand(B, m)):
+        N = m if n is None else n
+        raise UserError(f"order must be a permutation of range({N}), ({N},) or one per sample ({B}, {N}): got " +
+                        (f"shape {shape}" if shape not in ((N,), (B, N)) else "a tensor of that shape that is not one"))
+    is_free = torch.zeros(m, dtype=torch.bool)
     is_free[free] = True
     return o[is_free[o]].view(B, nf)
 
@@ -272,7 +304,7 @@ def draw_plan(n, batch_size, steps, *, order='random', fixed_counts=False, sched
     B = batch_size
     gpos, gtok, free = split_given(given, n)
     u = torch.rand(B, n, dtype=torch.float64, generator=generator)
-    reveal = torch.cat([gpos.expand(B, gpos.numel()), free_order(order, free, B, generator)], 1)
+    reveal = torch.cat([gpos.expand(B, gpos.numel()), free_order(order, free, B, generator, n)], 1)
     counts = reveal_counts(free.numel(), steps, schedule, fixed_counts, generator)
     return u, reveal, counts, gpos, gtok
 
@@ -296,11 +328,12 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
                 threshold=0.0):
     """KV-cached any-order sampling from an AO-GPT / sigma-GPT. Returns (tokens (B, n), stats).
 
-    order: 'random' (the MDM reverse process), 'l2r', 'blocks:K' (semi-autoregressive) or a permutation,
-    all fixed before the first pass; or 'confidence' / 'margin' / 'entropy', chosen step by step from
-    the model's scores (generate_confident; threshold applies there).
+    order: an order distribution (orders.GRAMMAR, defined in aogpt/orders.py: 'random' is the MDM reverse
+    process) or a permutation, fixed before the first pass; or 'confidence' / 'margin' / 'entropy', chosen
+    step by step from the model's scores (generate_confident; threshold applies there).
     given: LongTensor (n,) with -1 at the positions to generate; the given tokens enter the cache first
-    (ascending positions, in the first pass), the rest follow `order`. stats: steps, forward_calls,
+    (ascending positions, in the first pass), the rest follow `order`. stats: steps (those that revealed a
+    token, at most min(steps, tokens generated): a step that reveals none makes no call), forward_calls,
     token_passes (rows through the network per sample), tokens_generated, counts (the per-step counts
     of the steps that ran), order (B, n) positions in reveal order.
     stepper: how each forward call runs: 'dynamic', 'static' or 'cuda_graph', or a SlotStepper to reuse
@@ -309,8 +342,7 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
     if not model.any_order:
         raise ValueError("generate_ao needs an any-order decoder (cond='adaln' or 'sigma'); "
                          "use generate_ar for a GPT and generate_mdm for an encoder")
-    if n > model.config.block_size:
-        raise ValueError(f"n = {n} > block_size {model.config.block_size}")
+    check_run(model, n, batch_size, steps, given)
     if isinstance(check_order(order), str) and order in ADAPTIVE:
         return generate_confident(model, n, batch_size, steps, score=order, fixed_counts=fixed_counts,
                                   schedule=schedule, threshold=threshold, temperature=temperature, top_p=top_p,
@@ -343,7 +375,7 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
         slot_tok[:, m + 1:m + k + 1] = sample_tokens(logits, u[:, m:m + k], temperature, top_p, vocab_size)
         a += r
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
-    stats = dict(steps=steps, forward_calls=len(calls), token_passes=sum(r for r, _, _ in calls),
+    stats = dict(steps=len(calls), forward_calls=len(calls), token_passes=sum(r for r, _, _ in calls),
                  tokens_generated=n - g, counts=[k for _, _, k in calls], order=reveal)
     return tokens, stats
 
@@ -409,7 +441,7 @@ def generate_confident(model, n, batch_size, steps, *, score='confidence', fixed
         m, passes = m + k, passes + tok.size(1)
         ks.append(k)
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
-    stats = dict(steps=len(ks) if threshold else steps, forward_calls=len(ks), token_passes=passes,
+    stats = dict(steps=len(ks), forward_calls=len(ks), token_passes=passes,
                  tokens_generated=n - g, counts=ks, order=reveal)
     return tokens, stats
 
@@ -425,8 +457,7 @@ def generate_ar(model, n, batch_size, *, temperature=1.0, top_p=1.0, vocab_size=
     """
     if not model.config.causal:
         raise ValueError("generate_ar needs a decoder; use generate_mdm for an encoder MDM")
-    if n > model.config.block_size:
-        raise ValueError(f"n = {n} > block_size {model.config.block_size}")
+    check_run(model, n, batch_size, tokens=prompt)
     dev = next(model.parameters()).device
     B = batch_size
     prompt = torch.as_tensor([] if prompt is None else prompt, dtype=torch.long)
@@ -471,15 +502,14 @@ def generate_mdm(model, n, batch_size, steps, *, cache_trick=False, counts='shar
     cfg = model.config
     if cfg.causal:
         raise ValueError("generate_mdm needs an encoder MDM (causal=False)")
-    if n > cfg.block_size:
-        raise ValueError(f"n = {n} > block_size {cfg.block_size}")
+    check_run(model, n, batch_size, steps, given)
     dev = next(model.parameters()).device
     B = batch_size
     gpos, gtok, free = split_given(given, n)
     g, nf = gpos.numel(), free.numel()
     u = torch.rand(B, n, dtype=torch.float64, generator=generator)
     if counts == 'shared':
-        forder = free_order(order, free, B, generator)                     # (B, nf)
+        forder = free_order(order, free, B, generator, n)                  # (B, nf)
         k = reveal_counts(nf, steps, schedule, fixed_counts, generator)     # (T,)
         step_of_rank = torch.repeat_interleave(torch.arange(steps), k)      # (nf,) step of the j-th reveal
         step = torch.empty(B, n, dtype=torch.long).scatter_(1, forder, step_of_rank.expand(B, nf))
@@ -523,6 +553,7 @@ def generate_mdm(model, n, batch_size, steps, *, cache_trick=False, counts='shar
         x[bi, pi] = sample_tokens(logits, u_pos[bi, pi], temperature, top_p, vocab_size,
                                   ban=cfg.mask_token_id)
         stale = True
-    stats = dict(steps=steps, forward_calls=passes, token_passes=passes * n, tokens_generated=nf,
+    stats = dict(steps=sum(b > a for a, b in zip(bounds, bounds[1:])), forward_calls=passes,
+                 token_passes=passes * n, tokens_generated=nf,
                  order=reveal.to(dev), step_of=step)  # step_of (B, n): each position's step, -1 if given
     return x, stats

@@ -3,6 +3,10 @@ Generative perplexity: how likely a judge model finds the samples, both ways the
 the samples' unigram entropy (low-temperature and repetitive samples flatter both perplexities).
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/genppl.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/genppl.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import math
 import os
 

@@ -13,6 +13,10 @@ datasets 4 it refuses any repo that still holds a loading script. Which files be
 split comes from the README's `configs:` header, else from the file names (datasets' convention).
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/hub.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/hub.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import glob
 import os
 import re

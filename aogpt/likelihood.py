@@ -5,6 +5,11 @@ suffix chain), the any-order bound over uniform orders or an order distribution,
 (paper eq. 7; fast and exact forms) and the encoder MDM's ELBO. eval_ppl.py is the command around them
 (its docstring says what each column means); findings/ and bench/ call them directly.
 """
+
+if __name__ == '__main__':  # run as a script (python aogpt/likelihood.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/likelihood.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import math
 
 import torch

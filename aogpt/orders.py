@@ -29,6 +29,10 @@ component for every row in the spec's order, then one float32 uniform per row pi
 (as random_orders picks its L2R rows).
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/orders.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/orders.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import math
 import re
 
@@ -102,13 +106,25 @@ def is_order_spec(spec):
         return False
 
 
+def one_block(spec, n):
+    """The line a command that knows its length n says for a spec whose semiar:K has K >= n: one block holds
+    every position, so that K draws the uniform random order (a block of K > n is no semi-autoregressive
+    order); None when no component is such."""
+    big = sorted({k for _, kind, k in parse_order(spec) if kind == 'semiar' and k >= n})
+    if big:
+        return (f"order {spec}: semiar:{big[0]} at length {n} puts all {n} positions in one block, which is the "
+                f"uniform random order (semi-autoregressive needs K < {n})")
+    return None
+
+
 def draw_orders(spec, batch_size, n=None, *, positions=None, device=None, generator=None):
     """batch_size orders drawn from spec (module docstring), each from the caller's generator on its device.
-    Without positions: (B, n) permutations of range(n). With positions (m,) (ascending, e.g. the positions
-    a sampler must fill): (B, m), those positions in reveal order; semiar and nearl2r then act on the
-    positions themselves (the block of a position is position // K, wherever the gaps are)."""
+    Without positions: (B, n) permutations of range(n). With positions (m,) (distinct, e.g. the positions a
+    sampler must fill): (B, m), those positions in reveal order. Every law is one of the position values, not of
+    the order they are passed in: l2r is ascending positions, the block of a position is position // K and
+    nearl2r's key is position + W U, wherever the gaps are."""
     comps = parse_order(spec)
-    pos = torch.arange(n, device=device) if positions is None else positions if device is None else positions.to(device)
+    pos = _positions(batch_size, n, positions, device)
     idx = [_draw(kind, arg, batch_size, pos, generator) for _, kind, arg in comps]   # each (B, m) into pos
     if len(idx) == 1:
         return pos[idx[0]]
@@ -124,10 +140,28 @@ def _draw(kind, arg, B, pos, generator):
     m, dev = pos.numel(), pos.device
     if kind == 'random':
         return random_orders(B, m, device=dev, generator=generator)
-    if kind == 'l2r':
-        return torch.arange(m, device=dev).expand(B, m)
+    if kind == 'l2r':  # ascending positions (arange(m) when they come ascending, as they mostly do)
+        return pos.argsort().expand(B, m)
     U = torch.rand(B, m, device=dev, generator=generator, dtype=torch.float64)
     # semiar: the block, then a uniform tie-break inside it; nearl2r: the position plus W times the noise
     keys = (pos // arg).double() + U if kind == 'semiar' else pos.double() + arg * U
     return keys.argsort(dim=1)
 
+
+def _positions(batch_size, n, positions, device):
+    """The positions to order, (m,) on the device: range(n), or the caller's, checked (one line, not a torch
+    error deep in a draw)."""
+    if not isinstance(batch_size, int) or batch_size < 0:
+        raise UserError(f"draw_orders: batch_size is an integer >= 0, got {batch_size!r}")
+    if positions is None:
+        if not isinstance(n, int) or n < 0:
+            raise UserError(f"draw_orders: give n (an integer >= 0) or positions, got n={n!r}")
+        return torch.arange(n, device=device)
+    if not torch.is_tensor(positions) or positions.dim() != 1 or positions.is_floating_point() or \
+            positions.is_complex() or positions.dtype == torch.bool:
+        got = (f"{positions.dtype} of shape {tuple(positions.shape)}" if torch.is_tensor(positions) else
+               type(positions).__name__)
+        raise UserError(f"draw_orders: positions is a 1-D integer tensor, got {got}")
+    if positions.unique().numel() != positions.numel():
+        raise UserError(f"draw_orders: the positions must be distinct, got {positions.tolist()}")
+    return positions.long() if device is None else positions.to(device=device, dtype=torch.long)

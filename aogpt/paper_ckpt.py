@@ -16,6 +16,10 @@ slots, [None] first, target of the last slot zero. Ours feeds n slots; the paper
 nothing and causal attention keeps it from touching the others, so the n logits are identical.
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/paper_ckpt.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/paper_ckpt.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import re
 from dataclasses import asdict
 

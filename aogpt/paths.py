@@ -3,6 +3,10 @@ Where a command writes, checked before the work that fills it: a bad --save, --j
 cost one line, not a sampling run, an evaluation or an hour of training. (The writes themselves are
 atomic: checkpoint.atomic_write.) Both raise UserError; torch-free, so data/*/prepare.py can use them.
 """
+
+if __name__ == '__main__':  # run as a script (python aogpt/paths.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/paths.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
 import os
 
 from aogpt.errors import UserError

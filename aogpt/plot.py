@@ -195,11 +195,14 @@ def main(out_dir):
 
 
 if __name__ == '__main__':
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a file: the repo root
+    if not __package__:  # run as a file (python aogpt/plot.py): the repository's root in aogpt/'s place
+        sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     from aogpt.configurator import stop_on_ctrl_c
     from aogpt.errors import command
     stop_on_ctrl_c('no plot was half written (each is written whole, then moved into place)')
     if len(sys.argv) != 2 or sys.argv[1].startswith('-'):
-        print("usage: python -m aogpt.plot OUT_DIR   (draws OUT_DIR/loss.png and OUT_DIR/eval_ppl.png)", file=sys.stderr)
-        raise SystemExit(2)
+        asked = sys.argv[1:] in (['-h'], ['--help'])  # asked for: stdout and status 0, as argparse does
+        print("usage: python -m aogpt.plot OUT_DIR   (draws OUT_DIR/loss.png and OUT_DIR/eval_ppl.png)",
+              file=sys.stdout if asked else sys.stderr)
+        raise SystemExit(0 if asked else 2)
     command(main)(sys.argv[1])

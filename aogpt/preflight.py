@@ -11,6 +11,10 @@ Each takes the config as a dict. What cannot work is a UserError, which train.py
 (rank 0 prints; every rank releases out_dir and exits 1); warnings go to say (rank 0, above the progress bar).
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/preflight.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/preflight.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import importlib.util
 import math
 import os
@@ -116,8 +120,12 @@ def check_data(cfg, say=print):
     return data_dir, codec, n_train, n_val
 
 
-def check_model(model_args, cfg, data_vocab, data_dir):
-    """The model against the data it will read and the orders it will train on."""
+def check_model(model_args, cfg, data_vocab, data_dir, given=()):
+    """The model against the data it will read, the orders it will train on and the settings given for it
+    (given: the keys the config files and command line set)."""
+    if 'muon_adaln' in given and model_args['cond'] != 'adaln':
+        raise UserError(f"muon_adaln places the AdaLN Linears, but this model has none (cond={model_args['cond']!r}): "
+                        f"leave muon_adaln out")
     if data_vocab > model_args['vocab_size']:
         raise UserError(f"{cfg['dataset']} has {data_vocab} token ids but the model only {model_args['vocab_size']}")
     if not model_args['causal'] and model_args['mask_token_id'] < data_vocab:
@@ -180,9 +188,17 @@ def cost_warnings(cfg, on_cpu, flops_per_token, val_batches, passes, start_iter,
 
 
 def lr_warnings(cfg, get_lr, say=print):
-    """A learning-rate schedule that does not fit max_iters: a warmup that never ends, a cosine that never
-    decays, or one that decays long before the end."""
-    if not cfg['decay_lr'] or cfg['eval_only']:
+    """Learning rates that freeze half the model (one optimizer's peak 0, the other's not: both 0 freezes the
+    whole, on purpose), and a schedule that does not fit max_iters: a warmup that never ends, a cosine that
+    never decays, or one that decays long before the end."""
+    if cfg['eval_only']:
+        return
+    if cfg['optimizer'] == 'muon' and (cfg['muon_lr'] == 0) != (cfg['learning_rate'] == 0):
+        muon, adamw = "the matrices Muon trains", "the embeddings, head, norms and biases AdamW trains"
+        frozen, trained, key = (muon, adamw, 'muon_lr') if cfg['muon_lr'] == 0 else (adamw, muon, 'learning_rate')
+        say(f"warning: {key}=0 freezes {frozen} while {trained} train: give {key} > 0, or set both to 0 to freeze "
+            f"every weight")
+    if not cfg['decay_lr']:
         return
     max_iters, warmup_iters, lr_decay_iters = cfg['max_iters'], cfg['warmup_iters'], cfg['lr_decay_iters']
     if warmup_iters >= max_iters:

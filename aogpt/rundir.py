@@ -14,6 +14,10 @@ the same out_dir is refused in one line. The OS drops the lock when the holder e
 killed run never blocks its resume. Without fcntl (Windows) runs go unlocked.
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/rundir.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/rundir.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import json
 import os
 import socket

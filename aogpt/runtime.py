@@ -14,6 +14,10 @@ tokens in float64 whatever this says (generate.sample_tokens). A device or dtype
 is a UserError with a one-line message, which each script reports its own way (train.py from rank 0).
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/runtime.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/runtime.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import os
 from contextlib import nullcontext
 

@@ -25,9 +25,13 @@ exactly p_j, whatever q_j is (Leviathan et al. 2022; Chen et al. 2023). The toke
 thrown away, so every committed token has its true conditional given the tokens committed before it,
 and the chain rule gives the joint along sigma. The proposal only moves the acceptance rate: a draft
 copy with a wrong target is still exact (it is just a worse q), except copy 0, which is committed
-untested and must be the true conditional. With sigma drawn uniformly per sample (independent of the
-drafts) the law is the mixture over sigma, that of generate_ao at T = n. Orders chosen from the drawn
-values (confidence) change sigma after the fact: not exact, refused.
+untested and must be the true conditional. With sigma drawn per sample from `order` (independent of the
+drafts) the law is the mixture over sigma of that chain: generate_ao's law when each of its steps reveals
+one token (fixed_counts=True with steps >= the tokens to generate; with random counts, only in the limit of
+many more steps than tokens). It is not generate_ao's law at T = n with random counts: a step there may
+reveal several tokens, each drawn given only the tokens revealed before the step, and at n = T = 5 only
+5!/5^5 = 3.8% of runs reveal one token per step. Orders chosen from the drawn values (confidence) change
+sigma after the fact: not exact, refused.
 
 The cache. A slot's K/V depend on its token, its position and its target (AdaLN or sigma-GPT's input),
 so a row may stay only if both its token and its target's token are committed. After a accepted drafts
@@ -65,12 +69,17 @@ q and p come from generate.logits_to_probs, the transform sample_tokens draws fr
 calls are engine.py's (SlotStepper, RowStepper).
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/speculative.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/speculative.py is a library module, with nothing to run: the commands are train.py,"
+                     " sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 from dataclasses import dataclass, field
 
 import torch
 
 from aogpt.engine import KV_BUCKET, RowStepper, SlotStepper
-from aogpt.generate import ADAPTIVE, check_order, free_order, inverse_cdf, logits_to_probs, split_given
+from aogpt.generate import ADAPTIVE, check_order, check_run, free_order, inverse_cdf, logits_to_probs, split_given
+from aogpt.orders import GRAMMAR
 
 K_MAX = 16   # the largest draft length k='auto' goes to
 K_FUSED = 8  # the same for fused rounds, whose calls carry (k + 1)^2 rows
@@ -209,8 +218,9 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
     at under one forward call per token (module docstring). Returns (tokens (B, n), stats).
 
     k: draft length per round (>= 2; 1 is plain one-token-per-call decoding) or 'auto'.
-    order: 'random', 'l2r', 'blocks:K' or a permutation, fixed before the first draw; the confidence
-    orders are refused (not exact). given: as generate_ao (the given tokens enter the cache first).
+    order: an order distribution (orders.GRAMMAR, defined in aogpt/orders.py) or a permutation, fixed
+    before the first draw; the confidence orders are refused (not exact). given: as generate_ao (the given
+    tokens enter the cache first).
     stepper: 'dynamic', 'static', 'cuda_graph' or a SlotStepper (RowStepper for per_row) to reuse.
     bonus: the extra verify slot that earns a token when every draft is kept. batch_commit: 'per_row'
     (each sample commits what it accepted, under a per-sample cache mask; a mode name, or a RowStepper
@@ -232,11 +242,10 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
                          "MDM or an L2R GPT cannot score a drafted sequence in one pass")
     if isinstance(check_order(order), str) and order in ADAPTIVE:
         raise ValueError(f"order {order!r} is chosen from the drawn values, so speculative sampling would not "
-                         f"be exact: use random, l2r, blocks:K or a permutation")
+                         f"be exact: use an order fixed before the draws, {GRAMMAR}, or a permutation")
     if k != 'auto' and (not isinstance(k, int) or k < 1):
         raise ValueError(f"k must be an integer >= 1 or 'auto', got {k!r}")
-    if n > model.config.block_size:
-        raise ValueError(f"n = {n} > block_size {model.config.block_size}")
+    check_run(model, n, batch_size, tokens=given)
     if batch_commit not in ('min', 'per_row'):
         raise ValueError(f"batch_commit must be 'min' or 'per_row', got {batch_commit!r}")
     if fused and (batch_commit != 'per_row' or not bonus):
@@ -250,7 +259,7 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
     B = batch_size
     gpos, gtok, free = split_given(given, n)
     g = gpos.numel()
-    reveal = torch.cat([gpos.expand(B, g), free_order(order, free, B, generator)], 1)  # (B, n) positions
+    reveal = torch.cat([gpos.expand(B, g), free_order(order, free, B, generator, n)], 1)  # (B, n) positions
     kmax = (K_FUSED if fused else K_MAX) if k == 'auto' else k
     room = kmax + 2 if batch_commit == 'per_row' else 0                     # past n, for the done samples
     slot_tok = torch.full((B, n + 1 + room), -1, dtype=torch.long)          # slot j: the j-th revealed token

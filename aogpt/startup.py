@@ -8,6 +8,10 @@ key that contradicts it is refused (a UserError: train.py's one line), never qui
     iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizer, scaler, ema)
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/startup.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/startup.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import json
 import os
 from dataclasses import asdict

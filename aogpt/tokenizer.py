@@ -18,6 +18,10 @@ Codec.encode treats its input as plain text: a literal "<|endoftext|>" inside a 
 as ordinary characters (as nanoGPT's prepare.py does). Insert codec.eot yourself where a document ends.
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/tokenizer.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/tokenizer.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import base64
 import functools
 import hashlib

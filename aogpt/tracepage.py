@@ -7,6 +7,10 @@ its one exact token), a kept draft, a replacement drawn from the residual after 
 the rejected draft), or the bonus token.
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/tracepage.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/tracepage.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import html
 
 import torch

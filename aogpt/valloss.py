@@ -12,6 +12,10 @@ add theirs up.
     out = val_losses(model, batches, mine, read, ctx, eval_orders, order_mode, fixed_order)
 """
 
+if __name__ == '__main__':  # run as a script (python aogpt/valloss.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/valloss.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
 import time
 
 import numpy as np

@@ -1,5 +1,9 @@
 """What the bench scripts share: their settings checked before anything is built, and appending a measured table
 to BENCHMARKS.md with device, date and command."""
+
+if __name__ == '__main__':  # run as a script (python bench/common.py): one line, not an ImportError
+    raise SystemExit('error: bench/common.py holds what the bench scripts share, with nothing to run: run one of '
+                     'bench/*.py')
 import os
 import sys
 from datetime import date

@@ -15,6 +15,10 @@ Tokenization runs on num_proc worker processes (each reads its own slice of the 
 written in document order, so the bins do not depend on num_proc.
 """
 
+if __name__ == '__main__':  # run as a script (python data/prepare_common.py): one line, not an ImportError
+    raise SystemExit('error: data/prepare_common.py holds what the prepare scripts share, with nothing to run: run '
+                     'data/<name>/prepare.py')
+
 import errno
 import json
 import os

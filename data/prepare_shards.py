@@ -16,6 +16,10 @@ after each shard (before deleting it), so a killed assembly resumes from that re
 bins are byte-identical to an uninterrupted run's, and they do not depend on the number of processes.
 """
 
+if __name__ == '__main__':  # run as a script (python data/prepare_shards.py): one line, not an ImportError
+    raise SystemExit('error: data/prepare_shards.py holds what the prepare scripts share, with nothing to run: run '
+                     'data/<name>/prepare.py')
+
 import json
 import multiprocessing as mp
 import os

@@ -2,6 +2,10 @@
 The findings' record: the sections that findings with commands of their own (optimizers.py, orders.py)
 write into results/README.md, and the check a record passes before any plot is redrawn from it.
 """
+
+if __name__ == '__main__':  # run as a script (python findings/report.py): one line, not an ImportError
+    raise SystemExit('error: findings/report.py is part of the findings pipeline, with nothing to run: run '
+                     'findings/reproduce.py, optimizers.py or orders.py')
 import math
 import os
 import re

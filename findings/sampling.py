@@ -8,6 +8,10 @@ appends its own rows to results/README.md and results.json after reproduce.py ha
 reproduce.py trains the runs, calls these in turn with its resolved config `c`, and judges findings 1-7.
 """
 
+if __name__ == '__main__':  # run as a script (python findings/sampling.py): one line, not an ImportError
+    raise SystemExit('error: findings/sampling.py is part of the findings pipeline, with nothing to run: run '
+                     'findings/reproduce.py, optimizers.py or orders.py')
+
 import json
 import math
 import os

@@ -54,6 +54,10 @@ def test_bad_input_is_one_clear_line(argv, needle, capsys):
     (['--learning_rate=1e999'], "command line: learning_rate must be a finite number, got inf"),
     (['--learning_rate=-1e999'], "learning_rate must be a finite number, got -inf"),
     (['NAN'], "learning_rate must be a finite number, got nan"),
+    (['--learning_rate=nan'], "command line: learning_rate must be a finite number, got nan"),  # float's words,
+    (['--learning_rate', 'NaN'], "learning_rate must be a finite number, got nan"),             # not literals
+    (['--learning_rate=-inf'], "learning_rate must be a finite number, got -inf"),
+    (['--learning_rate=Infinity'], "learning_rate must be a finite number, got inf"),
     (['--seed=-1'], "command line: seed must be an integer in [0, 2**32), got -1"),
     (['--seed=4294967296'], "seed must be an integer in [0, 2**32), got 4294967296"),
     (['--seed=99999999999999999999999'], "seed must be an integer in [0, 2**32), got 99999999999999999999999"),

@@ -16,6 +16,7 @@ from helpers import exact_law, tiny
 import eval_ppl as E
 from aogpt import likelihood as L
 from aogpt.checkpoint import save_checkpoint
+from aogpt.errors import UserError
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -336,6 +337,10 @@ def test_cli_order_distribution_column(tmp_path, text_file, capsys):
     chunks = load_eval_chunks('ptb', get_codec(None), 16, path=text_file)[:6]
     s, cnt = L.nll_order(model, chunks, 'nearl2r:3', 2, torch.Generator().manual_seed(1337))
     assert row['order']['nll'] == pytest.approx(s / cnt, rel=1e-6) and f"{row['order']['ppl']:.2f}" in out
+    assert 'note: order' not in out  # semiar:K with K >= the block is the uniform law: said in one line
+    out = run_cli(args + ['--order_mode', 'semiar:16'], capsys)
+    assert 'note: order semiar:16: semiar:16 at length 16 puts all 16 positions in one block, which is the uniform ' \
+           'random order' in out
 
 
 def test_cli_gpt_shows_na_and_char_level_reports_bpc(tmp_path, text_file, capsys):
@@ -513,3 +518,22 @@ def test_a_missing_dataset_names_each_path_it_tried_once(tmp_path, capsys, monke
     err = capsys.readouterr().err.strip()
     assert err == "error: --dataset nothere: no such data directory (tried nothere and data/nothere); leave it " \
                   "empty to use the checkpoint's codec", err
+
+
+@pytest.mark.parametrize('where', ['record', 'mid-bar'])
+def test_an_error_after_or_inside_the_progress_bar_starts_its_own_line(tmp_path, text_file, capsys, monkeypatch, where):
+    """The bar (stderr not a terminal, as in a log) left its line open, and the one-line error of a failed record
+    write was glued to it; an error raised while the bar runs was too. Both now start a line of their own."""
+    make_ckpt(tmp_path / 'out')
+    if where == 'record':
+        monkeypatch.setattr(E, 'save_record', lambda *a: (_ for _ in ()).throw(OSError(28, 'No space left on device')))
+    else:
+        monkeypatch.setattr(E, 'nll_any_order', lambda *a: (_ for _ in ()).throw(UserError('the model is broken')))
+    with pytest.raises(SystemExit):
+        E.main(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
+                '--max_chunks', '6', '--json_out', str(tmp_path / 'r.json')])
+    err = capsys.readouterr().err
+    assert '%|' in err  # the bar ran
+    last = err.rstrip('\n').split('\n')[-1]
+    assert last == ("error: cannot write " + str(tmp_path / 'r.json') + " (No space left on device); the table above "
+                    "has the numbers; pass --json_out FILE" if where == 'record' else "error: the model is broken"), err[-300:]

@@ -4,6 +4,7 @@ the findings pipeline in findings/; every module imported under one name only, a
 import ast
 import importlib.util
 import os
+import subprocess
 import sys
 
 import pytest
@@ -20,6 +21,21 @@ def _sources():
         for f in files:
             if f.endswith('.py'):
                 yield os.path.join(d, f)
+
+
+def _main_block(path):
+    """A file's top-level `if __name__ == '__main__':` block, or None."""
+    for node in ast.parse(open(path).read(), path).body:
+        t = node.test if isinstance(node, ast.If) else None
+        if isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id == '__name__' and \
+                isinstance(t.comparators[0], ast.Constant) and t.comparators[0].value == '__main__':
+            return node
+    return None
+
+
+def _is_guard(block):
+    """A __main__ block that only refuses (a module with nothing to run): `raise SystemExit(...)`."""
+    return block is not None and len(block.body) == 1 and isinstance(block.body[0], ast.Raise)
 
 
 def _imports(path):
@@ -94,8 +110,7 @@ def test_every_command_ends_a_ctrl_c_or_sigterm_with_one_line():
     (reproduce.py's wait loop, eval_harness.py inside lm-eval) and a SIGTERM a silent death."""
     scripts = [f'{c}.py' for c in COMMANDS] + ['data/ptb/prepare.py', 'data/text/prepare.py',
                                                 'data/openwebtext/prepare.py']
-    scripts += [os.path.relpath(p, ROOT) for p in _sources() if "__name__ == '__main__'" in open(p).read()
-                or '__name__ == "__main__"' in open(p).read()]
+    scripts += [os.path.relpath(p, ROOT) for p in _sources() if _main_block(p) and not _is_guard(_main_block(p))]
     for rel in sorted(set(scripts)):
         if rel.startswith(('tests', 'bench')):
             continue  # the suite, and measurements (each prints its table as it goes)
@@ -104,3 +119,49 @@ def test_every_command_ends_a_ctrl_c_or_sigterm_with_one_line():
             assert 'signal.signal(signal.SIGINT' in text and 'signal.signal(signal.SIGTERM' in text
         else:
             assert 'stop_on_ctrl_c(' in text, rel
+
+
+def _ours():
+    """Every file of aogpt/, bench/, data/ and findings/ but the packages' __init__.py, and whether it is a command
+    (a __main__ block that runs something, or a script no other file imports) or a module."""
+    imported = {n for p in _sources() for n in _imports(p)}
+    for d in ('aogpt', 'bench', 'data', 'findings'):
+        for p in _sources():
+            rel = os.path.relpath(p, ROOT)
+            if not rel.startswith(d + os.sep) or rel.endswith('__init__.py'):
+                continue
+            names = {rel[:-3].replace(os.sep, '.'), os.path.basename(rel)[:-3]}
+            block = _main_block(p)
+            yield rel, bool(block and not _is_guard(block)) or not names & imported
+
+
+def _run(argv, **kw):
+    return subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, OMP_NUM_THREADS='1'), **kw)
+
+
+def test_a_module_run_as_a_script_says_so_in_one_line():
+    """`python aogpt/engine.py` put aogpt/ first on sys.path, where `import aogpt` fails: a ModuleNotFoundError
+    traceback for every library file. Each module (file or -m) now says in one line, before any import, that it
+    has nothing to run and what to run instead; none exits 0 silently."""
+    modules = [rel for rel, command in _ours() if not command]
+    assert 'aogpt/engine.py' in modules and 'bench/common.py' in modules and 'aogpt/plot.py' not in modules
+    runs = [(rel, _run([rel, '--help'])) for rel in modules]
+    runs += [(rel, _run(['-m', rel[:-3].replace('/', '.')])) for rel in modules if rel.startswith('aogpt/')]
+    for rel, p in runs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 1 and not out and err.count('\n') == 1, (rel, err[-500:])
+        assert err.startswith(f'error: {rel} ') and 'nothing to run' in err, (rel, err)
+
+
+@pytest.mark.slow
+def test_every_command_answers_help_run_as_a_file_or_a_module():
+    """Every command of aogpt/, bench/, data/ and findings/, run as a file (and aogpt's as -m, its documented
+    form): --help is the usage on stdout and status 0, never an ImportError."""
+    commands = [rel for rel, command in _ours() if command]
+    assert {'aogpt/plot.py', 'aogpt/evalsets.py', 'bench/sample_speed.py', 'data/ptb/prepare.py'} <= set(commands)
+    runs = [(rel, _run([rel, '--help'])) for rel in commands]
+    runs += [(rel, _run(['-m', rel[:-3].replace('/', '.'), '--help'])) for rel in commands if rel.startswith('aogpt/')]
+    for rel, p in runs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and 'usage' in out.lower() and 'Traceback' not in err, (rel, err[-1000:])

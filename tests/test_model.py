@@ -331,3 +331,23 @@ def test_gpt2_warm_start_ao_gpt_starts_equal(tmp_path):
         order = random_orders(2, 15, generator=torch.Generator().manual_seed(0))
         plain = GPT.from_pretrained(str(tmp_path)).eval()
         torch.testing.assert_close(ao(x, order=order)[0], plain(x, order=order)[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize('kw, needle', [
+    (dict(idx=torch.zeros(8, dtype=torch.long)), "idx must be an integer tensor of (B, n), got torch.int64 of shape (8,)"),
+    (dict(idx=torch.zeros(2, 8)), "idx must be an integer tensor of (B, n), got torch.float32 of shape (2, 8)"),
+    (dict(order=torch.arange(7).expand(2, 7)), "order must be an integer tensor of idx's shape (2, 8), got torch.int64 "
+                                               "of shape (2, 7)"),
+    (dict(order=torch.arange(8.0).expand(2, 8)), "order must be an integer tensor of idx's shape (2, 8), got "
+                                                 "torch.float32"),
+    (dict(targets=torch.zeros(2, 8)), "targets must be an integer tensor of idx's shape (2, 8), got torch.float32"),
+    (dict(targets=torch.zeros(2, 7, dtype=torch.long)), "targets must be an integer tensor of idx's shape (2, 8)"),
+])
+def test_forward_names_an_input_of_the_wrong_shape_or_dtype(kw, needle):
+    """A float idx, order or targets was a dtype error from inside an embedding, gather or cross-entropy, and an
+    order shorter than idx was silently used: one line naming the input instead."""
+    model = tiny(vocab_size=8, block_size=8)
+    kw = dict(dict(idx=torch.zeros(2, 8, dtype=torch.long)), **kw)
+    with pytest.raises(ValueError) as e:
+        model(**kw)
+    assert needle in str(e.value) and '\n' not in str(e.value), str(e.value)

@@ -7,7 +7,7 @@ from helpers import exact_law
 from test_speculative import chi2_pvalue
 
 from aogpt.errors import UserError
-from aogpt.orders import draw_orders, parse_order
+from aogpt.orders import draw_orders, one_block, parse_order
 from model import random_orders
 
 ALPHA = 1e-4
@@ -81,3 +81,43 @@ def test_a_bad_spec_is_one_line_naming_the_grammar(bad, why):
     with pytest.raises(UserError) as e:
         parse_order(bad)
     assert why in e.value.msg and 'semiar:K' in e.value.msg and '\n' not in e.value.msg, e.value.msg
+
+
+@pytest.mark.parametrize('spec', ['l2r', 'random', 'semiar:1', 'semiar:2', 'blocks:3', 'nearl2r:0.5', 'nearl2r:2.5',
+                                  'mix:0.5*l2r+0.5*semiar:2', 'mix:0.4*random+0.6*nearl2r:0'])
+def test_a_law_is_of_the_position_values_not_of_the_order_they_come_in(spec):
+    """Positions passed in any order draw the law of their values (the exact law of the sorted ones, by
+    enumeration): l2r, semiar:1 and nearl2r:W <= 1 give them ascending, every row of every kind."""
+    pos = (6, 2, 7, 0, 3)
+    orders = draw_orders(spec, 6000, positions=torch.tensor(pos), generator=gen())
+    law = exact_law(spec, sorted(pos))
+    if sum(1 for w in law.values() if w) == 1:  # one order: every row is it
+        assert torch.equal(orders, torch.tensor(sorted(pos)).expand(6000, 5)), spec
+    else:
+        assert pvalue(orders, law, pos) > ALPHA
+
+
+@pytest.mark.parametrize('kw, why', [
+    (dict(positions=torch.tensor([3, 1, 3])), "the positions must be distinct, got [3, 1, 3]"),
+    (dict(positions=torch.tensor([0.0, 1.0])), "positions is a 1-D integer tensor, got torch.float32 of shape (2,)"),
+    (dict(positions=torch.arange(4).view(2, 2)), "positions is a 1-D integer tensor, got torch.int64 of shape (2, 2)"),
+    (dict(positions=[0, 1]), "positions is a 1-D integer tensor, got list"),
+    (dict(), "give n (an integer >= 0) or positions, got n=None"),
+    (dict(n=-1), "give n (an integer >= 0) or positions, got n=-1"),
+    (dict(n=4, batch_size=-1), "batch_size is an integer >= 0, got -1"),
+])
+def test_bad_positions_sizes_are_one_line_not_a_torch_error(kw, why):
+    kw = dict(dict(batch_size=2), **kw)
+    with pytest.raises(UserError) as e:
+        draw_orders('semiar:2', kw.pop('batch_size'), **kw)
+    assert why in e.value.msg and '\n' not in e.value.msg, e.value.msg
+
+
+def test_one_block_says_when_semiar_is_the_uniform_order():
+    """semiar:K with K >= the length n is one block: uniform, as 'random' (test_edge_values: the same draws).
+    A command that knows n says so in one line; K < n, and every other kind, say nothing."""
+    assert one_block('semiar:8', 8) is not None and one_block('semiar:9', 8) is not None
+    assert 'semiar:8 at length 5 puts all 5 positions in one block' in one_block('mix:0.5*l2r+0.5*semiar:8', 5)
+    assert '\n' not in one_block('blocks:9', 4)
+    for spec in ('semiar:7', 'random', 'l2r', 'nearl2r:100', 'mix:0.5*semiar:4+0.5*random'):
+        assert one_block(spec, 8) is None, spec

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from aogpt import plot
+from aogpt import ROOT, plot
 
 PNG = b'\x89PNG\r\n\x1a\n'
 
@@ -45,7 +45,13 @@ def test_eval_table_and_the_command_line(tmp_path, capsys):
     assert p.returncode == 1 and p.stderr.count('\n') == 1 and 'nothing to plot' in p.stderr
 
 
-@pytest.mark.parametrize('argv', [[], ['--help'], ['a', 'b']])
+@pytest.mark.parametrize('argv', [[], ['a', 'b']])
 def test_usage_is_one_line(argv):
     p = subprocess.run([sys.executable, plot.__file__, *argv], capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.count('\n') == 1 and 'usage' in p.stderr
+
+
+def test_help_asked_for_is_the_usage_and_status_0():
+    for argv in ([plot.__file__, '--help'], ['-m', 'aogpt.plot', '-h']):
+        p = subprocess.run([sys.executable, *argv], capture_output=True, text=True, cwd=ROOT)
+        assert p.returncode == 0 and p.stdout.startswith('usage') and not p.stderr, p.stderr

@@ -13,8 +13,9 @@ import torch
 from helpers import tiny
 
 import sample
-from aogpt import engine, generate, genppl
+from aogpt import engine, generate, genppl, speculative
 from aogpt.checkpoint import load_checkpoint, save_checkpoint
+from aogpt.errors import UserError
 from aogpt.generate import generate_ao, generate_ar, generate_mdm, reveal_counts, sample_tokens, time_grid
 from aogpt.genppl import judge_nll, unigram_entropy
 from model import model_args
@@ -1109,3 +1110,61 @@ def test_an_hf_folder_with_a_pickled_call_is_one_line_and_runs_nothing(tmp_path,
     code, out, err = cli('--ckpt', str(tmp_path / 'evil.pt'), '--length', '8')
     assert code == 1 and 'refused' in err and 'system' in err and 'truncated' not in err, err
     assert not (tmp_path / 'ran').exists()
+
+
+def test_steps_are_the_steps_that_revealed_a_token_not_the_steps_asked(tmp_path, cli):
+    """--steps 256 for 8 tokens said "256 steps": every sampler's stats and sample.py's line now count the steps
+    that revealed a token (at most one per token), and the line says how many were asked for."""
+    g = torch.Generator().manual_seed(0)
+    ao, mdm = tiny(vocab_size=8, block_size=8), tiny(vocab_size=8, block_size=8, cond='none', causal=False,
+                                                       mask_token_id=7)
+    for T, fixed in ((64, False), (64, True), (3, False)):
+        _, st = generate_ao(ao, 8, 2, T, fixed_counts=fixed, generator=g)
+        assert st['steps'] == len(st['counts']) == st['forward_calls'] <= min(T, 8) and all(st['counts'])
+        assert st['steps'] == 8 or not fixed
+        _, st = generate.generate_confident(ao, 8, 2, T, fixed_counts=fixed, generator=g)
+        assert st['steps'] == len(st['counts']) <= min(T, 8) and all(st['counts'])
+        _, st = generate_mdm(mdm, 8, 2, T, fixed_counts=fixed, generator=g)
+        assert st['steps'] == len(st['step_of'].unique()) <= min(T, 8) and (st['steps'] == 8 or not fixed)
+    write_ckpt(tmp_path / 'ckpt.pt')
+    code, out, err = cli('--out_dir', str(tmp_path), '--steps', '256', '--fixed_counts', '--batch_size', '2',
+                         '--length', '8', '--quiet')
+    assert code == 0 and '(8 generated each), 8 steps (of --steps 256: the others revealed no token): ' in out, err
+    code, out, err = cli('--out_dir', str(tmp_path), '--steps', '4', '--fixed_counts', '--batch_size', '2',
+                         '--length', '8', '--quiet')
+    assert code == 0 and '(8 generated each), 4 steps: ' in out, err
+
+
+def test_a_semiar_block_as_long_as_the_sequence_says_it_is_the_uniform_order(tmp_path, cli):
+    write_ckpt(tmp_path / 'ckpt.pt')
+    for spec, said in (('semiar:8', True), ('semiar:7', False)):
+        code, out, err = cli('--out_dir', str(tmp_path), '--steps', '4', '--batch_size', '2', '--length', '8',
+                             '--order', spec, '--quiet')
+        notes = [l for l in out.splitlines() if 'one block' in l]
+        assert code == 0 and notes == ([f"note: order {spec}: {spec} at length 8 puts all 8 positions in one block, "
+                                        "which is the uniform random order (semi-autoregressive needs K < 8)"]
+                                       if said else []), (notes, err)
+
+
+@pytest.mark.parametrize('call, needle', [
+    (lambda m, e: generate_ao(m, 8, 2, 0), "steps must be an integer >= 1, got 0"),
+    (lambda m, e: generate_ao(m, 8, 0, 4), "batch_size must be an integer >= 1, got 0"),
+    (lambda m, e: generate_ao(m, 9, 2, 4), "n must be an integer >= 1 and <= block_size 8, got 9"),
+    (lambda m, e: generate_ao(m, 4, 2, 4, given=torch.tensor([9, -1, -1, -1])), "given token id 9 is not in the "
+                                                                                 "model's vocabulary (ids 0..7"),
+    (lambda m, e: generate_ao(m, 8, 2, 4, order=torch.arange(7)), "a permutation of range(8), (8,) or one per "
+                                                                   "sample (2, 8): got shape (7,)"),
+    (lambda m, e: generate_ao(m, 8, 2, 4, order=3), "or a permutation of the positions"),
+    (lambda m, e: generate_ar(m, 8, 2, prompt=[8]), "given token id 8 is not in the model's vocabulary"),
+    (lambda m, e: generate_mdm(e, 8, 2, 0), "steps must be an integer >= 1, got 0"),
+    (lambda m, e: speculative.generate_speculative(m, 8, 0), "batch_size must be an integer >= 1, got 0"),
+    (lambda m, e: reveal_counts(4, 0), "steps one >= 1, got n=4, steps=0"),
+])
+def test_a_sampler_refuses_bad_sizes_orders_and_ids_in_one_line(call, needle):
+    """Each of these was a raw torch error from deep in the run (bincount, an index out of range, a division by
+    zero) or, for a permutation too short, an IndexError: now a UserError saying what is wrong."""
+    m, e = tiny(vocab_size=8, block_size=8), tiny(vocab_size=8, block_size=8, cond='none', causal=False,
+                                                  mask_token_id=7)
+    with pytest.raises(UserError) as err:
+        call(m, e)
+    assert needle in err.value.msg and '\n' not in err.value.msg, err.value.msg

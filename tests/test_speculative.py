@@ -3,6 +3,7 @@ vocabulary, chi-square of whole sequences) in every setting the sampler offers, 
 the same test must reject, the cache against a cache-free recomputation, fixed shapes, the cost bound,
 and the CLI."""
 import itertools
+import math
 
 import pytest
 import torch
@@ -147,7 +148,8 @@ def test_an_order_distribution_gives_the_mixture_over_its_law(m4, order):
 
 @pytest.mark.parametrize('commit', ['min', 'per_row'])
 def test_random_order_is_the_mixture_over_orders(m4, commit):
-    """A fresh uniform order per sample: the law of generate_ao at T = n, the mixture over all n!."""
+    """A fresh uniform order per sample: the mixture over all n! of the chain along each (generate_ao at one
+    token a step)."""
     x, _ = run(m4, k=3, order='random', batch_commit=commit)
     assert passes(m4, x, PERMS4) and not passes(m4, x, L2R4)
 
@@ -634,3 +636,45 @@ def test_cuda_graph_speculative_equals_static_on_gpu(fused):
         step = speculative.row_stepper(model, B, mode, n, 3, 3, kv_bucket=16, fused=fused)
         out[mode] = [generate_speculative(model, n, B, generator=gen(s), stepper=step, **kw)[0] for s in (4, 5)]
     assert all(torch.equal(a, b) for a, b in zip(out['static'], out['cuda_graph']))
+
+
+@torch.no_grad()
+def test_its_law_is_the_lemma1_samplers_at_one_token_a_step_only(m4):
+    """What the docstrings claim, checked against the code: the speculative law (the chain along a uniform
+    order, which the tests above sample) is generate_ao's with fixed counts at T >= n (every step reveals one
+    token), but not generate_ao's at T = n with random counts, where steps may reveal several tokens. That law
+    is exact: a mixture over the compositions of n into the nonzero per-step counts, each of T linear steps'
+    bins taking a position with probability 1/T, so (c_1..c_r) has probability C(T, r) n!/prod c_i! / T^n."""
+    from test_sample import ao_law
+    n, V = 3, 3
+    for T in (n, n + 1, 3 * n):
+        assert generate.reveal_counts(n, T, fixed=True).tolist() == [1] * n + [0] * (T - n)
+    xs, chain = seq_law(m4, n, V, list(itertools.permutations(range(n))))
+    comps = [[b - a for a, b in zip((0,) + cuts, cuts + (n,))] for r in range(n) for cuts in
+             itertools.combinations(range(1, n), r)]                        # every composition of n
+    laws = {tuple(c): ao_law(m4, n, V, c)[1] for c in comps}
+    assert torch.allclose(laws[(1,) * n], chain, rtol=1e-12, atol=0)
+
+    def random_counts_law(T):
+        return sum(math.comb(T, len(c)) * math.factorial(n) / math.prod(map(math.factorial, c)) / T ** n * law
+                   for c, law in laws.items())
+    at_n, at_8n = random_counts_law(n), random_counts_law(8 * n)
+    assert float(at_n.sum()) == pytest.approx(1, abs=1e-12) and float(at_8n.sum()) == pytest.approx(1, abs=1e-12)
+    tv_n, tv_8n = (float((law - chain).abs().sum()) / 2 for law in (at_n, at_8n))
+    assert tv_n > 0.01 and tv_8n < tv_n / 4, (tv_n, tv_8n)
+    # the weight of one token a step at T = n, n!/n^n, against the code's own counts
+    g = gen(11)
+    ones = sum(generate.reveal_counts(n, n, generator=g).tolist() == [1] * n for _ in range(4000)) / 4000
+    p = math.factorial(n) / n ** n
+    assert abs(ones - p) < 5 * math.sqrt(p * (1 - p) / 4000), ones
+
+
+def test_the_samplers_name_the_order_grammar_of_orders_py(m4):
+    """The order a sampler takes is orders.py's grammar (nearl2r:W and mix: too), which its docstring points
+    to and its refusal names whole, not a list of some of the kinds."""
+    from aogpt.orders import GRAMMAR
+    for f in (generate.generate_ao, generate_speculative, generate.free_order, generate.check_order):
+        assert 'orders.GRAMMAR' in f.__doc__ and 'blocks:K' not in f.__doc__, f.__name__
+    with pytest.raises(ValueError) as e:
+        generate_speculative(m4, 4, 2, order='margin')
+    assert GRAMMAR in str(e.value) and 'nearl2r:W' in str(e.value) and 'mix:' in str(e.value)

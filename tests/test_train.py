@@ -881,6 +881,9 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     (['--muon_lr=0.01'], "muon_lr is a setting of optimizer='muon', but this run uses optimizer='adamw': add "
                          "--optimizer=muon, or leave it out"),
     (['--muon_adaln=True', '--muon_lr=0.05'], "muon_lr, muon_adaln are settings of optimizer='muon'"),
+    (['--optimizer=muon', '--cond=none', '--order_mode=l2r', '--muon_adaln=False'],  # a GPT: no AdaLN to place
+     "muon_adaln places the AdaLN Linears, but this model has none (cond='none'): leave muon_adaln out"),
+    (['--optimizer=muon', '--cond=sigma', '--muon_adaln=True'], "this model has none (cond='sigma')"),
     (['--causal=False', '--cond=none', '--mask_token_id=500'],  # beyond the vocab derived from the data
      "mask_token_id must be a token id in [0, vocab_size=64) for the encoder MDM's [MASK], got 500 (vocab_size 64"),
 ])
@@ -1081,6 +1084,32 @@ def test_an_eval_that_costs_more_than_the_training_around_it_is_named(env, monke
     warn = warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path / 'c', '--max_iters=20',
                                              '--eval_interval=20', '--lr_decay_iters=5')
     assert len(warn) == 1 and 'the last 15 iterations run at min_lr' in warn[0], warn
+
+
+def test_one_learning_rate_at_0_under_muon_says_what_it_freezes(env, monkeypatch, capsys, tmp_path):
+    """muon_lr=0 froze every matrix Muon trains while the rest trained, without a word (and learning_rate=0 the
+    rest); both at 0 freeze every weight on purpose (the warm-start tests do), as learning_rate=0 does alone."""
+    common = ['--max_iters=20', '--eval_interval=20', '--lr_decay_iters=20', '--optimizer=muon']
+    for i, (lrs, needle) in enumerate([(['--muon_lr=0'], "warning: muon_lr=0 freezes the matrices Muon trains while "
+                                                         "the embeddings, head, norms and biases AdamW trains train"),
+                                       (['--learning_rate=0', '--min_lr=0'], "warning: learning_rate=0 freezes the "
+                                                                             "embeddings, head, norms and biases")]):
+        warn = warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path / str(i), *common, *lrs)
+        assert len(warn) == 1 and warn[0].startswith(needle) and 'set both to 0' in warn[0], warn
+    assert warnings_before_the_first_forward(env, monkeypatch, capsys, tmp_path / 'both', *common, '--muon_lr=0',
+                                             '--learning_rate=0', '--min_lr=0') == []
+
+
+def test_a_semiar_block_as_long_as_the_window_says_it_is_the_uniform_order(env, monkeypatch, capsys, tmp_path):
+    for i, (spec, said) in enumerate([(f'semiar:{N}', True), (f'mix:0.5*l2r+0.5*semiar:{2 * N}', True),
+                                      (f'semiar:{N - 1}', False)]):
+        Stop = stop_at_first_forward(monkeypatch)
+        with pytest.raises(Stop):
+            run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / str(i)}', f'--order_mode={spec}'))
+        notes = [l for l in capsys.readouterr().out.splitlines() if 'in one block' in l]
+        assert notes == ([f"note: order {spec}: semiar:{N if said and 'mix' not in spec else 2 * N} at length {N} puts "
+                          f"all {N} positions in one block, which is the uniform random order (semi-autoregressive "
+                          f"needs K < {N})"] if said else []), notes
 
 
 def test_a_long_eval_without_a_terminal_reports_its_progress(env, monkeypatch, capsys, tmp_path):

@@ -16,6 +16,10 @@ kept and counted (skipping it would shift every later document's index, and so t
 Members whose names start with '.' or '__' (macOS resource forks, ...) are not documents.
 """
 
+if __name__ == '__main__':  # run as a script (python data/openwebtext/owt_archives.py): one line, not an ImportError
+    raise SystemExit('error: data/openwebtext/owt_archives.py holds what the prepare scripts share, with nothing to '
+                     'run: run data/<name>/prepare.py')
+
 import errno
 import lzma
 import os
