@@ -221,9 +221,10 @@ def report(c, d, cmd):
     evidence = (f"from the GPT at {budget} steps: {ratio_text(j['sunk'], 'adamw', budget)} with AdamW; Muon adapting "
                 f"against Muon from scratch: {ratio_text(j['sunk'], 'muon', budget)}; equal total {budget} steps, "
                 f"best split {j['best']} L2R + {budget - j['best']} adaptation: any-order "
-                f"{pair(best['rows'], 'val_ao', 'two_stage')} vs scratch {pair(best['rows'], 'val_ao', 'scratch')}, L2R "
-                f"{pair(best['rows'], 'val_l2r', 'two_stage')} vs {pair(best['rows'], 'val_l2r', 'scratch')} (seeds {', '.join(map(str, seeds))}; scratch seed spread "
-                f"{j['noise']['val_ao']:.3f} any-order, {j['noise']['val_l2r']:.3f} L2R)")
+                f"{pair(best['rows'], 'val_ao', 'two_stage')} vs scratch {pair(best['rows'], 'val_ao', 'scratch')}, "
+                f"L2R {pair(best['rows'], 'val_l2r', 'two_stage')} vs {pair(best['rows'], 'val_l2r', 'scratch')} "
+                f"(seeds {', '.join(map(str, seeds))}; scratch seed spread {j['noise']['val_ao']:.3f} any-order, "
+                f"{j['noise']['val_l2r']:.3f} L2R)")
     row = f"| 11 | {claim} ([plot]({FIG})) | **{v}** | {evidence} |"
     md = [f"## Finding 11: adapting a trained GPT into an AO-GPT{' (QUICK: nothing judged)' if c.quick else ''}", '',
           f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, "
