@@ -333,7 +333,7 @@ def started_from_lines(origin, cond):
     if not origin:
         return []
     weights = f"{origin['weights']} weights, " if origin.get('weights') else ''
-    src = f"`{origin['init_from']}` ({weights}sha256 `{origin['weights_sha256']}`)"
+    src = f"`{origin['init_from']}` ({weights}sha256 of its float32 weights `{origin['weights_sha256']}`)"
     if origin.get('adapted'):
         return [f"**Adapted** from the left-to-right GPT {src} into cond={cond!r}: every weight of the GPT copied, the "
                 f"new ones set so that at step 0 the model computed exactly the GPT's distribution, then trained on "
