@@ -38,5 +38,9 @@ findings-quick: $(STAMP)  # the same pipeline with tiny runs, a few minutes; jud
 findings-optimizers: $(STAMP)  # finding 9, Muon against AdamW: about 45 CPU-core-minutes of its own runs; its section joins results/README.md
 	$(BIN)/python findings/optimizers.py
 
+.PHONY: findings-adapt
+findings-adapt: $(STAMP)  # finding 11, a trained GPT adapted into an AO-GPT: about 30-40 CPU-core-minutes of its own runs (finding 9's scratch runs reused from results/); its section joins results/README.md
+	$(BIN)/python findings/adapt.py
+
 clean:
 	rm -rf out-demo __pycache__ tests/__pycache__

@@ -7,7 +7,8 @@ Export a checkpoint to a folder ready for the Hugging Face hub, then share it wi
 
 The folder holds three files, none of them pickled:
   config.json        the model's GPTConfig, its codec (what its token ids mean), a format tag and version,
-                     which weights (EMA or raw), the training config and provenance (iter_num, tokens, source)
+                     which weights (EMA or raw), the training config and provenance (iter_num, tokens, source,
+                     and started_from: the model its training run started from, and whether it was adapted)
   model.safetensors  one set of weights (EMA by default); a tied head is stored once, as the embedding
   README.md          a model card: hub metadata, the model, its eval results (from eval_ppl.json files
                      beside the checkpoint), the commands that sample and evaluate it, and how to upload
@@ -128,6 +129,7 @@ def export_config(model, ck, codec, used_ema, src, dtype):
         'tokens': ck.get('tokens'),
         'best_val_loss': ck.get('best_val_loss', prior.get('best_val_loss')),
         'source': source,
+        'started_from': ck.get('started_from'),
         'fixed_order': None if order is None else torch.as_tensor(order).view(-1).tolist(),
         'train_config': json.loads(json.dumps(ck.get('config') or {}, default=str)),
     }
@@ -326,6 +328,19 @@ def finetune_command(spec, ma, cfg):
             + "   # fine-tune: data in the same codec")
 
 
+def started_from_lines(origin, cond):
+    """The card's line on the model its training run started from (train.py's started_from), if any."""
+    if not origin:
+        return []
+    weights = f"{origin['weights']} weights, " if origin.get('weights') else ''
+    src = f"`{origin['init_from']}` ({weights}sha256 of its float32 weights `{origin['weights_sha256']}`)"
+    if origin.get('adapted'):
+        return [f"**Adapted** from the left-to-right GPT {src} into cond={cond!r}: every weight of the GPT copied, the "
+                f"new ones set so that at step 0 the model computed exactly the GPT's distribution, then trained on "
+                f"as above.", '']
+    return [f"Fine-tuned from {src}.", '']
+
+
 def model_card(config, results, repo, license, folder, title=''):
     ma, codec, cfg = config['model_args'], config['codec'], config['train_config']
     spec = f"hf:{repo}"
@@ -343,10 +358,12 @@ def model_card(config, results, repo, license, folder, title=''):
                if config['weights'] == 'ema' else 'raw (non-EMA) weights')
     vocab = (f"GPT-2 BPE ({codec['vocab_size']} tokens)" if codec['tokenizer'] == 'gpt2' else
              f"character level ({codec['vocab_size']} symbols)")
+    adapted = (config.get('started_from') or {}).get('adapted')
     lines = front + ['', f"# {title or folder}", '',
                      f"**{kind}** ({what}): {config['parameters'] / 1e6:.2f}M parameters, {ma['n_layer']} layers, "
                      f"{ma['n_head']} heads, width {ma['n_embd']}, context {ma['block_size']}; tokenizer {vocab}. "
-                     f"Trained {config['iter_num']} iterations{tokens}" + (f" on {data}" if data else "") +
+                     + ("Adapted from a left-to-right GPT (see Training), then trained" if adapted else "Trained") +
+                     f" {config['iter_num']} iterations{tokens}" + (f" on {data}" if data else "") +
                      f"; these are its {weights}, stored as {config['dtype']}.", '']
     if not license:
         lines += ["**License: not set.** Replace `license: other` in the metadata above with the license of these "
@@ -383,6 +400,7 @@ def model_card(config, results, repo, license, folder, title=''):
     lines += ['## Training', '', f"Exported from `{prov.get('checkpoint')}` ({prov.get('format')} format), "
               f"iteration {config['iter_num']}" + (f", best val loss {config['best_val_loss']:.4f}"
                                                    if config.get('best_val_loss') is not None else "") + '.', '']
+    lines += started_from_lines(config.get('started_from'), ma['cond'])
     if cfg:
         lines += ['<details><summary>training config</summary>', '', '| key | value |', '|---|---|']
         lines += [f"| {k} | `{json.dumps(v)}` |" for k, v in cfg.items()]

@@ -573,13 +573,13 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ GPT-2 weights
     @classmethod
-    def from_pretrained(cls, path, state_dict=None, **overrides):
+    def from_pretrained(cls, path, state_dict=None, cond='none', **overrides):
         """Load a local Hugging Face GPT-2 directory (config.json + model.safetensors / pytorch_model.bin);
         state_dict: its weights already read (aogpt.checkpoint.read_hf_weights, with one-line errors).
 
         With the default overrides this is GPT-2 itself (L2R mode equals HF's logits for
-        [<|endoftext|>] + x). With cond='adaln' it warm-starts an AO-GPT: AdaLN weights are zero and the
-        gate biases one, so the model starts as GPT-2 for every order, and learns to use the target.
+        [<|endoftext|>] + x). With cond='adaln' or 'sigma' it is GPT-2 adapted into an any-order decoder
+        (adapt below), which starts as GPT-2 for every order and learns to use the target.
         """
         with open(os.path.join(path, 'config.json')) as f:
             hf = json.load(f)
@@ -608,13 +608,39 @@ class GPT(nn.Module):
             sd['transformer.wnonee.weight'].copy_(sd['transformer.wte.weight'][eot:eot + 1])
             if not model.config.tie_head:
                 sd['lm_head.weight'].copy_(sd['transformer.wte.weight'])
-            if model.config.cond == 'adaln':
-                for lin in [block.adaLN[1] for block in model.transformer.h] + [model.transformer.adaLN_f[1]]:
-                    lin.weight.zero_()
-                    lin.bias.zero_()
-                for block in model.transformer.h:
-                    _open_gates(block.adaLN[1])
-        return model
+        return model if cond == 'none' else adapt(model, cond)
+
+
+def adapt(gpt, cond, **new):
+    """A GPT (causal, cond='none') as an any-order decoder (cond 'adaln' or 'sigma') of the same shape that
+    computes exactly the GPT's distribution at step 0, for every order: slot k predicts from the tokens revealed
+    before it, as the GPT does, whatever its target (for the L2R order, the GPT's own logits). Every weight the
+    two share is copied; what the new model adds starts so that the target changes nothing yet, each step an
+    identity that is exact in floating point (x * 1, x + 0, 1 * y), so the logits are the GPT's bit for bit:
+      adaln  every AdaLN Linear zero, weights and biases, except the gates' biases, 1: shift = scale = 0 and
+             gate = 1, so modulate(x) = x * (1 + 0) + 0 and the residual x + 1 * y (the final norm's shift and
+             scale alike). The target table keeps its draw (target_std), so the Linears' gradient, the upstream
+             one times SiLU(table), is not zero: the model starts learning to read the target at once.
+      sigma  the target table zero: x + 0 at the input; its gradient is the input's.
+    new: the new model's keys the GPT has no use for (target_dim, target_std). Its weights draw from torch's
+    global generator (the target table), as GPT(config) does."""
+    if not (gpt.config.causal and gpt.config.cond == 'none') or cond not in ('adaln', 'sigma'):
+        raise ValueError(f"adapt turns a GPT (causal=True, cond='none') into cond 'adaln' or 'sigma', not a model "
+                         f"with causal={gpt.config.causal}, cond={gpt.config.cond!r} into cond={cond!r}")
+    model = GPT(GPTConfig(**dict(asdict(gpt.config), **new, cond=cond, adaln_init='gate1', adaln_std=None)))
+    missing, unexpected = model.load_state_dict(gpt.state_dict(), strict=False)
+    assert not unexpected and all('wtpe' in k or 'adaLN' in k for k in missing), (missing, unexpected)
+    tr = model.transformer
+    with torch.no_grad():
+        if cond == 'sigma':
+            tr.wtpe.weight.zero_()
+        else:
+            for lin in [block.adaLN[1] for block in tr.h] + [tr.adaLN_f[1]]:
+                lin.weight.zero_()
+                lin.bias.zero_()
+            for block in tr.h:
+                _open_gates(block.adaLN[1])
+    return model
 
 
 class Muon(torch.optim.Muon):

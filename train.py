@@ -208,7 +208,7 @@ dev_gen = torch.Generator(device=device)
 torch.manual_seed(seed)  # the initial weights (identical on every rank; DDP also broadcasts rank 0's)
 
 with run.failing():
-    source_args, weights, ckpt, resume_path = model_source(cfg, _given, codec, data_dir, say)
+    source_args, weights, ckpt, resume_path, started_from = model_source(cfg, _given, codec, data_dir, say)
 model_args = dict(source_args, dropout=dropout, adaln_table=adaln_table)
 try:
     model = GPT(GPTConfig(**model_args))
@@ -350,7 +350,8 @@ def save():
                             optimizer == 'muon' else None, scaler=scaler.state_dict(), iter_num=iter_num,
                             best_val_loss=best_val_loss, config=cfg,
                             order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
-                            tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
+                            tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start,
+                            started_from=started_from)
                 save_checkpoint(ckpt, ckpt_path)
                 if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
                     keep_copy(ckpt_path, iter_num)

@@ -442,7 +442,7 @@ def read_export(folder):
     return dict(format='aogpt-v1', source='export', model_args=meta['model_args'], codec=meta['codec'], model=sd,
                 weights=meta['weights'], iter_num=meta.get('iter_num'), tokens=meta.get('tokens'),
                 config=meta.get('train_config') or {}, order=None if order is None else torch.tensor(order),
-                export=meta)
+                started_from=meta.get('started_from'), export=meta)
 
 
 def config_digest(meta):
@@ -462,16 +462,22 @@ def file_sha256(path):
     return h.hexdigest()
 
 
-def fingerprint(model):
-    """A short hash of a model's weights as float32 (so a float32 export of a checkpoint has the checkpoint's):
-    what an eval record names, so its numbers are never published for other weights."""
+def weights_sha256(model):
+    """The sha256 of a model's weights as float32, by name (so a float32 export of a checkpoint has the
+    checkpoint's, and a tied head counts once): what a run records of the model it started from."""
     h = hashlib.sha256()
     for k, v in sorted(strip_prefixes(model.state_dict()).items()):  # a compiled model's keys too
         if model.config.tie_head and k == 'lm_head.weight':
             continue
         h.update(k.encode())
         h.update(v.detach().to('cpu', torch.float32).contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
+    return h.hexdigest()
+
+
+def fingerprint(model):
+    """weights_sha256's first 16 hex digits: what an eval record names, so its numbers are never published for
+    other weights."""
+    return weights_sha256(model)[:16]
 
 
 def codec_misfit(codec, config, train_config):

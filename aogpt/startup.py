@@ -1,10 +1,12 @@
 """
-Where train.py's model and state come from, by init_from: a new model (scratch), the run being resumed, GPT-2's
-weights, or a checkpoint to fine-tune (ours, an export, or the paper's); and what a resumed checkpoint puts back
-besides the weights (optimizer, scaler, EMA, where the run stood). A run keeps the model it starts from: a config
-key that contradicts it is refused (a UserError: train.py's one line), never quietly overruled.
+Where train.py's model and state come from, by init_from: a new model (scratch), the run being resumed, or a
+model to fine-tune (ours, an export, the paper's, or a Hugging Face GPT-2 folder); and what a resumed checkpoint
+puts back besides the weights (optimizer, scaler, EMA, where the run stood). A run keeps the model it starts from:
+a config key that contradicts it is refused (a UserError: train.py's one line), never quietly overruled. The one
+change of shape allowed is a GPT's cond: --cond=adaln or sigma adapts it into an any-order decoder that computes
+exactly the GPT's distribution at step 0 (model.adapt); a GPT-2 folder takes the run's cond, adaln by default.
 
-    source_args, weights, ckpt, resume_path = model_source(cfg, given, codec, data_dir, say)
+    source_args, weights, ckpt, resume_path, started_from = model_source(cfg, given, codec, data_dir, say)
     iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizer, scaler, ema)
 """
 
@@ -12,19 +14,22 @@ if __name__ == '__main__':  # run as a script (python aogpt/startup.py): one lin
     raise SystemExit("error: aogpt/startup.py is a library module, with nothing to run: the commands are train.py, "
                      "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
 
-import json
 import os
 from dataclasses import asdict
 
-from aogpt.checkpoint import CKPT_NAME, checkpoint_codec, load_checkpoint, load_model, read_hf_weights, run_checkpoints
+from aogpt.checkpoint import (CKPT_NAME, checkpoint_codec, load_checkpoint, load_model, read_hf_weights, resolve_path,
+                              run_checkpoints, weights_sha256)
 from aogpt.errors import UserError
-from model import GPT, GPTConfig, config_fields, strip_prefixes
+from aogpt.tokenizer import gpt2_codec
+from model import GPT, GPTConfig, adapt, config_fields, strip_prefixes
 
 
 def model_source(cfg, given, codec, data_dir, say=print):
     """The model train.py starts from, by init_from: (its GPTConfig arguments, its weights or None, the checkpoint
-    being resumed or None, that checkpoint's path or None). Only the shape comes from here; how the weights train
-    (dropout, adaln_table: the same function computed another way) always follows the run's config. given: the
+    being resumed or None, that checkpoint's path or None, and started_from: where the model came from, which every
+    checkpoint of the run keeps, {init_from, path, weights: 'ema' | 'raw' | None, weights_sha256 of the source as
+    loaded, its cond, adapted: whether its cond changed}, or None). Only the shape comes from here; how the weights
+    train (dropout, adaln_table: the same function computed another way) always follows the run's config. given: the
     keys the config files and command line set (only these may contradict a fine-tune's source); codec: that of
     the data in data_dir. say: how train.py speaks (rank 0 prints). A source that cannot be used is a UserError."""
     out_dir, init_from, block_size = cfg['out_dir'], cfg['init_from'], cfg['block_size']
@@ -43,7 +48,7 @@ def model_source(cfg, given, codec, data_dir, say=print):
             args['vocab_size'] = -(-(codec.vocab_size + (0 if cfg['causal'] else 1)) // 64) * 64
         if args['mask_token_id'] is None:
             args['mask_token_id'] = codec.vocab_size  # the first padding id (50257 for GPT-2)
-        return args, None, None, None
+        return args, None, None, None, None
     if init_from == 'resume':
         if not os.path.exists(resume_path):
             raise UserError(f"init_from=resume but {resume_path} does not exist: use init_from=scratch, or auto")
@@ -51,7 +56,7 @@ def model_source(cfg, given, codec, data_dir, say=print):
         if ck.get('format') != 'aogpt-v1' or 'optimizer' not in ck:
             raise UserError(f"{resume_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
                             f"with init_from={resume_path}")
-        check_codec(ck, codec, data_dir, resume_path)
+        check_codec(checkpoint_codec(ck), codec, data_dir, resume_path)
         trained = asdict(GPTConfig(**ck['model_args']))  # keys older checkpoints lack take their defaults
         # A value is accepted if it is the model's, or the one the run was started with (a fine-tune takes
         # its shape from the source, so its config may hold defaults the model does not have).
@@ -63,34 +68,56 @@ def model_source(cfg, given, codec, data_dir, say=print):
         if changed:
             say("resuming with changed keys (checkpoint -> now): " +
                 ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
-        return trained, strip_prefixes(ck['model']), ck, resume_path
-    if init_from.startswith('gpt2:'):
+        return trained, strip_prefixes(ck['model']), ck, resume_path, ck.get('started_from')
+    gpt2 = init_from.startswith('gpt2:')
+    if gpt2:  # GPT-2 itself (cond='none'), then the same path as any source: by default into the run's cond
         hf_dir = init_from[len('gpt2:'):]
         if not os.path.exists(os.path.join(hf_dir, 'config.json')):
             raise UserError(f"{hf_dir} is not a local Hugging Face GPT-2 directory (config.json + model.safetensors)")
-        n_pos = json.load(open(os.path.join(hf_dir, 'config.json')))['n_positions']
-        if block_size > n_pos - 1:
-            raise UserError(f"GPT-2 has {n_pos} positions and the [None] start slot takes one: use "
-                            f"block_size<={n_pos - 1}")
-        if not cfg['causal']:
-            raise UserError("init_from=gpt2:... warm-starts a decoder; the encoder MDM starts from scratch")
-        # GPT-2's own architecture (layer norm, tied head, ...) with our conditioning switches on top
-        src = GPT.from_pretrained(hf_dir, read_hf_weights(hf_dir), cond=cfg['cond'], target_dim=cfg['target_dim'],
-                                  adaln_init=cfg['adaln_init'], block_size=block_size)
-        say(f"warm start from GPT-2 weights in {hf_dir}: model shape from its config.json")
-    else:  # fine-tune from a checkpoint (ours, an export, or the paper's released ones)
+        src, used_ema, theirs, path = GPT.from_pretrained(hf_dir, read_hf_weights(hf_dir)), None, gpt2_codec(), hf_dir
+        given = set(given) | {'cond'}
+    else:  # a checkpoint (ours, an export, or the paper's released ones)
         src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if cfg['init_ema'] else False)
-        check_codec(src_ckpt, codec, data_dir, init_from)
-        if src.config.block_size < block_size:
-            raise UserError(f"{init_from} was trained with block_size {src.config.block_size}: use block_size<= that")
+        theirs, path = checkpoint_codec(src_ckpt), resolve_path(init_from)
+    check_codec(theirs, codec, data_dir, init_from)
+    if src.config.block_size < block_size:
+        raise UserError(f"{init_from} holds a model of block_size {src.config.block_size}" +
+                        (" (GPT-2's positions less the one the [None] start slot takes)" if gpt2 else "") +
+                        f": use block_size<={src.config.block_size}")
+    started_from = dict(init_from=init_from, path=os.path.abspath(path), weights=(None if used_ema is None else
+                        'ema' if used_ema else 'raw'), weights_sha256=weights_sha256(src), cond=src.config.cond,
+                        adapted=False)
+    which = '' if used_ema is None else f" ({'EMA' if used_ema else 'raw'} weights)"
+    if 'cond' in given and cfg['cond'] != src.config.cond and src.config.cond == 'none':
+        src = adapted(src, cfg, given, init_from)
+        started_from['adapted'] = True
+        say(f"adapting the GPT {init_from}{which} into cond={cfg['cond']!r}: every weight copied, the new ones set "
+            f"so that at step 0 it computes exactly its source's distribution")
+    else:
         shape = ', '.join(f"{k}={getattr(src.config, k)!r}" for k in ('causal', 'cond', 'n_layer', 'n_head', 'n_embd'))
-        say(f"fine-tuning from {init_from} ({'EMA' if used_ema else 'raw'} weights); model shape from it ({shape}), "
-            f"whatever the config above says of keys not set")
-    args = asdict(src.config)  # a fine-tune or warm start: only the keys set may contradict it
+        say(f"fine-tuning from {init_from}{which}; model shape from it ({shape}), whatever the config above says of "
+            f"keys not set")
+    args = asdict(src.config)  # a fine-tune or an adaptation: only the keys set may contradict it
     refuse_other_model(args, shape_keys(cfg, args, given), cfg, init_from, "a fine-tuned model keeps its source's "
-                       "shape. Leave these keys out (the shape comes from the checkpoint), or train the new model "
-                       "from scratch")
-    return args, src.state_dict(), None, None
+                       "shape (only a GPT's cond may change: cond='adaln' or 'sigma' adapts it). Leave these keys "
+                       "out (the shape comes from the checkpoint), or train the new model from scratch")
+    return args, src.state_dict(), None, None, started_from
+
+
+def adapted(src, cfg, given, where):
+    """The GPT src adapted into the run's cond (model.adapt: exactly src at step 0), or the one line that says why
+    it cannot be: an encoder is not a GPT, and an init key that would draw the AdaLN Linears is moot."""
+    if not src.config.causal:
+        raise UserError(f"{where} is an encoder MDM (causal=False): its attention sees every position, so it is no "
+                        f"left-to-right model to adapt into cond={cfg['cond']!r}; adapt a GPT (causal=True, "
+                        f"cond='none'), or train cond={cfg['cond']!r} from scratch")
+    moot = [f"{k}={cfg[k]!r}" for k, keep in (('adaln_init', 'gate1'), ('adaln_std', None))
+            if k in given and cfg[k] != keep] if cfg['cond'] == 'adaln' else []
+    if moot:
+        raise UserError(f"adapting {where} into cond='adaln' starts the AdaLN Linears at zero with their gates open, "
+                        f"so that the model is its source at step 0; {', '.join(moot)} would start them otherwise: "
+                        f"leave {'it' if len(moot) == 1 else 'them'} out")
+    return adapt(src, cfg['cond'], target_dim=cfg['target_dim'], target_std=cfg['target_std'])
 
 
 def resume_state(ckpt, optimizer, scaler, ema):
@@ -107,9 +134,8 @@ def resume_state(ckpt, optimizer, scaler, ema):
             list(ckpt.get('train_losses') or []))
 
 
-def check_codec(ckpt, codec, data_dir, where):
-    """Training on from a checkpoint must read the data with the codec its ids were trained in."""
-    theirs = checkpoint_codec(ckpt)
+def check_codec(theirs, codec, data_dir, where):
+    """Training on from a model must read the data with the codec (theirs) its ids were trained in."""
     if theirs.record() != codec.record():
         raise UserError(f"{data_dir} is tokenized with a {codec.name} codec ({codec.vocab_size} symbols), but {where} "
                         f"was trained with a {theirs.name} one ({theirs.vocab_size}): its ids would mean other "

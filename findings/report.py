@@ -10,7 +10,8 @@ import math
 import os
 import re
 
-SECTIONS = {9: 'f9_optimizers.md', 10: 'f10_orders.md'}  # findings whose own commands write these sections
+# findings whose own commands write these sections
+SECTIONS = {9: 'f9_optimizers.md', 10: 'f10_orders.md', 11: 'f11_adapt.md'}
 PLACE = '<!-- the section goes here -->'  # merge_section's placeholder while it edits the findings table
 TITLE = '# Paper findings at small scale'  # the report's first line: a README.md without it is not ours to rewrite
 

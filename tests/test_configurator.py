@@ -201,8 +201,8 @@ def test_train_py_and_gpt_config_agree_on_every_model_default(tmp_path):
     from model import GPTConfig
     cfg = dict(train_defaults(), out_dir=str(tmp_path))
     assert cfg['init_from'] == 'scratch' and cfg['vocab_size'] is None and cfg['mask_token_id'] is None
-    args, weights, ckpt, _ = model_source(cfg, set(), gpt2_codec(), 'data/openwebtext')
-    assert weights is None and ckpt is None
+    args, weights, ckpt, _, started_from = model_source(cfg, set(), gpt2_codec(), 'data/openwebtext')
+    assert weights is None and ckpt is None and started_from is None
     typed = lambda d: {k: (type(v).__name__, v) for k, v in d.items()}  # noqa: E731  (an int 0 for 0.0 drifts too)
     assert typed(args) == typed(asdict(GPTConfig()))
 

@@ -446,3 +446,73 @@ def test_finding9_report_and_replot_from_its_record(tmp_path, capsys):
         O.main(['--replot', f'--results_dir={tmp_path}'])
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and 'is not a readable finding-9 record' in err, err
+
+
+# ----------------------------------------------------------------------------- finding 11 (findings/adapt.py)
+
+def _adapt_logs(speed, split_ao, split_l2r, seeds=(1, 2)):
+    """Synthetic finding-11 runs: scratch AO-GPTs over 6000 steps (end any-order ~1.5, L2R ~1.0), GPTs, the
+    adaptations of the full GPT over 2000 steps falling to 1.4 at `speed` x the scratch pace, and the equal-total
+    runs ending at split_ao / split_l2r (+ the seed's shift)."""
+    logs = {}
+    for i, s in enumerate(seeds):
+        shift = 0.01 * i
+        for opt in ('adamw', 'muon'):
+            logs[f'ao_{opt}_s{s}'] = _log(1.0, 1.5, shift)
+            logs[f'full{"_muon" if opt == "muon" else ""}_s{s}'] = _log(speed, 1.4, shift, n=21)
+        logs[f'gpt_s{s}'] = [dict(r, val_ao=None) for r in _log(1.0, 1.2, shift)]
+        for S in (1500, 3000, 4500):
+            logs[f'split{S}_s{s}'] = [dict(iter=k * 100, val_ao=split_ao + shift + (S - 3000) / 1e5,
+                                           val_l2r=split_l2r + shift) for k in range((6000 - S) // 100 + 1)]
+    return logs
+
+
+@pytest.mark.parametrize('speed,split_ao,split_l2r,want,checks', [
+    (5.0, 1.45, 0.9, 'met', [True, True, True]),          # reaches the target at ~0.1x; better on both losses
+    (1.0, 1.45, 0.9, 'partly met', [False, True, True]),   # the adaptation never gets there within 2000 steps
+    (5.0, 1.6, 1.2, 'partly met', [True, False, False]),   # equal totals: worse on both beyond the seed spread
+])
+def test_finding11_verdict_follows_the_curves(speed, split_ao, split_l2r, want, checks):
+    from findings import adapt as A
+    d = dict(logs=_adapt_logs(speed, split_ao, split_l2r), splits=[1500, 3000, 4500])
+    j = A.judge(d, [1, 2], 6000, 0.3)
+    assert j['verdict'] == want and j['checks'] == checks and j['best'] == 1500  # the lowest any-order end
+    r = j['sunk'][0]['adamw']
+    if speed == 5.0:  # 1.4 + 2 exp(-5 t / 1000) = the scratch end (1.5 + 2 exp(-6), a mean of 3 evals): t ~ 590
+        assert 550 < r['steps'] < 650 and r['ratio'] == r['steps'] / 6000
+    else:
+        assert r['steps'] is None and r['ratio'] is None
+
+
+def test_finding11_report_replot_and_bad_settings(tmp_path, capsys):
+    """The report from synthetic runs (row, section, record, plot); --replot from the record alone; settings that
+    cannot make the study are one line each, before any run."""
+    from types import SimpleNamespace
+
+    from findings import adapt as A
+    logs = _adapt_logs(5.0, 1.45, 0.9)
+    d = dict(config=dict(budget=6000, sunk=2000, ratio=0.3, eval_interval=100, learning_rate=6e-3, muon_lr=0.01),
+             seeds=[1, 2], splits=[1500, 3000, 4500], reused=[], logs=logs, what={k: k for k in logs},
+             commands={k: f'python train.py {k}' for k in logs}, cpu_min=0.0)
+    A.report(SimpleNamespace(results_dir=str(tmp_path), quick=False, device='cpu', runs_dir='runs'), d,
+             'python findings/adapt.py')
+    md = (tmp_path / A.SECTION).read_text()
+    row = next(line for line in md.splitlines() if line.startswith('| 11 | '))
+    assert '**met**' in row and 'best split 1500 L2R + 4500 adaptation' in row
+    assert md.count('`python train.py ') == len(logs)
+    assert json.loads((tmp_path / A.RECORD).read_text())['judged']['row'] == row
+    (tmp_path / A.FIG).unlink()
+    A.main(['--replot', f'--results_dir={tmp_path}'])
+    assert (tmp_path / A.FIG).exists()
+    dirs = ['--runs_dir', str(tmp_path / 'runs'), '--results_dir', str(tmp_path / 'res')]
+    for argv, says in [(['--splits', '15'], "--splits must be a comma-separated list of steps in (0, budget=40), "
+                                            "multiples of eval_interval=10"),
+                       (['--splits', '10,10'], "--splits 10,10 names a split twice"),
+                       (['--ratio', '1.5'], "--ratio must be in (0, 1], got 1.5"),
+                       (['--budget', '45'], "--budget (45) must be a multiple of --eval_interval (10)")]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            A.main(['--quick', *argv, *dirs])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code != 0 and len(err) == 1 and says in err[0], err
+    assert not any((tmp_path / 'runs').glob('*/*'))  # no run started

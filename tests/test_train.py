@@ -806,13 +806,13 @@ def test_muon_warm_starts_from_gpt2_resumes_and_fine_tunes(env, monkeypatch, tmp
     frozen = ['--eval_interval=1', '--learning_rate=0', '--muon_lr=0', '--warmup_iters=0', '--decay_lr=False',
               '--optimizer=muon', '--muon_adaln=True']
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "warm"}', f'--init_from=gpt2:{tmp_path / "hf"}',
-                                    '--max_iters=1', *frozen))
+                                    '--max_iters=1', gpt2_runs(env), *frozen))
     c = load_checkpoint(str(tmp_path / 'warm'))
     torch.testing.assert_close(c['model']['transformer.h.1.mlp.c_fc.weight'], hf.transformer.h[1].mlp.c_fc.weight.t(),
                                atol=0, rtol=0)
     assert all(s['momentum_buffer'].abs().sum() > 0 for s in c['muon']['state'].values())
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "warm"}', '--init_from=resume', '--max_iters=2',
-                                    *frozen))
+                                    gpt2_runs(env), *frozen))
     assert load_checkpoint(str(tmp_path / 'warm'))['iter_num'] == 2
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "src"}', '--max_iters=2', '--eval_interval=2'))
     src = tmp_path / 'src' / 'ckpt.pt'
@@ -822,6 +822,18 @@ def test_muon_warm_starts_from_gpt2_resumes_and_fine_tunes(env, monkeypatch, tmp
     assert f['iter_num'] == 1 and f['model_args'] == src['model_args'] and src['muon'] is None and f['muon']['state']
     for k, v in src['model'].items():
         torch.testing.assert_close(f['model'][k], v, atol=0, rtol=0)
+
+
+def gpt2_runs(env):
+    """The toy corpus again, read as GPT-2 BPE ids (0..9 are GPT-2 tokens too): data a GPT-2 source may train on.
+    Returns its --dataset flag."""
+    data = env / 'data' / 'runs_gpt2'
+    if not data.exists():
+        data.mkdir()
+        runs_corpus(20000, 0).tofile(data / 'train.bin')
+        runs_corpus(4000, 1).tofile(data / 'val.bin')
+        (data / 'meta.json').write_text(json.dumps(dict(tokenizer='gpt2', vocab_size=50257)))
+    return '--dataset=runs_gpt2'
 
 
 def tiny_gpt2(path):
@@ -839,7 +851,7 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     hf = tiny_gpt2(tmp_path / 'hf')
     frozen = ['--max_iters=1', '--eval_interval=1', '--learning_rate=0', '--warmup_iters=0', '--decay_lr=False']
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "warm"}', f'--init_from=gpt2:{tmp_path / "hf"}',
-                                    *frozen))
+                                    gpt2_runs(env), *frozen))
     c = load_checkpoint(str(tmp_path / 'warm'))
     assert c['model_args']['cond'] == 'adaln' and c['model_args']['norm'] == 'layer'  # GPT-2 blocks + AdaLN
     torch.testing.assert_close(c['model']['transformer.wte.weight'], hf.transformer.wte.weight, atol=0, rtol=0)
@@ -847,7 +859,7 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
                                hf.transformer.h[1].mlp.c_fc.weight.t(), atol=0, rtol=0)
     # its own command resumes it: the config's norm='rms' is not the model's, but it is what the run started with
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "warm"}', '--init_from=resume', '--max_iters=2',
-                                    *frozen[1:]))
+                                    gpt2_runs(env), *frozen[1:]))
     assert load_checkpoint(str(tmp_path / 'warm'))['iter_num'] == 2
     # fine-tune from a checkpoint file of a run that moved (so its EMA and raw weights differ)
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "src"}', '--max_iters=3', '--eval_interval=3'))
