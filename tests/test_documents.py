@@ -169,3 +169,79 @@ def test_l2r_gpt_stops_at_its_end_symbol():
     ends = doc_lengths(full, END, 1)
     assert st['stop_call'] == torch.where(ends < 6, ends, 5).tolist()
     assert st['forward_calls'] == max(st['stop_call'])
+
+
+# --------------------------------------------------------------------------- sample.py --until_eot
+
+def write_ckpt(path, vocab=50304, end=50256, codec=None, seed=1):
+    """A tiny checkpoint whose head row for the end symbol is long, so that documents end often and at
+    varied places (its logit is large where the hidden state points its way)."""
+    from aogpt.checkpoint import save_checkpoint
+    from model import model_args
+    model = tiny(vocab_size=vocab, block_size=16, seed=seed)
+    with torch.no_grad():
+        w = model.lm_head.weight
+        w[end] = w[end] / w[end].norm() * 8.0
+    ck = dict(format='aogpt-v1', model_args=model_args(model.config), model=model.state_dict(),
+              config={'dataset': 'no-such-dataset'}, order=None)
+    if codec is not None:
+        ck['codec'] = codec.record()
+    save_checkpoint(ck, str(path))
+
+
+def test_cli_until_eot_prints_saves_and_judges_documents(tmp_path, cli):
+    import json
+
+    from aogpt.tokenizer import char_codec
+    write_ckpt(tmp_path / 'ao.pt')
+    code, out, err = cli('--ckpt', str(tmp_path / 'ao.pt'), '--until_eot', 'True', '--order', 'semiar:4', '--steps', '16',
+                         '--batch_size', '8', '--save', str(tmp_path / 's.json'), '--gen_ppl', str(tmp_path / 'ao.pt'))
+    assert code == 0, err
+    res = json.load(open(tmp_path / 's.json'))
+    docs = res['documents']
+    assert 'documents (--until_eot)' in out and 'per document' in out
+    assert [len(s) for s in res['samples']] == docs['lengths'] and all(50256 not in s for s in res['samples'])
+    assert any(docs['ended']) and min(docs['lengths']) < 16  # this seed's documents end in the window
+    assert sum(docs['forward_calls']) < 8 * res['stats']['calls_full']
+    from aogpt.tokenizer import gpt2_codec  # the token-weighted number re-tokenizes each document's text
+    scored = sum(len(gpt2_codec().encode(t)) + e for t, e in zip(res['texts'], docs['ended']))  # + its end symbol
+    assert res['gen_ppl']['tokens_scored'] == scored and res['gen_ppl']['protocol'].startswith('per document')
+    # a char codec's newline is its end symbol: the documents are lines
+    write_ckpt(tmp_path / 'char.pt', vocab=8, end=0, codec=char_codec('\nabcdefg'))
+    code, out, err = cli('--ckpt', str(tmp_path / 'char.pt'), '--until_eot', 'True', '--prompt', 'ab', '--order', 'l2r',
+                         '--steps', '14', '--save', str(tmp_path / 'c.json'))
+    assert code == 0, err
+    res = json.load(open(tmp_path / 'c.json'))
+    assert all(t.startswith('ab') and '\n' not in t for t in res['texts'])
+    assert res['documents']['end_symbol'] == 0 and res['documents']['start'] == 2
+
+
+def test_cli_an_end_symbol_in_a_blank_is_reported(tmp_path, cli):
+    write_ckpt(tmp_path / 'ao.pt')
+    code, out, err = cli('--ckpt', str(tmp_path / 'ao.pt'), '--template', 'The [BLANK:6] sat.', '--steps', '6',
+                         '--batch_size', '8')
+    assert code == 0, err
+    assert 'drew the end symbol into a blank' in out
+
+
+@pytest.mark.parametrize('ck,args,msg', [
+    ('nonl', [], 'has no end-of-document symbol'),
+    ('char', ['--prompt', 'a\nb'], 'the given text holds the end symbol'),
+    ('ao', ['--trace', 'TMP/t.html'], '--trace draws how the whole window filled in'),
+])
+def test_cli_until_eot_bad_input_is_one_line(tmp_path, cli, ck, args, msg):
+    from aogpt.tokenizer import char_codec
+    write_ckpt(tmp_path / 'ao.pt')
+    write_ckpt(tmp_path / 'char.pt', vocab=8, end=0, codec=char_codec('\nabcdefg'))
+    write_ckpt(tmp_path / 'nonl.pt', vocab=8, end=0, codec=char_codec('abcdefgh'))
+    args = [a.replace('TMP', str(tmp_path)) for a in args]
+    code, out, err = cli('--ckpt', str(tmp_path / f'{ck}.pt'), '--until_eot', 'True', *args)
+    assert code != 0
+    assert err.strip().startswith('error:') and len(err.strip().splitlines()) == 1 and msg in err, err
+
+
+def test_cli_a_sampler_that_cannot_stop_early_says_so(tmp_path, cli):
+    write_ckpt(tmp_path / 'ao.pt')
+    code, out, err = cli('--ckpt', str(tmp_path / 'ao.pt'), '--until_eot', 'True', '--order', 'confidence', '--steps', '4')
+    assert code == 0, err
+    assert 'cannot stop early' in out and 'the full draw, then cut' in out
