@@ -334,7 +334,7 @@ def adaptive(order):
 def document_end(c, codec, given, family, order):
     """The id that ends a document (EOT; a char codec's newline, as its data were prepared), or None where
     the codec has none (then --until_eot is refused). With --until_eot the given text must lie inside one
-    document, and a sampler that cannot stop early says that it cuts after the full draw."""
+    document, and a sampler that does not stop early says that it cuts after the full draw."""
     from aogpt.errors import UserError
     from aogpt.evalsets import doc_end
     try:
@@ -351,9 +351,9 @@ def document_end(c, codec, given, family, order):
         die(f"--until_eot: the given text holds the end symbol ({what}) at token {int((given == end).nonzero()[0])}: "
             f"a sample is one document, so its prompt, template and suffix must lie inside one; remove it")
     if not c.speculative and (family == 'mdm' or adaptive(order)):
-        print(f"note: --until_eot: {'the encoder MDM' if family == 'mdm' else f'--order {order}'} cannot stop "
-              f"early (its draws are not fixed in advance along the text); it draws the whole window, then each "
-              f"sample is cut at its first end symbol: no calls saved")
+        print(f"note: --until_eot: {'the encoder MDM' if family == 'mdm' else f'--order {order}'} does not stop "
+              f"early here: it draws the whole window, then each sample is cut at its first end symbol (no calls "
+              f"saved)")
     return end
 
 

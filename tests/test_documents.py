@@ -244,4 +244,4 @@ def test_cli_a_sampler_that_cannot_stop_early_says_so(tmp_path, cli):
     write_ckpt(tmp_path / 'ao.pt')
     code, out, err = cli('--ckpt', str(tmp_path / 'ao.pt'), '--until_eot', 'True', '--order', 'confidence', '--steps', '4')
     assert code == 0, err
-    assert 'cannot stop early' in out and 'the full draw, then cut' in out
+    assert 'does not stop early' in out and 'the full draw, then cut' in out
