@@ -513,7 +513,7 @@ def generate_ar(model, n, batch_size, *, temperature=1.0, top_p=1.0, vocab_size=
                 break
     made = i + 1 - g
     if until is not None:
-        tok[:, 1:][torch.arange(n)[None] >= g + stop_call[:, None]] = -1
+        tok[:, 1:][(torch.arange(n)[None] >= g + stop_call[:, None]).to(dev)] = -1
     stats = dict(steps=made, forward_calls=made, token_passes=g + made, tokens_generated=n - g)
     if until is not None:
         stats.update(calls_full=n - g, stop_call=stop_call.tolist(), generated=stop_call.tolist())
