@@ -30,6 +30,17 @@ Columns (per-token NLL -> PPL = exp(mean NLL) over every token of every block_si
              any-order - (mean member - ensemble), the gain measured on identical draws (a control
              variate: same expectation, much less noise); the JSON also has the direct estimate.
 
+End of text (EOT, 50256; a char codec's newline) is scored as an ordinary token of the window in every set,
+never skipped: each column's PPL counts the EOT predictions among its tokens. owt reads val.bin as
+data/openwebtext/prepare.py wrote it, documents packed with an EOT after each, as in training; the other
+sets (aogpt/evalsets.py) append one EOT after each of their documents, concatenate, and cut block_size
+windows that ignore document boundaries, so a window starts mid-document and its conditionals see across
+an EOT into the previous document (SEDD's, RADD's and the paper's pipeline). In PTB a document is one
+sentence, a few dozen tokens, so EOTs, the sentence boundaries, are a few percent of the scored tokens;
+in WikiText a document is a line, in LAMBADA a passage, in LM1B a sentence. MDLM's zero-shot protocol
+wraps its sets without EOS between sequences: its numbers are not this protocol's (docs/sampling.md,
+"Documents").
+
 The estimators are aogpt/likelihood.py's; each returns a token-weighted sum (sum_nll, n_tokens), so DDP ranks
 all-reduce sums and PPL = exp(sum_nll / n_tokens).
 """

@@ -11,6 +11,7 @@ model.config). EMA weights by default.
     python sample.py --order nearl2r:8 --speculative auto                # near L2R, exact parallel decoding
     python sample.py --order confidence --steps 64                       # the surest positions first
     python sample.py --order confidence --threshold 0.9                  # all with top prob >= 0.9 per step
+    python sample.py --until_eot True --order semiar:8                   # one document each, stopping early
 
 The samplers themselves are in generate.py, how each forward call runs in engine.py, and generative
 perplexity in genppl.py.
@@ -66,6 +67,8 @@ seed = 1337
 device = 'auto'            # auto | cpu | cuda | cuda:1 | mps
 dtype = 'auto'             # auto (bfloat16 autocast on CUDA, float32 elsewhere) | float32 | bfloat16 | float16
 quiet = False              # do not print the samples
+until_eot = False          # each sample is its first document, cut at its first end symbol (EOT; a char codec's
+                           # newline) after the given text; samplers stop once it is settled (docs/sampling.md)
 # -----------------------------------------------------------------------------
 
 # ----------------------------------------------------------------------------- CLI helpers
@@ -136,9 +139,12 @@ def main(argv=None):
     model, ck, used_ema, codec, family = load_for_sampling(c)
     given, n = layout(c, codec, model.config.block_size, family)
     order = generation_order(c, ck, family, n)
+    end = document_end(c, codec, given, family, order)
     judge = load_judge_for(c, codec) if c.gen_ppl else None  # before sampling: a bad judge costs seconds
-    samples, stats, wall = draw(c, model, family, n, given, order, codec)
-    texts = [codec.decode(row.tolist()) for row in samples]
+    samples, stats, wall = draw(c, model, family, n, given, order, codec, end if c.until_eot else None)
+    docs = documents(c, samples, given, end, stats)
+    texts = [codec.decode(row.tolist()) for row in samples] if docs is None else \
+        [codec.decode(d) for d in docs['ids']]
     if not c.quiet:
         for i, text in enumerate(texts):
             print(f"---------- sample {i}\n{printable(text)}")
@@ -151,6 +157,8 @@ def main(argv=None):
           f"{wall:.2f} s wall, {N * stats['tokens_generated'] / wall:.1f} tokens/s; per sample "
           f"{stats['token_passes']:g} token-passes ({stats['token_passes'] / n:.2f} n) in "
           f"{stats['forward_calls']:g} forward calls (last batch)")
+    if docs is not None:
+        print(docs.pop('line'))
     if c.speculative:
         print(f"speculative (k={c.speculative}{', fused' if c.fused else ''}): {stats['tokens_generated'] / stats['forward_calls']:.2f} tokens per "
               f"forward call of the batch, {stats['tokens_generated'] / stats['calls_per_sample']:.2f} per call a "
@@ -169,9 +177,11 @@ def main(argv=None):
         print(f"trace: {c.trace}")
     result = dict(config=c.config, n=n, wall_s=wall, stats={k: v for k, v in stats.items()
                                                             if k not in ('order', 'events', 'step_of')},
-                  samples=samples.tolist(), texts=texts)
+                  samples=samples.tolist() if docs is None else docs['ids'], texts=texts)
+    if docs is not None:
+        result['documents'] = {k: v for k, v in docs.items() if k not in ('ids', 'judged')}
     if judge is not None:
-        result['gen_ppl'] = score(c, judge, samples, codec)
+        result['gen_ppl'] = score(c, judge, samples if docs is None else docs['judged'], codec, docs is not None)
     if c.save:
         from aogpt.checkpoint import atomic_write
         try:  # atomically, as checkpoints are written: a full disk leaves no 0-byte file
@@ -198,6 +208,8 @@ def read_config(argv=None):
     c.device, c.ctx, c.precision = script_device(c.device, c.dtype)
     if c.stepper == 'cuda_graph' and not c.device.startswith('cuda'):
         die(f"--stepper cuda_graph needs a CUDA device (got --device {c.device}); use static or dynamic")
+    if c.until_eot and c.trace:
+        die("--trace draws how the whole window filled in; with --until_eot a sample stops part way: drop one")
     for flag, example in (('save', 'samples.json'), ('trace', 'trace.html')):
         if getattr(c, flag):
             check_writable(getattr(c, flag), flag, example)
@@ -319,6 +331,69 @@ def refuse_unused(c, sampler):
             die(f"--{key} is not used here: {INSTEAD[sampler]}; drop --{key}")
 
 
+def adaptive(order):
+    return isinstance(order, str) and order in generate.ADAPTIVE
+
+
+def document_end(c, codec, given, family, order):
+    """The id that ends a document (EOT; a char codec's newline, as its data were prepared), or None where
+    the codec has none (then --until_eot is refused). With --until_eot the given text must lie inside one
+    document, and a sampler that does not stop early says that it cuts after the full draw."""
+    from aogpt.errors import UserError
+    from aogpt.evalsets import doc_end
+    try:
+        end = doc_end(codec)[0]
+    except UserError:
+        end = None
+    if not c.until_eot:
+        return end
+    if end is None:
+        die(f"--until_eot: this checkpoint's {codec.name} codec has no end-of-document symbol (no EOT, and no "
+            f"newline among its {codec.vocab_size} characters); drop --until_eot")
+    what = 'EOT' if codec.eot is not None else 'a newline, the char codec\'s end symbol'
+    if bool((given == end).any()):
+        die(f"--until_eot: the given text holds the end symbol ({what}) at token {int((given == end).nonzero()[0])}: "
+            f"a sample is one document, so its prompt, template and suffix must lie inside one; remove it")
+    if not c.speculative and (family == 'mdm' or adaptive(order)):
+        print(f"note: --until_eot: {'the encoder MDM' if family == 'mdm' else f'--order {order}'} does not stop "
+              f"early here: it draws the whole window, then each sample is cut at its first end symbol (no calls "
+              f"saved)")
+    return end
+
+
+def documents(c, samples, given, end, stats):
+    """Each sample's first document and the line that reports it, or None without --until_eot. An end
+    symbol drawn into a blank before the last given token is inside the given text's document: it is
+    reported, not cut (and without --until_eot reported all the same)."""
+    n = samples.size(1)
+    start = generate.doc_start(given, n)
+    free_before = (given < 0) & (torch.arange(n) < start)
+    in_blank = [] if end is None else ((samples == end) & free_before).any(1).nonzero().squeeze(1).tolist()
+    if in_blank:
+        print(f"note: {len(in_blank)} of {samples.size(0)} samples drew the end symbol into a blank, inside the "
+              f"given text's document (samples {', '.join(map(str, in_blank[:8]))}{', ...' if len(in_blank) > 8 else ''}); "
+              f"kept as drawn (docs/sampling.md, infilling)")
+    if not c.until_eot:
+        return None
+    L = generate.doc_lengths(samples, end, start)
+    ended = L < n
+    ids = [row[:int(l)] for row, l in zip(samples.tolist(), L)]
+    kept = [int(l) - int((given[:int(l)] >= 0).sum()) for l in L]        # generated tokens in the document
+    gen, calls, N = stats['all_generated'], stats['all_calls'], samples.size(0)
+    g = int((given >= 0).sum())
+    full = sum(stats['all_full'])
+    how = (f"in {sum(calls) / N:.1f} forward calls each, the full draw's {full / N:.1f} " +
+           f"({1 - sum(calls) / full:.0%} saved); the batch stops when all its samples have"
+           if 'calls_full' in stats else f"in {sum(calls) / N:.1f} forward calls each (speculative: its own "
+           f"calls; a stopped sample leaves the rounds)" if stats['stopped'] else "the full draw, then cut")
+    line = (f"documents (--until_eot): each kept {sum(kept) / N:.1f} generated tokens (min {min(kept)}, max "
+            f"{max(kept)}) and generated {sum(gen) / N:.1f} of {n - g} before stopping, {how}; {int(ended.sum())}"
+            f" of {N} ended with the end symbol, the rest ran to the window's end")
+    return dict(line=line, ids=ids, judged=[d + [end] if e else d for d, e in zip(ids, ended.tolist())],
+                end_symbol=end, start=start, lengths=L.tolist(), ended=ended.tolist(), kept=kept, generated=gen,
+                forward_calls=calls, end_in_blank=in_blank)
+
+
 def load_judge_for(c, codec):
     """The judge for --gen_ppl, checked against the samples' codec: (model, its codec, scoring mode)."""
     judge, judge_codec, is_hf = genppl.load_judge(c.gen_ppl, c.device)
@@ -344,13 +419,17 @@ def load_judge_for(c, codec):
     return judge, judge_codec, mode
 
 
-def draw(c, model, family, n, given, order, codec):
+def draw(c, model, family, n, given, order, codec, until=None):
     """num_batches batches of batch_size samples: (tokens (N, n) on the CPU, the last batch's stats,
-    wall seconds). One CPU generator drives every draw, so a seed fixes the samples on any device."""
+    wall seconds). One CPU generator drives every draw, so a seed fixes the samples on any device.
+    until: the end symbol where the sampler stops a sample once its document is settled (-1 past it);
+    stats then hold every batch's per-sample generated tokens and calls (all_generated, all_calls)."""
     from tqdm import tqdm
     g = torch.Generator().manual_seed(c.seed)
     common = dict(temperature=c.temperature, top_p=c.top_p, vocab_size=codec.vocab_size, generator=g)
-    samples, stats = [], None
+    samples, stats, gen_all, calls_all, full_all = [], None, [], [], []
+    stops = until is not None and (c.speculative or family == 'ar' or family == 'ao' and not adaptive(order))
+    stop = dict(until=until) if stops else {}
     sync = torch.cuda.synchronize if c.device.startswith('cuda') else (lambda: None)
     sync()
     t0 = time.time()
@@ -367,32 +446,39 @@ def draw(c, model, family, n, given, order, codec):
                       file=sys.stderr):
             if c.speculative:  # each sample commits what it accepted (per-sample cache masks)
                 x, stats = generate_speculative(model, n, c.batch_size, k=k, order=order, given=given, stepper=stp,
-                                                batch_commit='per_row', fused=c.fused, trace=bool(c.trace), **common)
+                                                batch_commit='per_row', fused=c.fused, trace=bool(c.trace), **stop,
+                                                **common)
             elif family == 'ao':
                 x, stats = generate.generate_ao(model, n, c.batch_size, c.steps, order=order,
                                                 fixed_counts=c.fixed_counts, schedule=c.schedule, given=given,
-                                                stepper=stp, threshold=c.threshold, **common)
+                                                stepper=stp, threshold=c.threshold, **stop, **common)
             elif family == 'mdm':
                 x, stats = generate.generate_mdm(model, n, c.batch_size, c.steps, cache_trick=c.cache_trick,
                                                  counts=c.mdm_counts, order=order, fixed_counts=c.fixed_counts,
                                                  schedule=c.schedule, given=given, stepper=stp, **common)
             else:
                 prefix = given[:int((given >= 0).sum())]
-                x, stats = generate.generate_ar(model, n, c.batch_size, prompt=prefix, stepper=stp, **common)
+                x, stats = generate.generate_ar(model, n, c.batch_size, prompt=prefix, stepper=stp, **stop, **common)
             samples.append(x.cpu())
+            gen_all += stats.get('generated', [stats['tokens_generated']] * c.batch_size)
+            calls_all += stats.get('stop_call', [stats.get('calls_per_sample', stats['forward_calls'])] * c.batch_size)
+            full_all += [stats.get('calls_full', 0)] * c.batch_size
+    stats = dict(stats, all_generated=gen_all, all_calls=calls_all, all_full=full_all, stopped=stops)
     sync()
     return torch.cat(samples), stats, time.time() - t0
 
 
-def score(c, judge, samples, codec):
-    """Generative perplexity of the samples under the judge (model, its codec, mode), both averages, with
+def score(c, judge, samples, codec, per_document=False):
+    """Generative perplexity of the samples (N, n), or with per_document of the documents (id lists, each
+    with its end symbol where it ended), under the judge (model, its codec, mode), both averages, with
     their unigram entropy."""
     judge_model, judge_codec, mode = judge
     try:
-        r = genppl.generative_ppl(judge_model, judge_codec, samples, codec, mode, c.judge_batch_size)
+        r = genppl.generative_ppl(judge_model, judge_codec, samples, codec, mode, c.judge_batch_size,
+                                  per_document=per_document)
     except ValueError as e:
         die(f"--gen_ppl: {e}")
-    print(f"gen ppl ({c.gen_ppl}, mode {mode}): per-sequence mean {r['per_sequence']:.3f} (the paper's "
+    print(f"gen ppl ({c.gen_ppl}, mode {mode}{', per document' if per_document else ''}): per-sequence mean {r['per_sequence']:.3f} (the paper's "
           f"code, SEDD), token-weighted {r['token']:.3f} after re-tokenizing and cutting at the first end of "
           f"document (MDLM, DUO; {r['tokens_scored']} tokens, {r['ended_early']} samples ended early); "
           f"unigram entropy {r['unigram_entropy']:.3f} nats per sample")

@@ -293,6 +293,35 @@ def free_order(order, free, batch_size, generator=None, n=None):
     return o[is_free[o]].view(B, nf)
 
 
+# ----------------------------------------------------------------------------- documents
+
+def doc_start(given, n):
+    """Where a sample's own document may end: the position after the last given token (0 without any).
+    An end symbol drawn before it (into a blank of a template) is inside the given text's document."""
+    gpos = split_given(given, n)[0]
+    return int(gpos.max()) + 1 if gpos.numel() else 0
+
+
+def doc_lengths(x, end, start=0):
+    """(B,) the length of each row's first document: the index of the first end symbol at or after
+    start in x (B, n), or n where there is none (the document runs past the window)."""
+    n = x.size(1)
+    hit = (x == end) & (torch.arange(n, device=x.device) >= start)
+    return torch.where(hit.any(1), hit.long().argmax(1), n)
+
+
+def settled(x, end, start=0):
+    """(B,) whether each row's first document is fixed: x (B, n) holds -1 where nothing is drawn yet.
+    True when an end symbol sits at some e >= start with every position before e drawn: the first end
+    symbol at or after start is then at or before e, among drawn positions, and a sampler that never
+    changes a drawn token cannot move it. So a row may stop here, and its document is the one the
+    full draw would have cut (the same tokens, from the same draws)."""
+    n = x.size(1)
+    hit = (x == end) & (torch.arange(n, device=x.device) >= start)
+    first = (hit | (x < 0)).long().argmax(1)                             # the first end symbol or hole
+    return hit.gather(1, first[:, None]).squeeze(1)
+
+
 # ----------------------------------------------------------------------------- the samplers
 
 def draw_plan(n, batch_size, steps, *, order='random', fixed_counts=False, schedule='linear', given=None,
@@ -325,7 +354,7 @@ def ao_calls(counts, n_given=0):
 @torch.no_grad()
 def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=False, schedule='linear',
                 temperature=1.0, top_p=1.0, vocab_size=None, given=None, generator=None, stepper='dynamic',
-                threshold=0.0):
+                threshold=0.0, until=None):
     """KV-cached any-order sampling from an AO-GPT / sigma-GPT. Returns (tokens (B, n), stats).
 
     order: an order distribution (orders.GRAMMAR, defined in aogpt/orders.py: 'random' is the MDM reverse
@@ -338,12 +367,23 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
     of the steps that ran), order (B, n) positions in reveal order.
     stepper: how each forward call runs: 'dynamic', 'static' or 'cuda_graph', or a SlotStepper to reuse
     (its captured graphs); the samples are the same up to float rounding.
+    until: an end-of-document id, or None. A sample stops once its first document is settled (see
+    settled: an end symbol after the given text with every position before it drawn): with an order
+    that fills blocks left to right that is the end of the block holding it, with a uniform order
+    rarely before the end. The batch shares its calls, so it stops when every sample has; a sample
+    that stopped rides along until then, and is returned as it stood when it stopped (-1 where
+    nothing was drawn). Every draw is fixed before the first call, so the documents are token for
+    token those of the full draw cut by doc_lengths. stats then also hold calls_full (the full
+    draw's calls), and per sample stop_call (the calls it needed) and generated (tokens drawn by then).
     """
     if not model.any_order:
         raise ValueError("generate_ao needs an any-order decoder (cond='adaln' or 'sigma'); "
                          "use generate_ar for a GPT and generate_mdm for an encoder")
     check_run(model, n, batch_size, steps, given)
     if isinstance(check_order(order), str) and order in ADAPTIVE:
+        if until is not None:
+            raise ValueError(f"until: order {order!r} draws the whole window (no early stop); cut its samples "
+                             f"with doc_lengths")
         return generate_confident(model, n, batch_size, steps, score=order, fixed_counts=fixed_counts,
                                   schedule=schedule, threshold=threshold, temperature=temperature, top_p=top_p,
                                   vocab_size=vocab_size, given=given, generator=generator, stepper=stepper)
@@ -366,17 +406,33 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
         rows += list(range(L, L + r - k)) + [L + r - k] * k
     rows = torch.tensor(rows, device=dev)
     step = SlotStepper.make(model, B, stepper)
-    a = 0
+    if until is not None:  # each sample's tokens by position (-1: not drawn yet), for the stop rule
+        x, start = torch.full((B, n), -1, dtype=torch.long, device=dev), doc_start(given, n)
+        x[:, gpos.to(dev)] = gtok.to(dev)
+        stop_call, generated = torch.full((B,), len(calls)), torch.full((B,), n - g)
+        at_stop = x.clone()                                               # each stopped sample's tokens
+    a, made = 0, 0
     for r, L, k in calls:
         m = L + r - k                                                     # tokens revealed so far
         slots = rows[a:a + r]
         logits = step(slot_tok[:, slots], slot_pos[:, slots], reveal[:, L:m + k], k)  # (B, k, V)
         step.cache.keep(r - k + 1)                                        # the pending slots and the first copy
         slot_tok[:, m + 1:m + k + 1] = sample_tokens(logits, u[:, m:m + k], temperature, top_p, vocab_size)
-        a += r
+        a, made = a + r, made + 1
+        if until is not None and made < len(calls):
+            x.scatter_(1, reveal[:, m:m + k], slot_tok[:, m + 1:m + k + 1])
+            now = settled(x, until, start).cpu() & (stop_call == len(calls))  # the samples that stop here
+            stop_call[now], generated[now] = made, m + k - g
+            at_stop[now.to(dev)] = x[now.to(dev)]
+            if bool((stop_call < len(calls)).all()):
+                break
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, reveal, slot_tok[:, 1:])
-    stats = dict(steps=len(calls), forward_calls=len(calls), token_passes=sum(r for r, _, _ in calls),
-                 tokens_generated=n - g, counts=[k for _, _, k in calls], order=reveal)
+    if until is not None:  # a sample that stopped is what it held then: its later draws were never its own
+        tokens = torch.where((stop_call < len(calls)).to(dev)[:, None], at_stop, tokens)
+    stats = dict(steps=made, forward_calls=made, token_passes=sum(r for r, _, _ in calls[:made]),
+                 tokens_generated=n - g, counts=[k for _, _, k in calls[:made]], order=reveal)
+    if until is not None:
+        stats.update(calls_full=len(calls), stop_call=stop_call.tolist(), generated=generated.tolist())
     return tokens, stats
 
 
@@ -448,12 +504,14 @@ def generate_confident(model, n, batch_size, steps, *, score='confidence', fixed
 
 @torch.no_grad()
 def generate_ar(model, n, batch_size, *, temperature=1.0, top_p=1.0, vocab_size=None, prompt=None,
-                generator=None, stepper='dynamic'):
+                generator=None, stepper='dynamic', until=None):
     """Plain left-to-right KV-cache decoding, one token per forward call (the AR baseline).
 
     Works for any decoder (a GPT, or an AO-GPT in L2R order). prompt: a list/LongTensor of ids that the
     samples start with (fed in the first call). Returns (tokens (B, n), stats) like generate_ao.
     stepper: as in generate_ao (a call here is the prompt, then one row at a time).
+    until: an end-of-document id, or None: as in generate_ao, a sample stops at its first one after the
+    prompt (later positions -1), the batch once every sample has.
     """
     if not model.config.causal:
         raise ValueError("generate_ar needs a decoder; use generate_mdm for an encoder MDM")
@@ -473,12 +531,23 @@ def generate_ar(model, n, batch_size, *, temperature=1.0, top_p=1.0, vocab_size=
     step = SlotStepper.make(model, B, stepper)
     logits = step(tok[:, :g + 1], pos[:, :g + 1], tgt[:, :g + 1], 1)         # the prompt: a causal block
     step.cache.keep(g + 1)
+    stop_call = torch.full((B,), n - g)
     for i in range(g, n):
         if i > g:
             logits = step(tok[:, i:i + 1], pos[:, i:i + 1], tgt[:, i:i + 1], 1)
             step.cache.keep(1)
         tok[:, i + 1] = sample_tokens(logits[:, -1], u[:, i], temperature, top_p, vocab_size)
-    stats = dict(steps=n - g, forward_calls=n - g, token_passes=n, tokens_generated=n - g)
+        if until is not None and i + 1 < n:
+            now = (tok[:, i + 1] == until).cpu() & (stop_call == n - g)
+            stop_call[now] = i + 1 - g
+            if bool((stop_call < n - g).all()):
+                break
+    made = i + 1 - g
+    if until is not None:
+        tok[:, 1:][(torch.arange(n)[None] >= g + stop_call[:, None]).to(dev)] = -1
+    stats = dict(steps=made, forward_calls=made, token_passes=g + made, tokens_generated=n - g)
+    if until is not None:
+        stats.update(calls_full=n - g, stop_call=stop_call.tolist(), generated=stop_call.tolist())
     return tok[:, 1:], stats
 
 

@@ -69,7 +69,7 @@ def judge_nll(judge, tokens, mode='none', batch_size=16):
     return torch.stack([t.mean() for t in judge_token_nll(judge, list(tokens), mode, batch_size)])
 
 
-def generative_ppl(judge, judge_codec, samples, codec, mode='none', batch_size=16):
+def generative_ppl(judge, judge_codec, samples, codec, mode='none', batch_size=16, per_document=False):
     """Both generative perplexities of samples (N, n) under a judge, with the samples' unigram entropy:
       per_sequence  the mean over samples of exp(mean NLL of the sample), read as the sampler's own ids
                     (the paper's code and SEDD; with another judge codec, on the re-tokenized text);
@@ -78,11 +78,16 @@ def generative_ppl(judge, judge_codec, samples, codec, mode='none', batch_size=1
                     codec (MDLM and DUO). A sample that ends early counts for fewer tokens, not for a
                     perplexity as large as a full one.
     Low-temperature and repetitive samples flatter both; the unigram entropy (nats, mean over samples
-    of the entropy of each sample's token histogram) shows it."""
+    of the entropy of each sample's token histogram) shows it.
+    per_document: samples is a list of documents instead (id lists of any length, each ending with the
+    codec's end symbol where the document ended, sample.py --until_eot): the per-sequence mean is then
+    over documents, each scored with its end symbol (predicting where it ends is part of its text);
+    `protocol` in the result says which was done."""
     from aogpt.errors import UserError
     from aogpt.evalsets import doc_end
     eos, texts = doc_end(codec)[0], []
-    for row in samples.tolist():
+    rows = [list(map(int, r)) for r in samples] if per_document else samples.tolist()
+    for row in rows:
         cut = row.index(eos) if eos in row else None
         texts.append((codec.decode(row[:cut]), cut is not None))
     try:
@@ -90,24 +95,40 @@ def generative_ppl(judge, judge_codec, samples, codec, mode='none', batch_size=1
     except UserError as e:
         raise UserError(f"the judge's {judge_codec.name} codec cannot encode the samples: {e.msg}") from None
     same = judge_codec.record() == codec.record()
-    per_seq = judge_token_nll(judge, list(samples) if same else retok, mode, batch_size, windows=not same)
+    per_seq = judge_token_nll(judge, [torch.tensor(r, dtype=torch.long) for r in rows] if same else retok, mode,
+                              batch_size, windows=not same)
     tok = judge_token_nll(judge, retok, mode, batch_size, windows=True)
     n_tok = sum(len(t) for t in tok)
     seq_ppl = torch.stack([t.double().mean().exp() for t in per_seq if len(t)])
-    H = unigram_entropy(samples)
+    H = unigram_entropy(rows)
     return dict(per_sequence=seq_ppl.mean().item(), per_sequence_std=seq_ppl.std().item() if len(seq_ppl) > 1 else 0.0,
                 per_sequence_tokens='sample ids' if same else 're-tokenized',
                 token=math.exp(sum(t.double().sum().item() for t in tok) / max(1, n_tok)), tokens_scored=n_tok,
                 ended_early=sum(ended for _, ended in texts), unigram_entropy=H.mean().item(), mode=mode,
-                per_sample=seq_ppl.tolist())
+                per_sample=seq_ppl.tolist(), protocol=protocol(per_document, same, mode))
+
+
+def protocol(per_document, same, mode):
+    """In words, what generative_ppl scored: the record carries it, so a number says how it was made."""
+    unit = ("per document (sample.py --until_eot): each sample cut at its first end symbol after the given "
+            "text; the document's ids and that end symbol, where it ended, are what is scored" if per_document
+            else "per window: each sample's n ids as drawn, end symbols and whatever follows them included")
+    return (f"{unit}. per_sequence: mean over samples of exp(mean NLL), on the sample ids" +
+            ("" if same else " re-tokenized (decode, then the judge's codec; an end symbol is re-encoded as the "
+             "judge's)") + ("; mode hf: no BOS, the first token is only context" if mode == 'hf' else
+                            "; mode none: every token scored, the first from [None]") +
+            ". token: exp(total NLL / total tokens) after decoding, dropping what follows the first end symbol "
+            "(kept, as the judge's end symbol, where there is one) and re-tokenizing with the judge's codec")
 
 
 def unigram_entropy(tokens):
-    """Per-sample entropy (nats) of the token histogram (B,): low values expose degenerate repetition."""
+    """Per-sample entropy (nats) of the token histogram (B,): low values expose degenerate repetition.
+    tokens: (B, n), or sequences of any lengths (an empty one has entropy 0)."""
     out = []
-    for row in tokens.cpu():
+    for row in tokens:
+        row = torch.as_tensor(row, dtype=torch.long).cpu()
         p = torch.bincount(row).double()
-        p = p[p > 0] / row.numel()
+        p = p[p > 0] / max(1, row.numel())
         out.append(-(p * p.log()).sum().item())
     return torch.tensor(out, dtype=torch.float64)
 

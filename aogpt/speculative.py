@@ -78,7 +78,8 @@ from dataclasses import dataclass, field
 import torch
 
 from aogpt.engine import KV_BUCKET, RowStepper, SlotStepper
-from aogpt.generate import ADAPTIVE, check_order, check_run, free_order, inverse_cdf, logits_to_probs, split_given
+from aogpt.generate import ADAPTIVE, check_order, check_run, doc_start, free_order, inverse_cdf, logits_to_probs, \
+    settled, split_given
 from aogpt.orders import GRAMMAR
 
 K_MAX = 16   # the largest draft length k='auto' goes to
@@ -118,6 +119,8 @@ class _Run:
     tf: dict                  # temperature, top_p, vocab_size: one transform for q and p alike
     generator: object
     trace: bool
+    until: object = None      # an end-of-document id: a sample stops once its first document is settled
+    start: int = 0            # where that document may end (generate.doc_start)
     calls: int = 0            # forward calls of the batch
     passes: int = 0           # rows through the network per sample
     kept: int = 0             # drafts kept by the accept tests, over all samples
@@ -170,6 +173,19 @@ class _Run:
         cols = m[:, None] + 1 + w
         self.slot_tok.scatter_(1, cols, torch.where(w[None] < t[:, None], new, self.slot_tok.gather(1, cols)))
 
+    def settled(self, m):
+        """(B,) the samples whose first document is settled (generate.settled) after m (B,) tokens each."""
+        if self.until is None:
+            return torch.zeros_like(m, dtype=torch.bool)
+        x = torch.full((self.B, self.n), -1, dtype=torch.long, device=self.reveal.device)
+        drawn = torch.arange(self.n, device=m.device)[None] < m[:, None]      # slots 1..m[b] hold tokens
+        x.scatter_(1, self.reveal, torch.where(drawn, self.slot_tok[:, 1:self.n + 1], -1))
+        return settled(x, self.until, self.start)
+
+    def stop(self, m):
+        """m (B,) with each sample whose document is settled marked done (m = n): it draws no more."""
+        return torch.where(self.settled(m) & (m < self.n), self.n, m)
+
     def stats(self, rounds_per_sample, calls_per_sample):
         return dict(forward_calls=self.calls, token_passes=self.passes, rounds=len(self.committed),
                     rounds_per_sample=rounds_per_sample, calls_per_sample=calls_per_sample, committed=self.committed,
@@ -213,7 +229,7 @@ def _stepper(model, B, stepper):
 @torch.no_grad()
 def generate_speculative(model, n, batch_size, *, k=4, order='random', given=None, temperature=1.0, top_p=1.0,
                          vocab_size=None, generator=None, stepper='dynamic', bonus=True, batch_commit='per_row',
-                         fused=False, trace=False):
+                         fused=False, trace=False, until=None):
     """Samples (B, n) from the model's exact joint along `order` (or the mixture over random orders),
     at under one forward call per token (module docstring). Returns (tokens (B, n), stats).
 
@@ -236,6 +252,12 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
     rows, before the batch minimum), frac (revealed fraction at each round's start), order (B, n);
     with trace=True also events: per round (m (B,) tokens revealed before it, k, t (B,) tokens it committed,
     a (B,) drafts each sample's tests kept past d_0, drafts (B, k), the committed tokens (B, >= t)).
+    until: an end-of-document id, or None: a sample stops once its first document is settled
+    (generate.settled). Stopping is a function of the committed tokens only, which nothing changes
+    later, so a stopped sample's document has the law the full draw's would have after the cut. With
+    per_row commits a stopped sample drops out of the rounds (it waits for the batch, as a finished
+    one does); with 'min' the batch stops when every sample has. Positions never drawn are -1; stats
+    then also hold per sample generated (tokens drawn when it stopped).
     """
     if not (model.config.causal and model.any_order):
         raise ValueError("speculative sampling needs an any-order decoder (AO-GPT or sigma-GPT); an encoder "
@@ -266,7 +288,7 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
     slot_tok[:, 1:g + 1] = gtok
     slot_pos = torch.cat([torch.full((B, 1), -1), reveal], 1).to(dev)        # its position; [None] is -1
     run = _Run(n, g, reveal.to(dev), slot_tok.to(dev), slot_pos, dict(temperature=temperature, top_p=top_p,
-               vocab_size=vocab_size), generator, trace)
+               vocab_size=vocab_size), generator, trace, until, doc_start(given, n) if until is not None else 0)
     if batch_commit == 'per_row':
         step = RowStepper.make(model, B, stepper, slots=row_slots(n, k, g, fused))
         stats = _fused(run, step, k) if fused else _per_row(run, step, k, bonus)
@@ -274,6 +296,8 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
         stats = _batch_min(run, _stepper(model, B, stepper), k, bonus)
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, run.reveal, run.slot_tok[:, 1:n + 1])
     stats = dict(stats, steps=stats['rounds'], tokens_generated=n - g, order=run.reveal)
+    if until is not None:
+        stats['generated'] = ((run.slot_tok[:, 1:n + 1] >= 0).sum(1) - g).tolist()
     if not trace:
         stats.pop('events')
     return tokens, stats
@@ -298,6 +322,8 @@ def _batch_min(run, step, k, bonus):
             slot_tok[:, m + 1] = d[:, 0]
             run.record(m, 1, 1, torch.zeros(B, dtype=torch.long), d, d)
             m += 1
+            if m < n and bool(run.settled(torch.full((B,), m, device=reveal.device)).all()):
+                break
             continue
         # verify: d_0..d_{kk-2} in slots m+1..m+kk-1, targets chained; + the bonus slot when there is room
         nb = int(bonus and m + kk < n)
@@ -317,6 +343,8 @@ def _batch_min(run, step, k, bonus):
         step.cache.keep(t - 1)
         run.record(m, kk, t, a, d, new)
         m += t
+        if m < n and bool(run.settled(torch.full((B,), m, device=reveal.device)).all()):
+            break
     return run.stats(len(run.committed), run.calls)
 
 
@@ -370,7 +398,7 @@ def _per_row(run, step, k, bonus):
             step.cache.commit(jv[None] < (t - 1)[:, None])                       # rows m+1..m+t-1 per sample
         run.write(m, new, t)
         run.record(m, kk, t, a, d, new)
-        m = m + t
+        m = run.stop(m + t)
     return run.stats(run.live / B, own_calls / B)
 
 
@@ -435,7 +463,7 @@ def _fused(run, step, k):
         new = torch.cat([e, y[:, None]], 1).scatter(1, a[:, None], y[:, None])   # (B, C): e_0..e_{a-1}, y
         run.write(m, new, t)
         run.record(m, kd, t, a, e, new)
-        m = m + t
+        m = run.stop(m + t)
         e, qd = _draft(qn, a, run.rand(B, K2))                                   # the next round's drafts
         kd = torch.clamp(n - m - 1, min=0, max=K2) * (m < n)
         Kn = int(kd.max())

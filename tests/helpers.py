@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import torch
 
+from aogpt.generate import logits_to_probs
 from aogpt.orders import parse_order
 from model import GPT, GPTConfig
 
@@ -93,6 +94,53 @@ def exact_law(spec, pos):
                                                               if kind == 'nearl2r' else arg)
         out[perm] = p
     return out
+
+
+@torch.no_grad()
+def seq_law(model, n, V, orders, given=None, **tf):
+    """P(x) over all V^n sequences x of sequential sampling along each order (given tokens first,
+    ascending), averaged over `orders` (a list), or weighted by them ({order: probability}); tf:
+    temperature / top_p. One uncached forward per order reads every conditional: slot j of
+    model(x, order) predicts order[j] from order[:j]."""
+    xs = torch.tensor(list(itertools.product(range(V), repeat=n)))            # (V^n, n)
+    law = torch.zeros(len(xs), dtype=torch.float64)
+    g = [] if given is None else [i for i in range(n) if given[i] >= 0]
+    ok = torch.ones(len(xs), dtype=torch.bool)
+    for i in g:
+        ok &= xs[:, i] == given[i]
+    weighted = orders.items() if isinstance(orders, dict) else [(sigma, 1 / len(orders)) for sigma in orders]
+    for sigma, w in weighted:
+        o = torch.tensor(g + [s for s in sigma if s not in g])
+        logits = model(xs, order=o.expand(len(xs), n))[0]                     # (V^n, n, V')
+        p = logits_to_probs(logits, vocab_size=V, **tf)
+        lp = torch.ones(len(xs), dtype=torch.float64)
+        for j in range(len(g), n):
+            lp *= p[:, j].gather(1, xs[:, o[j]][:, None]).squeeze(1)
+        law += torch.where(ok, lp, 0.0) * w
+    return xs, law
+
+
+def chi2_cells(samples, law):
+    """Pearson chi-square p-value of samples (a list of hashable cells, e.g. tuples of ids of any length)
+    against law {cell: probability}; cells expecting < 5 are pooled. A sample in a cell the law gives
+    probability 0, or does not list, gives 0.0."""
+    obs = {}
+    for x in samples:
+        obs[x] = obs.get(x, 0) + 1
+    if any(law.get(x, 0) <= 0 for x in obs):
+        return 0.0
+    N = len(samples)
+    o, e, so, se = [], [], 0.0, 0.0
+    for cell, p in law.items():
+        if p * N < 5:
+            so, se = so + obs.get(cell, 0), se + p * N
+        else:
+            o.append(obs.get(cell, 0)), e.append(p * N)
+    if se > 0:
+        o.append(so), e.append(se)
+    o, e = torch.tensor(o, dtype=torch.float64), torch.tensor(e, dtype=torch.float64)
+    stat = ((o - e) ** 2 / e).sum()
+    return torch.special.gammaincc(torch.tensor((len(e) - 1) / 2.0, dtype=torch.float64), stat / 2).item()
 
 
 def alive(pid):

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from helpers import exact_law, tiny
+from helpers import exact_law, seq_law, tiny
 
 from aogpt import engine, generate, speculative
 from aogpt.generate import logits_to_probs
@@ -45,30 +45,6 @@ def mixy(seed=3, s=0.3, head=5.0, **kw):
 @pytest.fixture(scope='module')
 def m4():
     return mixy()
-
-
-@torch.no_grad()
-def seq_law(model, n, V, orders, given=None, **tf):
-    """P(x) over all V^n sequences x of sequential sampling along each order (given tokens first,
-    ascending), averaged over `orders` (a list), or weighted by them ({order: probability}); tf:
-    temperature / top_p. One uncached forward per order reads every conditional: slot j of
-    model(x, order) predicts order[j] from order[:j]."""
-    xs = torch.tensor(list(itertools.product(range(V), repeat=n)))            # (V^n, n)
-    law = torch.zeros(len(xs), dtype=torch.float64)
-    g = [] if given is None else [i for i in range(n) if given[i] >= 0]
-    ok = torch.ones(len(xs), dtype=torch.bool)
-    for i in g:
-        ok &= xs[:, i] == given[i]
-    weighted = orders.items() if isinstance(orders, dict) else [(sigma, 1 / len(orders)) for sigma in orders]
-    for sigma, w in weighted:
-        o = torch.tensor(g + [s for s in sigma if s not in g])
-        logits = model(xs, order=o.expand(len(xs), n))[0]                     # (V^n, n, V')
-        p = logits_to_probs(logits, vocab_size=V, **tf)
-        lp = torch.ones(len(xs), dtype=torch.float64)
-        for j in range(len(g), n):
-            lp *= p[:, j].gather(1, xs[:, o[j]][:, None]).squeeze(1)
-        law += torch.where(ok, lp, 0.0) * w
-    return xs, law
 
 
 def chi2_pvalue(samples, xs, law):
