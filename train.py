@@ -30,7 +30,6 @@ What a run writes (out_dir/log.jsonl's fields, what ckpt.pt holds): docs/trainin
 import json
 import math
 import os
-import signal
 import sys
 import time
 
@@ -41,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from aogpt.checkpoint import CKPT_NAME, save_checkpoint
-from aogpt.configurator import configure, print_config
+from aogpt.configurator import configure, print_config, stop_at_safe_points, stop_requested
 from aogpt.ema import EMA
 from aogpt.orders import draw_orders
 from aogpt.plot import plot_log
@@ -51,6 +50,8 @@ from aogpt.runtime import autocast, fast_math, gpu_peak_flops, resolve_device, s
 from aogpt.startup import model_source, resume_state
 from aogpt.valloss import progress_of, val_losses, val_passes, val_windows
 from model import GPT, GPTConfig, block_order, mdm_corrupt, random_orders
+
+stop_at_safe_points()  # a Ctrl-C or SIGTERM is recorded, and the run ends at its next stop_point()
 
 # -----------------------------------------------------------------------------
 # defaults: AO-GPT-Small (12/768/12, context 1024) on OpenWebText, as in the paper
@@ -147,6 +148,18 @@ def interrupted_at():
         f"--init_from=auto" if last_saved and not eval_only else "no checkpoint was written")
 
 
+def stop_point(agreed=None):
+    """A safe point (nothing half-written, the lock still held): after a Ctrl-C or SIGTERM, the run ends here with
+    interrupted_at's line (Run.stop). Under DDP every rank must stop at the same point, or a peer waits forever in
+    a collective: there only the end of a step counts, where the ranks agree (agreed: the largest signal number
+    any rank got, 0 for none)."""
+    if ddp:
+        if agreed is not None:
+            run.stop(interrupted_at, agreed)
+        return
+    run.stop(interrupted_at, stop_requested())
+
+
 with run.failing():
     check_config(cfg, _given)  # every key, before anything is read or written: a bad value costs one line, not a run
 
@@ -165,8 +178,6 @@ tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 ctx, dtype = autocast(device, dtype)
 fast_math(device)  # TF32 on CUDA; on the CPU, denormals flushed to zero
 
-signal.signal(signal.SIGINT, lambda signum, frame: run.interrupt(interrupted_at))  # from here on: one line
-signal.signal(signal.SIGTERM, lambda signum, frame: run.interrupt(interrupted_at, 143))  # kill, a scheduler, reproduce.py
 if master:
     with run.failing():
         run.lock = claim_out_dir(out_dir)  # made, locked and proven writable before the first step
@@ -292,6 +303,8 @@ if ckpt is not None:
         say(f"it has reached max_iters ({max_iters}): nothing to train (raise max_iters to train on)")
     del ckpt
 start_iter = iter_num
+last_saved = (resume_path, start_iter) if start_iter > 0 else None
+stop_point()
 
 raw_model = model
 if compile:
@@ -328,6 +341,7 @@ def evaluate():
     if use_ema:
         ema.swap()
     mine = progress_of(range(rank, len(val_batches), world_size), f"eval {iter_num}", show_bar, say)
+    mine = (stop_point() or i for i in mine)  # a long eval still answers a Ctrl-C within a val batch
     out = val_losses(raw_model, val_batches, mine, read_windows, ctx, eval_orders, order_mode, fixed_order)
     if use_ema:
         ema.swap()
@@ -336,31 +350,30 @@ def evaluate():
 
 # ------------------------------------------------------------------ checkpoints and logs
 def save():
-    """Write ckpt.pt (rank 0), and its copy every keep_ckpt_every. A Ctrl-C meanwhile waits until it is complete;
-    a failed write (a full disk) stops the run with one line and leaves the previous checkpoint as it was."""
+    """Write ckpt.pt (rank 0), and its copy every keep_ckpt_every. A Ctrl-C meanwhile is answered at the next
+    stop_point, after the write; a failed write (a full disk) stops the run with one line and leaves the previous
+    checkpoint as it was."""
     global last_saved
-    with run.deferring():
-        if master:
-            try:
-                ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(),
-                            model=raw_model.state_dict(), ema=ema.state_dict() if ema is not None else None,
-                            optimizer=optimizers[0].state_dict(), muon=optimizers[1].state_dict() if
-                            optimizer == 'muon' else None, scaler=scaler.state_dict(), iter_num=iter_num,
-                            best_val_loss=best_val_loss, config=cfg,
-                            order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
-                            tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
-                save_checkpoint(ckpt, ckpt_path)
-                if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
-                    keep_copy(ckpt_path, iter_num)
-            except OSError as e:  # save_checkpoint removed its temp file
-                fail(f"could not write {ckpt_path} at iteration {iter_num} ({e}); "
-                     + (f"the previous one (iteration {last_saved[1]}) is intact" if last_saved else
-                        "no checkpoint was written"))
-            say(f"saved {ckpt_path} (iteration {iter_num})")
-        last_saved = (ckpt_path, iter_num)
+    if master:
+        try:
+            ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(),
+                        model=raw_model.state_dict(), ema=ema.state_dict() if ema is not None else None,
+                        optimizer=optimizers[0].state_dict(), muon=optimizers[1].state_dict() if
+                        optimizer == 'muon' else None, scaler=scaler.state_dict(), iter_num=iter_num,
+                        best_val_loss=best_val_loss, config=cfg,
+                        order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
+                        tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start)
+            save_checkpoint(ckpt, ckpt_path)
+            if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
+                keep_copy(ckpt_path, iter_num)
+        except OSError as e:  # save_checkpoint removed its temp file
+            fail(f"could not write {ckpt_path} at iteration {iter_num} ({e}); "
+                 + (f"the previous one (iteration {last_saved[1]}) is intact" if last_saved else
+                    "no checkpoint was written"))
+        say(f"saved {ckpt_path} (iteration {iter_num})")
+    last_saved = (ckpt_path, iter_num)
 
 
-last_saved = (resume_path, start_iter) if start_iter > 0 else None
 if master:
     rewind_out_dir(out_dir, log_path, start_iter, eval_only)  # as the checkpoint resumed left it
     if wandb_log:
@@ -421,11 +434,14 @@ while True:
         save()
     if iter_num >= max_iters or eval_only:
         break
+    stop_point()  # between steps: the eval's records and the checkpoint above are complete
+
 
     # one optimizer step: local_steps micro-steps on this rank, gradients all-reduced on the last
     t0 = time.time()
     loss_sum = torch.zeros((), device=device)
     for j, m in enumerate(my_micro_steps):
+        stop_point()  # a step's gradients are dropped with it: the checkpoint is of the last whole step
         batch = train_micro_batch(iter_num, m, frac)
         if ddp:
             model.require_backward_grad_sync = (j == local_steps - 1)
@@ -437,6 +453,9 @@ while True:
     if ddp:
         dist.all_reduce(loss_sum)
         loss_sum /= world_size
+        agreed = torch.tensor(stop_requested() or 0, device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        stop_point(int(agreed))  # before the update: every rank's checkpoint is of the last whole step
     lossf = loss_sum.item()  # one sync per step; every rank sees the same value and stops together
     if not math.isfinite(lossf):
         fail(f"non-finite training loss ({lossf}) at iteration {iter_num}: stopped before the update. "
@@ -481,6 +500,7 @@ while True:
 if run.bar is not None:
     run.bar.close()
     run.bar = None
+stop_point()  # a signal during the last eval or save: the run is whole, but the line and status still say so
 run.lock = release_out_dir(run.lock)  # the OS would at exit; a caller that runs train.py in-process may start another run here
 if master and wandb_log:
     wandb.finish()

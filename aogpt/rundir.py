@@ -1,12 +1,12 @@
 """
 A training run's hold on its out_dir (train.py, rank 0), and its way out from anywhere:
 
-    run = Run(master)                            # run.say, run.fail, run.interrupt; run.bar, run.lock
+    run = Run(master)                            # run.say, run.fail, run.stop; run.bar, run.lock
     with run.failing():                          # a UserError inside is run.fail's line
         run.lock = claim_out_dir(out_dir)        # made, locked and proven writable before the first step
     rewind_out_dir(out_dir, log_path, start_iter, eval_only)   # as the checkpoint being resumed left it
     keep_copy(ckpt_path, iter_num)               # keep_ckpt_every: ckpt_<iter>.pt beside ckpt.pt, a hard link
-    with run.deferring():                        # a checkpoint write: a Ctrl-C meanwhile waits for it
+    run.stop(line, stop_requested())             # at a safe point: after a Ctrl-C or SIGTERM, one line and exit
     run.lock = release_out_dir(run.lock)         # at the end; failed=True: a start that failed leaves nothing
 
 While a run is live it holds an OS lock (flock) on out_dir/.lock, which names its pid and host: a second run on
@@ -115,11 +115,11 @@ def keep_copy(path, iter_num):
 class Run:
     """What ending a run needs, wherever it ends: whether this is rank 0 (the one that speaks), the progress
     bar while one is shown, and the out_dir lock. Bad input, a failed write and a Ctrl-C all end the same
-    way: one line, the lock let go, no traceback, nothing half-written."""
+    way: one line, the lock let go, no traceback, nothing half-written. A Ctrl-C or SIGTERM is only recorded
+    when it comes (configurator.stop_at_safe_points); the run ends at its next safe point (stop)."""
 
     def __init__(self, master):
         self.master, self.bar, self.lock = master, None, None
-        self.saving, self.pending = False, None  # a checkpoint is being written; a Ctrl-C's line meanwhile
 
     def say(self, *a):
         if self.master:
@@ -140,21 +140,19 @@ class Run:
         tell_torchrun(f"error: {msg}")
         raise SystemExit(1)
 
-    def interrupt(self, line, code=130):
-        """Ctrl-C (line() says where the run stands): one line, and exit status 130 as a shell expects (143 for
-        a SIGTERM); during a checkpoint write, once the checkpoint is complete."""
-        if self.saving:
-            self.pending = line, code
+    def stop(self, line, signum):
+        """A safe point reached after a Ctrl-C (signum 2) or a SIGTERM (15), or nothing (signum None): the line
+        (line() says where the run stands), the out_dir lock let go last, after the run's last write, and exit
+        status 130 or 143 as a shell expects."""
+        if not signum:
             return
         if self.bar is not None:
-            self.bar.disable = True  # no redraw of the bar after the line (not closed: we may be inside its update)
+            self.bar.close()
             self.bar = None
-            if self.master:
-                print(file=sys.stderr)
         if self.master:
             print(line(), file=sys.stderr, flush=True)
         self.lock = release_out_dir(self.lock)
-        raise SystemExit(code)
+        raise SystemExit(128 + signum)
 
     @contextmanager
     def failing(self):
@@ -163,14 +161,3 @@ class Run:
             yield
         except UserError as e:
             self.fail(e.msg)
-
-    @contextmanager
-    def deferring(self):
-        """A checkpoint write: a Ctrl-C meanwhile ends the run after the block, if the block completes."""
-        self.saving = True
-        try:
-            yield
-        finally:
-            self.saving = False
-        if self.pending is not None:
-            self.interrupt(*self.pending)
