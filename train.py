@@ -229,7 +229,7 @@ if weights is not None:
 del weights
 
 with run.failing():
-    check_model(model_args, cfg, data_vocab, data_dir)  # against the data and the orders
+    check_model(model_args, cfg, data_vocab, data_dir, _given)  # against the data and the orders
 if not model_args['causal']:
     model.transformer.wnonee.weight.requires_grad_(False)  # the encoder never uses [None]; DDP needs all used
 model.to(device)

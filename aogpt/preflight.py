@@ -28,6 +28,9 @@ from aogpt.tokenizer import get_codec
 from model import GPTConfig, config_fields
 
 MUON_KEYS = ('muon_lr', 'muon_adaln')  # what only optimizer='muon' takes
+ORDER_KEYS = {  # a decoder's order settings, and the order_mode values that read each (the encoder MDM: none)
+    'l2r_frac': ('random',), 'l2r_frac_end': ('random',), 'l2r_frac_iters': ('random',),
+    'block_size_order': ('block_random',), 'order_seed': ('fixed_random', 'block_random')}
 
 
 def check_config(cfg, given=()):
@@ -115,8 +118,10 @@ def check_data(cfg, say=print):
     return data_dir, codec, n_train, n_val
 
 
-def check_model(model_args, cfg, data_vocab, data_dir):
-    """The model against the data it will read and the orders it will train on."""
+def check_model(model_args, cfg, data_vocab, data_dir, given=()):
+    """The model against the data it will read and the orders it will train on. given: the keys set on purpose
+    (an order setting this model and order_mode never read is refused, not trained around bit-identically)."""
+    check_orders(model_args['causal'], cfg, given)
     if data_vocab > model_args['vocab_size']:
         raise UserError(f"{cfg['dataset']} has {data_vocab} token ids but the model only {model_args['vocab_size']}")
     if not model_args['causal'] and model_args['mask_token_id'] < data_vocab:
@@ -129,6 +134,28 @@ def check_model(model_args, cfg, data_vocab, data_dir):
     if model_args['causal'] and model_args['cond'] == 'none' and cfg['order_mode'] not in TRAIN_MODES[1:]:
         raise UserError("a GPT (cond='none') is never told which position to predict, so it cannot train on random "
                         "orders: use order_mode='l2r' (or a fixed order), or cond='adaln' / 'sigma'")
+
+
+def check_orders(causal, cfg, given):
+    """An order setting given on purpose that the run would ignore: for the encoder MDM every one (it trains on
+    random masks, and `causal` is the model's, a resumed checkpoint's too), for a decoder those its order_mode
+    never reads (semiar:K, l2r and the other distributions read none of them)."""
+    if not causal:
+        keys = [k for k in ('order_mode', *ORDER_KEYS) if k in given]
+        if keys:
+            raise UserError(f"{', '.join(keys)}: the encoder MDM (causal=False) trains on random masks, not orders, "
+                            f"so {'it' if len(keys) == 1 else 'they'} would be ignored; leave "
+                            f"{'it' if len(keys) == 1 else 'them'} out")
+        return
+    mode = cfg['order_mode']
+    ignored = [k for k, modes in ORDER_KEYS.items() if k in given and mode not in modes]
+    if mode == 'random' and 'l2r_frac_iters' in given and cfg['l2r_frac_end'] is None:
+        ignored.append('l2r_frac_iters')  # the length of a schedule that is not there
+    if ignored:
+        uses = '; '.join(f"{k} is read by order_mode={'/'.join(ORDER_KEYS[k])}" +
+                         (" with l2r_frac_end set" if k == 'l2r_frac_iters' else '') for k in ignored)
+        raise UserError(f"{uses}, but this run trains on order_mode={mode!r}, so it would be ignored: leave "
+                        f"{'it' if len(ignored) == 1 else 'them'} out, or pick the order_mode that reads it")
 
 
 def duration(sec):

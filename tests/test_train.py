@@ -842,6 +842,17 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     (['--muon_adaln=True', '--muon_lr=0.05'], "muon_lr, muon_adaln are settings of optimizer='muon'"),
     (['--causal=False', '--cond=none', '--mask_token_id=500'],  # beyond the vocab derived from the data
      "mask_token_id must be a token id in [0, vocab_size=64) for the encoder MDM's [MASK], got 500 (vocab_size 64"),
+    # order settings given on purpose that the run would ignore (each once trained bit-identically to leaving it out)
+    (['--order_mode=semiar:4', '--l2r_frac=0.3'], "l2r_frac is read by order_mode=random, but this run trains on "
+                                                  "order_mode='semiar:4', so it would be ignored"),
+    (['--order_mode=semiar:4', '--l2r_frac_end=0.0', '--block_size_order=2', '--order_seed=3'],
+     "l2r_frac_end is read by order_mode=random; block_size_order is read by order_mode=block_random; order_seed is "
+     "read by order_mode=fixed_random/block_random, but this run trains on order_mode='semiar:4'"),
+    (['--order_mode=l2r', '--l2r_frac=0.5'], "l2r_frac is read by order_mode=random, but this run trains on "
+                                             "order_mode='l2r'"),
+    (['--l2r_frac_iters=100'], "l2r_frac_iters is read by order_mode=random with l2r_frac_end set"),
+    (['--causal=False', '--cond=none', '--order_mode=nearl2r:2'],
+     "order_mode: the encoder MDM (causal=False) trains on random masks, not orders, so it would be ignored"),
 ])
 def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, argv, needle):
     with pytest.raises(SystemExit) as e:
