@@ -44,7 +44,7 @@ from aogpt.configurator import configure, print_config, stop_at_safe_points, sto
 from aogpt.ema import EMA
 from aogpt.orders import draw_orders
 from aogpt.plot import plot_log
-from aogpt.preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
+from aogpt.preflight import check_config, check_data, check_model, check_step_sizes, cost_warnings, lr_warnings
 from aogpt.rundir import Run, claim_out_dir, keep_copy, release_out_dir, rewind_out_dir
 from aogpt.runtime import autocast, fast_math, gpu_peak_flops, resolve_device, start_ranks
 from aogpt.startup import model_source, resume_state
@@ -194,11 +194,16 @@ data_vocab = codec.vocab_size
 def read_windows(split, starts):
     """Token windows [s, s + block_size) as a (B, n) LongTensor on the device."""
     # re-open the memmap every call: a long-lived one keeps growing the page cache (nanoGPT #428)
-    data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
+    path = os.path.join(data_dir, f'{split}.bin')
+    data = np.memmap(path, dtype=np.uint16, mode='r')
+    if len(data) < (n_train if split == 'train' else n_val):  # replaced mid-run: windows would run off its end
+        fail(f"{path} now holds {len(data):,} tokens, fewer than the {n_train if split == 'train' else n_val:,} it "
+             f"held when the run started: it was replaced or cut mid-run; put the full file back and continue with "
+             f"--init_from=auto" + (f" (the last checkpoint is iteration {last_saved[1]})" if last_saved else ""))
     windows = np.stack([data[s:s + block_size] for s in starts])
     top = int(windows.max())
     if top >= data_vocab:  # a hand-made bin: such an id would train the padding rows, or be the mask
-        fail(f"{data_dir}/{split}.bin holds token id {top}, but its codec (meta.json) has {data_vocab} "
+        fail(f"{path} holds token id {top}, but its codec (meta.json) has {data_vocab} "
              f"symbols: the bins and their metadata disagree; re-run the dataset's prepare.py")
     x = torch.from_numpy(windows.astype(np.int64))
     if device_type == 'cuda':
@@ -283,6 +288,8 @@ def train_micro_batch(it, m, frac):
 # [AdamW] or [AdamW, Muon]; AdamW's state is saved as 'optimizer' (as it always was), Muon's as 'muon'
 optimizers = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type,
                                         muon_lr=muon_lr if optimizer == 'muon' else None, muon_adaln=muon_adaln)
+with run.failing():
+    check_step_sizes(optimizers, cfg)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 ema = EMA(model, ema_decay) if ema_decay > 0 else None  # see ema.py
 iter_num, best_val_loss, elapsed = 0, float('inf'), 0.0

@@ -27,8 +27,10 @@ cache serves, and a file that is not cached fails at once in one line saying how
 """
 
 import hashlib
+import io
 import json
 import os
+import pickletools
 import re
 import sys
 import warnings
@@ -178,10 +180,14 @@ def load_checkpoint(path):
 
 def _raise_unreadable(path, e):
     with open(path, 'rb') as f:
-        head = f.read(4)
+        head = f.read(64)
     if head[:2] != b'PK' and head[:1] != b'\x80':  # torch.save writes a zip archive, or (legacy) a pickle
         raise UserError(f"{path} is not a checkpoint: torch files are zip archives (or legacy pickles), this one "
-                        f"starts with the bytes {head!r}")
+                        f"starts with the bytes {head[:4]!r}")
+    if head[:1] == b'\x80' and not _legacy_torch(head):
+        raise UserError(f"refused {path}: it is a plain Python pickle (pickle.dump), not a torch checkpoint, and "
+                        f"unpickling it could run any code it names; save the weights with torch.save (tensors, "
+                        f"numbers, strings, lists and dicts) or as safetensors")
     text = str(e)
     # torch's wording varies by what is named ("Unsupported global: GLOBAL print ...", "Trying to load unsupported
     # GLOBAL posix.system whose module posix is blocked"); the name after GLOBAL is what the file asks for
@@ -194,6 +200,20 @@ def _raise_unreadable(path, e):
     # torch's own first sentence says what failed; its next ones are advice about its internals
     raise UserError(f"cannot read checkpoint {path}: it is truncated or corrupt "
                     f"({first_line(e).split('. ')[0].rstrip('.')}); copy it again, or pass another checkpoint")
+
+
+def _legacy_torch(head):
+    """Whether a pickle's first bytes are a legacy (non-zip) torch.save file's: its first pickle is torch's magic
+    number. Read with pickletools, which only lists the opcodes (nothing is unpickled)."""
+    try:
+        for op, arg, _ in pickletools.genops(io.BytesIO(head)):
+            if op.name == 'STOP':
+                return False
+            if op.name.startswith(('LONG', 'INT')) and arg == torch.serialization.MAGIC_NUMBER:
+                return True
+    except ValueError:  # the 64 bytes end mid-opcode
+        pass
+    return False
 
 
 def read_hf_weights(folder):

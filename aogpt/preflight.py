@@ -5,6 +5,7 @@ config suggests, says so in one line instead of hours later:
     check_config(cfg, given)                every key, before anything is read or written
     data_dir, codec, n_train, n_val = check_data(cfg, say)
     check_model(model_args, cfg, data_vocab, data_dir)    the model against the data and the orders
+    check_step_sizes(optimizers, cfg)       learning rates a float32 step can apply
     cost_warnings(...); lr_warnings(cfg, get_lr, say)     what the run will cost, what its schedule does
 
 Each takes the config as a dict. What cannot work is a UserError, which train.py turns into run.fail's one line
@@ -156,6 +157,27 @@ def check_orders(causal, cfg, given):
                          (" with l2r_frac_end set" if k == 'l2r_frac_iters' else '') for k in ignored)
         raise UserError(f"{uses}, but this run trains on order_mode={mode!r}, so it would be ignored: leave "
                         f"{'it' if len(ignored) == 1 else 'them'} out, or pick the order_mode that reads it")
+
+
+def check_step_sizes(optimizers, cfg):
+    """A learning rate so large that an optimizer step cannot even apply it: the step multiplies it into scalars
+    that torch converts to the weights' float32, AdamW by up to 1/(1 - beta1) (its bias correction at the first
+    step), Muon by sqrt(max(1, rows/cols)) of each matrix (torch's 'original' adjustment), both by weight_decay.
+    Past float32's largest number that is a RuntimeError mid-step; any smaller rate that diverges ends as the
+    non-finite-loss line."""
+    top = torch.finfo(torch.float32).max
+    for opt in optimizers:
+        muon = isinstance(opt, torch.optim.Muon)
+        key = 'muon_lr' if muon else 'learning_rate'
+        for g in opt.param_groups:
+            gain = (max(math.sqrt(max(1, p.shape[0] / p.shape[1])) for p in g['params']) if muon
+                    else 1 / (1 - g['betas'][0]))
+            gain = max(gain, g['weight_decay'])
+            if cfg[key] * gain >= top:
+                raise UserError(f"{key}={cfg[key]:g} is too large for a step on float32 weights: "
+                                f"{'Muon' if muon else 'AdamW'} multiplies it by up to {gain:.3g}, past float32's "
+                                f"largest number ({top:.2e}), and such a step could only make every weight inf; use "
+                                f"a {key} below {top / gain:.1e} (the defaults: learning_rate 6e-4, muon_lr 0.02)")
 
 
 def duration(sec):

@@ -1109,3 +1109,17 @@ def test_an_hf_folder_with_a_pickled_call_is_one_line_and_runs_nothing(tmp_path,
     code, out, err = cli('--ckpt', str(tmp_path / 'evil.pt'), '--length', '8')
     assert code == 1 and 'refused' in err and 'system' in err and 'truncated' not in err, err
     assert not (tmp_path / 'ran').exists()
+
+
+def test_a_plain_pickle_file_is_named_and_refused(tmp_path, cli):
+    """A file written by pickle.dump (any protocol), harmless or asking for os.system, was called "truncated or
+    corrupt ... copy it again"; it is a plain pickle, which only an unpickler that runs code could read."""
+    import pickle
+    for name, obj, protocol in [('dict4.pt', {'model': {}, 'iter_num': 1}, 4), ('dict2.pt', {'model': {}}, 2),
+                                ('evil4.pt', {'model': _Evil(tmp_path / 'ran')}, 4)]:
+        with open(tmp_path / name, 'wb') as f:
+            pickle.dump(obj, f, protocol=protocol)
+        code, out, err = cli('--ckpt', str(tmp_path / name), '--length', '8')
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert f"refused {tmp_path / name}: it is a plain Python pickle (pickle.dump)" in err and 'copy it' not in err
+    assert not (tmp_path / 'ran').exists()

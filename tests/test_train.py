@@ -10,6 +10,7 @@ import json
 import os
 import re
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -422,6 +423,34 @@ def test_ctrl_c_stops_with_one_line_and_status_130(env, monkeypatch, sig, code):
     assert not glob.glob(str(env / out / '.ckpt.pt.tmp.*'))
     run_inprocess(monkeypatch, args(env, out, *common, '--init_from=auto'))  # as the line says
     assert load_checkpoint(str(env / out))['iter_num'] == 8
+
+
+def test_a_train_bin_cut_mid_run_is_one_line_naming_it(env, tmp_path):
+    """train.bin replaced by a shorter file mid-run (a re-run prepare, a copy still arriving) gave a ValueError
+    traceback from np.stack: windows drawn for the old length ran off the new end."""
+    data = tmp_path / 'data'
+    shutil.copytree(env / 'data', data)
+    cut = f"""
+import numpy as np
+from model import GPT
+calls = [0]
+orig = GPT.forward
+def forward(self, *a, **k):
+    if torch.is_grad_enabled():
+        calls[0] += 1
+        if calls[0] == 3:
+            np.fromfile({str(data / 'runs' / 'train.bin')!r}, dtype=np.uint16)[:100].tofile(
+                {str(data / 'runs' / 'train.bin')!r})
+    return orig(self, *a, **k)
+GPT.forward = forward
+import torch
+"""
+    p = run(env, [str(env / 'tiny.py'), f'--data_root={data}', f'--out_dir={tmp_path / "out"}', '--max_iters=6',
+                  '--eval_interval=100'], pre=cut, check=False)
+    err = p.stderr.strip()
+    assert p.returncode == 1 and len(err.splitlines()) == 1, err
+    assert f"{data / 'runs' / 'train.bin'} now holds 100 tokens, fewer than the 20,000 it held when the run started" \
+        in err, err
 
 
 def test_ctrl_c_during_a_checkpoint_write_lets_it_finish(env):
@@ -853,6 +882,11 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     (['--l2r_frac_iters=100'], "l2r_frac_iters is read by order_mode=random with l2r_frac_end set"),
     (['--causal=False', '--cond=none', '--order_mode=nearl2r:2'],
      "order_mode: the encoder MDM (causal=False) trains on random masks, not orders, so it would be ignored"),
+    # learning rates whose step scalars pass float32's range (a RuntimeError mid-step), and one just inside it
+    (['--learning_rate=1e39'], "learning_rate=1e+39 is too large for a step on float32 weights: AdamW multiplies it "
+                               "by up to 10"),
+    (['--optimizer=muon', '--muon_lr=1e300'], "muon_lr=1e+300 is too large for a step on float32 weights: Muon"),
+    (['--learning_rate=3e37', '--min_lr=0'], "error: non-finite"),  # the loss line, not a traceback
 ])
 def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, argv, needle):
     with pytest.raises(SystemExit) as e:
