@@ -633,7 +633,7 @@ def write_record(record, c):
     try:
         history = save_record(path, record)
     except OSError as e:
-        die(f"cannot write {path} ({e.strerror}); the table above has the numbers; pass --out FILE")
+        die(f"cannot write {e.filename or path} ({e.strerror or e}); the table above has the numbers; pass --out FILE")
     print(f"wrote {path} (history: {history})")
 
 

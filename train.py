@@ -27,7 +27,6 @@ seeded set of eval_orders orders per batch (the same for every run and every eva
 What a run writes (out_dir/log.jsonl's fields, what ckpt.pt holds): docs/training.md.
 """
 
-import json
 import math
 import os
 import sys
@@ -43,6 +42,7 @@ from aogpt.checkpoint import CKPT_NAME, save_checkpoint
 from aogpt.configurator import configure, print_config, stop_at_safe_points, stop_requested
 from aogpt.ema import EMA
 from aogpt.orders import draw_orders
+from aogpt.paths import append_jsonl
 from aogpt.plot import plot_log
 from aogpt.preflight import check_config, check_data, check_model, check_step_sizes, cost_warnings, lr_warnings
 from aogpt.rundir import Run, claim_out_dir, keep_copy, release_out_dir, rewind_out_dir
@@ -382,7 +382,11 @@ def save():
 
 
 if master:
-    rewind_out_dir(out_dir, log_path, start_iter, eval_only)  # as the checkpoint resumed left it
+    with run.failing():
+        try:
+            rewind_out_dir(out_dir, log_path, start_iter, eval_only, say)  # as the checkpoint resumed left it
+        except OSError as e:
+            fail(f"cannot rewrite {log_path} ({e.strerror or e}); the checkpoint is untouched")
     if wandb_log:
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name, config=cfg, mode=wandb_mode, dir=out_dir)
@@ -427,9 +431,14 @@ while True:
             shown = ', '.join(f"{k[4:]} {v:.4f}" for k, v in rec.items() if k.startswith('val_') and v is not None)
             tl = f", train {rec['train_loss']:.4f}" if rec['train_loss'] is not None else ""
             say(f"eval {iter_num}: {shown}{tl}{' (EMA)' if rec['ema'] else ''}")
-            with open(log_path, 'a') as f:
-                f.write(json.dumps(rec) + '\n')
-            plot_log(log_path, os.path.join(out_dir, 'loss.png'))
+            try:
+                append_jsonl(log_path, rec)  # the whole line or nothing
+            except OSError as e:
+                fail(f"could not append the iteration-{iter_num} eval to {log_path} ({e.strerror or e}); "
+                     + (f"{last_saved[0]} (iteration {last_saved[1]}) is intact" if last_saved else
+                        "no checkpoint was written"))
+            with run.failing():
+                plot_log(log_path, os.path.join(out_dir, 'loss.png'))
             if wandb_log:
                 wandb.log({k: v for k, v in rec.items() if v is not None}, step=iter_num)
         improved = res['val_loss'] is not None and res['val_loss'] < best_val_loss

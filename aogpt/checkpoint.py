@@ -40,6 +40,7 @@ import torch
 
 from aogpt import ROOT
 from aogpt.errors import UserError, first_line
+from aogpt.paths import append_jsonl, atomic_write
 from aogpt.paper_ckpt import convert_paper_checkpoint
 from aogpt.tokenizer import codec_from_record, get_codec
 from model import GPT, GPTConfig, strip_prefixes
@@ -51,42 +52,16 @@ HUB_PREFIX = 'hf:'
 TORCH_SUFFIXES = ('.pt', '.pth', '.ckpt', '.bin')  # what names a torch file inside a hub repo
 
 
-def atomic_write(path, write, mode='wb'):
-    """write(f) into a temp file beside `path`, fsync, then rename: a kill or a full disk mid-write never leaves
-    half a file at `path`, nor the temp file. A failed write raises OSError, whichever layer noticed it."""
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, f'.{os.path.basename(path)}.tmp.{os.getpid()}')
-    try:
-        with open(tmp, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException as e:  # also Ctrl-C: the temp file goes
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        if isinstance(e, RuntimeError):  # torch's zip writer reports a full disk so, at some sizes
-            raise OSError(f"the write failed ({first_line(e, 120)}): is the disk full?") from e
-        raise
-    os.replace(tmp, path)
-    try:  # make the rename itself durable
-        fd = os.open(d, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-    except OSError:
-        pass
-
-
 def save_record(path, record):
     """An eval record as JSON at path (atomically), and appended to the .jsonl history beside it, where every run
     is kept: a run of other sets or tasks replaces the JSON, never an earlier run's numbers. Returns the
-    history's path; a failed write raises OSError."""
+    history's path; a failed write raises OSError, its filename the file that failed."""
     history = os.path.splitext(path)[0] + '.jsonl'
-    atomic_write(path, lambda f: json.dump(record, f, indent=2), 'w')
-    with open(history, 'a') as f:
-        f.write(json.dumps(record) + '\n')
+    try:
+        atomic_write(path, lambda f: json.dump(record, f, indent=2), 'w')
+    except OSError as e:  # named, as append_jsonl names the history: the caller's line says which file failed
+        raise OSError(e.errno, e.strerror or str(e), e.filename or path) from e
+    append_jsonl(history, record)
     return history
 
 

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from aogpt.checkpoint import CKPT_NAME, is_export
 from aogpt.errors import UserError, die, tell_torchrun
+from aogpt.paths import atomic_write, read_jsonl
 
 Lock = namedtuple('Lock', 'fd out_dir made')  # made: this run created out_dir (a failed start removes it again)
 
@@ -48,6 +49,8 @@ def claim_out_dir(out_dir):
     made = not os.path.exists(out_dir)
     try:
         os.makedirs(out_dir, exist_ok=True)
+        if os.path.islink(os.path.join(out_dir, '.lock')):  # a run copied with `cp -as`: lock the copy, not the original
+            os.remove(os.path.join(out_dir, '.lock'))
         fd = os.open(os.path.join(out_dir, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         raise UserError(f"cannot write in out_dir {out_dir} ({e.strerror}): pick a directory you can write to")
@@ -88,18 +91,22 @@ def release_out_dir(lock, failed=False):
     return None
 
 
-def rewind_out_dir(out_dir, log_path, start_iter, eval_only):
+def rewind_out_dir(out_dir, log_path, start_iter, eval_only, say=print):
     """out_dir as the checkpoint being resumed left it: temp files of a save that was killed mid-write go, and
-    log.jsonl keeps only the evals up to start_iter (a run from scratch starts it empty)."""
+    log.jsonl keeps only the evals up to start_iter (a run from scratch starts it empty), less a last line a
+    kill cut short (said). The log is rewritten whole (atomic_write), never through a symbolic link: a run copied
+    with `cp -as` gets a log of its own instead of rewriting the original's."""
     for f in os.listdir(out_dir):
         if f.startswith(f'.{CKPT_NAME}.tmp.'):
             os.remove(os.path.join(out_dir, f))
     if start_iter > 0 and os.path.exists(log_path):  # drop evals logged after the checkpoint we resumed
-        kept = [l for l in open(log_path) if l.strip() and json.loads(l)['iter'] <= start_iter]
-        with open(log_path, 'w') as f:
-            f.writelines(kept)
+        records, cut = read_jsonl(log_path)
+        if cut:
+            say(f"{log_path} ended in a line cut short (a write that did not finish): dropped it")
+        kept = ''.join(json.dumps(r) + '\n' for r in records if r['iter'] <= start_iter)
+        atomic_write(log_path, lambda f: f.write(kept), 'w')
     elif start_iter == 0 and not eval_only:
-        open(log_path, 'w').close()
+        atomic_write(log_path, lambda f: None, 'w')
 
 
 def keep_copy(path, iter_num):

@@ -453,6 +453,27 @@ import torch
         in err, err
 
 
+def test_resume_after_a_cut_log_line_and_from_a_copy_made_of_links(env, monkeypatch, capsys, tmp_path):
+    """A log.jsonl ending in a line cut short (a kill mid-append) made the resume a JSONDecodeError traceback; a
+    run copied with `cp -as` (every file a link to the original's) appended its evals into the original's log."""
+    common = ['--max_iters=4', '--eval_interval=2']
+    run_inprocess(monkeypatch, args(env, 'cutlog', *common))
+    log_file = env / 'cutlog' / 'log.jsonl'
+    with open(log_file, 'a') as f:
+        f.write('{"iter": 6, "tok')
+    copy = tmp_path / 'linked'
+    subprocess.run(['cp', '-as', str(env / 'cutlog'), str(copy)], check=True)
+    original = {f: (env / 'cutlog' / f).read_bytes() for f in os.listdir(env / 'cutlog')}
+    capsys.readouterr()
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={copy}', '--max_iters=6', '--eval_interval=2',
+                                    '--init_from=auto'))
+    out = capsys.readouterr().out
+    assert f"{copy / 'log.jsonl'} ended in a line cut short (a write that did not finish): dropped it" in out, out
+    assert [r['iter'] for r in log(env, str(copy))] == [0, 2, 4, 6]
+    assert {f: (env / 'cutlog' / f).read_bytes() for f in os.listdir(env / 'cutlog')} == original
+    assert not any(os.path.islink(copy / f) for f in ('log.jsonl', 'ckpt.pt', '.lock'))
+
+
 def test_ctrl_c_during_a_checkpoint_write_lets_it_finish(env):
     """Ctrl-C halfway through writing the iteration-8 checkpoint: the write completes, then the run stops."""
     interrupt = on_second_save("""
