@@ -225,6 +225,10 @@ torch.manual_seed(seed)  # the initial weights (identical on every rank; DDP als
 with run.failing():
     source_args, weights, ckpt, resume_path = model_source(cfg, _given, codec, data_dir, say)
 model_args = dict(source_args, dropout=dropout, adaln_table=adaln_table)
+# the record (ckpt.pt's config, an export's train_config, its model card) says what the model is: a resume or a
+# fine-tune takes its shape from the checkpoint, whatever defaults the config left in place (block_size stays the
+# length trained on, which may be shorter than the model's)
+cfg.update({k: v for k, v in model_args.items() if k in cfg and k != 'block_size'})
 try:
     model = GPT(GPTConfig(**model_args))
 except ValueError as e:  # e.g. a mask_token_id beyond the vocab_size derived from the data

@@ -247,6 +247,12 @@ def load_model(path, device='cpu', use_ema=None):
         raise UserError(f"{where}: its model_args do not describe a valid model ({first_line(e)}): "
                         f"{ckpt['model_args']}")
     sd = strip_prefixes(ckpt['model'])
+    head, wte = sd.get('lm_head.weight'), sd.get('transformer.wte.weight')
+    if model.config.tie_head and head is not None and wte is not None and not torch.equal(head, wte):
+        # tied, the two names are one tensor: loading both would keep whichever comes last and drop the other
+        raise UserError(f"{where}: its model_args say tie_head=True (one tensor for the embedding and the head), but "
+                        f"it holds two different ones (transformer.wte.weight and lm_head.weight): it was trained "
+                        f"with tie_head=False; set that back in its model_args")
     try:
         missing, unexpected = model.load_state_dict(sd, strict=False)
     except RuntimeError as e:  # a size mismatch

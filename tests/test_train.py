@@ -1279,7 +1279,21 @@ def test_fine_tuning_an_encoder_says_it_trains_the_encoder(env, monkeypatch, cap
                                     '--max_iters=1', '--eval_interval=1'))
     out = capsys.readouterr().out
     assert "model shape from it (causal=False, cond='none', n_layer=2, n_head=2, n_embd=32)" in out, out
-    assert load_checkpoint(str(tmp_path / 'ft'))['model_args']['causal'] is False
+    ck = load_checkpoint(str(tmp_path / 'ft'))
+    assert ck['model_args']['causal'] is False
+    # the record says so too (it said causal=True, cond='adaln', the config's defaults), and export's card with it
+    assert (ck['config']['causal'], ck['config']['cond']) == (False, 'none')
+    import export
+    export.main(['--out_dir', str(tmp_path / 'ft'), '--dest', str(tmp_path / 'hub')])
+    train_config = json.loads((tmp_path / 'hub' / 'config.json').read_text())['train_config']
+    assert (train_config['causal'], train_config['cond']) == (False, 'none')
+    # and the same command resumes it (a default is not asked for), keeping the encoder
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "ft"}', '--init_from=auto', '--max_iters=2',
+                                    '--eval_interval=1'))
+    changed = [l for l in capsys.readouterr().out.splitlines() if 'changed keys' in l]
+    assert changed == ['resuming with changed keys (checkpoint -> now): max_iters 1 -> 2'], changed
+    ck = load_checkpoint(str(tmp_path / 'ft'))
+    assert ck['iter_num'] == 2 and ck['model_args']['causal'] is False and ck['config']['causal'] is False
 
 
 def test_the_peak_flops_table_matches_the_most_specific_name_first():
