@@ -456,7 +456,6 @@ while True:
         break
     stop_point()  # between steps: the eval's records and the checkpoint above are complete
 
-
     # one optimizer step: local_steps micro-steps on this rank, gradients all-reduced on the last
     t0 = time.time()
     loss_sum = torch.zeros((), device=device)
@@ -521,9 +520,9 @@ if run.bar is not None:
     run.bar.close()
     run.bar = None
 stop_point()  # a signal during the last eval or save: the run is whole, but the line and status still say so
-run.lock = release_out_dir(run.lock)  # the OS would at exit; a caller that runs train.py in-process may start another run here
 if master and wandb_log:
-    wandb.finish()
+    wandb.finish()  # it writes into out_dir: before the lock goes
+run.lock = release_out_dir(run.lock)  # the OS would at exit; a caller that runs train.py in-process may start another run here
 if ddp:
     dist.barrier()  # no rank tears down gloo while a peer still has a collective in flight
     dist.destroy_process_group()
