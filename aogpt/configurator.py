@@ -258,9 +258,10 @@ def stop_requested():
 
 def _catch(what):
     """Set the handler of both signals. The first signal wins: a second one (Ctrl-C twice, a Ctrl-C then
-    `timeout`'s SIGTERM, a SIGTERM to a process group and then to each of its children) changes nothing, so
-    the line is said once and the cleanup the first one started runs to its end (SIGKILL still ends a process
-    whose cleanup hangs). what: the line's text after 'interrupted: '; None: only record the signal."""
+    `timeout`'s SIGTERM, a SIGTERM to a process group and then to each of its children) is ignored, so the
+    line is said once, the exit status is the first signal's, and the cleanup the first one started runs to its
+    end (SIGKILL still ends a process whose cleanup hangs). what: the line's text after 'interrupted: '; None: only
+    record the signal."""
     owner = os.getpid()
     _first_signal[0] = None
     # Python runs the handlers of signals pending together in signal-number order, so a SIGTERM that came a
@@ -285,6 +286,10 @@ def _catch(what):
             came = b''
         signum = next((s for s in came if s in (signal.SIGINT, signal.SIGTERM)), signum)
         _first_signal[0] = signum
+        # later ones are ignored by the OS from here on, also through the interpreter's teardown (seconds, with
+        # torch loaded), where Python puts back the default action of every signal it still handles
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if what is None:
             return
         word = 'interrupted' if signum == signal.SIGINT else 'terminated'
