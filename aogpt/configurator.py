@@ -251,6 +251,24 @@ def stop_at_safe_points():
     _catch(None)
 
 
+def ignore_signals():
+    """The process is ending: later Ctrl-Cs and SIGTERMs are ignored by the OS, also through the interpreter's
+    teardown (seconds, with torch loaded), where Python puts back the default action of every signal it still
+    handles and one more would kill the process with another status. Called from the main flow, never from the
+    handler: a signal already caught but not yet handled would then be an OSError ('ignored due to race
+    condition'), which is swallowed here, where it surfaces."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _handle_pending()
+    except OSError:
+        pass
+
+
+def _handle_pending():
+    """A Python call: Python runs the handlers of pending signals on entering it."""
+
+
 def stop_requested():
     """The signal number of the first Ctrl-C (SIGINT) or SIGTERM since the handlers were set, or None."""
     return _first_signal[0]
@@ -286,10 +304,6 @@ def _catch(what):
             came = b''
         signum = next((s for s in came if s in (signal.SIGINT, signal.SIGTERM)), signum)
         _first_signal[0] = signum
-        # later ones are ignored by the OS from here on, also through the interpreter's teardown (seconds, with
-        # torch loaded), where Python puts back the default action of every signal it still handles
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if what is None:
             return
         word = 'interrupted' if signum == signal.SIGINT else 'terminated'

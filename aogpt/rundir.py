@@ -29,6 +29,7 @@ except ImportError:
 from tqdm import tqdm
 
 from aogpt.checkpoint import CKPT_NAME, is_export
+from aogpt.configurator import ignore_signals
 from aogpt.errors import UserError, die, tell_torchrun
 from aogpt.paths import atomic_write, read_jsonl
 
@@ -159,6 +160,7 @@ class Run:
         if self.master:
             print(line(), file=sys.stderr, flush=True)
         self.lock = release_out_dir(self.lock)
+        ignore_signals()
         raise SystemExit(128 + signum)
 
     @contextmanager
