@@ -278,7 +278,8 @@ def _catch(what):
     """Set the handler of both signals. The first signal wins: a second one (Ctrl-C twice, a Ctrl-C then
     `timeout`'s SIGTERM, a SIGTERM to a process group and then to each of its children) is ignored, so the
     line is said once, the exit status is the first signal's, and the cleanup the first one started runs to its
-    end (SIGKILL still ends a process whose cleanup hangs). what: the line's text after 'interrupted: '; None: only
+    end (SIGKILL still ends a process whose cleanup hangs). Through the interpreter's teardown only where the
+    script calls ignore_signals (train.py's Run.stop). what: the line's text after 'interrupted: '; None: only
     record the signal."""
     owner = os.getpid()
     _first_signal[0] = None
