@@ -536,13 +536,22 @@ def check_alphabet(codec, c):
 
 def load_lm(c):
     try:
-        return AOGPTLM(ckpt=c.ckpt or c.out_dir, likelihood=c.likelihood, orders_score=c.orders_score, mc=c.mc,
-                       bos=c.bos, batch_size=c.batch_size, max_gen_toks=c.max_gen_toks, device=c.device,
-                       dtype=c.dtype, use_ema=c.use_ema, dataset=c.dataset, seed=c.seed)
+        lm = AOGPTLM(ckpt=c.ckpt or c.out_dir, likelihood=c.likelihood, orders_score=c.orders_score, mc=c.mc,
+                     bos=c.bos, batch_size=c.batch_size, max_gen_toks=c.max_gen_toks, device=c.device,
+                     dtype=c.dtype, use_ema=c.use_ema, dataset=c.dataset, seed=c.seed)
     except UserError as e:
         die(e.msg)
     except ValueError as e:
         die(first_line(e))
+    # a setting given on purpose that this model and estimator never read: refused, not ignored without a word
+    if 'mc' in c.given and not lm.encoder:
+        die(f"--mc sets the encoder MDM's Monte-Carlo masks, but {lm.ckpt} is a decoder (causal): leave --mc out "
+            f"(--likelihood picks a decoder's estimator)")
+    if 'orders_score' in c.given and (lm.encoder or lm.estimator != 'orders'):
+        die(f"--orders_score picks which number of --likelihood=orders:K the harness scores, but this run scores "
+            f"{'the encoder MDM ELBO' if lm.encoder else f'--likelihood={c.likelihood}'}: leave --orders_score out"
+            + ("" if lm.encoder else ", or use --likelihood=orders:K"))
+    return lm
 
 
 def run_harness(lm, tm, task_names, c):
@@ -624,7 +633,7 @@ def write_record(record, c):
     try:
         history = save_record(path, record)
     except OSError as e:
-        die(f"cannot write {path} ({e.strerror}); the table above has the numbers; pass --out FILE")
+        die(f"cannot write {e.filename or path} ({e.strerror or e}); the table above has the numbers; pass --out FILE")
     print(f"wrote {path} (history: {history})")
 
 

@@ -381,7 +381,7 @@ def write_record(record, c):
     try:
         history = save_record(out, record)
     except OSError as e:
-        die(f"cannot write {out} ({e.strerror}); the table above has the numbers; pass --json_out FILE")
+        die(f"cannot write {e.filename or out} ({e.strerror or e}); the table above has the numbers; pass --json_out FILE")
     print(f"wrote {out} (history: {history})")
     if c.plot and record['datasets']:
         png = os.path.splitext(out)[0] + '.png'

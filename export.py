@@ -163,12 +163,12 @@ def write_folder(path, config, tensors, card, overwrite=False):
     from safetensors.torch import save_file
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f'.{os.path.basename(path)}.tmp.{os.getpid()}')
     old = os.path.join(parent, f'.{os.path.basename(path)}.old.{os.getpid()}')
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
     try:
+        os.makedirs(parent, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
         save_file(tensors, os.path.join(tmp, checkpoint.EXPORT_WEIGHTS), metadata={'format': 'pt'})
         # checked on every load: a corrupted or swapped weights file is refused, not sampled from
         config = dict(config, weights_sha256=checkpoint.file_sha256(os.path.join(tmp, checkpoint.EXPORT_WEIGHTS)))

@@ -27,10 +27,8 @@ seeded set of eval_orders orders per batch (the same for every run and every eva
 What a run writes (out_dir/log.jsonl's fields, what ckpt.pt holds): docs/training.md.
 """
 
-import json
 import math
 import os
-import signal
 import sys
 import time
 
@@ -41,16 +39,19 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from aogpt.checkpoint import CKPT_NAME, save_checkpoint
-from aogpt.configurator import configure, print_config
+from aogpt.configurator import configure, print_config, stop_at_safe_points, stop_requested
 from aogpt.ema import EMA
 from aogpt.orders import TRAIN_MODES, draw_orders, one_block
+from aogpt.paths import append_jsonl
 from aogpt.plot import plot_log
-from aogpt.preflight import check_config, check_data, check_model, cost_warnings, lr_warnings
+from aogpt.preflight import check_config, check_data, check_model, check_step_sizes, cost_warnings, lr_warnings
 from aogpt.rundir import Run, claim_out_dir, keep_copy, release_out_dir, rewind_out_dir
 from aogpt.runtime import autocast, fast_math, gpu_peak_flops, resolve_device, start_ranks
 from aogpt.startup import model_source, resume_state
 from aogpt.valloss import progress_of, val_losses, val_passes, val_windows
 from model import GPT, GPTConfig, block_order, mdm_corrupt, random_orders
+
+stop_at_safe_points()  # a Ctrl-C or SIGTERM is recorded, and the run ends at its next stop_point()
 
 # -----------------------------------------------------------------------------
 # defaults: AO-GPT-Small (12/768/12, context 1024) on OpenWebText, as in the paper
@@ -148,6 +149,18 @@ def interrupted_at():
         f"--init_from=auto" if last_saved and not eval_only else "no checkpoint was written")
 
 
+def stop_point(agreed=None):
+    """A safe point (nothing half-written, the lock still held): after a Ctrl-C or SIGTERM, the run ends here with
+    interrupted_at's line (Run.stop). Under DDP every rank must stop at the same point, or a peer waits forever in
+    a collective: there only the end of a step counts, where the ranks agree (agreed: the largest signal number
+    any rank got, 0 for none)."""
+    if ddp:
+        if agreed is not None:
+            run.stop(interrupted_at, agreed)
+        return
+    run.stop(interrupted_at, stop_requested())
+
+
 with run.failing():
     check_config(cfg, _given)  # every key, before anything is read or written: a bad value costs one line, not a run
 
@@ -166,8 +179,6 @@ tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 ctx, dtype = autocast(device, dtype)
 fast_math(device)  # TF32 on CUDA; on the CPU, denormals flushed to zero
 
-signal.signal(signal.SIGINT, lambda signum, frame: run.interrupt(interrupted_at))  # from here on: one line
-signal.signal(signal.SIGTERM, lambda signum, frame: run.interrupt(interrupted_at, 143))  # kill, a scheduler, reproduce.py
 if master:
     with run.failing():
         run.lock = claim_out_dir(out_dir)  # made, locked and proven writable before the first step
@@ -184,11 +195,16 @@ data_vocab = codec.vocab_size
 def read_windows(split, starts):
     """Token windows [s, s + block_size) as a (B, n) LongTensor on the device."""
     # re-open the memmap every call: a long-lived one keeps growing the page cache (nanoGPT #428)
-    data = np.memmap(os.path.join(data_dir, f'{split}.bin'), dtype=np.uint16, mode='r')
+    path = os.path.join(data_dir, f'{split}.bin')
+    data = np.memmap(path, dtype=np.uint16, mode='r')
+    if len(data) < (n_train if split == 'train' else n_val):  # replaced mid-run: windows would run off its end
+        fail(f"{path} now holds {len(data):,} tokens, fewer than the {n_train if split == 'train' else n_val:,} it "
+             f"held when the run started: it was replaced or cut mid-run; put the full file back and continue with "
+             f"--init_from=auto" + (f" (the last checkpoint is iteration {last_saved[1]})" if last_saved else ""))
     windows = np.stack([data[s:s + block_size] for s in starts])
     top = int(windows.max())
     if top >= data_vocab:  # a hand-made bin: such an id would train the padding rows, or be the mask
-        fail(f"{data_dir}/{split}.bin holds token id {top}, but its codec (meta.json) has {data_vocab} "
+        fail(f"{path} holds token id {top}, but its codec (meta.json) has {data_vocab} "
              f"symbols: the bins and their metadata disagree; re-run the dataset's prepare.py")
     x = torch.from_numpy(windows.astype(np.int64))
     if device_type == 'cuda':
@@ -210,6 +226,10 @@ torch.manual_seed(seed)  # the initial weights (identical on every rank; DDP als
 with run.failing():
     source_args, weights, ckpt, resume_path, started_from = model_source(cfg, _given, codec, data_dir, say)
 model_args = dict(source_args, dropout=dropout, adaln_table=adaln_table)
+# the record (ckpt.pt's config, an export's train_config, its model card) says what the model is: a resume or a
+# fine-tune takes its shape from the checkpoint, whatever defaults the config left in place (block_size stays the
+# length trained on, which may be shorter than the model's)
+cfg.update({k: v for k, v in model_args.items() if k in cfg and k != 'block_size'})
 try:
     model = GPT(GPTConfig(**model_args))
 except ValueError as e:  # e.g. a mask_token_id beyond the vocab_size derived from the data
@@ -274,6 +294,8 @@ def train_micro_batch(it, m, frac):
 optimizers = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type,
                                         muon_lr=muon_lr if optimizer == 'muon' else None, muon_adaln=muon_adaln,
                                         muon_dtype=muon_dtype)
+with run.failing():
+    check_step_sizes(optimizers, cfg)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 ema = EMA(model, ema_decay) if ema_decay > 0 else None  # see ema.py
 iter_num, best_val_loss, elapsed = 0, float('inf'), 0.0
@@ -294,6 +316,8 @@ if ckpt is not None:
         say(f"it has reached max_iters ({max_iters}): nothing to train (raise max_iters to train on)")
     del ckpt
 start_iter = iter_num
+last_saved = (resume_path, start_iter) if start_iter > 0 else None
+stop_point()
 
 raw_model = model
 if compile:
@@ -330,6 +354,7 @@ def evaluate():
     if use_ema:
         ema.swap()
     mine = progress_of(range(rank, len(val_batches), world_size), f"eval {iter_num}", show_bar, say)
+    mine = (stop_point() or i for i in mine)  # a long eval still answers a Ctrl-C within a val batch
     out = val_losses(raw_model, val_batches, mine, read_windows, ctx, eval_orders, order_mode, fixed_order)
     if use_ema:
         ema.swap()
@@ -338,34 +363,37 @@ def evaluate():
 
 # ------------------------------------------------------------------ checkpoints and logs
 def save():
-    """Write ckpt.pt (rank 0), and its copy every keep_ckpt_every. A Ctrl-C meanwhile waits until it is complete;
-    a failed write (a full disk) stops the run with one line and leaves the previous checkpoint as it was."""
+    """Write ckpt.pt (rank 0), and its copy every keep_ckpt_every. A Ctrl-C meanwhile is answered at the next
+    stop_point, after the write; a failed write (a full disk) stops the run with one line and leaves the previous
+    checkpoint as it was."""
     global last_saved
-    with run.deferring():
-        if master:
-            try:
-                ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(),
-                            model=raw_model.state_dict(), ema=ema.state_dict() if ema is not None else None,
-                            optimizer=optimizers[0].state_dict(), muon=optimizers[1].state_dict() if
-                            optimizer == 'muon' else None, scaler=scaler.state_dict(), iter_num=iter_num,
-                            best_val_loss=best_val_loss, config=cfg,
-                            order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
-                            tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start,
-                            started_from=started_from)
-                save_checkpoint(ckpt, ckpt_path)
-                if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
-                    keep_copy(ckpt_path, iter_num)
-            except OSError as e:  # save_checkpoint removed its temp file
-                fail(f"could not write {ckpt_path} at iteration {iter_num} ({e}); "
-                     + (f"the previous one (iteration {last_saved[1]}) is intact" if last_saved else
-                        "no checkpoint was written"))
-            say(f"saved {ckpt_path} (iteration {iter_num})")
-        last_saved = (ckpt_path, iter_num)
+    if master:
+        try:
+            ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(),
+                        model=raw_model.state_dict(), ema=ema.state_dict() if ema is not None else None,
+                        optimizer=optimizers[0].state_dict(), muon=optimizers[1].state_dict() if
+                        optimizer == 'muon' else None, scaler=scaler.state_dict(), iter_num=iter_num,
+                        best_val_loss=best_val_loss, config=cfg,
+                        order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
+                        tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start,
+                        started_from=started_from)
+            save_checkpoint(ckpt, ckpt_path)
+            if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
+                keep_copy(ckpt_path, iter_num)
+        except OSError as e:  # save_checkpoint removed its temp file
+            fail(f"could not write {ckpt_path} at iteration {iter_num} ({e}); "
+                 + (f"the previous one (iteration {last_saved[1]}) is intact" if last_saved else
+                    "no checkpoint was written"))
+        say(f"saved {ckpt_path} (iteration {iter_num})")
+    last_saved = (ckpt_path, iter_num)
 
 
-last_saved = (resume_path, start_iter) if start_iter > 0 else None
 if master:
-    rewind_out_dir(out_dir, log_path, start_iter, eval_only)  # as the checkpoint resumed left it
+    with run.failing():
+        try:
+            rewind_out_dir(out_dir, log_path, start_iter, eval_only, say)  # as the checkpoint resumed left it
+        except OSError as e:
+            fail(f"cannot rewrite {log_path} ({e.strerror or e}); the checkpoint is untouched")
     if wandb_log:
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name, config=cfg, mode=wandb_mode, dir=out_dir)
@@ -412,9 +440,14 @@ while True:
             shown = ', '.join(f"{k[4:]} {v:.4f}" for k, v in rec.items() if k.startswith('val_') and v is not None)
             tl = f", train {rec['train_loss']:.4f}" if rec['train_loss'] is not None else ""
             say(f"eval {iter_num}: {shown}{tl}{' (EMA)' if rec['ema'] else ''}")
-            with open(log_path, 'a') as f:
-                f.write(json.dumps(rec) + '\n')
-            plot_log(log_path, os.path.join(out_dir, 'loss.png'))
+            try:
+                append_jsonl(log_path, rec)  # the whole line or nothing
+            except OSError as e:
+                fail(f"could not append the iteration-{iter_num} eval to {log_path} ({e.strerror or e}); "
+                     + (f"{last_saved[0]} (iteration {last_saved[1]}) is intact" if last_saved else
+                        "no checkpoint was written"))
+            with run.failing():
+                plot_log(log_path, os.path.join(out_dir, 'loss.png'))
             if wandb_log:
                 wandb.log({k: v for k, v in rec.items() if v is not None}, step=iter_num)
         improved = res['val_loss'] is not None and res['val_loss'] < best_val_loss
@@ -426,11 +459,13 @@ while True:
         save()
     if iter_num >= max_iters or eval_only:
         break
+    stop_point()  # between steps: the eval's records and the checkpoint above are complete
 
     # one optimizer step: local_steps micro-steps on this rank, gradients all-reduced on the last
     t0 = time.time()
     loss_sum = torch.zeros((), device=device)
     for j, m in enumerate(my_micro_steps):
+        stop_point()  # a step's gradients are dropped with it: the checkpoint is of the last whole step
         batch = train_micro_batch(iter_num, m, frac)
         if ddp:
             model.require_backward_grad_sync = (j == local_steps - 1)
@@ -442,6 +477,9 @@ while True:
     if ddp:
         dist.all_reduce(loss_sum)
         loss_sum /= world_size
+        agreed = torch.tensor(stop_requested() or 0, device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        stop_point(int(agreed))  # before the update: every rank's checkpoint is of the last whole step
     lossf = loss_sum.item()  # one sync per step; every rank sees the same value and stops together
     if not math.isfinite(lossf):
         fail(f"non-finite training loss ({lossf}) at iteration {iter_num}: stopped before the update. "
@@ -486,9 +524,10 @@ while True:
 if run.bar is not None:
     run.bar.close()
     run.bar = None
-run.lock = release_out_dir(run.lock)  # the OS would at exit; a caller that runs train.py in-process may start another run here
+stop_point()  # a signal during the last eval or save: the run is whole, but the line and status still say so
 if master and wandb_log:
-    wandb.finish()
+    wandb.finish()  # it writes into out_dir: before the lock goes
+run.lock = release_out_dir(run.lock)  # the OS would at exit; a caller that runs train.py in-process may start another run here
 if ddp:
     dist.barrier()  # no rank tears down gloo while a peer still has a collective in flight
     dist.destroy_process_group()

@@ -31,8 +31,10 @@ if __name__ == '__main__':  # run as a script (python aogpt/checkpoint.py): one 
                      "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
 
 import hashlib
+import io
 import json
 import os
+import pickletools
 import re
 import sys
 import warnings
@@ -42,6 +44,7 @@ import torch
 
 from aogpt import ROOT
 from aogpt.errors import UserError, first_line
+from aogpt.paths import append_jsonl, atomic_write
 from aogpt.paper_ckpt import convert_paper_checkpoint
 from aogpt.tokenizer import codec_from_record, get_codec
 from model import GPT, GPTConfig, strip_prefixes
@@ -53,42 +56,16 @@ HUB_PREFIX = 'hf:'
 TORCH_SUFFIXES = ('.pt', '.pth', '.ckpt', '.bin')  # what names a torch file inside a hub repo
 
 
-def atomic_write(path, write, mode='wb'):
-    """write(f) into a temp file beside `path`, fsync, then rename: a kill or a full disk mid-write never leaves
-    half a file at `path`, nor the temp file. A failed write raises OSError, whichever layer noticed it."""
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, f'.{os.path.basename(path)}.tmp.{os.getpid()}')
-    try:
-        with open(tmp, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException as e:  # also Ctrl-C: the temp file goes
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        if isinstance(e, RuntimeError):  # torch's zip writer reports a full disk so, at some sizes
-            raise OSError(f"the write failed ({first_line(e, 120)}): is the disk full?") from e
-        raise
-    os.replace(tmp, path)
-    try:  # make the rename itself durable
-        fd = os.open(d, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-    except OSError:
-        pass
-
-
 def save_record(path, record):
     """An eval record as JSON at path (atomically), and appended to the .jsonl history beside it, where every run
     is kept: a run of other sets or tasks replaces the JSON, never an earlier run's numbers. Returns the
-    history's path; a failed write raises OSError."""
+    history's path; a failed write raises OSError, its filename the file that failed."""
     history = os.path.splitext(path)[0] + '.jsonl'
-    atomic_write(path, lambda f: json.dump(record, f, indent=2), 'w')
-    with open(history, 'a') as f:
-        f.write(json.dumps(record) + '\n')
+    try:
+        atomic_write(path, lambda f: json.dump(record, f, indent=2), 'w')
+    except OSError as e:  # named, as append_jsonl names the history: the caller's line says which file failed
+        raise OSError(e.errno, e.strerror or str(e), e.filename or path) from e
+    append_jsonl(history, record)
     return history
 
 
@@ -182,10 +159,14 @@ def load_checkpoint(path):
 
 def _raise_unreadable(path, e):
     with open(path, 'rb') as f:
-        head = f.read(4)
+        head = f.read(64)
     if head[:2] != b'PK' and head[:1] != b'\x80':  # torch.save writes a zip archive, or (legacy) a pickle
         raise UserError(f"{path} is not a checkpoint: torch files are zip archives (or legacy pickles), this one "
-                        f"starts with the bytes {head!r}")
+                        f"starts with the bytes {head[:4]!r}")
+    if head[:1] == b'\x80' and not _legacy_torch(head):
+        raise UserError(f"refused {path}: it is a plain Python pickle (pickle.dump), not a torch checkpoint, and "
+                        f"unpickling it could run any code it names; save the weights with torch.save (tensors, "
+                        f"numbers, strings, lists and dicts) or as safetensors")
     text = str(e)
     # torch's wording varies by what is named ("Unsupported global: GLOBAL print ...", "Trying to load unsupported
     # GLOBAL posix.system whose module posix is blocked"); the name after GLOBAL is what the file asks for
@@ -198,6 +179,20 @@ def _raise_unreadable(path, e):
     # torch's own first sentence says what failed; its next ones are advice about its internals
     raise UserError(f"cannot read checkpoint {path}: it is truncated or corrupt "
                     f"({first_line(e).split('. ')[0].rstrip('.')}); copy it again, or pass another checkpoint")
+
+
+def _legacy_torch(head):
+    """Whether a pickle's first bytes are a legacy (non-zip) torch.save file's: its first pickle is torch's magic
+    number. Read with pickletools, which only lists the opcodes (nothing is unpickled)."""
+    try:
+        for op, arg, _ in pickletools.genops(io.BytesIO(head)):
+            if op.name == 'STOP':
+                return False
+            if op.name.startswith(('LONG', 'INT')) and arg == torch.serialization.MAGIC_NUMBER:
+                return True
+    except ValueError:  # the 64 bytes end mid-opcode
+        pass
+    return False
 
 
 def read_hf_weights(folder):
@@ -256,6 +251,12 @@ def load_model(path, device='cpu', use_ema=None):
         raise UserError(f"{where}: its model_args do not describe a valid model ({first_line(e)}): "
                         f"{ckpt['model_args']}")
     sd = strip_prefixes(ckpt['model'])
+    head, wte = sd.get('lm_head.weight'), sd.get('transformer.wte.weight')
+    if model.config.tie_head and head is not None and wte is not None and not torch.equal(head, wte):
+        # tied, the two names are one tensor: loading both would keep whichever comes last and drop the other
+        raise UserError(f"{where}: its model_args say tie_head=True (one tensor for the embedding and the head), but "
+                        f"it holds two different ones (transformer.wte.weight and lm_head.weight): it was trained "
+                        f"with tie_head=False; set that back in its model_args")
     try:
         missing, unexpected = model.load_state_dict(sd, strict=False)
     except RuntimeError as e:  # a size mismatch

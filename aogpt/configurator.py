@@ -240,24 +240,83 @@ def print_config(cfg, file=None):
         print(f"  {k.ljust(width)} = {v!r}", file=file)
 
 
-
+_first_signal = [None]  # the first SIGINT or SIGTERM since the handlers were set (None: none yet)
+_order_pipe = []  # (read, write): the signals' numbers in the order they came (signal.set_wakeup_fd)
 
 
 def stop_on_ctrl_c(what):
-    """From here on, Ctrl-C is one line and exit status 130, as a shell expects (train.py's says more), not a
-    KeyboardInterrupt traceback of 50-90 lines; SIGTERM (kill, a job scheduler) the same line and 143, not a
-    silent death. Raised as SystemExit, so `finally` blocks, temp-file cleanups and child processes' ends
-    still run. Called from a script's __main__ only: a caller that runs main() in-process keeps its own
-    handlers."""
+    """From here on, Ctrl-C is one line and exit status 130, as a shell expects, not a KeyboardInterrupt
+    traceback of 50-90 lines; SIGTERM (kill, a job scheduler, `timeout`) the same line and 143, not a silent
+    death. Raised as SystemExit, so `finally` blocks, temp-file cleanups and child processes' ends still run.
+    Called from a script's __main__ only: a caller that runs main() in-process keeps its own handlers."""
+    _catch(what)
+
+
+def stop_at_safe_points():
+    """train.py's form of stop_on_ctrl_c: the handler only records the signal, and the script asks
+    stop_requested() at its safe points (between steps, between val batches, after a checkpoint write) and ends
+    there, in its own words. Ending from inside the handler, wherever the main thread happens to be, can cut a
+    write in half, let go of a lock while a write still needs it, or raise SystemExit inside a callback that
+    swallows it and trains on."""
+    _catch(None)
+
+
+def ignore_signals():
+    """The process is ending: later Ctrl-Cs and SIGTERMs are ignored by the OS, also through the interpreter's
+    teardown (seconds, with torch loaded), where Python puts back the default action of every signal it still
+    handles and one more would kill the process with another status. Called from the main flow, never from the
+    handler: a signal already caught but not yet handled would then be an OSError ('ignored due to race
+    condition'), which is swallowed here, where it surfaces."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _handle_pending()
+    except OSError:
+        pass
+
+
+def _handle_pending():
+    """A Python call: Python runs the handlers of pending signals on entering it."""
+
+
+def stop_requested():
+    """The signal number of the first Ctrl-C (SIGINT) or SIGTERM since the handlers were set, or None."""
+    return _first_signal[0]
+
+
+def _catch(what):
+    """Set the handler of both signals. The first signal wins: a second one (Ctrl-C twice, a Ctrl-C then
+    `timeout`'s SIGTERM, a SIGTERM to a process group and then to each of its children) is ignored, so the
+    line is said once, the exit status is the first signal's, and the cleanup the first one started runs to its
+    end (SIGKILL still ends a process whose cleanup hangs). Through the interpreter's teardown only where the
+    script calls ignore_signals (train.py's Run.stop). what: the line's text after 'interrupted: '; None: only
+    record the signal."""
     owner = os.getpid()
+    _first_signal[0] = None
+    # Python runs the handlers of signals pending together in signal-number order, so a SIGTERM that came a
+    # microsecond before a SIGINT would be handled second; the wakeup fd receives each number as it comes.
+    for fd in _order_pipe:
+        os.close(fd)  # a second call in one process (tests run scripts in-process)
+    _order_pipe[:] = os.pipe()
+    for fd in _order_pipe:
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(_order_pipe[1], warn_on_full_buffer=False)
 
     def stop(signum, frame):
         if os.getpid() != owner:  # a forked worker (a pool being shut down): die as if no handler were set
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C during the cleanup kills at once
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if _first_signal[0] is not None:
+            return
+        try:
+            came = os.read(_order_pipe[0], 256)
+        except OSError:  # empty: another user of the wakeup fd (an asyncio loop) has it now
+            came = b''
+        signum = next((s for s in came if s in (signal.SIGINT, signal.SIGTERM)), signum)
+        _first_signal[0] = signum
+        if what is None:
+            return
         word = 'interrupted' if signum == signal.SIGINT else 'terminated'
         print(f"\n{word}: {what}", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)

@@ -1,15 +1,19 @@
 """
 Where a command writes, checked before the work that fills it: a bad --save, --json_out or --runs_dir must
-cost one line, not a sampling run, an evaluation or an hour of training. (The writes themselves are
-atomic: checkpoint.atomic_write.) Both raise UserError; torch-free, so data/*/prepare.py can use them.
+cost one line, not a sampling run, an evaluation or an hour of training (check_writable, make_folder: both
+raise UserError). And the writes themselves, whole or not at all: atomic_write for a file, append_jsonl for a
+record added to a .jsonl history, read_jsonl to read one back. Torch-free, so data/*/prepare.py can use them.
 """
 
 if __name__ == '__main__':  # run as a script (python aogpt/paths.py): one line, not an ImportError
     raise SystemExit("error: aogpt/paths.py is a library module, with nothing to run: the commands are train.py, "
                      "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
+import errno
+import json
 import os
 
-from aogpt.errors import UserError
+from aogpt.errors import UserError, first_line
 
 
 def _nearest_existing(path):
@@ -55,3 +59,83 @@ def make_folder(path, flag):
     if not os.access(up, os.W_OK):
         raise UserError(f"--{flag} {path}: {up} is not writable")
     os.makedirs(path, exist_ok=True)
+
+
+def atomic_write(path, write, mode='wb'):
+    """write(f) into a temp file beside `path`, fsync, then rename: a kill or a full disk mid-write never leaves
+    half a file at `path`, nor the temp file. A failed write raises OSError, whichever layer noticed it."""
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f'.{os.path.basename(path)}.tmp.{os.getpid()}')
+    try:
+        with open(tmp, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException as e:  # also Ctrl-C: the temp file goes
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        if isinstance(e, RuntimeError):  # torch's zip writer reports a full disk so, at some sizes
+            raise OSError(f"the write failed ({first_line(e, 120)}): is the disk full?") from e
+        raise
+    os.replace(tmp, path)
+    try:  # make the rename itself durable
+        fd = os.open(d, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def append_jsonl(path, record):
+    """Append record to a .jsonl history as one whole line or not at all: the line goes in one os.write, and a
+    short or failed write (a full disk) is cut back off, so the file never ends mid-line and the next append
+    is not glued onto a fragment. A cut last line left by a kill is dropped first (read_jsonl says so on
+    reading). A history that is a symbolic link (a run copied with `cp -as`) becomes a file of its own first:
+    the copy's records must not grow the original's. A failed write raises OSError naming path."""
+    line = (json.dumps(record) + '\n').encode()
+    try:
+        if os.path.islink(path):
+            with open(path, 'rb') as f:
+                data = f.read()
+            atomic_write(path, lambda f: f.write(data))
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror or str(e), path) from e
+    try:
+        end = os.fstat(fd).st_size
+        if end and os.pread(fd, 1, end - 1) != b'\n':  # a cut last line: back to the last whole one
+            end = os.pread(fd, end, 0).rfind(b'\n') + 1
+            os.ftruncate(fd, end)
+        n = os.write(fd, line)
+        if n != len(line):
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({n} of {len(line)} bytes written)")
+    except OSError as e:
+        try:
+            os.ftruncate(fd, end)
+        except OSError:
+            pass
+        raise OSError(e.errno, e.strerror or str(e), path) from e
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path):
+    """The records of a .jsonl history, and whether its last line was cut short (a write a kill or a full disk
+    interrupted; that line is left out). A bad line before the last is not a cut: a UserError naming it."""
+    with open(path, 'rb') as f:
+        lines = f.read().split(b'\n')
+    out, cut = [], False
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError as e:
+            if i < len(lines) - 1 and any(l.strip() for l in lines[i + 1:]):
+                raise UserError(f"{path}, line {i + 1}, is not a JSON record ({first_line(e, 80)}): the file was "
+                                f"edited or damaged; remove that line, or the file")
+            cut = True
+    return out, cut

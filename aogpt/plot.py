@@ -63,13 +63,20 @@ def legend_below(where, fontsize=8):
 
 
 def _save(plt, fig, path, rect=(0, 0, 1, 1)):
-    """Write the PNG atomically: a reader never sees half a file. rect: the part of the figure the axes fill."""
+    """Write the PNG atomically (paths.atomic_write): a reader never sees half a file, and a full disk or a
+    read-only folder leaves no temp file behind and is a UserError naming the PNG. rect: the part of the
+    figure the axes fill."""
+    from aogpt.errors import UserError
+    from aogpt.paths import atomic_write
     fig.tight_layout(rect=rect)
-    tmp = f'{path}.tmp.png'
     legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
-    fig.savefig(tmp, dpi=110, bbox_inches='tight', bbox_extra_artists=legends)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format='png', dpi=110, bbox_inches='tight',
+                                                 bbox_extra_artists=legends))
+    except OSError as e:
+        raise UserError(f"cannot write {path} ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
 
 
 def save(fig, path):
@@ -130,14 +137,9 @@ def lines(path, title, panels, ylabel, logy=False, sharey=True):
 
 
 def read_log(path):
-    """train.py's log.jsonl as a list of dicts (a line cut short by a kill is skipped)."""
-    out = []
-    for line in open(path):
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    """train.py's log.jsonl as a list of dicts (a line cut short by a kill is left out: paths.read_jsonl)."""
+    from aogpt.paths import read_jsonl
+    return read_jsonl(path)[0]
 
 
 def plot_log(log_path, png, title=None):

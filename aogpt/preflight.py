@@ -5,6 +5,7 @@ config suggests, says so in one line instead of hours later:
     check_config(cfg, given)                every key, before anything is read or written
     data_dir, codec, n_train, n_val = check_data(cfg, say)
     check_model(model_args, cfg, data_vocab, data_dir)    the model against the data and the orders
+    check_step_sizes(optimizers, cfg)       learning rates a float32 step can apply
     cost_warnings(...); lr_warnings(cfg, get_lr, say)     what the run will cost, what its schedule does
 
 Each takes the config as a dict. What cannot work is a UserError, which train.py turns into run.fail's one line
@@ -32,6 +33,9 @@ from aogpt.tokenizer import get_codec
 from model import GPTConfig, config_fields
 
 MUON_KEYS = ('muon_lr', 'muon_adaln', 'muon_dtype')  # what only optimizer='muon' takes
+ORDER_KEYS = {  # a decoder's order settings, and the order_mode values that read each (the encoder MDM: none)
+    'l2r_frac': ('random',), 'l2r_frac_end': ('random',), 'l2r_frac_iters': ('random',),
+    'block_size_order': ('block_random',), 'order_seed': ('fixed_random', 'block_random')}
 
 
 def check_config(cfg, given=()):
@@ -122,7 +126,9 @@ def check_data(cfg, say=print):
 
 def check_model(model_args, cfg, data_vocab, data_dir, given=()):
     """The model against the data it will read, the orders it will train on and the settings given for it
-    (given: the keys the config files and command line set)."""
+    (given: the keys the config files and command line set: an order setting this model and order_mode never
+    read is refused, not trained around bit-identically, and so is muon_adaln for a model without AdaLN)."""
+    check_orders(model_args['causal'], cfg, given)
     if 'muon_adaln' in given and model_args['cond'] != 'adaln':
         raise UserError(f"muon_adaln places the AdaLN Linears, but this model has none (cond={model_args['cond']!r}): "
                         f"leave muon_adaln out")
@@ -138,6 +144,49 @@ def check_model(model_args, cfg, data_vocab, data_dir, given=()):
     if model_args['causal'] and model_args['cond'] == 'none' and cfg['order_mode'] not in TRAIN_MODES[1:]:
         raise UserError("a GPT (cond='none') is never told which position to predict, so it cannot train on random "
                         "orders: use order_mode='l2r' (or a fixed order), or cond='adaln' / 'sigma'")
+
+
+def check_orders(causal, cfg, given):
+    """An order setting given on purpose that the run would ignore: for the encoder MDM every one (it trains on
+    random masks, and `causal` is the model's, a resumed checkpoint's too), for a decoder those its order_mode
+    never reads (semiar:K, l2r and the other distributions read none of them)."""
+    if not causal:
+        keys = [k for k in ('order_mode', *ORDER_KEYS) if k in given]
+        if keys:
+            raise UserError(f"{', '.join(keys)}: the encoder MDM (causal=False) trains on random masks, not orders, "
+                            f"so {'it' if len(keys) == 1 else 'they'} would be ignored; leave "
+                            f"{'it' if len(keys) == 1 else 'them'} out")
+        return
+    mode = cfg['order_mode']
+    ignored = [k for k, modes in ORDER_KEYS.items() if k in given and mode not in modes]
+    if mode == 'random' and 'l2r_frac_iters' in given and cfg['l2r_frac_end'] is None:
+        ignored.append('l2r_frac_iters')  # the length of a schedule that is not there
+    if ignored:
+        uses = '; '.join(f"{k} is read by order_mode={'/'.join(ORDER_KEYS[k])}" +
+                         (" with l2r_frac_end set" if k == 'l2r_frac_iters' else '') for k in ignored)
+        raise UserError(f"{uses}, but this run trains on order_mode={mode!r}, so it would be ignored: leave "
+                        f"{'it' if len(ignored) == 1 else 'them'} out, or pick the order_mode that reads it")
+
+
+def check_step_sizes(optimizers, cfg):
+    """A learning rate so large that an optimizer step cannot even apply it: the step multiplies it into scalars
+    that torch converts to the weights' float32, AdamW by up to 1/(1 - beta1) (its bias correction at the first
+    step), Muon by sqrt(max(1, rows/cols)) of each matrix (torch's 'original' adjustment), both by weight_decay.
+    Past float32's largest number that is a RuntimeError mid-step; any smaller rate that diverges ends as the
+    non-finite-loss line."""
+    top = torch.finfo(torch.float32).max
+    for opt in optimizers:
+        muon = isinstance(opt, torch.optim.Muon)
+        key = 'muon_lr' if muon else 'learning_rate'
+        for g in opt.param_groups:
+            gain = (max(math.sqrt(max(1, p.shape[0] / p.shape[1])) for p in g['params']) if muon
+                    else 1 / (1 - g['betas'][0]))
+            gain = max(gain, g['weight_decay'])
+            if cfg[key] * gain >= top:
+                raise UserError(f"{key}={cfg[key]:g} is too large for a step on float32 weights: "
+                                f"{'Muon' if muon else 'AdamW'} multiplies it by up to {gain:.3g}, past float32's "
+                                f"largest number ({top:.2e}), and such a step could only make every weight inf; use "
+                                f"a {key} below {top / gain:.1e} (the defaults: learning_rate 6e-4, muon_lr 0.02)")
 
 
 def duration(sec):

@@ -1,12 +1,12 @@
 """
 A training run's hold on its out_dir (train.py, rank 0), and its way out from anywhere:
 
-    run = Run(master)                            # run.say, run.fail, run.interrupt; run.bar, run.lock
+    run = Run(master)                            # run.say, run.fail, run.stop; run.bar, run.lock
     with run.failing():                          # a UserError inside is run.fail's line
         run.lock = claim_out_dir(out_dir)        # made, locked and proven writable before the first step
     rewind_out_dir(out_dir, log_path, start_iter, eval_only)   # as the checkpoint being resumed left it
     keep_copy(ckpt_path, iter_num)               # keep_ckpt_every: ckpt_<iter>.pt beside ckpt.pt, a hard link
-    with run.deferring():                        # a checkpoint write: a Ctrl-C meanwhile waits for it
+    run.stop(line, stop_requested())             # at a safe point: after a Ctrl-C or SIGTERM, one line and exit
     run.lock = release_out_dir(run.lock)         # at the end; failed=True: a start that failed leaves nothing
 
 While a run is live it holds an OS lock (flock) on out_dir/.lock, which names its pid and host: a second run on
@@ -33,7 +33,9 @@ except ImportError:
 from tqdm import tqdm
 
 from aogpt.checkpoint import CKPT_NAME, is_export
+from aogpt.configurator import ignore_signals
 from aogpt.errors import UserError, die, tell_torchrun
+from aogpt.paths import atomic_write, read_jsonl
 
 Lock = namedtuple('Lock', 'fd out_dir made')  # made: this run created out_dir (a failed start removes it again)
 
@@ -52,6 +54,8 @@ def claim_out_dir(out_dir):
     made = not os.path.exists(out_dir)
     try:
         os.makedirs(out_dir, exist_ok=True)
+        if os.path.islink(os.path.join(out_dir, '.lock')):  # a run copied with `cp -as`: lock the copy, not the original
+            os.remove(os.path.join(out_dir, '.lock'))
         fd = os.open(os.path.join(out_dir, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         raise UserError(f"cannot write in out_dir {out_dir} ({e.strerror}): pick a directory you can write to")
@@ -92,18 +96,22 @@ def release_out_dir(lock, failed=False):
     return None
 
 
-def rewind_out_dir(out_dir, log_path, start_iter, eval_only):
+def rewind_out_dir(out_dir, log_path, start_iter, eval_only, say=print):
     """out_dir as the checkpoint being resumed left it: temp files of a save that was killed mid-write go, and
-    log.jsonl keeps only the evals up to start_iter (a run from scratch starts it empty)."""
+    log.jsonl keeps only the evals up to start_iter (a run from scratch starts it empty), less a last line a
+    kill cut short (said). The log is rewritten whole (atomic_write), never through a symbolic link: a run copied
+    with `cp -as` gets a log of its own instead of rewriting the original's."""
     for f in os.listdir(out_dir):
         if f.startswith(f'.{CKPT_NAME}.tmp.'):
             os.remove(os.path.join(out_dir, f))
     if start_iter > 0 and os.path.exists(log_path):  # drop evals logged after the checkpoint we resumed
-        kept = [l for l in open(log_path) if l.strip() and json.loads(l)['iter'] <= start_iter]
-        with open(log_path, 'w') as f:
-            f.writelines(kept)
+        records, cut = read_jsonl(log_path)
+        if cut:
+            say(f"{log_path} ended in a line cut short (a write that did not finish): dropped it")
+        kept = ''.join(json.dumps(r) + '\n' for r in records if r['iter'] <= start_iter)
+        atomic_write(log_path, lambda f: f.write(kept), 'w')
     elif start_iter == 0 and not eval_only:
-        open(log_path, 'w').close()
+        atomic_write(log_path, lambda f: None, 'w')
 
 
 def keep_copy(path, iter_num):
@@ -119,11 +127,11 @@ def keep_copy(path, iter_num):
 class Run:
     """What ending a run needs, wherever it ends: whether this is rank 0 (the one that speaks), the progress
     bar while one is shown, and the out_dir lock. Bad input, a failed write and a Ctrl-C all end the same
-    way: one line, the lock let go, no traceback, nothing half-written."""
+    way: one line, the lock let go, no traceback, nothing half-written. A Ctrl-C or SIGTERM is only recorded
+    when it comes (configurator.stop_at_safe_points); the run ends at its next safe point (stop)."""
 
     def __init__(self, master):
         self.master, self.bar, self.lock = master, None, None
-        self.saving, self.pending = False, None  # a checkpoint is being written; a Ctrl-C's line meanwhile
 
     def say(self, *a):
         if self.master:
@@ -144,21 +152,20 @@ class Run:
         tell_torchrun(f"error: {msg}")
         raise SystemExit(1)
 
-    def interrupt(self, line, code=130):
-        """Ctrl-C (line() says where the run stands): one line, and exit status 130 as a shell expects (143 for
-        a SIGTERM); during a checkpoint write, once the checkpoint is complete."""
-        if self.saving:
-            self.pending = line, code
+    def stop(self, line, signum):
+        """A safe point reached after a Ctrl-C (signum 2) or a SIGTERM (15), or nothing (signum None): the line
+        (line() says where the run stands), the out_dir lock let go last, after the run's last write, and exit
+        status 130 or 143 as a shell expects."""
+        if not signum:
             return
         if self.bar is not None:
-            self.bar.disable = True  # no redraw of the bar after the line (not closed: we may be inside its update)
+            self.bar.close()
             self.bar = None
-            if self.master:
-                print(file=sys.stderr)
         if self.master:
             print(line(), file=sys.stderr, flush=True)
         self.lock = release_out_dir(self.lock)
-        raise SystemExit(code)
+        ignore_signals()
+        raise SystemExit(128 + signum)
 
     @contextmanager
     def failing(self):
@@ -167,14 +174,3 @@ class Run:
             yield
         except UserError as e:
             self.fail(e.msg)
-
-    @contextmanager
-    def deferring(self):
-        """A checkpoint write: a Ctrl-C meanwhile ends the run after the block, if the block completes."""
-        self.saving = True
-        try:
-            yield
-        finally:
-            self.saving = False
-        if self.pending is not None:
-            self.interrupt(*self.pending)

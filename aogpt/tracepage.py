@@ -15,7 +15,7 @@ import html
 
 import torch
 
-from aogpt.checkpoint import atomic_write
+from aogpt.paths import atomic_write
 
 KINDS = {  # kind -> (colour, legend)
     'given': ('#ddd', 'given'),

@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
-from aogpt.checkpoint import atomic_write  # noqa: E402
+from aogpt.paths import atomic_write  # noqa: E402
 from aogpt.configurator import configure, print_config, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command  # noqa: E402
 from aogpt.paths import check_writable  # noqa: E402

@@ -417,6 +417,8 @@ def main(argv=None):
         if getattr(c, key) < 1:
             die(f"--{key} must be at least 1, got {getattr(c, key)}")
     c.seed_list = split_list('seeds', c.seeds, int, lambda s: 0 <= s < SEED_LIMIT, 'seeds in [0, 2**32)')
+    if len(set(c.seed_list)) < len(c.seed_list):  # one run twice: a spread of zero, reported as two seeds
+        die(f"--seeds must be different seeds, got {c.seeds!r}")
     c.lrs = {opt: split_list(f'lrs_{opt}', getattr(c, f'lrs_{opt}'), float, lambda v: v > 0, 'learning rates > 0')
              for opt in ('adamw', 'muon')}
     # reproduce.py's settings for everything this study does not change

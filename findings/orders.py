@@ -50,7 +50,7 @@ RUNS = {'ao': R.RUNS['ao'], 'ao_seed2': R.RUNS['ao_seed2'], 'judge': R.RUNS['jud
 for _fam, (_run, _spec, _what) in FAMILIES.items():
     if _run != 'ao':
         RUNS[_run] = ({'order_mode': _spec}, _what)
-        RUNS[_run + '_seed2'] = ({'order_mode': _spec, 'seed': 2}, _what + ', another seed')
+        RUNS[_run + '_seed2'] = ({'order_mode': _spec, 'seed': R.SEED2}, _what + ', another seed')
 SEEDS = {'ao': 'ao_seed2'}  # first-seed run: second-seed run
 SEEDS.update({run: run + '_seed2' for run, _, _ in FAMILIES.values() if run != 'ao'})
 STEPS = (4, 8, 16, 32)        # Lemma-1 steps T for generation along the model's own order (n = 32)
@@ -212,7 +212,8 @@ def section(c, cmd, rows, summary, verdict, timing):
     md = [MARK, f"## Finding 10 (ours): training order distributions{' (QUICK: nothing judged)' if c.quick else ''}",
           '', f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, in {timing / 60:.1f} min "
           f"(runs reused from reproduce.py or an earlier invocation cost nothing here). reproduce.py's setting "
-          f"and its `ao`, `ao_seed2` and `judge` runs; each distribution trained twice (seeds {c.seed} and 2). "
+          f"and its `ao`, `ao_seed2` and `judge` runs; each distribution trained twice (seeds {c.seed} and "
+          f"{R.SEED2}). "
           f"Losses: nats per character on {c.eval_chunks} val windows of {c.block_size}, EMA weights, eval_ppl's "
           f"estimators ({EVAL_ORDERS} orders per window for the bounds). Generation along the model's own "
           f"distribution, {c.gen_samples} samples per cell, judged by `judge`: judge NLL per character (mean "

@@ -41,3 +41,7 @@ def cli(monkeypatch, capsys):
         out = capsys.readouterr()
         return code, out.out, out.err
     return run
+
+
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'slow: a long version of a default test (make test-all)')

@@ -1,8 +1,10 @@
 """Tiny models, a fake Hugging Face cache and the exact laws of the order distributions, shared by the tests."""
+import contextlib
 import hashlib
 import itertools
 import math
 import os
+import subprocess
 from fractions import Fraction
 
 import torch
@@ -165,3 +167,30 @@ def processes(text):
         except OSError:
             pass
     return [q for q in pids if alive(q)]
+
+
+@contextlib.contextmanager
+def small_fs(path, size='64k'):
+    """A tmpfs of `size` mounted at path (made here) for a test of a full disk or a read-only folder: yields
+    remount(options), e.g. remount('ro'). Skips the test where mounting is not allowed (not root, a container
+    without CAP_SYS_ADMIN): a monkeypatched ENOSPC test covers the same code there."""
+    import pytest
+    os.makedirs(path, exist_ok=True)
+    if subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(path)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root with mount rights)")
+
+    def remount(options):
+        subprocess.run(['mount', '-o', f'remount,{options}', str(path)], check=True, capture_output=True)
+    try:
+        yield remount
+    finally:
+        subprocess.run(['umount', '-l', str(path)], capture_output=True)
+
+
+def fill(folder, leave):
+    """Fill the filesystem holding folder until about `leave` bytes are free (a file named filler)."""
+    st = os.statvfs(folder)
+    free = st.f_bavail * st.f_frsize
+    with open(os.path.join(folder, 'filler'), 'wb') as f:
+        f.write(b'\0' * max(0, free - leave))

@@ -319,6 +319,21 @@ def test_encoder_through_the_launcher(tmp_path, task_dir, capsys):
     assert len(err) == 1 and 'generation tasks need a decoder' in err[0], err
 
 
+def test_settings_this_model_never_reads_are_refused(tmp_path, task_dir, capsys):
+    """--mc on a decoder and --orders_score with an estimator that has one number (l2r, or the encoder's ELBO)
+    were accepted and ignored without a word."""
+    dec, enc = _ckpt(tmp_path / 'dec'), _ckpt(tmp_path / 'enc', causal=False, cond='none')
+    tasks = ['--tasks', 'aogpt_test_mc', '--include_path', task_dir, '--builtin_tasks', 'False']
+    for argv, says in [(['--ckpt', dec, '--mc', '4'], "--mc sets the encoder MDM's Monte-Carlo masks, but"),
+                       (['--ckpt', dec, '--orders_score', 'lme'], "but this run scores --likelihood=l2r"),
+                       (['--ckpt', enc, '--orders_score', 'lme'], "but this run scores the encoder MDM ELBO")]:
+        with pytest.raises(SystemExit) as e:
+            H.main(tasks + argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code not in (0, None) and len(err) == 1 and says in err[0], err
+    assert not os.path.exists(os.path.join(dec, 'harness.json'))
+
+
 def test_char_codec_missing_character_is_one_line(task_manager, capsys):
     """A character-level checkpoint scores tasks in its own codec, and refuses text it cannot encode."""
     from aogpt.errors import UserError

@@ -199,6 +199,22 @@ def test_model_card_has_metadata_eval_table_and_commands(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------ export's output
+def test_a_tied_head_over_two_head_tensors_is_refused(tmp_path, capsys):
+    """config.json edited to tie_head=true (config_sha256 deleted, as the changed-file error advises) over an
+    export of an untied model: loading kept one of the two head tensors and dropped the other without a word
+    (PPL 53.67 instead of 52.21)."""
+    make_run(tmp_path / 'run')
+    run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(tmp_path / 'hub'))
+    cfg_path = tmp_path / 'hub' / 'config.json'
+    meta = json.loads(cfg_path.read_text())
+    assert meta['model_args']['tie_head'] is False
+    meta['model_args']['tie_head'] = True
+    del meta['config_sha256']
+    cfg_path.write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="its model_args say tie_head=True .* but it holds two different ones"):
+        load_model(str(tmp_path / 'hub'))
+
+
 def test_export_never_leaves_a_half_written_folder(tmp_path, monkeypatch, capsys):
     make_run(tmp_path / 'run')
     dest = tmp_path / 'hub'

@@ -106,8 +106,8 @@ def test_imports_are_layered_with_no_circle():
 
 def test_every_command_ends_a_ctrl_c_or_sigterm_with_one_line():
     """Each script a user runs installs configurator.stop_on_ctrl_c (one line, exit 130 or 143, cleanups
-    run) or, train.py, its own handlers for both signals; without one a Ctrl-C is a traceback of 50 lines
-    (reproduce.py's wait loop, eval_harness.py inside lm-eval) and a SIGTERM a silent death."""
+    run) or, train.py, its form stop_at_safe_points (the run ends at its next safe point); without one a Ctrl-C is
+    a traceback of 50 lines (reproduce.py's wait loop, eval_harness.py inside lm-eval) and a SIGTERM a silent death."""
     scripts = [f'{c}.py' for c in COMMANDS] + ['data/ptb/prepare.py', 'data/text/prepare.py',
                                                 'data/openwebtext/prepare.py']
     scripts += [os.path.relpath(p, ROOT) for p in _sources() if _main_block(p) and not _is_guard(_main_block(p))]
@@ -116,7 +116,7 @@ def test_every_command_ends_a_ctrl_c_or_sigterm_with_one_line():
             continue  # the suite, and measurements (each prints its table as it goes)
         text = open(os.path.join(ROOT, rel)).read()
         if rel == 'train.py':
-            assert 'signal.signal(signal.SIGINT' in text and 'signal.signal(signal.SIGTERM' in text
+            assert 'stop_at_safe_points()' in text and 'stop_point()' in text
         else:
             assert 'stop_on_ctrl_c(' in text, rel
 

@@ -240,26 +240,50 @@ def _alive_with(text):
 
 
 def test_sigterm_ends_the_training_runs_with_it(tmp_path):
-    """SIGTERM to reproduce.py once left its train.py children running (on both cores, holding their out_dir
-    locks). Now they end with it, and it says so in one line with exit status 143. A --max_iters given with
-    --quick is kept (quick once overrode it silently)."""
+    """SIGTERM to reproduce.py's process group (what `timeout` sends) once left its train.py children running (on
+    both cores, holding their out_dir locks), or one whose train.log ended in 'OSError: Bad file descriptor' (its
+    handler ran twice, for the group's SIGTERM and then reproduce.py's own), or one that ignored both for 30 s.
+    Now each run says one line and ends within seconds, and reproduce.py says so in one line with status 143. A
+    --max_iters given with --quick is kept (quick once overrode it silently)."""
     import signal
     import time
     runs = tmp_path / 'runs'
     p = subprocess.Popen([sys.executable, 'findings/reproduce.py', '--quick', f'--runs_dir={runs}',
                           f'--results_dir={tmp_path / "res"}', '--max_iters=100000'], cwd=R.ROOT, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, TQDM_DISABLE='1'))
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, TQDM_DISABLE='1'),
+                         start_new_session=True)
     deadline = time.time() + 240
     while not any(runs.glob('*/log.jsonl')) and time.time() < deadline and p.poll() is None:
         time.sleep(0.2)
     kids = _alive_with(str(runs))
     assert kids, "no training run started"
-    p.send_signal(signal.SIGTERM)
+    t0 = time.time()
+    os.killpg(p.pid, signal.SIGTERM)
     out, err = p.communicate(timeout=120)
+    assert time.time() - t0 < 25, "a train.py ignored its SIGTERM until reproduce.py's 30 s SIGKILL"
     assert p.returncode == 143, err[-2000:]
     assert err.strip().splitlines()[-1].startswith('terminated: the finished runs are kept'), err[-2000:]
     assert 'keeping --max_iters=100000 as given' in out
     assert not [k for k in _alive_with(str(runs)) if k in kids], "a train.py outlived reproduce.py"
+    for log in runs.glob('*/train.log'):
+        text = log.read_text()
+        assert 'Traceback' not in text and 'Error' not in text, text[-2000:]
+        assert not text.strip() or text.strip().splitlines()[-1].startswith('interrupted at iteration '), text[-2000:]
+
+
+def test_seeds_that_must_differ_are_refused_before_any_run(tmp_path, capsys):
+    """reproduce.py --seed=2 trained `ao` and `ao_seed2` with one command, so findings 3, 5 and 7 were judged
+    against a spread of 0; orders.py paired its seeds the same way; optimizers.py took --seeds=1,1 as two seeds."""
+    dirs = ['--runs_dir', str(tmp_path / 'runs'), '--results_dir', str(tmp_path / 'res')]
+    for main, argv, says in [
+            (R.main, [f'--seed={R.SEED2}', *dirs], f"--seed={R.SEED2} is the second seed's"),
+            (O.main, [f'--seed={R.SEED2}', *dirs], f"--seed={R.SEED2} is the second seed's"),
+            (OPT.main, ['--quick', '--seeds=1,1', *dirs], "--seeds must be different seeds, got '1,1'")]:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code != 0 and len(err) == 1 and says in err[0], err
+    assert not list((tmp_path / 'runs').rglob('*.json'))  # refused before any run (its command.json)
 
 
 def test_paths_are_the_callers_and_replot_makes_no_folder(tmp_path):

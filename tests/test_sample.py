@@ -1168,3 +1168,17 @@ def test_a_sampler_refuses_bad_sizes_orders_and_ids_in_one_line(call, needle):
     with pytest.raises(UserError) as err:
         call(m, e)
     assert needle in err.value.msg and '\n' not in err.value.msg, err.value.msg
+
+
+def test_a_plain_pickle_file_is_named_and_refused(tmp_path, cli):
+    """A file written by pickle.dump (any protocol), harmless or asking for os.system, was called "truncated or
+    corrupt ... copy it again"; it is a plain pickle, which only an unpickler that runs code could read."""
+    import pickle
+    for name, obj, protocol in [('dict4.pt', {'model': {}, 'iter_num': 1}, 4), ('dict2.pt', {'model': {}}, 2),
+                                ('evil4.pt', {'model': _Evil(tmp_path / 'ran')}, 4)]:
+        with open(tmp_path / name, 'wb') as f:
+            pickle.dump(obj, f, protocol=protocol)
+        code, out, err = cli('--ckpt', str(tmp_path / name), '--length', '8')
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert f"refused {tmp_path / name}: it is a plain Python pickle (pickle.dump)" in err and 'copy it' not in err
+    assert not (tmp_path / 'ran').exists()

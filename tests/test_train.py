@@ -10,6 +10,7 @@ import json
 import os
 import re
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -422,6 +423,55 @@ def test_ctrl_c_stops_with_one_line_and_status_130(env, monkeypatch, sig, code):
     assert not glob.glob(str(env / out / '.ckpt.pt.tmp.*'))
     run_inprocess(monkeypatch, args(env, out, *common, '--init_from=auto'))  # as the line says
     assert load_checkpoint(str(env / out))['iter_num'] == 8
+
+
+def test_a_train_bin_cut_mid_run_is_one_line_naming_it(env, tmp_path):
+    """train.bin replaced by a shorter file mid-run (a re-run prepare, a copy still arriving) gave a ValueError
+    traceback from np.stack: windows drawn for the old length ran off the new end."""
+    data = tmp_path / 'data'
+    shutil.copytree(env / 'data', data)
+    cut = f"""
+import numpy as np
+from model import GPT
+calls = [0]
+orig = GPT.forward
+def forward(self, *a, **k):
+    if torch.is_grad_enabled():
+        calls[0] += 1
+        if calls[0] == 3:
+            np.fromfile({str(data / 'runs' / 'train.bin')!r}, dtype=np.uint16)[:100].tofile(
+                {str(data / 'runs' / 'train.bin')!r})
+    return orig(self, *a, **k)
+GPT.forward = forward
+import torch
+"""
+    p = run(env, [str(env / 'tiny.py'), f'--data_root={data}', f'--out_dir={tmp_path / "out"}', '--max_iters=6',
+                  '--eval_interval=100'], pre=cut, check=False)
+    err = p.stderr.strip()
+    assert p.returncode == 1 and len(err.splitlines()) == 1, err
+    assert f"{data / 'runs' / 'train.bin'} now holds 100 tokens, fewer than the 20,000 it held when the run started" \
+        in err, err
+
+
+def test_resume_after_a_cut_log_line_and_from_a_copy_made_of_links(env, monkeypatch, capsys, tmp_path):
+    """A log.jsonl ending in a line cut short (a kill mid-append) made the resume a JSONDecodeError traceback; a
+    run copied with `cp -as` (every file a link to the original's) appended its evals into the original's log."""
+    common = ['--max_iters=4', '--eval_interval=2']
+    run_inprocess(monkeypatch, args(env, 'cutlog', *common))
+    log_file = env / 'cutlog' / 'log.jsonl'
+    with open(log_file, 'a') as f:
+        f.write('{"iter": 6, "tok')
+    copy = tmp_path / 'linked'
+    subprocess.run(['cp', '-as', str(env / 'cutlog'), str(copy)], check=True)
+    original = {f: (env / 'cutlog' / f).read_bytes() for f in os.listdir(env / 'cutlog')}
+    capsys.readouterr()
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={copy}', '--max_iters=6', '--eval_interval=2',
+                                    '--init_from=auto'))
+    out = capsys.readouterr().out
+    assert f"{copy / 'log.jsonl'} ended in a line cut short (a write that did not finish): dropped it" in out, out
+    assert [r['iter'] for r in log(env, str(copy))] == [0, 2, 4, 6]
+    assert {f: (env / 'cutlog' / f).read_bytes() for f in os.listdir(env / 'cutlog')} == original
+    assert not any(os.path.islink(copy / f) for f in ('log.jsonl', 'ckpt.pt', '.lock'))
 
 
 def test_ctrl_c_during_a_checkpoint_write_lets_it_finish(env):
@@ -898,6 +948,22 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     (['--optimizer=muon', '--cond=sigma', '--muon_adaln=True'], "this model has none (cond='sigma')"),
     (['--causal=False', '--cond=none', '--mask_token_id=500'],  # beyond the vocab derived from the data
      "mask_token_id must be a token id in [0, vocab_size=64) for the encoder MDM's [MASK], got 500 (vocab_size 64"),
+    # order settings given on purpose that the run would ignore (each once trained bit-identically to leaving it out)
+    (['--order_mode=semiar:4', '--l2r_frac=0.3'], "l2r_frac is read by order_mode=random, but this run trains on "
+                                                  "order_mode='semiar:4', so it would be ignored"),
+    (['--order_mode=semiar:4', '--l2r_frac_end=0.0', '--block_size_order=2', '--order_seed=3'],
+     "l2r_frac_end is read by order_mode=random; block_size_order is read by order_mode=block_random; order_seed is "
+     "read by order_mode=fixed_random/block_random, but this run trains on order_mode='semiar:4'"),
+    (['--order_mode=l2r', '--l2r_frac=0.5'], "l2r_frac is read by order_mode=random, but this run trains on "
+                                             "order_mode='l2r'"),
+    (['--l2r_frac_iters=100'], "l2r_frac_iters is read by order_mode=random with l2r_frac_end set"),
+    (['--causal=False', '--cond=none', '--order_mode=nearl2r:2'],
+     "order_mode: the encoder MDM (causal=False) trains on random masks, not orders, so it would be ignored"),
+    # learning rates whose step scalars pass float32's range (a RuntimeError mid-step), and one just inside it
+    (['--learning_rate=1e39'], "learning_rate=1e+39 is too large for a step on float32 weights: AdamW multiplies it "
+                               "by up to 10"),
+    (['--optimizer=muon', '--muon_lr=1e300'], "muon_lr=1e+300 is too large for a step on float32 weights: Muon"),
+    (['--learning_rate=3e37', '--min_lr=0'], "error: non-finite"),  # the loss line, not a traceback
 ])
 def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, argv, needle):
     with pytest.raises(SystemExit) as e:
@@ -1297,7 +1363,21 @@ def test_fine_tuning_an_encoder_says_it_trains_the_encoder(env, monkeypatch, cap
                                     '--max_iters=1', '--eval_interval=1'))
     out = capsys.readouterr().out
     assert "model shape from it (causal=False, cond='none', n_layer=2, n_head=2, n_embd=32)" in out, out
-    assert load_checkpoint(str(tmp_path / 'ft'))['model_args']['causal'] is False
+    ck = load_checkpoint(str(tmp_path / 'ft'))
+    assert ck['model_args']['causal'] is False
+    # the record says so too (it said causal=True, cond='adaln', the config's defaults), and export's card with it
+    assert (ck['config']['causal'], ck['config']['cond']) == (False, 'none')
+    import export
+    export.main(['--out_dir', str(tmp_path / 'ft'), '--dest', str(tmp_path / 'hub')])
+    train_config = json.loads((tmp_path / 'hub' / 'config.json').read_text())['train_config']
+    assert (train_config['causal'], train_config['cond']) == (False, 'none')
+    # and the same command resumes it (a default is not asked for), keeping the encoder
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "ft"}', '--init_from=auto', '--max_iters=2',
+                                    '--eval_interval=1'))
+    changed = [l for l in capsys.readouterr().out.splitlines() if 'changed keys' in l]
+    assert changed == ['resuming with changed keys (checkpoint -> now): max_iters 1 -> 2'], changed
+    ck = load_checkpoint(str(tmp_path / 'ft'))
+    assert ck['iter_num'] == 2 and ck['model_args']['causal'] is False and ck['config']['causal'] is False
 
 
 def test_the_peak_flops_table_matches_the_most_specific_name_first():
@@ -1342,3 +1422,224 @@ def test_a_gpt2_folder_with_a_pickled_call_is_one_line(env, tmp_path):
     err = p.stderr.strip()
     assert p.returncode == 1 and len(err.splitlines()) == 1 and 'refused' in err and 'would run as code' in err, err
     assert not (tmp_path / 'ran').exists()
+
+
+# A driver for the signal tests: it imports train.py's libraries once and forks each run from there (a run then
+# starts in a fraction of a second, not the seconds of a fresh interpreter importing torch). Each run is a real
+# process in its own process group, signalled as a terminal's Ctrl-C (SIGINT) or `timeout` (SIGTERM) would signal
+# it. An audit hook records every write into the run's out_dir, and a wrapper the moment the lock is let go.
+SIGNAL_DRIVER = """
+import json, os, random, re, runpy, signal, sys, time
+sys.path.insert(0, {root!r})
+import torch
+torch.set_num_threads(1)
+import aogpt.configurator, aogpt.rundir, model, aogpt.checkpoint, aogpt.ema, aogpt.orders, aogpt.plot, aogpt.preflight
+import aogpt.runtime, aogpt.startup, aogpt.valloss, torch.distributed, torch.nn.parallel, tqdm
+import torch._dynamo  # what the first optimizer imports (seconds)
+import io, matplotlib
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt
+plt.plot([0, 1]); plt.savefig(io.BytesIO()); plt.close('all')  # the font cache, loaded once
+
+TRAIN, BASE, TRIES, SEED = {train!r}, {base!r}, {tries}, {seed}
+COMMON = {common!r}
+WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+def child(out, argv, ready):
+    os.setpgid(0, 0)
+    for fd, name in ((1, 'stdout'), (2, 'stderr')):
+        os.dup2(os.open(f'{{out}}.{{name}}', os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    events = os.open(f'{{out}}.events', os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    inside = os.path.realpath(out) + os.sep
+
+    def hook(event, a):
+        paths = []
+        if event == 'open' and isinstance(a[0], (str, bytes)) and (
+                (a[1] is not None and any(c in a[1] for c in 'wax+')) or (a[1] is None and a[2] & WRITES)):
+            paths = [a[0]]
+        elif event in ('os.rename', 'os.replace', 'os.link'):
+            paths = [a[1]]
+        elif event in ('os.remove', 'os.truncate', 'os.rmdir'):
+            paths = [a[0]]
+        for p in paths:
+            if not isinstance(p, (str, bytes)):
+                continue  # a file descriptor (the lock file's own ftruncate)
+            p = os.fsdecode(p)
+            if os.path.realpath(os.path.dirname(os.path.abspath(p))) + os.sep == inside:
+                os.write(events, f'write {{event}} {{os.path.basename(p)}}\\n'.encode())
+    sys.addaudithook(hook)
+    release = aogpt.rundir.release_out_dir
+
+    def released(lock, failed=False):
+        if lock is not None:
+            os.write(events, f'release {{time.monotonic()}}\\n'.encode())
+        return release(lock, failed)
+    aogpt.rundir.release_out_dir = released
+    handle = signal.signal
+
+    def handled(signum, handler):
+        handle(signum, handler)
+        if signum == signal.SIGTERM:
+            os.write(ready, b'x')  # from here on the handlers are train.py's
+    signal.signal = handled
+    sys.argv = [TRAIN] + argv
+    runpy.run_path(TRAIN, run_name='__main__')
+    sys.exit(0)
+
+
+def start(out, argv):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        child(out, argv, w)  # never returns
+    os.close(w)
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass  # the child got there first
+    return pid, r
+
+
+def wait(pid):
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def tensors(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, dict):
+        return [t for k in sorted(x, key=str) for t in tensors(x[k])]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in tensors(v)]
+    return []
+
+
+def state(path):
+    c = torch.load(path, map_location='cpu', weights_only=False)
+    return c['iter_num'], tensors([c['model'], c['ema'], c['optimizer']])
+
+
+def same(a, b):
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+# the reference: one uninterrupted run that keeps its checkpoint of every iteration
+ref = os.path.join(BASE, 'ref')
+pid, r = start(ref, COMMON + ['--out_dir=' + ref, '--max_iters=60', '--ckpt_interval=1', '--keep_ckpt_every=1'])
+assert wait(pid) == 0, open(ref + '.stderr').read()
+reference = {{k: state(os.path.join(ref, f'ckpt_{{k:07d}}.pt'))[1] for k in range(1, 61)}}
+
+rng = random.Random(SEED)
+live, report = {{}}, []
+
+
+def reap(block):
+    for pid in list(live):
+        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+        if done:
+            live.pop(pid)['rc'] = os.waitstatus_to_exitcode(status)
+
+
+for t in range(TRIES):  # one run signalled at a time; those that ended exit meanwhile (seconds, for torch)
+    out = os.path.join(BASE, f'try{{t}}')
+    sigs = [rng.choice([signal.SIGINT, signal.SIGTERM]) for _ in range(rng.choice([1, 1, 2, 2, 3]))]
+    delay = rng.uniform(0, 2.5)
+    pid, r = start(out, COMMON + ['--out_dir=' + out, '--max_iters=100000', '--eval_interval=3', '--ckpt_interval=2'])
+    os.read(r, 1)
+    time.sleep(delay)
+    for s in sigs:
+        os.killpg(pid, s)
+        time.sleep(rng.uniform(0, 0.03))
+    live[pid] = rec = dict(t=t, out=out, sigs=[int(s) for s in sigs], delay=delay, signalled=time.monotonic(),
+                           rc='hung')
+    report.append(rec)
+    while len(live) > 2:
+        reap(False)
+        time.sleep(0.01)
+end = time.monotonic() + 60
+while live and time.monotonic() < end:
+    reap(False)
+    time.sleep(0.05)
+for pid in live:
+    os.killpg(pid, signal.SIGKILL)  # a run that ignored its signals: recorded as 'hung'
+    os.waitpid(pid, 0)
+for rec in report:
+    out = rec['out']
+    events = open(out + '.events').read().splitlines()
+    rec.update(err=open(out + '.stderr').read(), out_tail=open(out + '.stdout').read()[-300:],
+               events_after_release=[], ckpt=None, matches=None)
+    released = [i for i, e in enumerate(events) if e.startswith('release')]
+    if released:
+        rec['releases'] = len(released)
+        rec['events_after_release'] = events[released[0] + 1:]
+        rec['released_s'] = float(events[released[0]].split()[1]) - rec['signalled']
+    ckpt = os.path.join(out, 'ckpt.pt')
+    if os.path.exists(ckpt):
+        k, ts = state(ckpt)
+        rec['ckpt'] = k
+        rec['matches'] = same(ts, reference[k]) if k in reference else None
+
+# the latest checkpoint a signal left within the reference's reach resumes bit-exactly
+resumable = [rec for rec in report if rec['ckpt'] and rec['ckpt'] + 2 in reference]
+if resumable:
+    rec = max(resumable, key=lambda rec: rec['ckpt'])
+    out, k = os.path.join(BASE, 'try{{}}'.format(rec['t'])), rec['ckpt']
+    pid, r = start(out + '_resume', COMMON + ['--out_dir=' + out, '--init_from=auto', f'--max_iters={{k + 2}}',
+                                              '--eval_interval=3', '--ckpt_interval=2'])
+    rc = wait(pid)
+    k2, ts = state(os.path.join(out, 'ckpt.pt'))
+    report.append(dict(resumed=rec['t'], rc=rc, iter=k2, matches=k2 == k + 2 and same(ts, reference[k + 2])))
+json.dump(report, open(os.path.join(BASE, 'report.json'), 'w'))
+"""
+
+
+def signal_storm(env, tmp_path, tries, seed):
+    """Run SIGNAL_DRIVER for `tries` signalled runs; its report, one record per run and the resume's last."""
+    common = [str(env / 'tiny.py'), f'--data_root={env / "data"}', '--eval_iters=2', '--lr_decay_iters=1000',
+              '--warmup_iters=2', '--gradient_accumulation_steps=1', '--progress=False']
+    driver = tmp_path / 'driver.py'
+    driver.write_text(SIGNAL_DRIVER.format(root=ROOT, train=TRAIN, base=str(tmp_path), tries=tries, seed=seed,
+                                           common=common))
+    p = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, cwd=ROOT, env=ENVIRON,
+                       timeout=120 + 4 * tries, start_new_session=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.load(open(tmp_path / 'report.json'))
+
+
+def check_storm(report, tries):
+    """Each signalled run: exactly one line naming where it stopped, status 128 + a signal sent to it, ended within
+    seconds, the lock let go once and only after the run's last write, and a checkpoint (if one was written) that
+    is bit for bit the uninterrupted run's at its iteration; and a resume from one of them is bit-exact too."""
+    runs, resume = report[:tries], report[tries:]
+    line = re.compile(r"interrupted at iteration (\d+): (.*/ckpt\.pt \(iteration (\d+)\) is intact; continue with "
+                      r"the same command and --init_from=auto|no checkpoint was written)$")
+    for rec in runs:
+        # the status is a signal's that was sent: the first one's when the run handled it before the next came,
+        # but two sent 0-30 ms apart can both be pending when the kernel delivers them (lowest number first), or
+        # their handlers run on two threads at once, so which came first is not observable inside the process
+        assert rec['rc'] in {128 + s for s in rec['sigs']}, rec
+        err = rec['err'].strip().splitlines()
+        assert len(err) == 1 and line.match(err[0]), rec
+        m = line.match(err[0])
+        assert rec['ckpt'] == (int(m.group(3)) if m.group(3) else None), rec
+        assert rec.get('releases') == 1 and rec['events_after_release'] == [], rec
+        assert rec['released_s'] < 10, rec  # one val batch or one checkpoint write, not a run that trains on
+        assert rec['matches'] is not False, rec
+    assert sum(rec['ckpt'] is not None for rec in runs) >= tries // 4, "too few runs got as far as a checkpoint"
+    assert resume and resume[0]['rc'] == 0 and resume[0]['matches'], resume
+
+
+def test_random_and_back_to_back_signals_end_every_run_cleanly(env, tmp_path):
+    """Ctrl-C / SIGTERM at random moments, one to three of them 0-30 ms apart. The handler once printed, let go of
+    the lock and raised SystemExit wherever the main thread was: now and then the run then trained and saved on
+    with the lock released, or printed its line twice with an 'Exception ignored ... SystemExit' traceback, or
+    ended with status 0."""
+    check_storm(signal_storm(env, tmp_path, 20, 0), 20)
+
+
+@pytest.mark.slow
+def test_hundreds_of_random_signals(env, tmp_path):
+    """The same, 300 times (make test-all)."""
+    check_storm(signal_storm(env, tmp_path, 300, 1), 300)

@@ -1,0 +1,108 @@
+"""Writes on a full disk or into a read-only folder: one line naming the file, nothing cut or left behind.
+
+The full disk is real where the suite may mount one (a 64 KiB tmpfs the test makes: helpers.small_fs); the
+same code paths are also driven by a monkeypatched os.write, which needs no mount.
+"""
+import errno
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import fill, small_fs
+from test_hub import make_run, one_line, run_export
+
+from aogpt import paths, plot
+from aogpt.checkpoint import save_record
+from aogpt.errors import UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def records(n, width=40):
+    return [dict(iter=i, note='x' * width) for i in range(n)]
+
+
+def test_a_full_disk_never_cuts_a_history_line(tmp_path):
+    """eval_ppl's history append on a full disk left a cut line: the next record was glued onto it (and lost to
+    every reader), and the error named eval_ppl.json, not the history that failed."""
+    d = tmp_path / 'fs'
+    with small_fs(d):
+        hist = d / 'eval_ppl.jsonl'
+        for r in records(3):
+            paths.append_jsonl(str(hist), r)
+        before = hist.read_bytes()
+        fill(str(d), 1000)
+        with pytest.raises(OSError) as e:
+            paths.append_jsonl(str(hist), dict(iter=3, note='y' * 20000))  # more than is left
+        assert e.value.errno == errno.ENOSPC and e.value.filename == str(hist)
+        assert hist.read_bytes() == before  # whole lines only
+        with pytest.raises(OSError) as e:
+            save_record(str(d / 'eval_ppl.json'), dict(iter=4, note='z' * 20000))
+        assert e.value.filename in (str(hist), str(d / 'eval_ppl.json')) and hist.read_bytes() == before
+        os.remove(d / 'filler')
+        paths.append_jsonl(str(hist), dict(iter=5))
+        assert paths.read_jsonl(str(hist)) == (records(3) + [dict(iter=5)], False)
+
+
+@pytest.mark.parametrize('written', [0, 7])
+def test_a_failed_or_short_append_is_cut_back(tmp_path, monkeypatch, written):
+    """The same without a mount: os.write fails (ENOSPC) or writes only part of the line."""
+    hist = tmp_path / 'h.jsonl'
+    for r in records(2):
+        paths.append_jsonl(str(hist), r)
+    before = hist.read_bytes()
+    real = os.write
+
+    def full(fd, data):
+        if not written:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data[:written])
+    monkeypatch.setattr(os, 'write', full)
+    with pytest.raises(OSError) as e:
+        paths.append_jsonl(str(hist), dict(iter=9))
+    monkeypatch.undo()
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(hist) and hist.read_bytes() == before
+
+
+def test_a_cut_last_line_is_reported_and_repaired(tmp_path):
+    """A kill mid-append leaves a cut last line: a reader leaves it out and says so; the next append drops it
+    rather than gluing its record onto it. A bad line in the middle is not a cut: one line naming it."""
+    hist = tmp_path / 'log.jsonl'
+    hist.write_text(''.join(json.dumps(r) + '\n' for r in records(2)) + '{"iter": 2, "no')
+    assert paths.read_jsonl(str(hist)) == (records(2), True)
+    paths.append_jsonl(str(hist), dict(iter=3))
+    assert paths.read_jsonl(str(hist)) == (records(2) + [dict(iter=3)], False)
+    hist.write_text('{"iter": 0}\n{"iter": 1, "no\n{"iter": 2}\n')
+    with pytest.raises(UserError, match=r"log.jsonl, line 2, is not a JSON record"):
+        paths.read_jsonl(str(hist))
+
+
+def test_a_png_on_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path):
+    d = tmp_path / 'fs'
+    with small_fs(d):
+        log = d / 'log.jsonl'
+        for i in range(4):
+            paths.append_jsonl(str(log), dict(iter=i, tokens=i * 100, train_loss=3.0 - i / 4, val_l2r=3 - i / 5))
+        fill(str(d), 2000)  # a loss plot takes tens of kB
+        with pytest.raises(UserError, match=f"cannot write {d / 'loss.png'} "):
+            plot.plot_log(str(log), str(d / 'loss.png'))
+        assert sorted(os.listdir(d)) == ['filler', 'log.jsonl']
+
+
+def test_plot_and_export_into_a_read_only_folder_are_one_line(tmp_path, capsys):
+    """`python -m aogpt.plot` and export.py into a read-only folder gave tracebacks (savefig, makedirs)."""
+    make_run(tmp_path / 'run')
+    d = tmp_path / 'ro'
+    with small_fs(d) as remount:
+        for i in range(3):
+            paths.append_jsonl(str(d / 'log.jsonl'), dict(iter=i, tokens=i * 100, val_l2r=3 - i / 5))
+        remount('ro')
+        p = subprocess.run([sys.executable, '-m', 'aogpt.plot', str(d)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        err = p.stderr.strip()
+        assert p.returncode == 1 and len(err.splitlines()) == 1 and f"cannot write {d / 'loss.png'}" in err, err
+        one_line(capsys, lambda: run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(d / 'hub')),
+                 f"cannot write {d / 'hub'}", 'nothing was changed')
+        assert sorted(os.listdir(d)) == ['log.jsonl']
