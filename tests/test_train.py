@@ -799,6 +799,9 @@ def test_muon_through_accumulation_clipping_bf16_autocast_and_ema(env, monkeypat
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get('ATEN_CPU_CAPABILITY') == 'default',
+                    reason="inductor writes vectorized C++ for the CPU it finds, which does not build when ATen is "
+                           "forced to its scalar kernels (at::vec undeclared): a limit of that variable, not of ours")
 def test_muon_under_torch_compile_trains_as_eager_and_its_checkpoint_resumes_eagerly(env):
     """optimizer=muon with compile=True (inductor on the CPU; about 20 s of compiling): the optimizers are built on
     the raw model before it is wrapped, so the same parameters are grouped, the losses follow the eager run's, and
