@@ -388,7 +388,8 @@ def step_times(c):
     r = subprocess.run([sys.executable] + args, cwd=R.ROOT, env=dict(os.environ, OMP_NUM_THREADS='1'),
                        capture_output=True, text=True)
     if r.returncode:
-        die(f"bench/train_speed.py failed: {first_line(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else '', 200)}")
+        last = (r.stderr.strip().splitlines() or ['no output'])[-1]
+        die(f"bench/train_speed.py failed ({first_line(last, 200)}): run `python {' '.join(args)}` to see why")
     with open(out, encoding='utf-8') as f:
         record = json.load(f)
     record['command'] = 'OMP_NUM_THREADS=1 python ' + ' '.join(a for a in args if not a.startswith('--json_out'))
