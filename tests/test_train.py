@@ -799,16 +799,17 @@ def test_muon_through_accumulation_clipping_bf16_autocast_and_ema(env, monkeypat
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get('ATEN_CPU_CAPABILITY') == 'default',
-                    reason="inductor writes vectorized C++ for the CPU it finds, which does not build when ATen is "
-                           "forced to its scalar kernels (at::vec undeclared): a limit of that variable, not of ours")
-def test_muon_under_torch_compile_trains_as_eager_and_its_checkpoint_resumes_eagerly(env):
+def test_muon_under_torch_compile_trains_as_eager_and_its_checkpoint_resumes_eagerly(env, monkeypatch):
     """optimizer=muon with compile=True (inductor on the CPU; about 20 s of compiling): the optimizers are built on
     the raw model before it is wrapped, so the same parameters are grouped, the losses follow the eager run's, and
     the checkpoint holds the plain names and both states, so a run without compile resumes it. Inductor fuses and
     reorders the forward's float32 ops; with a float32 Newton-Schulz (muon_dtype) those differences stay near
     float32's rounding (tests/README.md, class 7; losses within 1e-6 here), far below the bounds (losses 2e-3,
-    weights 2e-2). Which parameters each optimizer holds is checked exactly, through the saved states' shapes."""
+    weights 2e-2). Which parameters each optimizer holds is checked exactly, through the saved states' shapes.
+    The compiled kernels go to a cache of this test's own: inductor's shared cache (/tmp/torchinductor_$USER)
+    does not key its kernels on ATEN_CPU_CAPABILITY, so after a run on the machine's own kernels a run under
+    =avx2 or =default reuses vector code of the wrong width and crashes (index out of bounds, or an abort)."""
+    monkeypatch.setitem(ENVIRON, 'TORCHINDUCTOR_CACHE_DIR', str(env / 'inductor-cache'))
     common = ['--max_iters=6', '--eval_interval=2', '--optimizer=muon', '--muon_adaln=True', '--muon_dtype=float32']
     run(env, args(env, 'mu_eager', *common))
     run(env, args(env, 'mu_compiled', *common, '--compile=True'))
