@@ -1552,6 +1552,11 @@ for t in range(TRIES):  # one run signalled at a time; those that ended exit mea
     delay = rng.uniform(0, 2.5)
     pid, r = start(out, COMMON + ['--out_dir=' + out, '--max_iters=100000', '--eval_interval=3', '--ckpt_interval=2'])
     os.read(r, 1)
+    if t % 2:  # every other run: signalled only once it has saved a checkpoint, however slow a loaded machine is
+        delay = rng.uniform(0, 1.0)
+        until = time.monotonic() + 60
+        while 'ckpt.pt' not in open(out + '.events').read() and time.monotonic() < until:
+            time.sleep(0.01)
     time.sleep(delay)
     for s in sigs:
         os.killpg(pid, s)
