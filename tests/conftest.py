@@ -16,7 +16,57 @@ torch.set_flush_denormal(True)
 
 def pytest_configure(config):
     # `make test` runs `-m "not slow"`; `make test-all` (what CI runs) runs everything
-    config.addinivalue_line('markers', 'slow: an end-to-end check of half a minute or more (make test-all runs it)')
+    config.addinivalue_line('markers', 'slow: an end-to-end check of half a minute or more, or a case of a grid '
+                                       'beyond the ones GRIDS keeps (make test-all runs it)')
+
+
+# The grids: tests parametrized over many settings of one property (a sampler's law, a cache against a
+# recomputation) whose cases cost seconds each. make test runs the cases named here, which between them touch every
+# value of every parameter; make test-all runs the whole grid. A name here that no longer matches a collected case
+# is an error, so the table cannot quietly drop a grid from make test.
+GRIDS = {
+    'test_speculative.py::test_l2r_is_the_exact_joint': ('True-2', 'False-4', 'True-3'),
+    'test_speculative.py::test_an_order_distribution_gives_the_mixture_over_its_law': (
+        'mix:0.3*l2r+0.7*nearl2r:2.5',),
+    'test_speculative.py::test_random_order_is_the_mixture_over_orders': ('per_row',),
+    'test_speculative.py::test_prompt_and_infill': ('infill',),
+    'test_speculative.py::test_temperature_and_top_p_transform_both_laws': ('tf2',),
+    'test_speculative.py::test_cache_equals_a_cache_free_recomputation': ('kw0-cond0', 'kw1-cond1', 'kw2-cond2',
+                                                                          'kw3-cond0'),
+    'test_speculative.py::test_static_stepper_gives_the_dynamic_samples': ('kw0-min', 'kw1-per_row', 'kw2-fused'),
+    'test_speculative.py::test_per_sample_cache_equals_a_cache_free_recomputation': (
+        'cond0-kw0', 'cond1-kw1', 'cond0-kw2', 'cond1-kw3', 'cond0-kw4'),
+    'test_speculative.py::test_fused_rounds_are_the_exact_joint': ('kw0-orders0-4', 'kw3-orders3-4',
+                                                                   'kw5-orders5-4', 'kw7-orders7-4'),
+    'test_speculative.py::test_fused_negative_controls_are_rejected': ('None', 'keep_rejected'),
+    'test_sample.py::test_static_stepper_equals_dynamic_call_for_call': ('kw0-0', 'kw1-16', 'kw2-0'),
+    'test_sample.py::test_confidence_orders_on_the_cache_equal_a_cache_free_recomputation': (
+        'confidence-dynamic', 'margin-static'),
+    'test_sample.py::test_encoder_cache_trick_gives_identical_samples_with_fewer_passes': ('shared',),
+    'test_documents.py::test_early_stop_keeps_the_full_draws_documents_token_for_token': ('semiar:2',),
+    'test_documents.py::test_early_stopped_documents_have_the_exact_law': ('semiar:2-True',),
+    'test_documents.py::test_early_stopped_speculative_documents_have_the_exact_law': ('kw0',),
+    'test_eval.py::test_order_bound_is_the_expectation_over_its_law': ('mix:0.3*l2r+0.7*semiar:3',),
+    'test_eval.py::test_mdm_elbo_matches_enumeration_over_orders': ('count',),
+    'test_hub.py::test_the_cards_commands_run_as_written': ('adaln',),
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m reads the markers
+def pytest_collection_modifyitems(config, items):
+    found = {name: set() for name in GRIDS}
+    for item in items:
+        name = f"{item.path.name}::{item.originalname}"
+        if name in GRIDS and hasattr(item, 'callspec'):
+            found[name].add(item.callspec.id)
+            if item.callspec.id not in GRIDS[name]:
+                item.add_marker(pytest.mark.slow)
+    if any('::' in arg for arg in config.args):
+        return  # a run of named cases collects only those
+    for name, ids in found.items():
+        if ids and not set(GRIDS[name]) <= ids:  # (no ids: the file was not collected this time)
+            raise pytest.UsageError(f"tests/conftest.py GRIDS: {name} has no case "
+                                    f"{sorted(set(GRIDS[name]) - ids)}; its cases are {sorted(ids)}")
 
 
 @pytest.fixture
@@ -42,6 +92,3 @@ def cli(monkeypatch, capsys):
         return code, out.out, out.err
     return run
 
-
-def pytest_configure(config):
-    config.addinivalue_line('markers', 'slow: a long version of a default test (make test-all)')
