@@ -33,8 +33,9 @@ Where the sequence starts (--bos; docs/downstream.md has the details):
         <|endoftext|>), windows of block_size+1 tokens. Only for a GPT-2 loaded from Hugging Face
         (GPT.from_pretrained), whose [None] is <|endoftext|>; it reproduces the hf class exactly.
 
-Results: the harness's table on the console, and a JSON (harness.json beside the checkpoint, or --out), also
-appended to harness.jsonl beside it, where every run is kept.
+Results: the harness's table on the console, and a JSON (harness.json beside the checkpoint, or --out; where
+exactly is checkpoint.record_path, eval_ppl.py's rule too), also appended to harness.jsonl beside it, where every
+run is kept.
 The lm_eval CLI can use the class too, once this module is imported:
     python -c "import eval_harness; from lm_eval.__main__ import cli_evaluate; cli_evaluate()" \\
         --model aogpt --model_args ckpt=out,likelihood=orders:4 --tasks piqa
@@ -45,14 +46,12 @@ import json
 import math
 import os
 import time
-from types import SimpleNamespace
 
 import torch
 from torch.nn import functional as F
 
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die, first_line
-from aogpt.paths import check_writable
 from aogpt.runtime import autocast, resolve_device, script_device, start_ranks
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
@@ -484,7 +483,8 @@ def read_config(argv):
     if c.include_path and not os.path.isdir(c.include_path):
         die(f"--include_path {c.include_path}: no such folder")
     c.device = script_device(c.device, c.dtype)[0]  # a device this machine lacks, or a bad --dtype: one line
-    check_writable(json_path(c), 'out', 'harness.json', create=True, given=bool(c.out))  # before hours of tasks
+    from aogpt.checkpoint import check_record_path
+    check_record_path(c.out, c.ckpt or c.out_dir, 'harness', 'out')  # before hours of tasks
     return c
 
 
@@ -614,15 +614,9 @@ def harness_table(r):
 
 
 def json_path(c):
-    if c.out:
-        return c.out
-    path = c.ckpt or c.out_dir
-    if path.startswith('hf:'):
-        return path[3:].strip('/').replace('/', '_') + '.harness.json'
-    if os.path.isdir(path):
-        return os.path.join(path, 'harness.json')
-    stem = os.path.splitext(os.path.basename(path))[0]
-    return os.path.join(os.path.dirname(path) or '.', 'harness.json' if stem == 'ckpt' else f'{stem}.harness.json')
+    """Where the record goes: checkpoint.record_path's rule, shared with eval_ppl.py."""
+    from aogpt.checkpoint import record_path
+    return record_path(c.out, c.ckpt or c.out_dir, 'harness')
 
 
 def write_record(record, c):
@@ -639,10 +633,11 @@ def write_record(record, c):
 
 def model_card_section(src, iter_num=None, used_ema=None, weights=None):
     """The 'Downstream tasks' markdown for export.py's model card: the harness table from the harness.json
-    that eval_harness.py wrote for checkpoint `src` (same rule as json_path), or '' when there is none or
+    that eval_harness.py wrote for checkpoint `src` (checkpoint.record_path), or '' when there is none or
     it describes other weights (another iteration, EMA vs raw, or another checkpoint.fingerprint). Export
     only calls it."""
-    path = json_path(SimpleNamespace(out='', ckpt=src, out_dir=src))
+    from aogpt.checkpoint import record_path
+    path = record_path('', src, 'harness')
     try:
         with open(path) as f:
             rec = json.load(f)
