@@ -128,16 +128,15 @@ class AOGPTLM(TemplateLM):
         dev = resolve_device(device or 'auto')
         self.ckpt, self.used_ema, self.iter_num = ckpt, None, None
         if model is None:
-            from aogpt.checkpoint import checkpoint_codec, load_model
-            model, ck, self.used_ema = load_model(ckpt, dev, use_ema)
-            codec = checkpoint_codec(ck, dataset)
+            from aogpt.checkpoint import load_model
+            model, ck, self.used_ema, codec = load_model(ckpt, dev, use_ema, dataset=dataset)
             self.iter_num = ck.get('iter_num')
-        if codec is None:
+        elif codec is None:
             from aogpt.tokenizer import gpt2_codec
             codec = gpt2_codec()
         self.model, self.codec = model.to(dev).eval(), codec
         cfg = model.config
-        if codec.vocab_size > cfg.vocab_size:
+        if codec.vocab_size > cfg.vocab_size:  # a model object and codec passed in (load_model checked its own)
             raise ValueError(f"the {codec.name} codec has {codec.vocab_size} symbols but the model only "
                              f"{cfg.vocab_size}")
         if bos == 'hf' and not (cfg.causal and cfg.cond == 'none' and self.estimator == 'l2r'):

@@ -54,7 +54,7 @@ import time
 
 import torch
 
-from aogpt.checkpoint import check_record_path, checkpoint_codec, fingerprint, load_model, record_path, save_record
+from aogpt.checkpoint import check_record_path, fingerprint, load_model, record_path, save_record
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die
 from aogpt.evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
@@ -178,12 +178,8 @@ def quiet_hf_bars(show):
 def load_for_eval(c, dev):
     """The model (EMA weights by default), its checkpoint dict, whether EMA was used, its codec, the
     chunk length."""
-    model, ck, used_ema = load_model(c.ckpt or c.out_dir, dev, c.use_ema)
-    codec = checkpoint_codec(ck, c.dataset)
+    model, ck, used_ema, codec = load_model(c.ckpt or c.out_dir, dev, c.use_ema, dataset=c.dataset)
     cfg = model.config
-    if codec.vocab_size > cfg.vocab_size:
-        die(f"the {codec.name} codec has {codec.vocab_size} symbols but the model only {cfg.vocab_size}: "
-            f"the checkpoint's codec does not fit its model")
     if c.mdm_l2r and cfg.causal:
         die("--mdm_l2r computes an encoder MDM's L2R column; this decoder's L2R column is exact anyway: drop it")
     n = c.block_size or cfg.block_size

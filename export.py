@@ -69,11 +69,7 @@ def main(argv=None):
     src = c.ckpt or c.out_dir
     target = c.dest or default_dest(src)
     check_dest(target, c.overwrite)  # before the (possibly long) load
-    model, ck, used_ema = checkpoint.load_model(src, 'cpu', c.use_ema)
-    codec = checkpoint.checkpoint_codec(ck, c.dataset)
-    misfit = checkpoint.codec_misfit(codec, model.config, ck.get('config'))
-    if misfit:
-        die(f"{src}: {misfit}; the export would not load (pick the --dataset it was trained on)")
+    model, ck, used_ema, codec = checkpoint.load_model(src, 'cpu', c.use_ema, dataset=c.dataset)
     config = export_config(model, ck, codec, used_ema, src, c.dtype)
     weights_id = checkpoint.fingerprint(model)
     results = find_evals(src, c.evals, ck.get('iter_num'), used_ema, weights_id)

@@ -257,13 +257,16 @@ def detect_format(ckpt):
     return None
 
 
-def load_model(path, device='cpu', use_ema=None):
+def load_model(path, device='cpu', use_ema=None, dataset=None):
     """Build the model a checkpoint describes. use_ema=None means: EMA weights when the file has them.
 
     Reads our checkpoints and the paper's released AO-GPT / sigma-GPT files alike (detected from the
     keys). Returns (model in eval mode on `device`, the checkpoint dict in our format, whether EMA
     weights were used). For a paper file the dict also has 'source' ('paper-aogpt' | 'paper-sigma')
     and 'tokenizer': 'gpt2'.
+    dataset: a command's --dataset ('' for none): then also the codec the model's ids mean
+    (checkpoint_codec), refused in one line unless it fits the model (codec_misfit), as a fourth item:
+    (model, ckpt, used_ema, codec). What every command that scores, samples or exports calls.
     """
     where = resolve_path(path)
     ckpt = load_checkpoint(where)
@@ -324,7 +327,15 @@ def load_model(path, device='cpu', use_ema=None):
         print("note: using sigma-GPT's EMA weights; the paper evaluated its sigma-GPT checkpoints with the "
               "raw weights (--use_ema=False; train.py: --init_ema=False)", file=sys.stderr)
     model.to(device).eval()
-    return model, ckpt, use_ema
+    if dataset is None:
+        return model, ckpt, use_ema
+    codec = checkpoint_codec(ckpt, dataset)  # a stored codec was checked above; one from data is checked here
+    misfit = codec_misfit(codec, model.config, ckpt.get('config'))
+    if misfit:
+        raise UserError(f"{where}: {misfit}, so its ids cannot be read with that codec; " +
+                        ("pick the --dataset it was trained on" if dataset else
+                         "pass --dataset, the data it was trained on"))
+    return model, ckpt, use_ema, codec
 
 
 def nonfinite_weight(model):
