@@ -21,6 +21,8 @@ Estimators of log p(continuation | context) (--likelihood; the JSON records whic
   encoder MDM (causal=False): its ELBO, --mc masks per request over the continuation only (the context
              is never masked), reveal counts stratified, seeded by the context; is_greedy from one pass
              with the whole continuation masked. This is what the MDM repos (LLaDA, SMDM) plug in.
+The orders, context orderings and masks are drawn by aogpt/likelihood.py (continuation_orders,
+context_orderings, stratified_counts and uniform_subsets), from what eval_ppl.py's estimators draw with.
 loglikelihood_rolling (perplexity tasks) is exact L2R for a decoder (the ELBO for an encoder), over the
 harness's own rolling windows (natively: eval_ppl.py's chunks, the last partial one with left context).
 generate_until is L2R KV-cache decoding (generate.generate_ar), greedy
@@ -33,8 +35,9 @@ Where the sequence starts (--bos; docs/downstream.md has the details):
         <|endoftext|>), windows of block_size+1 tokens. Only for a GPT-2 loaded from Hugging Face
         (GPT.from_pretrained), whose [None] is <|endoftext|>; it reproduces the hf class exactly.
 
-Results: the harness's table on the console, and a JSON (harness.json beside the checkpoint, or --out), also
-appended to harness.jsonl beside it, where every run is kept.
+Results: the harness's table on the console, and a JSON (harness.json beside the checkpoint, or --out; where
+exactly is checkpoint.record_path, eval_ppl.py's rule too), also appended to harness.jsonl beside it, where every
+run is kept.
 The lm_eval CLI can use the class too, once this module is imported:
     python -c "import eval_harness; from lm_eval.__main__ import cli_evaluate; cli_evaluate()" \\
         --model aogpt --model_args ckpt=out,likelihood=orders:4 --tasks piqa
@@ -45,14 +48,13 @@ import json
 import math
 import os
 import time
-from types import SimpleNamespace
 
 import torch
 from torch.nn import functional as F
 
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die, first_line
-from aogpt.paths import check_writable
+from aogpt.likelihood import context_orderings, continuation_orders, mixture_nll, stratified_counts, uniform_subsets
 from aogpt.runtime import autocast, resolve_device, script_device, start_ranks
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
@@ -106,10 +108,6 @@ def context_seed(seed, tokens):
     return int.from_bytes(h[:8], 'little') & ((1 << 63) - 1)
 
 
-def log_mean_exp(x):
-    return (torch.logsumexp(x, 0) - math.log(len(x))).item()
-
-
 # ----------------------------------------------------------------------------------------------- the LM class
 
 @register_model('aogpt')
@@ -129,16 +127,15 @@ class AOGPTLM(TemplateLM):
         dev = resolve_device(device or 'auto')
         self.ckpt, self.used_ema, self.iter_num = ckpt, None, None
         if model is None:
-            from aogpt.checkpoint import checkpoint_codec, load_model
-            model, ck, self.used_ema = load_model(ckpt, dev, use_ema)
-            codec = checkpoint_codec(ck, dataset)
+            from aogpt.checkpoint import load_model
+            model, ck, self.used_ema, codec = load_model(ckpt, dev, use_ema, dataset=dataset)
             self.iter_num = ck.get('iter_num')
-        if codec is None:
+        elif codec is None:
             from aogpt.tokenizer import gpt2_codec
             codec = gpt2_codec()
         self.model, self.codec = model.to(dev).eval(), codec
         cfg = model.config
-        if codec.vocab_size > cfg.vocab_size:
+        if codec.vocab_size > cfg.vocab_size:  # a model object and codec passed in (load_model checked its own)
             raise ValueError(f"the {codec.name} codec has {codec.vocab_size} symbols but the model only "
                              f"{cfg.vocab_size}")
         if bos == 'hf' and not (cfg.causal and cfg.cond == 'none' and self.estimator == 'l2r'):
@@ -241,13 +238,10 @@ class AOGPTLM(TemplateLM):
                 continue
             orders = [list(range(n))]  # the L2R pass: exact log-likelihood and the greedy check
             g = torch.Generator().manual_seed(context_seed(self.seed, ctx))
-            c = n - L
             if self.estimator == 'orders':  # the continuation in K seeded orders after the L2R context
-                for p in torch.rand(self.K, L, generator=g, dtype=torch.float64).argsort(1).tolist():
-                    orders.append(list(range(c)) + [c + i for i in p])
-            if self.estimator == 'ensemble':  # M-1 seeded orderings of the context, continuation L2R after it
-                for p in torch.rand(self.K - 1, c, generator=g, dtype=torch.float64).argsort(1).tolist():
-                    orders.append(p + list(range(c, n)))
+                orders += continuation_orders(self.K, n - L, n, g).tolist()
+            if self.estimator == 'ensemble':  # member 0 is the L2R pass; M-1 seeded orderings of the context
+                orders += context_orderings(self.K, n - L, n, g)[1:].tolist()
             for j, o in enumerate(orders):
                 y = [w[i] for i in o]
                 rows.append((key, [NONE] + y[:-1], [NONE] + o[:-1], o, y, L, j - 1))
@@ -257,14 +251,11 @@ class AOGPTLM(TemplateLM):
             m = dict(ll=l2r[0], greedy=l2r[1], l2r=l2r[0])
             if self.estimator == 'orders':
                 s = torch.tensor([out[(key, j)][0] for j in range(self.K)], dtype=torch.float64)
-                m.update(ll=s.mean().item(), orders_mean=s.mean().item(), orders_lme=log_mean_exp(s),
+                m.update(ll=s.mean().item(), orders_mean=s.mean().item(), orders_lme=-mixture_nll(-s).item(),
                          orders=s.tolist())
-            if self.estimator == 'ensemble':
-                # each continuation token's conditional is the mean *probability* over the M members; the
-                # orderings depend on the context alone, so every conditional is normalised and the sum
-                # is an exact log-likelihood (of the ensemble), not a bound
+            if self.estimator == 'ensemble':  # likelihood.context_orderings: an exact log-likelihood of the ensemble
                 lp = torch.stack([out[(key, j)][2] for j in range(-1, self.K - 1)])       # (M, L)
-                ens = (torch.logsumexp(lp, 0) - math.log(self.K)).sum().item()
+                ens = -mixture_nll(-lp).sum().item()
                 m.update(ll=ens, ensemble=ens)
             memo[key] = m
 
@@ -302,27 +293,24 @@ class AOGPTLM(TemplateLM):
         """The encoder MDM: an MC estimate of its ELBO of the continuation given the (unmasked) context.
         With L continuation tokens, E over a uniform reveal count k in 1..L and a uniform k-subset S of
         (L/k) sum_{i in S} log p(x_i | everything outside S) is the any-order bound (eval_ppl's nll_mdm_elbo,
-        restricted to the continuation). Counts are stratified over the mc draws."""
-        from model import random_orders, stratified_uniform
+        restricted to the continuation). Counts are stratified over the mc draws (likelihood.stratified_counts,
+        uniform_subsets: nll_mdm_elbo's draws)."""
         model, mask = self.model, self.model.config.mask_token_id
         for key in todo:
             ctx, cont = key
             w = torch.tensor(self._window(ctx, cont))
             n, L = len(w), len(cont)
             g = torch.Generator().manual_seed(context_seed(self.seed, ctx))
-            k = (stratified_uniform(self.mc, g) * L).ceil().long().clamp(1, L)               # (mc,)
-            ranks = random_orders(self.mc, L, generator=g).argsort(1)                        # (mc, L)
+            k = stratified_counts(self.mc, L, g)                                             # (mc,)
             masked = torch.zeros(self.mc + 1, n, dtype=torch.bool)
-            masked[:-1, n - L:] = ranks < k[:, None]
+            masked[:-1, n - L:] = uniform_subsets(k, L, g)
             masked[-1, n - L:] = True  # the last row: all of the continuation masked, for the greedy check
             rows = torch.where(masked, mask, w)                                              # (mc+1, n)
             lp, hit = [], []
             for s in range(0, self.mc + 1, self._batch):
                 h = model.encoder_hidden(rows[s:s + self._batch].to(self.device))[:, n - L:]  # (b, L, C)
-                logits = model.lm_head(h)                                                    # (b, L, V)
-                logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-                logits[..., mask] = torch.finfo(logits.dtype).min  # the encoder never predicts [MASK], as in forward
-                logp = F.log_softmax(logits, -1)
+                logits = model.encoder_logits(h)                                             # (b, L, V)
+                logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
                 y = w[n - L:].to(self.device).expand(len(h), L)
                 lp.append(logp.gather(2, y[..., None])[..., 0].double().cpu())               # (b, L)
                 hit.append((logp.argmax(-1) == y).cpu())
@@ -484,7 +472,8 @@ def read_config(argv):
     if c.include_path and not os.path.isdir(c.include_path):
         die(f"--include_path {c.include_path}: no such folder")
     c.device = script_device(c.device, c.dtype)[0]  # a device this machine lacks, or a bad --dtype: one line
-    check_writable(json_path(c), 'out', 'harness.json', create=True, given=bool(c.out))  # before hours of tasks
+    from aogpt.checkpoint import check_record_path
+    check_record_path(c.out, c.ckpt or c.out_dir, 'harness', 'out')  # before hours of tasks
     return c
 
 
@@ -614,15 +603,9 @@ def harness_table(r):
 
 
 def json_path(c):
-    if c.out:
-        return c.out
-    path = c.ckpt or c.out_dir
-    if path.startswith('hf:'):
-        return path[3:].strip('/').replace('/', '_') + '.harness.json'
-    if os.path.isdir(path):
-        return os.path.join(path, 'harness.json')
-    stem = os.path.splitext(os.path.basename(path))[0]
-    return os.path.join(os.path.dirname(path) or '.', 'harness.json' if stem == 'ckpt' else f'{stem}.harness.json')
+    """Where the record goes: checkpoint.record_path's rule, shared with eval_ppl.py."""
+    from aogpt.checkpoint import record_path
+    return record_path(c.out, c.ckpt or c.out_dir, 'harness')
 
 
 def write_record(record, c):
@@ -639,10 +622,11 @@ def write_record(record, c):
 
 def model_card_section(src, iter_num=None, used_ema=None, weights=None):
     """The 'Downstream tasks' markdown for export.py's model card: the harness table from the harness.json
-    that eval_harness.py wrote for checkpoint `src` (same rule as json_path), or '' when there is none or
+    that eval_harness.py wrote for checkpoint `src` (checkpoint.record_path), or '' when there is none or
     it describes other weights (another iteration, EMA vs raw, or another checkpoint.fingerprint). Export
     only calls it."""
-    path = json_path(SimpleNamespace(out='', ckpt=src, out_dir=src))
+    from aogpt.checkpoint import record_path
+    path = record_path('', src, 'harness')
     try:
         with open(path) as f:
             rec = json.load(f)

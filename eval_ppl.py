@@ -10,8 +10,8 @@ Zero-shot perplexity of a checkpoint: exact L2R, the any-order bound, and the co
 Every requested set is loaded before the first forward pass. One that cannot be had (offline and not in
 the HF cache, with no --data_path) is skipped, with one line naming it (--skip_missing False fails
 instead); PTB ships with the package, so the default command scores something even offline. The record
-goes to eval_ppl.json beside the checkpoint, is appended to eval_ppl.jsonl (every run is kept), and is
-drawn as eval_ppl.png. It names what it scored: the weights by a hash (`weights`) and each set's token ids by
+goes to eval_ppl.json beside the checkpoint (where exactly: checkpoint.record_path, eval_harness.py's rule
+too), is appended to eval_ppl.jsonl (every run is kept), and is drawn as eval_ppl.png. It names what it scored: the weights by a hash (`weights`) and each set's token ids by
 another (`datasets.<name>.data`), so two records compare only when both agree.
 
 Columns (per-token NLL -> PPL = exp(mean NLL) over every token of every block_size chunk):
@@ -54,13 +54,12 @@ import time
 
 import torch
 
-from aogpt.checkpoint import checkpoint_codec, fingerprint, load_model, save_record
+from aogpt.checkpoint import check_record_path, fingerprint, load_model, record_path, save_record
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die
 from aogpt.evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
 from aogpt.likelihood import nll_any_order, nll_ensemble, nll_l2r, nll_order
 from aogpt.orders import one_block, parse_order
-from aogpt.paths import check_writable
 from aogpt.plot import plot_eval
 from aogpt.runtime import autocast, script_device, start_ranks
 
@@ -165,7 +164,7 @@ def read_config(argv):
     if extra:
         die(f"--revisions names {extra}, which are not in --datasets {c.names}")
     c.device = script_device(c.device, c.dtype)[0]  # a device this machine lacks, or a bad --dtype: one line
-    check_writable(json_path(c), 'json_out', 'eval_ppl.json', create=True, given=bool(c.json_out))  # not hours later
+    check_record_path(c.json_out, c.ckpt or c.out_dir, 'eval_ppl', 'json_out')  # not hours later
     return c
 
 
@@ -179,12 +178,8 @@ def quiet_hf_bars(show):
 def load_for_eval(c, dev):
     """The model (EMA weights by default), its checkpoint dict, whether EMA was used, its codec, the
     chunk length."""
-    model, ck, used_ema = load_model(c.ckpt or c.out_dir, dev, c.use_ema)
-    codec = checkpoint_codec(ck, c.dataset)
+    model, ck, used_ema, codec = load_model(c.ckpt or c.out_dir, dev, c.use_ema, dataset=c.dataset)
     cfg = model.config
-    if codec.vocab_size > cfg.vocab_size:
-        die(f"the {codec.name} codec has {codec.vocab_size} symbols but the model only {cfg.vocab_size}: "
-            f"the checkpoint's codec does not fit its model")
     if c.mdm_l2r and cfg.causal:
         die("--mdm_l2r computes an encoder MDM's L2R column; this decoder's L2R column is exact anyway: drop it")
     n = c.block_size or cfg.block_size
@@ -359,17 +354,8 @@ def data_fingerprint(chunks):
 
 
 def json_path(c):
-    """Where the record goes: --json_out, else beside the checkpoint (a file other than ckpt.pt gets its
-    own name); for an hf: checkpoint, here (never into the HF cache)."""
-    if c.json_out:
-        return c.json_out
-    path = c.ckpt or c.out_dir
-    stem = os.path.splitext(os.path.basename(path.rstrip('/')).split('@')[0])[0]
-    if path.startswith('hf:'):
-        return f'{stem}.eval_ppl.json'
-    if os.path.isdir(path):
-        return os.path.join(path, 'eval_ppl.json')
-    return os.path.join(os.path.dirname(path) or '.', 'eval_ppl.json' if stem == 'ckpt' else f'{stem}.eval_ppl.json')
+    """Where the record goes: checkpoint.record_path's rule, shared with eval_harness.py."""
+    return record_path(c.json_out, c.ckpt or c.out_dir, 'eval_ppl')
 
 
 def write_record(record, c):

@@ -69,11 +69,7 @@ def main(argv=None):
     src = c.ckpt or c.out_dir
     target = c.dest or default_dest(src)
     check_dest(target, c.overwrite)  # before the (possibly long) load
-    model, ck, used_ema = checkpoint.load_model(src, 'cpu', c.use_ema)
-    codec = checkpoint.checkpoint_codec(ck, c.dataset)
-    misfit = checkpoint.codec_misfit(codec, model.config, ck.get('config'))
-    if misfit:
-        die(f"{src}: {misfit}; the export would not load (pick the --dataset it was trained on)")
+    model, ck, used_ema, codec = checkpoint.load_model(src, 'cpu', c.use_ema, dataset=c.dataset)
     config = export_config(model, ck, codec, used_ema, src, c.dtype)
     weights_id = checkpoint.fingerprint(model)
     results = find_evals(src, c.evals, ck.get('iter_num'), used_ema, weights_id)
@@ -156,48 +152,43 @@ def weights(model, dtype):
 
 
 def write_folder(path, config, tensors, card, overwrite=False):
-    """Write into a temp folder beside `path`, then rename it into place: no half-written export. An
-    overwrite replaces the export, not the records the eval scripts wrote beside it (eval_ppl.json, its
-    .jsonl history, harness.json, plots): those are carried into the new folder. Without --overwrite the
-    rename itself refuses a folder that another export filled meanwhile."""
+    """The export, written whole or not at all (paths.atomic_folder). An overwrite replaces the export, not
+    the records the eval scripts wrote beside it (eval_ppl.json, its .jsonl history, harness.json, plots):
+    those are carried into the new folder. Without --overwrite the rename itself refuses a folder that
+    another export filled meanwhile."""
     from safetensors.torch import save_file
+
+    from aogpt.errors import die
+    from aogpt.paths import atomic_folder
     path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    tmp = os.path.join(parent, f'.{os.path.basename(path)}.tmp.{os.getpid()}')
-    old = os.path.join(parent, f'.{os.path.basename(path)}.old.{os.getpid()}')
-    try:
-        os.makedirs(parent, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+
+    def fill(tmp):
         save_file(tensors, os.path.join(tmp, checkpoint.EXPORT_WEIGHTS), metadata={'format': 'pt'})
         # checked on every load: a corrupted or swapped weights file is refused, not sampled from
-        config = dict(config, weights_sha256=checkpoint.file_sha256(os.path.join(tmp, checkpoint.EXPORT_WEIGHTS)))
-        config['config_sha256'] = checkpoint.config_digest(config)  # what runs the weights is checked too
+        cfg = dict(config, weights_sha256=checkpoint.file_sha256(os.path.join(tmp, checkpoint.EXPORT_WEIGHTS)))
+        cfg['config_sha256'] = checkpoint.config_digest(cfg)  # what runs the weights is checked too
         with open(os.path.join(tmp, checkpoint.EXPORT_CONFIG), 'w') as f:
-            json.dump(config, f, indent=2)
+            json.dump(cfg, f, indent=2)
             f.write('\n')
         with open(os.path.join(tmp, 'README.md'), 'w') as f:
             f.write(card)
         # safetensors writes its file private (0600); an export is for sharing: the mode open() gave
         os.chmod(os.path.join(tmp, checkpoint.EXPORT_WEIGHTS), os.stat(os.path.join(tmp, 'README.md')).st_mode)
-        if overwrite and checkpoint.is_export(path):  # an earlier export (check_dest): swap it out, keep its records
-            for f in sorted(set(os.listdir(path)) - EXPORT_FILES):
-                (shutil.copytree if os.path.isdir(os.path.join(path, f)) else shutil.copy2)(
-                    os.path.join(path, f), os.path.join(tmp, f))
-            os.rename(path, old)
-        os.rename(tmp, path)  # onto nothing or an empty folder; a folder filled meanwhile: ENOTEMPTY
-    except BaseException as e:  # a full disk, no permission, a race, Ctrl-C: leave things as they were
-        if os.path.exists(old) and not os.path.exists(path):
-            os.rename(old, path)
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not isinstance(e, Exception):
-            raise
-        from aogpt.errors import die
+
+    def keep_records(old, tmp):  # an earlier export (check_dest): its records go into the new one
+        if not checkpoint.is_export(old):  # filled by something else meanwhile: not ours to replace
+            raise OSError(errno.ENOTEMPTY, os.strerror(errno.ENOTEMPTY), old)
+        for f in sorted(set(os.listdir(old)) - EXPORT_FILES):
+            (shutil.copytree if os.path.isdir(os.path.join(old, f)) else shutil.copy2)(
+                os.path.join(old, f), os.path.join(tmp, f))
+
+    try:
+        atomic_folder(path, fill, carry=keep_records if overwrite else None)
+    except Exception as e:  # a full disk, no permission, a race: atomic_folder left things as they were
         if isinstance(e, OSError) and e.errno in (errno.ENOTEMPTY, errno.EEXIST):
             die(f"--dest {path} was filled by another export while this one ran; nothing was changed there: "
                 f"pass another --dest, or --overwrite to replace it")
         die(f"cannot write {path} ({getattr(e, 'strerror', None) or e}); nothing was changed there")
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------ eval results

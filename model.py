@@ -476,12 +476,17 @@ class GPT(nn.Module):
             x = block(x)  # full attention: the encoder's blocks are not causal
         return tr.ln_f(x)
 
+    def encoder_logits(self, h):
+        """The encoder MDM's logits from encoder_hidden's states (any leading shape, C last): the head, with
+        [MASK] never predicted (MDLM's "SUBS" parameterisation). What forward and eval_harness.py score with."""
+        logits = self.lm_head(h)
+        logits[..., self.config.mask_token_id] = torch.finfo(logits.dtype).min
+        return logits
+
     def _forward_encoder(self, idx, targets, t, reduction):
         cfg = self.config
         B, n = idx.shape
-        logits = self.lm_head(self.encoder_hidden(idx))
-        # the model never predicts [MASK] (MDLM's "SUBS" parameterisation)
-        logits[..., cfg.mask_token_id] = torch.finfo(logits.dtype).min
+        logits = self.encoder_logits(self.encoder_hidden(idx))
         if targets is None:
             return logits, None
         masked = (idx == cfg.mask_token_id) & (targets >= 0)

@@ -183,7 +183,7 @@ def main(argv=None):
     if judge is not None:
         result['gen_ppl'] = score(c, judge, samples if docs is None else docs['judged'], codec, docs is not None)
     if c.save:
-        from aogpt.checkpoint import atomic_write
+        from aogpt.paths import atomic_write
         try:  # atomically, as checkpoints are written: a full disk leaves no 0-byte file
             atomic_write(c.save, lambda f: json.dump(result, f), 'w')
         except OSError as e:
@@ -219,16 +219,13 @@ def read_config(argv=None):
 def load_for_sampling(c):
     """The model (EMA weights by default), its checkpoint dict, its codec, and which sampler it takes:
     'ao' (an any-order decoder), 'mdm' (an encoder) or 'ar' (a left-to-right GPT)."""
-    from aogpt.checkpoint import checkpoint_codec, load_model
-    model, ck, used_ema = load_model(c.ckpt or c.out_dir, c.device, c.use_ema)
+    from aogpt.checkpoint import load_model
+    model, ck, used_ema, codec = load_model(c.ckpt or c.out_dir, c.device, c.use_ema, dataset=c.dataset)
     mc = model.config
-    codec = checkpoint_codec(ck, c.dataset)
     family = 'mdm' if not mc.causal else ('ao' if model.any_order else 'ar')
     print(f"model: {dict(mdm='encoder MDM', ao='any-order decoder', ar='L2R GPT')[family]} "
           f"(cond={mc.cond!r}), {model.get_num_params() / 1e6:.2f}M params, "
           f"{'EMA' if used_ema else 'raw'} weights; codec {codec.name} (vocab {codec.vocab_size})")
-    if codec.vocab_size > mc.vocab_size:
-        die(f"codec vocab {codec.vocab_size} > model vocab {mc.vocab_size}: the checkpoint's codec does not fit it")
     return model, ck, used_ema, codec, family
 
 

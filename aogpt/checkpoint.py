@@ -44,7 +44,7 @@ import torch
 
 from aogpt import ROOT
 from aogpt.errors import UserError, first_line
-from aogpt.paths import append_jsonl, atomic_write
+from aogpt.paths import append_jsonl, atomic_write, check_writable
 from aogpt.paper_ckpt import convert_paper_checkpoint
 from aogpt.tokenizer import codec_from_record, get_codec
 from model import GPT, GPTConfig, strip_prefixes
@@ -67,6 +67,34 @@ def save_record(path, record):
         raise OSError(e.errno, e.strerror or str(e), e.filename or path) from e
     append_jsonl(history, record)
     return history
+
+
+def record_path(out, ckpt, kind):
+    """Where an eval command writes its record, one rule for eval_ppl.py (kind 'eval_ppl', --json_out) and
+    eval_harness.py (kind 'harness', --out): `out` when given; else beside the checkpoint `ckpt`, as
+    DIR/{kind}.json for a run or export folder, {kind}.json beside a ckpt.pt and {stem}.{kind}.json beside
+    any other file (ckpt_0002000.pt -> ckpt_0002000.{kind}.json); for hf:owner/repo[@rev][/path], in the
+    current folder (never into the HF cache) as {repo}[@rev][_path].{kind}.json, the path's folders joined
+    by '_' and a torch file's suffix dropped. The .jsonl history goes beside it (save_record)."""
+    if out:
+        return out
+    if ckpt.startswith(HUB_PREFIX):
+        repo, rev, sub = parse_hub_spec(ckpt)
+        sub = sub[:-len(os.path.splitext(sub)[1])] if sub.endswith(TORCH_SUFFIXES) else sub
+        name = repo.split('/')[1] + (f'@{rev}' if rev else '') + (f"_{sub.replace('/', '_')}" if sub else '')
+        return f'{name}.{kind}.json'
+    if os.path.isdir(ckpt):
+        return os.path.join(ckpt, f'{kind}.json')
+    stem = os.path.splitext(os.path.basename(ckpt))[0]
+    return os.path.join(os.path.dirname(ckpt) or '.', f'{kind}.json' if stem == 'ckpt' else f'{stem}.{kind}.json')
+
+
+def check_record_path(out, ckpt, kind, flag):
+    """record_path, checked writable before the evaluation that fills it (paths.check_writable's one line,
+    which says when the path is the default beside the checkpoint). Returns the path."""
+    path = record_path(out, ckpt, kind)
+    check_writable(path, flag, f'{kind}.json', create=True, given=bool(out))
+    return path
 
 
 def save_checkpoint(obj, path):
@@ -229,13 +257,16 @@ def detect_format(ckpt):
     return None
 
 
-def load_model(path, device='cpu', use_ema=None):
+def load_model(path, device='cpu', use_ema=None, dataset=None):
     """Build the model a checkpoint describes. use_ema=None means: EMA weights when the file has them.
 
     Reads our checkpoints and the paper's released AO-GPT / sigma-GPT files alike (detected from the
     keys). Returns (model in eval mode on `device`, the checkpoint dict in our format, whether EMA
     weights were used). For a paper file the dict also has 'source' ('paper-aogpt' | 'paper-sigma')
     and 'tokenizer': 'gpt2'.
+    dataset: a command's --dataset ('' for none): then also the codec the model's ids mean
+    (checkpoint_codec), refused in one line unless it fits the model (codec_misfit), as a fourth item:
+    (model, ckpt, used_ema, codec). What every command that scores, samples or exports calls.
     """
     where = resolve_path(path)
     ckpt = load_checkpoint(where)
@@ -296,7 +327,15 @@ def load_model(path, device='cpu', use_ema=None):
         print("note: using sigma-GPT's EMA weights; the paper evaluated its sigma-GPT checkpoints with the "
               "raw weights (--use_ema=False; train.py: --init_ema=False)", file=sys.stderr)
     model.to(device).eval()
-    return model, ckpt, use_ema
+    if dataset is None:
+        return model, ckpt, use_ema
+    codec = checkpoint_codec(ckpt, dataset)  # a stored codec was checked above; one from data is checked here
+    misfit = codec_misfit(codec, model.config, ckpt.get('config'))
+    if misfit:
+        raise UserError(f"{where}: {misfit}, so its ids cannot be read with that codec; " +
+                        ("pick the --dataset it was trained on" if dataset else
+                         "pass --dataset, the data it was trained on"))
+    return model, ckpt, use_ema, codec
 
 
 def nonfinite_weight(model):

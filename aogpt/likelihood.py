@@ -3,7 +3,8 @@ The likelihood estimators every command scores with, each a token-weighted sum (
 DDP ranks all-reduce sums and PPL = exp(sum_nll / n_tokens): the exact L2R chain (the encoder MDM's masked
 suffix chain), the any-order bound over uniform orders or an order distribution, the context-order ensemble
 (paper eq. 7; fast and exact forms) and the encoder MDM's ELBO. eval_ppl.py is the command around them
-(its docstring says what each column means); findings/ and bench/ call them directly.
+(its docstring says what each column means); findings/ and bench/ call them directly. eval_harness.py scores
+a continuation after a context with the same estimators, its orders and masks drawn here (conditionals).
 """
 
 if __name__ == '__main__':  # run as a script (python aogpt/likelihood.py): one line, not an ImportError
@@ -49,6 +50,12 @@ def _require_any_order(model):
 def stratified_counts(count, n, generator=None):
     """count draws from {1..n}, each uniform marginally, stratified (model.stratified_uniform)."""
     return (stratified_uniform(count, generator) * n).ceil().long().clamp(1, n)
+
+
+def uniform_subsets(k, n, generator=None):
+    """(B, n) bool, row b a uniform subset of range(n) with k[b] members (k (B,)): the positions whose rank
+    in a uniform order (orders.draw_orders) is below k[b]. The MDM ELBO's masks."""
+    return draw_orders('random', len(k), n, generator=generator).argsort(1) < k[:, None]
 
 
 # ----------------------------------------------------------------------------------------------- L2R
@@ -157,8 +164,9 @@ def nll_ensemble(model, chunks, M, mode='fast', generator=None, draws=1, batch_s
     raise ValueError(f"ensemble mode must be 'fast' or 'exact', got {mode!r}")
 
 
-def _mixture_nll(member_nll):
-    """-log of the mean *probability* over members (dim 0), computed stably: -(logsumexp(-nll) - log M)."""
+def mixture_nll(member_nll):
+    """-log of the mean *probability* over members (dim 0), computed stably: -(logsumexp(-nll) - log M). Over
+    the orders of an any-order bound it is the importance-weighted (log-mean-exp) bound."""
     M = member_nll.size(0)
     return -(torch.logsumexp(-member_nll, dim=0) - math.log(M))
 
@@ -220,7 +228,7 @@ def _ensemble_fast(model, chunks, Ms, generator=None, draws=1, batch_size=8, bar
             member = _queries_nll(model, x.to(dev), ctx.to(dev), order[:, c:].to(dev), batch_size)
             w = n / k / draws                                            # (M, R, k) -> per-chunk sums
             for i, m in enumerate(Ms):                                   # nested: the first m members
-                ens[i].index_add_(0, rows, _mixture_nll(member[:m]).sum(1).double().cpu() * w)
+                ens[i].index_add_(0, rows, mixture_nll(member[:m]).sum(1).double().cpu() * w)
             mean_member.index_add_(0, rows, member.mean(0).sum(1).double().cpu() * w)
             _tick(bar, R / draws)
     return ens, mean_member
@@ -274,10 +282,32 @@ def _ensemble_exact(model, chunks, M, generator=None, draws=1, batch_size=8, bar
                                reduction='none')[1] for a in range(0, n * M, batch_size)])  # (n*M, n)
         for i in range(n):
             member = nll[i * M:(i + 1) * M, i]                           # (M,): slot i of target index i's passes
-            ens[chunk] += _mixture_nll(member).item() / draws
+            ens[chunk] += mixture_nll(member).item() / draws
             mean_member[chunk] += member.mean().item() / draws
         _tick(bar, 1 / draws)
     return ens, mean_member
+
+
+# ----------------------------------------------------------------------------------------------- conditionals
+# eval_harness.py scores a continuation x[c:n] after a context x[:c] with the estimators above, restricted to
+# the continuation's tokens: these draw their orders (the ELBO's masks: stratified_counts, uniform_subsets).
+
+def continuation_orders(K, c, n, generator=None):
+    """The any-order bound of log p(x[c:n] | x[:c]): K orders of range(n), each the context left to right,
+    then the continuation in a uniform order (orders.draw_orders). The mean of their chain-rule sums over
+    the continuation is the bound; mixture_nll of them the importance-weighted one. (K, n)"""
+    cont = draw_orders('random', K, positions=torch.arange(c, n), generator=generator)  # (K, n - c)
+    return torch.cat([torch.arange(c).expand(K, c), cont], 1)
+
+
+def context_orderings(M, c, n, generator=None):
+    """The context-order ensemble (paper eq. 7) of x[c:n] given x[:c]: M orders of range(n), member 0 left to
+    right, members 1.. uniform orderings of the context (_reorder_contexts), each followed by the
+    continuation left to right. Each continuation token scored by mixture_nll over the members: the
+    orderings depend on the context alone, so every conditional is normalised and the sum is an exact
+    log-likelihood of the ensemble, not a bound. (M, n)"""
+    ctx = _reorder_contexts(torch.arange(c)[None], M, generator)[:, 0]                  # (M, c)
+    return torch.cat([ctx, torch.arange(c, n).expand(M, n - c)], 1)
 
 
 # ----------------------------------------------------------------------------------------------- encoder MDM
@@ -321,8 +351,7 @@ def _mdm_elbo_per_chunk(model, chunks, n_draws=1, generator=None, estimator='cou
         x = chunks[rows]
         v = ks[ids]
         if estimator == 'count':
-            rank = random_orders(len(x), n, generator=generator).argsort(1)  # uniform ranks
-            masked = rank < v[:, None]                                   # a uniform subset of size k
+            masked = uniform_subsets(v, n, generator)                    # a uniform subset of size k
             w = n / v
         else:
             masked = torch.rand(len(x), n, generator=generator, dtype=torch.float64) < v[:, None]

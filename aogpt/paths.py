@@ -1,8 +1,9 @@
 """
 Where a command writes, checked before the work that fills it: a bad --save, --json_out or --runs_dir must
 cost one line, not a sampling run, an evaluation or an hour of training (check_writable, make_folder: both
-raise UserError). And the writes themselves, whole or not at all: atomic_write for a file, append_jsonl for a
-record added to a .jsonl history, read_jsonl to read one back. Torch-free, so data/*/prepare.py can use them.
+raise UserError). And the writes themselves, whole or not at all: atomic_write for a file (atomic_json for
+JSON), atomic_folder for a folder, append_jsonl for a record added to a .jsonl history, read_jsonl to read one
+back; temp_path and is_temp name what a killed writer leaves behind. Torch-free, so data/*/prepare.py can use them.
 """
 
 if __name__ == '__main__':  # run as a script (python aogpt/paths.py): one line, not an ImportError
@@ -12,6 +13,7 @@ if __name__ == '__main__':  # run as a script (python aogpt/paths.py): one line,
 import errno
 import json
 import os
+import shutil
 
 from aogpt.errors import UserError, first_line
 
@@ -61,12 +63,36 @@ def make_folder(path, flag):
     os.makedirs(path, exist_ok=True)
 
 
+def temp_path(path):
+    """The temp name beside `path` that atomic_write and atomic_folder fill before their rename: hidden, and
+    owned by this process (two writers of one file never share a temp)."""
+    path = os.path.abspath(path)
+    return os.path.join(os.path.dirname(path), f'.{os.path.basename(path)}.tmp.{os.getpid()}')
+
+
+def is_temp(name):
+    """Is this file name (no folder) one that temp_path makes? What a killed writer leaves behind; cleaners
+    of a folder remove such names and nothing else."""
+    head, sep, pid = name.rpartition('.tmp.')
+    return name.startswith('.') and bool(sep) and len(head) > 1 and pid.isdigit()
+
+
+def _fsync_folder(d):
+    try:  # make a rename in d durable
+        fd = os.open(d, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def atomic_write(path, write, mode='wb'):
     """write(f) into a temp file beside `path`, fsync, then rename: a kill or a full disk mid-write never leaves
-    half a file at `path`, nor the temp file. A failed write raises OSError, whichever layer noticed it."""
+    half a file at `path`, nor the temp file. A failed write raises OSError, whichever layer noticed it.
+    Every file a command or a prepare script writes whole goes through here (atomic_folder for a folder)."""
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, f'.{os.path.basename(path)}.tmp.{os.getpid()}')
+    tmp = temp_path(path)
     try:
         with open(tmp, mode) as f:
             write(f)
@@ -81,12 +107,45 @@ def atomic_write(path, write, mode='wb'):
             raise OSError(f"the write failed ({first_line(e, 120)}): is the disk full?") from e
         raise
     os.replace(tmp, path)
-    try:  # make the rename itself durable
-        fd = os.open(d, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-    except OSError:
-        pass
+    _fsync_folder(d)
+
+
+def atomic_json(path, obj, indent=1):
+    """obj as JSON at path, through atomic_write."""
+    atomic_write(path, lambda f: json.dump(obj, f, indent=indent), 'w')
+
+
+def atomic_folder(path, fill, carry=None):
+    """fill(tmp) writes a folder's files into a temp folder beside `path`, which is then renamed to `path`: a
+    kill, a full disk or an error in fill never leaves a half-filled folder at `path`, nor the temp folder.
+    Without carry, `path` must be absent or empty when the rename comes (a folder filled meanwhile: OSError
+    ENOTEMPTY, and `path` is left as it was). With carry, an existing folder at `path` is replaced: carry(old,
+    tmp) first copies into tmp what of it should outlive the replacement, the old folder is moved aside, and
+    put back if the rename fails. Raises what failed (OSError, or fill's own error) after cleaning up."""
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    tmp = temp_path(path)
+    old = os.path.join(parent, f'.{os.path.basename(path)}.old.{os.getpid()}')
+    try:
+        os.makedirs(parent, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        fill(tmp)
+        for f in os.listdir(tmp):  # the files' bytes on disk before the name points at them
+            if os.path.isfile(os.path.join(tmp, f)):
+                with open(os.path.join(tmp, f), 'rb') as fh:
+                    os.fsync(fh.fileno())
+        if carry is not None and os.path.isdir(path) and os.listdir(path):
+            carry(path, tmp)
+            os.rename(path, old)
+        os.rename(tmp, path)  # onto nothing or an empty folder
+    except BaseException:  # a full disk, no permission, a race, Ctrl-C: leave things as they were
+        if os.path.exists(old) and not os.path.exists(path):
+            os.rename(old, path)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_folder(parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def append_jsonl(path, record):

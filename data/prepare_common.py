@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 from aogpt.configurator import die_with_parent  # noqa: E402
 from aogpt.errors import UserError  # noqa: E402
 from aogpt.evalsets import doc_end  # noqa: E402  (the ids that end a document: [EOT], or '\n' for char level)
-from aogpt.paths import make_folder  # noqa: E402
+from aogpt.paths import atomic_json, atomic_write, make_folder  # noqa: E402  (atomic_json: the scripts' too)
 from aogpt.tokenizer import char_codec, gpt2_codec  # noqa: E402
 
 STATE = ".prepare_state.json"
@@ -73,16 +73,6 @@ def _tokenize_range(ab):
 
 
 # ------------------------------------------------------------------------------------------ main side
-
-def atomic_json(path, obj):
-    """Write JSON to a temp file, fsync, rename: a reader (or a resumed run) never sees half a file."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
 
 def _text_bytes(ds):
     """Rough size of the split's text, for the free-disk check (Arrow bytes scaled to the selected rows)."""
@@ -266,9 +256,9 @@ def prepare(out_dir, splits, source, chars=None, detok=None, num_proc=1, batch_d
     if chars:
         meta["chars"] = list(chars)
         import pickle
-        with open(os.path.join(out_dir, "meta.pkl"), "wb") as f:  # nanoGPT's char-level metadata
-            pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)),
-                         "stoi": {ch: i for i, ch in enumerate(chars)}}, f)
+        atomic_write(os.path.join(out_dir, "meta.pkl"),  # nanoGPT's char-level metadata
+                     lambda f: pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)),
+                                            "stoi": {ch: i for i, ch in enumerate(chars)}}, f))
     meta["fingerprint"] = fingerprint
     atomic_json(meta_path, meta)
     os.remove(state_path)

@@ -26,10 +26,11 @@ import os
 import signal
 
 import numpy as np
-from prepare_common import atomic_json, disk_full
+from prepare_common import disk_full
 
 from aogpt.configurator import die_with_parent
 from aogpt.errors import UserError
+from aogpt.paths import atomic_json, atomic_write, is_temp
 from aogpt.tokenizer import gpt2_codec
 
 STATE = ".assemble.json"
@@ -53,10 +54,10 @@ def read_shard(shard_dir, name, key):
 
 
 def clean_temporaries(shard_dir):
-    """Remove what killed workers left behind (their .tmp files); finished shards stay."""
+    """Remove what killed workers left behind (paths.atomic_write's temp files); finished shards stay."""
     if os.path.isdir(shard_dir):
         for f in os.listdir(shard_dir):
-            if f.endswith(".tmp"):
+            if is_temp(f):
                 os.remove(os.path.join(shard_dir, f))
 
 
@@ -85,32 +86,27 @@ def write_shard(shard_dir, name, key, texts, stats=None):
     dict the caller fills while texts is consumed; it is stored in the record."""
     enc, eot = gpt2_codec().encode, gpt2_codec().eot
     p = _paths(shard_dir, name)
-    tmp = {k: f"{v}.{os.getpid()}.tmp" for k, v in p.items()}
-    lens, buf, tokens = [], [], 0
-    try:
-        with open(tmp["ids"], "wb") as f:
-            for text in texts:
-                ids = enc(text)
-                ids.append(eot)
-                buf += ids
-                lens.append(len(ids))
-                if len(buf) >= 1 << 20:
-                    f.write(np.array(buf, dtype=np.uint16).tobytes())
-                    tokens += len(buf)
-                    buf = []
-            f.write(np.array(buf, dtype=np.uint16).tobytes())
-            tokens += len(buf)
-            f.flush()
-            os.fsync(f.fileno())
-        np.array(lens, dtype=np.uint32).tofile(tmp["lens"])
-    except BaseException:
-        for t in tmp.values():
-            if os.path.exists(t):
-                os.remove(t)
-        raise
+    lens, tokens = [], 0
+
+    def write_ids(f):
+        nonlocal tokens
+        buf = []
+        for text in texts:
+            ids = enc(text)
+            ids.append(eot)
+            buf += ids
+            lens.append(len(ids))
+            if len(buf) >= 1 << 20:
+                f.write(np.array(buf, dtype=np.uint16).tobytes())
+                tokens += len(buf)
+                buf = []
+        f.write(np.array(buf, dtype=np.uint16).tobytes())
+        tokens += len(buf)
+
+    # each file whole or not at all; the shard counts only once its json (written last) is there
+    atomic_write(p["ids"], write_ids)
+    atomic_write(p["lens"], lambda f: f.write(np.array(lens, dtype=np.uint32).tobytes()))
     rec = {"name": name, "key": key, "docs": len(lens), "tokens": tokens, **(stats or {})}
-    os.replace(tmp["ids"], p["ids"])
-    os.replace(tmp["lens"], p["lens"])
     atomic_json(p["json"], rec)
     return rec
 

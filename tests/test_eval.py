@@ -440,6 +440,35 @@ def test_the_record_path_is_checked_before_the_checkpoint_loads(tmp_path, text_f
     assert json.load(open(tmp_path / 'new' / 'deeper' / 'r.json'))['datasets']['ptb']['l2r'] is not None
 
 
+def test_both_eval_commands_put_their_record_by_one_rule(tmp_path, monkeypatch, capsys):
+    """eval_ppl.py and eval_harness.py once had a rule each for where a record goes: for hf:owner/repo the
+    harness wrote owner_repo.harness.json, eval_ppl repo.eval_ppl.json, and hf:.../ckpt.pt became a bare
+    ckpt.eval_ppl.json. One rule now (checkpoint.record_path): the same name for both, only the kind differs,
+    and the same refusal line for an unwritable default."""
+    import eval_harness as H
+    from types import SimpleNamespace
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'run').mkdir()
+    cases = {'hf:me/tiny-ao': 'tiny-ao', 'hf:me/tiny-ao@v1': 'tiny-ao@v1', 'hf:me/tiny-ao/v2': 'tiny-ao_v2',
+             'hf:them/AO-GPT-MDM/ckpts/ao.pt': 'AO-GPT-MDM_ckpts_ao', 'run': os.path.join('run', ''),
+             'run/ckpt.pt': os.path.join('run', ''), 'run/ckpt_0000200.pt': os.path.join('run', 'ckpt_0000200.')}
+    for spec, stem in cases.items():
+        ppl = E.json_path(SimpleNamespace(json_out='', ckpt=spec, out_dir='out'))
+        harness = H.json_path(SimpleNamespace(out='', ckpt=spec, out_dir='out'))
+        sep = '' if stem.endswith(('/', '.')) else '.'
+        assert (ppl, harness) == (f'{stem}{sep}eval_ppl.json', f'{stem}{sep}harness.json'), spec
+    (tmp_path / 'blocked').write_text('a file where the default record folder would be')
+    lines = []
+    for cmd, argv in ((E.main, []), (H.main, ['--tasks', 'x'])):
+        with pytest.raises(SystemExit):
+            cmd(argv + ['--ckpt', str(tmp_path / 'blocked' / 'ckpt.pt')])
+        lines.append(capsys.readouterr().err.strip())
+    blocked = tmp_path / 'blocked'
+    assert lines == [f"error: --{flag} {blocked / kind}.json: the folder {blocked} is a file, not a folder (where the "
+                     f"record goes by default, beside the checkpoint): pass --{flag} FILE"
+                     for flag, kind in (('json_out', 'eval_ppl'), ('out', 'harness'))], lines
+
+
 def test_offline_default_sets_skip_with_a_line_and_every_eval_is_kept(tmp_path, text_file, capsys):
     """Offline, the default sets that need the hub are skipped in one line before the first forward
     pass, so a run with no flags still scores what it can; each run is kept in the .jsonl history."""

@@ -16,7 +16,7 @@ from helpers import tiny  # noqa: E402
 import eval_harness as H  # noqa: E402
 from aogpt.checkpoint import save_checkpoint  # noqa: E402
 from aogpt.tokenizer import GPT2_PAT, char_codec, gpt2_codec, gpt2_file  # noqa: E402
-from aogpt.likelihood import nll_l2r  # noqa: E402
+from aogpt.likelihood import nll_any_order, nll_l2r, nll_mdm_elbo  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -269,6 +269,30 @@ def test_ensemble_is_a_normalised_likelihood():
     assert max(abs(a - b) for (a, _), (b, _) in zip(ens, l2r)) > 1e-4
     assert sum(math.exp(a) for a, _ in ens) == pytest.approx(1.0, abs=1e-9)
     assert [g for _, g in ens] == [g for _, g in l2r]  # the greedy check is the L2R pass's
+
+
+def test_without_context_the_harness_scores_are_eval_ppls_estimators_on_the_same_draws():
+    """The harness draws its orders and masks with likelihood.py's functions, so with an empty context (the
+    continuation is the whole window) its orders:K mean and its encoder ELBO are eval_ppl's nll_any_order
+    and nll_mdm_elbo of that window, seeded alike: the same draws, scored by another code path (slot passes
+    over the continuation vs the model's full forward), equal to float32 rounding: the model is float64, but
+    its forward takes the cross-entropy in float32 (GPT._ce), a few ulps (2^-24 relative) of each of the
+    n terms near 2.5."""
+    codec = char_codec('abcdefghij')
+    x = [3, 7, 1, 9, 0, 5]
+    chunk = torch.tensor([x])                                                           # (1, n)
+    seeded = lambda: torch.Generator().manual_seed(H.context_seed(1234, []))
+    model = tiny(block_size=8, vocab_size=11).double()
+    lm = H.AOGPTLM(model=model, codec=codec, likelihood='orders:5', batch_size=4)
+    lm._loglikelihood_tokens([(None, [], x)])
+    total, count = nll_any_order(model, chunk, n_orders=5, generator=seeded())
+    tol = len(x) * 4 * 2.5 * 2 ** -24
+    assert count == len(x) and lm.memo['orders'][((), tuple(x))]['orders_mean'] == pytest.approx(-total, abs=tol)
+    enc = tiny(block_size=8, vocab_size=11, causal=False, cond='none', mask_token_id=10).double()
+    lm = H.AOGPTLM(model=enc, codec=codec, mc=64, batch_size=16)
+    (ll, _), = lm._loglikelihood_tokens([(None, [], x)])
+    total, _ = nll_mdm_elbo(enc, chunk, n_draws=64, generator=seeded(), batch_size=64)
+    assert ll == pytest.approx(-total, abs=tol)
 
 
 # --------------------------------------------------------------------------- encoder MDM, codecs

@@ -340,6 +340,39 @@ def _edit_config(seal_broken=False, **changes):
     return edit
 
 
+@pytest.mark.parametrize('chars, vocab', [('abc', None), (None, 32)], ids=['far-fewer', 'gpt2-over-32'])
+def test_every_command_gets_its_codec_checked_by_load_model(tmp_path, capsys, cli, chars, vocab):
+    """load_model(..., dataset=) returns the codec with the model, checked to fit it (codec_misfit). Each
+    command once checked a codec from --dataset itself, three of them only for `more symbols than the model`:
+    a checkpoint without a stored codec (older, the paper's) was scored or sampled with a 3-symbol codec its
+    train config says it never had. Now the one check refuses it in one line, the same from every command."""
+    import eval_harness
+    make_run(tmp_path / 'run', codec=None, extra_config={'vocab_size': vocab})
+    data = tmp_path / 'data'
+    data.mkdir()
+    (data / 'meta.json').write_text(json.dumps({'tokenizer': 'char', 'chars': list(chars)} if chars else
+                                               {'tokenizer': 'gpt2'}))
+    run = str(tmp_path / 'run')
+    with pytest.raises(UserError) as e:
+        load_model(run, dataset=str(data))
+    line = e.value.msg
+    assert line.endswith('so its ids cannot be read with that codec; pick the --dataset it was trained on'), line
+    assert ('far fewer than the model' if chars else 'gpt2 codec has 50257 symbols but the model only 32') in line
+    assert load_model(run)[0].config.vocab_size == 32  # without dataset: the model alone, as before
+    make_run(tmp_path / 'ok')  # a stored codec: returned as checkpoint_codec reads it
+    model, ck, _, codec = load_model(str(tmp_path / 'ok'), dataset='')
+    assert codec.record() == checkpoint_codec(ck).record() == CODEC
+    for err in (one_line(capsys, lambda: eval_ppl.main(['--ckpt', run, '--dataset', str(data), '--datasets', 'ptb',
+                                                          '--progress', 'False'])),
+                one_line(capsys, lambda: run_export('--ckpt', run, '--dataset', str(data),
+                                                    '--dest', str(tmp_path / 'x'))),
+                cli('--ckpt', run, '--dataset', str(data))[2].strip()):
+        assert err == f'error: {line}', err
+    with pytest.raises(UserError) as e:
+        eval_harness.AOGPTLM(ckpt=run, dataset=str(data))
+    assert e.value.msg == line
+
+
 @pytest.mark.parametrize('spoil,spec,needles', [
     (_corrupt_weights, None, ['model.safetensors', 'corrupt']),
     (lambda f: (f / 'model.safetensors').unlink(), None, ['no model.safetensors']),

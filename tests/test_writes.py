@@ -106,3 +106,99 @@ def test_plot_and_export_into_a_read_only_folder_are_one_line(tmp_path, capsys):
         one_line(capsys, lambda: run_export('--out_dir', str(tmp_path / 'run'), '--dest', str(d / 'hub')),
                  f"cannot write {d / 'hub'}", 'nothing was changed')
         assert sorted(os.listdir(d)) == ['log.jsonl']
+
+
+# ------------------------------------------------------------------ the one home of whole writes: paths.py
+KILLED_WRITER = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+from aogpt import paths
+def half(x):
+    x.write(b'half of the new bytes')
+    x.flush()
+    os.kill(os.getpid(), signal.SIGKILL)   # no cleanup runs: what a kill -9 or an OOM kill leaves
+if sys.argv[1] == 'file':
+    paths.atomic_write(sys.argv[2], half)
+else:
+    def fill(tmp):
+        open(os.path.join(tmp, 'a'), 'w').write('new')
+        with open(os.path.join(tmp, 'b'), 'wb') as x:
+            half(x)
+    paths.atomic_folder(sys.argv[2], fill, carry=lambda old, tmp: None)
+"""
+
+
+@pytest.mark.parametrize('kind', ['file', 'folder'])
+def test_a_killed_write_leaves_the_old_file_or_folder_and_a_temp_is_temp_knows(tmp_path, kind):
+    """SIGKILL mid-write (no except clause runs): the old file or folder is untouched at its name; the temp
+    left beside it is what is_temp (the cleaners' test) recognises, and nothing else there is."""
+    target = tmp_path / 'x'
+    if kind == 'file':
+        target.write_bytes(b'old')
+    else:
+        target.mkdir()
+        (target / 'a').write_text('old')
+    p = subprocess.run([sys.executable, '-c', KILLED_WRITER.format(root=ROOT), kind, str(target)], timeout=60)
+    assert p.returncode == -9
+    assert (target.read_bytes() == b'old' if kind == 'file' else
+            sorted(os.listdir(target)) == ['a'] and (target / 'a').read_text() == 'old')
+    left = sorted(f for f in os.listdir(tmp_path) if f != 'x')
+    assert len(left) == 1 and paths.is_temp(left[0]), left
+    assert os.path.basename(paths.temp_path(str(target))).rpartition('.')[0] == left[0].rpartition('.')[0]
+    assert not any(paths.is_temp(f) for f in ['x', 'x.tmp', '.x', 'train.bin.partial', '.x.tmp.', 'a.tmp.12'])
+
+
+def test_an_interrupted_folder_write_puts_the_old_folder_back(tmp_path):
+    """Ctrl-C while filling, or a failed rename, with carry (replace an existing folder): the old folder is
+    back at its name with its files, and neither the temp folder nor the moved-aside one is left."""
+    target = tmp_path / 'export'
+    target.mkdir()
+    (target / 'a').write_text('old')
+
+    def interrupted(tmp):
+        open(os.path.join(tmp, 'a'), 'w').write('new')
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        paths.atomic_folder(str(target), interrupted, carry=lambda old, tmp: None)
+    assert os.listdir(tmp_path) == ['export'] and (target / 'a').read_text() == 'old'
+
+    real = os.rename
+
+    def fail_second(src, dst):  # the old folder is moved aside, then the new one cannot take its name
+        if src.endswith(f'.tmp.{os.getpid()}'):
+            raise OSError(errno.EACCES, 'Permission denied', dst)
+        return real(src, dst)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(os, 'rename', fail_second)
+        with pytest.raises(OSError):
+            paths.atomic_folder(str(target), lambda tmp: open(os.path.join(tmp, 'a'), 'w').write('new'),
+                                carry=lambda old, tmp: None)
+    assert os.listdir(tmp_path) == ['export'] and (target / 'a').read_text() == 'old'
+    paths.atomic_folder(str(target), lambda tmp: open(os.path.join(tmp, 'b'), 'w').write('new'),
+                        carry=lambda old, tmp: None)
+    assert os.listdir(target) == ['b']  # replaced whole: carry kept nothing
+    with pytest.raises(OSError) as e:  # without carry a filled folder is never replaced
+        paths.atomic_folder(str(target), lambda tmp: None)
+    assert e.value.errno in (errno.ENOTEMPTY, errno.EEXIST) and os.listdir(tmp_path) == ['export']
+
+
+def test_a_shard_cut_short_leaves_nothing_and_a_killed_ones_temps_are_cleaned(tmp_path):
+    """data/prepare_shards: a shard whose texts fail midway leaves no ids, lens or json (so it is redone), and
+    clean_temporaries removes exactly what a killed atomic_write leaves in the shard folder."""
+    sys.path.insert(0, os.path.join(ROOT, 'data'))
+    import prepare_shards as ps
+
+    def texts():
+        yield 'a first document'
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        ps.write_shard(str(tmp_path), 's0', 'k', texts())
+    assert os.listdir(tmp_path) == [] and ps.read_shard(str(tmp_path), 's0', 'k') is None
+    rec = ps.write_shard(str(tmp_path), 's1', 'k', iter(['one', 'two']))
+    assert ps.read_shard(str(tmp_path), 's1', 'k') == rec and rec['docs'] == 2
+    (tmp_path / 's2.ids').write_bytes(b'old')
+    p = subprocess.run([sys.executable, '-c', KILLED_WRITER.format(root=ROOT), 'file', str(tmp_path / 's2.ids')],
+                       timeout=60)
+    assert p.returncode == -9 and len(os.listdir(tmp_path)) == 5
+    ps.clean_temporaries(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ['s1.ids', 's1.json', 's1.lens', 's2.ids']
