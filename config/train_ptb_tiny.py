@@ -1,6 +1,6 @@
 # A tiny AO-GPT on the embedded Penn Treebank corpus with GPT-2 BPE, on a laptop CPU.
 #   python data/ptb/prepare.py && python train.py config/train_ptb_tiny.py
-# 240 steps of 16 x 128 tokens, about 5 minutes on 2 idle CPU cores (results/notes.md, 2026-11-26): the 50k-token
+# 240 steps of 16 x 128 tokens, about 5 minutes on 2 idle CPU cores (results/notes.md): the 50k-token
 # head is most of the cost at this width. Cores shared with other work make it several times longer. Random orders learn much more slowly than left to right (the paper's Finding 1),
 # so this short run uses sigma-GPT's curriculum: all sequences L2R at first, then linearly down to the
 # paper's 10% L2R at the end.

@@ -90,12 +90,12 @@ UNIGRAM = 2.974  # the demo's unigram baseline on its 1000 PTB test rows (README
 
 
 @pytest.mark.parametrize('l2r,ao,ok', [
-    (1.895, 2.460, True),   # bench/demo_spread.py, 2026-11-23: this CPU
+    (1.895, 2.460, True),   # bench/demo_spread.py on an AVX-512 CPU
     (1.933, 2.462, True),   # ATEN_CPU_CAPABILITY=default
     (1.946, 2.529, True),   # seed 2
-    (1.984, 2.480, True),   # issue #24: a 2-core AMD EPYC, native kernels (outside the old printed range)
+    (1.984, 2.480, True),   # a 2-core AMD EPYC with AVX2, native kernels (outside the range printed above)
     (1.951, 2.462, True),   # the same with ATEN_CPU_CAPABILITY=default (outside it too)
-    (2.018, 2.437, True),   # a fresh clone on 2026-11-23's host (results/notes.md)
+    (2.018, 2.437, True),   # a fresh clone on another host (results/notes.md)
     (2.95, 2.97, False),    # learned nothing: a broken install
     (2.40, 2.90, False),    # L2R learned a little, any-order stuck on the unigram plateau
 ])

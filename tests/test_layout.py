@@ -141,9 +141,9 @@ def _run(argv, **kw):
 
 
 def test_a_module_run_as_a_script_says_so_in_one_line():
-    """`python aogpt/engine.py` put aogpt/ first on sys.path, where `import aogpt` fails: a ModuleNotFoundError
-    traceback for every library file. Each module (file or -m) now says in one line, before any import, that it
-    has nothing to run and what to run instead; none exits 0 silently."""
+    """`python aogpt/engine.py` puts aogpt/ first on sys.path, where `import aogpt` fails (a ModuleNotFoundError
+    traceback). Each module (file or -m) says in one line, before any import, that it has nothing to run and what
+    to run instead; none exits 0 silently."""
     modules = [rel for rel, command in _ours() if not command]
     assert 'aogpt/engine.py' in modules and 'bench/common.py' in modules and 'aogpt/plot.py' not in modules
     runs = [(rel, _run([rel, '--help'])) for rel in modules]

@@ -237,7 +237,7 @@ def test_sigkill_mid_prepare_resumes_to_the_same_bins(tmp_path):
     p.send_signal(signal.SIGKILL)  # the main process only: its workers are orphaned mid-archive
     assert p.wait() == -signal.SIGKILL, "prepare.py finished before it could be killed"
     assert not (out / "meta.json").exists() and not (out / "train.bin").exists()
-    # its workers die with it: an idle one used to wait forever on the task queue (its siblings hold the pipe)
+    # its workers die with it: an idle one must not wait forever on the task queue (its siblings hold the pipe)
     deadline = time.time() + 15
     while processes(f"--out_dir={out}") and time.time() < deadline:
         time.sleep(0.1)

@@ -271,7 +271,7 @@ def test_threshold_decodes_each_sample_on_its_own():
 def test_threshold_decoding_keeps_one_batch_1_stepper(monkeypatch):
     """With a threshold each sample is decoded alone; every sample of every batch runs on one batch-1
     stepper kept beside the caller's, so a cuda_graph stepper captures its graphs once, not once per
-    sample (it used to make a new stepper per sample). Same samples as the default path."""
+    sample. Same samples as the default path."""
     model = sharp(tiny(block_size=10, seed=7), 3.0)
     refs = [generate_ao(model, 10, 3, 99, order='confidence', threshold=0.5, generator=gen(s))[0] for s in (1, 2)]
     made, real_init = [], engine.SlotStepper.__init__

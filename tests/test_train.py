@@ -511,8 +511,8 @@ def read_only(path):
 
 def test_an_out_dir_that_cannot_take_a_checkpoint_is_one_line_before_the_first_step(env, monkeypatch, capsys,
                                                                                      tmp_path):
-    """A file, a path under a file, and a read-only directory: each is one line, before any forward pass (a
-    read-only out_dir used to train until its first checkpoint, then lose it all in an OSError traceback)."""
+    """A file, a path under a file, and a read-only directory: each is one line, before any forward pass (not a
+    run that trains until its first checkpoint and then loses it all in an OSError traceback)."""
     afile = tmp_path / 'afile'
     afile.write_text('x')
     ro = tmp_path / 'ro'
@@ -1641,10 +1641,10 @@ def check_storm(report, tries):
 
 
 def test_random_and_back_to_back_signals_end_every_run_cleanly(env, tmp_path):
-    """Ctrl-C / SIGTERM at random moments, one to three of them 0-30 ms apart. The handler once printed, let go of
-    the lock and raised SystemExit wherever the main thread was: now and then the run then trained and saved on
-    with the lock released, or printed its line twice with an 'Exception ignored ... SystemExit' traceback, or
-    ended with status 0."""
+    """Ctrl-C / SIGTERM at random moments, one to three of them 0-30 ms apart. A handler that prints, lets go
+    of the lock and raises SystemExit wherever the main thread is fails here now and then: the run trains and
+    saves on with the lock released, prints its line twice with an 'Exception ignored ... SystemExit' traceback,
+    or ends with status 0."""
     check_storm(signal_storm(env, tmp_path, 6, 0), 6)
 
 
