@@ -311,11 +311,10 @@ def test_exact_resume_after_kill_is_bit_identical(env, optimizer):
     for k in a['ema']['params']:
         assert torch.equal(a['ema']['params'][k], b['ema']['params'][k]), k
     assert a['ema']['num_updates'] == b['ema']['num_updates'] == 8
-    states = ['optimizer', 'muon'] if optimizer == 'muon' else ['optimizer']
-    assert (a['muon'] is None) == (optimizer == 'adamw')
-    for opt in states:
-        assert len(a[opt]['state']) == len(b[opt]['state']) > 0
-        for sa, sb in zip(a[opt]['state'].values(), b[opt]['state'].values()):
+    assert len(a['optimizers']) == len(b['optimizers']) == (2 if optimizer == 'muon' else 1)
+    for oa, ob in zip(a['optimizers'], b['optimizers']):
+        assert len(oa['state']) == len(ob['state']) > 0
+        for sa, sb in zip(oa['state'].values(), ob['state'].values()):
             assert all(torch.equal(sa[k], sb[k]) for k in sa)
     # the log of the resumed run holds each eval once, with the same numbers
     la, lb = log(env, whole), log(env, split)
@@ -728,7 +727,8 @@ def test_muon_takes_the_blocks_hidden_matrices_and_adamw_the_rest():
                                                                           'mlp.c_proj')}
     adaln = {'transformer.h.0.adaLN.1.weight', 'transformer.h.1.adaLN.1.weight', 'transformer.adaLN_f.1.weight'}
     for muon_adaln, want in [(False, hidden), (True, hidden | adaln)]:
-        adamw, muon = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', muon_lr=0.02, muon_adaln=muon_adaln)
+        adamw, muon = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon', muon_lr=0.02,
+                                                 muon_adaln=muon_adaln)
         in_muon = [names[p] for g in muon.param_groups for p in g['params']]
         in_adamw = [names[p] for g in adamw.param_groups for p in g['params']]
         assert set(in_muon) == want and isinstance(muon, torch.optim.Muon)
@@ -764,7 +764,7 @@ def test_muon_step_is_torchs_and_float32_changes_only_the_iteration():
     assert err[torch.float32] < 1e-3 * err[torch.bfloat16], err
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, target_dim=8, block_size=N, vocab_size=64))
     for dtype in ('bfloat16', 'float32'):
-        _, muon = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', muon_lr=0.02, muon_dtype=dtype)
+        _, muon = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon', muon_dtype=dtype)
         assert muon.ns_dtype == getattr(torch, dtype)
 
 
@@ -793,7 +793,7 @@ def test_muon_through_accumulation_clipping_bf16_autocast_and_ema(env, monkeypat
     first, last = log(env, tmp_path)
     assert last['ema'] is True and last['val_loss'] < first['val_loss'] - 1.0, (first, last)
     c = load_checkpoint(str(tmp_path))
-    assert c['ema']['num_updates'] == 40 and c['muon']['state'] and c['config']['optimizer'] == 'muon'
+    assert c['ema']['num_updates'] == 40 and c['optimizers'][1]['state'] and c['config']['optimizer'] == 'muon'
     assert not torch.equal(c['ema']['params']['transformer.h.0.mlp.c_fc.weight'],
                            c['model']['transformer.h.0.mlp.c_fc.weight'])
 
@@ -821,8 +821,8 @@ def test_muon_under_torch_compile_trains_as_eager_and_its_checkpoint_resumes_eag
     assert eager[-1]['val_loss'] < eager[0]['val_loss'] - 0.3  # it learns
     e, c = load_checkpoint(str(env / 'mu_eager')), load_checkpoint(str(env / 'mu_compiled'))
     assert sorted(c['model']) == sorted(e['model']) and not any('_orig_mod' in k for k in c['model'])
-    assert {k: v['momentum_buffer'].shape for k, v in c['muon']['state'].items()} == \
-        {k: v['momentum_buffer'].shape for k, v in e['muon']['state'].items()}
+    assert {k: v['momentum_buffer'].shape for k, v in c['optimizers'][1]['state'].items()} == \
+        {k: v['momentum_buffer'].shape for k, v in e['optimizers'][1]['state'].items()}
     for k in e['model']:
         assert torch.allclose(c['model'][k], e['model'][k], atol=2e-2), k
     run(env, args(env, 'mu_compiled', *common[1:], '--max_iters=8', '--init_from=auto'))
@@ -863,7 +863,7 @@ def test_muon_warm_starts_from_gpt2_resumes_and_fine_tunes(env, monkeypatch, tmp
     c = load_checkpoint(str(tmp_path / 'warm'))
     torch.testing.assert_close(c['model']['transformer.h.1.mlp.c_fc.weight'], hf.transformer.h[1].mlp.c_fc.weight.t(),
                                atol=0, rtol=0)
-    assert all(s['momentum_buffer'].abs().sum() > 0 for s in c['muon']['state'].values())
+    assert all(s['momentum_buffer'].abs().sum() > 0 for s in c['optimizers'][1]['state'].values())
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "warm"}', '--init_from=resume', '--max_iters=2',
                                     gpt2_runs(env), *frozen))
     assert load_checkpoint(str(tmp_path / 'warm'))['iter_num'] == 2
@@ -872,7 +872,8 @@ def test_muon_warm_starts_from_gpt2_resumes_and_fine_tunes(env, monkeypatch, tmp
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "ft"}', f'--init_from={src}', '--init_ema=False',
                                     '--max_iters=1', *frozen))
     f, src = load_checkpoint(str(tmp_path / 'ft')), load_checkpoint(str(tmp_path / 'src'))
-    assert f['iter_num'] == 1 and f['model_args'] == src['model_args'] and src['muon'] is None and f['muon']['state']
+    assert f['iter_num'] == 1 and f['model_args'] == src['model_args'] and len(src['optimizers']) == 1 and \
+        f['optimizers'][1]['state']
     for k, v in src['model'].items():
         torch.testing.assert_close(f['model'][k], v, atol=0, rtol=0)
 
@@ -1521,7 +1522,7 @@ def tensors(x):
 
 def state(path):
     c = torch.load(path, map_location='cpu', weights_only=False)
-    return c['iter_num'], tensors([c['model'], c['ema'], c['optimizer']])
+    return c['iter_num'], tensors([c['model'], c['ema'], c['optimizers']])
 
 
 def same(a, b):
