@@ -297,7 +297,7 @@ with run.failing():
     check_step_sizes(optimizers, cfg)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 ema = EMA(model, ema_decay) if ema_decay > 0 else None  # see ema.py
-iter_num, best_val_loss, elapsed = 0, float('inf'), 0.0
+best_val_loss, elapsed, t_start = float('inf'), 0.0, time.time()  # elapsed: the run's seconds before t_start
 train_losses = []  # the training losses since the last eval, averaged into its train_loss
 if ckpt is not None:
     def setup(c):  # what the saved optimizer states fit: another optimizer or AdaLN placement groups them otherwise
@@ -309,12 +309,12 @@ if ckpt is not None:
              f"fine-tune from it with a fresh optimizer (init_from={resume_path}, in another out_dir)")
     with run.failing():
         iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizers, scaler, ema)
+    last_saved = (resume_path, iter_num)
     say(f"resumed {resume_path} at iteration {iter_num}")
     if iter_num >= max_iters and not eval_only:
         say(f"it has reached max_iters ({max_iters}): nothing to train (raise max_iters to train on)")
     del ckpt
 start_iter = iter_num
-last_saved = (resume_path, start_iter) if start_iter > 0 else None
 stop_point()
 
 raw_model = model
@@ -405,9 +405,17 @@ if order_mode not in TRAIN_MODES and one_block(order_mode, block_size):
     say(f"note: {one_block(order_mode, block_size)}")
 
 # ------------------------------------------------------------------ the loop
-t_start = time.time()
 interval_losses = []
 t_interval, tokens_interval, t_eval_window, tokens_eval_window = 0.0, 0, 0.0, 0
+
+
+def speed():
+    """Throughput since the last log line, and with peak_flops the MFU of one rank."""
+    tps = tokens_interval / t_interval
+    mfu = f", mfu {raw_model.estimate_mfu(tps / world_size, peak_flops, block_size):.1%}" if peak_flops > 0 else ""
+    return f"{tps:,.0f} tok/s{mfu}"
+
+
 if show_bar and not eval_only:
     run.bar = tqdm(total=max_iters, initial=iter_num, desc='train', unit='it', dynamic_ncols=True, file=sys.stderr)
 
@@ -502,18 +510,14 @@ while True:
     t_eval_window += dt
     tokens_eval_window += tokens_per_iter
     if run.bar is not None:  # the bar stands in for the log lines: the same numbers, since the last log_interval
-        tps = tokens_interval / t_interval
-        mfu = f", mfu {flops_per_token * tps / world_size / peak_flops:.1%}" if peak_flops > 0 else ""
-        run.bar.set_postfix_str(f"loss {sum(interval_losses) / len(interval_losses):.4f}, lr {lr:.2e}, "
-                                f"{tps:,.0f} tok/s{mfu}", refresh=False)
+        run.bar.set_postfix_str(f"loss {sum(interval_losses) / len(interval_losses):.4f}, lr {lr:.2e}, {speed()}",
+                                refresh=False)
         run.bar.update()
     if iter_num % log_interval == 0:
-        tps = tokens_interval / t_interval
-        mfu = f", mfu {flops_per_token * tps / world_size / peak_flops:.1%}" if peak_flops > 0 else ""
         gn = f", grad norm {gnorm.item():.2f}" if grad_clip > 0 else ""
         if run.bar is None:
             say(f"iter {iter_num}/{max_iters}: loss {sum(interval_losses) / len(interval_losses):.4f}, "
-                f"lr {lr:.2e}{gn}, {tps:,.0f} tok/s{mfu}, {1000 * t_interval / len(interval_losses):.0f} ms/iter")
+                f"lr {lr:.2e}{gn}, {speed()}, {1000 * t_interval / len(interval_losses):.0f} ms/iter")
         interval_losses, t_interval, tokens_interval = [], 0.0, 0
 
 if run.bar is not None:
