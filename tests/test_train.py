@@ -7,6 +7,7 @@ import glob
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import runpy
@@ -827,6 +828,86 @@ def test_muon_under_torch_compile_trains_as_eager_and_its_checkpoint_resumes_eag
         assert torch.allclose(c['model'][k], e['model'][k], atol=2e-2), k
     run(env, args(env, 'mu_compiled', *common[1:], '--max_iters=8', '--init_from=auto'))
     assert [r['iter'] for r in log(env, 'mu_compiled')] == [0, 2, 4, 6, 8]
+
+
+def leaves(x):
+    """Every tensor in a nested checkpoint part, in a fixed order."""
+    if torch.is_tensor(x):
+        return [x]
+    if isinstance(x, dict):
+        return [t for k in sorted(x, key=str) for t in leaves(x[k])]
+    return [t for v in x for t in leaves(v)] if isinstance(x, (list, tuple)) else []
+
+
+def lr_then(it, peak, floor, warmup, decay):
+    """The schedule train.py has always stepped with, written out: warmup to peak, cosine to floor, then floor."""
+    if it < warmup:
+        return peak * (it + 1) / (warmup + 1)
+    if it > decay:
+        return floor
+    return floor + 0.5 * (1.0 + math.cos(math.pi * (it - warmup) / max(1, decay - warmup))) * (peak - floor)
+
+
+def test_every_param_group_steps_with_the_learning_rate_it_always_did(env, monkeypatch, capsys, tmp_path):
+    """optimizer=muon: at every step each group's lr is bit for bit the schedule train.py has always used, AdamW's
+    from learning_rate to min_lr, Muon's from muon_lr to min_lr * muon_lr / learning_rate, over the warmup (0, 1),
+    the cosine (2..6) and the floor (7). A resume takes the schedule from its config, not from the groups saved
+    in the checkpoint: here a new learning_rate and lr_decay_iters. With peak_flops, each log line's MFU is the
+    model's FLOPs per token times that line's throughput."""
+    seen = []  # per optimizer step: (its class, each group's lr)
+    for cls in (torch.optim.AdamW, Muon):
+        def step(self, *a, _orig=cls.step, _cls=cls, **k):
+            seen.append((_cls, [g['lr'] for g in self.param_groups]))
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(cls, 'step', step)
+    argv = args(env, '', f'--out_dir={tmp_path}', '--optimizer=muon', '--muon_lr=0.03', '--eval_interval=8')
+    run_inprocess(monkeypatch, argv + ['--max_iters=8', '--lr_decay_iters=6', '--peak_flops=1e8'])
+    run_inprocess(monkeypatch, argv + ['--max_iters=10', '--init_from=resume', '--learning_rate=5e-3',
+                                       '--lr_decay_iters=20'])
+    out = capsys.readouterr().out
+    want = []
+    for it in range(10):
+        lr, decay = (1e-2, 6) if it < 8 else (5e-3, 20)
+        want += [(torch.optim.AdamW, [lr_then(it, lr, 1e-3, 2, decay)] * 2),
+                 (Muon, [lr_then(it, 0.03, 1e-3 * 0.03 / lr, 2, decay)])]
+    assert seen == want  # floats compared with ==
+    model = GPT(GPTConfig(**load_checkpoint(str(tmp_path))['model_args']))
+    lines = re.findall(r'iter [1-8]/8: .*?([\d,]+) tok/s, mfu ([\d.]+)%', out)
+    assert len(lines) == 8, out
+    for tps, mfu in lines:
+        tps = int(tps.replace(',', ''))
+        assert abs(float(mfu) - 100 * model.estimate_flops_per_token(N) * tps / 1e8) <= 0.05 + 1e-3 * float(mfu)
+
+
+def test_a_checkpoint_of_the_old_layout_resumes_bit_exactly(env, monkeypatch, tmp_path):
+    """Checkpoints written before the list of optimizer states held AdamW's as 'optimizer' and Muon's as 'muon' (None
+    under AdamW), their param groups without initial_lr and min_lr. Such a one (made here from the new run's
+    iteration-6 copy, between evals, by exactly that rewrite) resumes to the uninterrupted run's checkpoint at 8,
+    bit for bit: weights, EMA, both optimizers' states, and the log."""
+    from aogpt.startup import optimizer_states
+    common = ['--eval_interval=4', '--ckpt_interval=2', '--dropout=0.1', '--optimizer=muon', '--muon_lr=0.05',
+              '--muon_adaln=True']
+    whole, old = tmp_path / 'whole', tmp_path / 'old'
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={whole}', '--max_iters=8', '--keep_ckpt_every=6', *common))
+    c = torch.load(whole / 'ckpt_0000006.pt', weights_only=True)
+    assert c['iter_num'] == 6 and c['train_losses']  # between evals: the losses of 4 and 5 carry on
+    adamw, muon = c.pop('optimizers')
+    for state in (adamw, muon):
+        for g in state['param_groups']:
+            del g['initial_lr'], g['min_lr']
+    old.mkdir()
+    torch.save(dict(c, optimizer=adamw, muon=muon), old / 'ckpt.pt')
+    shutil.copy(whole / 'log.jsonl', old / 'log.jsonl')  # with the eval at 8, which the resume drops and redoes
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={old}', '--max_iters=8', '--init_from=resume', *common))
+    a, b = load_checkpoint(str(whole)), load_checkpoint(str(old))
+    assert a['iter_num'] == b['iter_num'] == 8 and len(b['optimizers']) == 2
+    for part in ('model', 'ema', 'optimizers'):
+        ta, tb = leaves(a[part]), leaves(b[part])
+        assert len(ta) == len(tb) > 0 and all(torch.equal(x, y) for x, y in zip(ta, tb)), part
+    strip = lambda recs: [{k: v for k, v in r.items() if k not in ('time', 'tok_per_s')} for r in recs]  # noqa: E731
+    assert strip(log(tmp_path, 'whole')) == strip(log(tmp_path, 'old'))
+    assert optimizer_states(dict(optimizer=adamw, muon=None)) == [adamw]  # an AdamW run's
+    assert optimizer_states(dict(model={})) is None  # an export or a paper file: nothing to resume
 
 
 def test_resuming_with_another_optimizer_is_refused_in_one_line(env, monkeypatch, capsys, tmp_path):
