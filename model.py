@@ -557,7 +557,8 @@ class GPT(nn.Module):
         Every param group carries its own schedule: initial_lr, its peak (AdamW's learning_rate, Muon's muon_lr),
         and min_lr, its floor, the same fraction min_lr / learning_rate of its peak for every group; the caller
         moves each group's lr along one warmup-and-decay curve between the two (train.py's get_lr). Another
-        optimizer is one more entry here: the schedule, the steps and the checkpoint take the list as it is."""
+        optimizer is one more entry here and in OPTIMIZER_KEYS: train.py's schedule, steps and checkpoint take the
+        list as it is."""
         if optimizer not in OPTIMIZER_KEYS:
             raise ValueError(f"optimizer must be {' or '.join(OPTIMIZER_KEYS)}, got {optimizer!r}")
         # Decay every matrix (embeddings and AdaLN included, as in the paper's code); not biases or norms.
