@@ -548,32 +548,43 @@ class GPT(nn.Module):
     def estimate_mfu(self, tokens_per_s, peak_flops, seq_len=None):
         return self.estimate_flops_per_token(seq_len) * tokens_per_s / peak_flops
 
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, muon_lr=None, muon_adaln=True,
-                             muon_dtype='bfloat16'):
-        """The optimizers to step, AdamW first: [AdamW] (the paper's), or with muon_lr [AdamW, Muon].
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer='adamw', min_lr=0.0,
+                             muon_lr=0.02, muon_adaln=True, muon_dtype='bfloat16'):
+        """The optimizers to step, AdamW first: optimizer='adamw' [AdamW] (the paper's), 'muon' [AdamW, Muon].
 
         Muon (torch.optim.Muon) takes the blocks' hidden matrices (attention c_attn/c_proj, MLP c_fc/c_proj), and
         with muon_adaln the AdaLN Linears (target_dim -> 6d per block, -> 2d before the head) as well (on AO-GPT
         they train faster there: finding 9); AdamW the rest: embeddings, head, norms, biases. Both decay their
         matrices by weight_decay in the same decoupled form (p -= lr * weight_decay * p). Each parameter is in one
         group, in named_parameters order, so the saved states (positional, as torch keeps them) line up on resume.
-        muon_dtype: the dtype of Muon's Newton-Schulz iteration (see Muon below)."""
+        muon_dtype: the dtype of Muon's Newton-Schulz iteration (see Muon below).
+
+        Every param group carries its own schedule: initial_lr, its peak (AdamW's learning_rate, Muon's muon_lr),
+        and min_lr, its floor, the same fraction min_lr / learning_rate of its peak for every group; the caller
+        moves each group's lr along one warmup-and-decay curve between the two (train.py's get_lr). Another
+        optimizer is one more entry here and in OPTIMIZER_KEYS: train.py's schedule, steps and checkpoint take the
+        list as it is."""
+        if optimizer not in OPTIMIZER_KEYS:
+            raise ValueError(f"optimizer must be {' or '.join(OPTIMIZER_KEYS)}, got {optimizer!r}")
         # Decay every matrix (embeddings and AdaLN included, as in the paper's code); not biases or norms.
         named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
         hidden = ('.attn.c_attn.weight', '.attn.c_proj.weight', '.mlp.c_fc.weight', '.mlp.c_proj.weight')
 
         def to_muon(name):
             adaln = muon_adaln and 'adaLN' in name and name.endswith('.weight')
-            return muon_lr is not None and (name.endswith(hidden) or adaln)
+            return optimizer == 'muon' and (name.endswith(hidden) or adaln)
         muon = [p for n, p in named if to_muon(n)]
         decay = [p for n, p in named if p.dim() >= 2 and not to_muon(n)]
         no_decay = [p for n, p in named if p.dim() < 2]
-        groups = [{'params': decay, 'weight_decay': weight_decay},
-                  {'params': no_decay, 'weight_decay': 0.0}]
+        schedule = dict(initial_lr=learning_rate, min_lr=min_lr)  # AdamW's
+        groups = [{'params': decay, 'weight_decay': weight_decay, **schedule},
+                  {'params': no_decay, 'weight_decay': 0.0, **schedule}]
         fused = device_type == 'cuda'
         optimizers = [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)]
-        if muon_lr is not None:
-            optimizers.append(Muon(muon, lr=muon_lr, weight_decay=weight_decay, ns_dtype=getattr(torch, muon_dtype)))
+        if optimizer == 'muon':  # its floor: min_lr's fraction of muon_lr (min_lr <= learning_rate: 0 when that is)
+            floor = min_lr * muon_lr / learning_rate if learning_rate > 0 else 0.0
+            optimizers.append(Muon([{'params': muon, 'initial_lr': muon_lr, 'min_lr': floor}], lr=muon_lr,
+                                   weight_decay=weight_decay, ns_dtype=getattr(torch, muon_dtype)))
         return optimizers
 
     # ------------------------------------------------------------------ GPT-2 weights
@@ -646,6 +657,10 @@ def adapt(gpt, cond, **new):
             for block in tr.h:
                 _open_gates(block.adaLN[1])
     return model
+
+
+# configure_optimizers' setups, each with the train.py keys only it reads (a key of another setup would be ignored)
+OPTIMIZER_KEYS = {'adamw': (), 'muon': ('muon_lr', 'muon_adaln', 'muon_dtype')}
 
 
 class Muon(torch.optim.Muon):

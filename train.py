@@ -290,15 +290,14 @@ def train_micro_batch(it, m, frac):
 
 
 # ------------------------------------------------------------------ optimizer, EMA, scaler
-# [AdamW] or [AdamW, Muon]; AdamW's state is saved as 'optimizer' (as it always was), Muon's as 'muon'
-optimizers = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type,
-                                        muon_lr=muon_lr if optimizer == 'muon' else None, muon_adaln=muon_adaln,
-                                        muon_dtype=muon_dtype)
+# [AdamW] or [AdamW, Muon], each param group with its own peak and floor on the one schedule (get_lr)
+optimizers = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, optimizer=optimizer,
+                                        min_lr=min_lr, muon_lr=muon_lr, muon_adaln=muon_adaln, muon_dtype=muon_dtype)
 with run.failing():
     check_step_sizes(optimizers, cfg)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
 ema = EMA(model, ema_decay) if ema_decay > 0 else None  # see ema.py
-iter_num, best_val_loss, elapsed = 0, float('inf'), 0.0
+best_val_loss, elapsed, t_start = float('inf'), 0.0, time.time()  # elapsed: the run's seconds before t_start
 train_losses = []  # the training losses since the last eval, averaged into its train_loss
 if ckpt is not None:
     def setup(c):  # what the saved optimizer states fit: another optimizer or AdaLN placement groups them otherwise
@@ -308,15 +307,14 @@ if ckpt is not None:
         fail(f"{resume_path} was trained with optimizer={setup(ckpt['config'])}, but this config asks for "
              f"optimizer={setup(cfg)}: its optimizer state fits only its own setting, so resume with that, or "
              f"fine-tune from it with a fresh optimizer (init_from={resume_path}, in another out_dir)")
-    iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizers[0], scaler, ema)
-    if optimizer == 'muon':
-        optimizers[1].load_state_dict(ckpt['muon'])
+    with run.failing():
+        iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizers, scaler, ema)
+    last_saved = (resume_path, iter_num)
     say(f"resumed {resume_path} at iteration {iter_num}")
     if iter_num >= max_iters and not eval_only:
         say(f"it has reached max_iters ({max_iters}): nothing to train (raise max_iters to train on)")
     del ckpt
 start_iter = iter_num
-last_saved = (resume_path, start_iter) if start_iter > 0 else None
 stop_point()
 
 raw_model = model
@@ -328,7 +326,9 @@ if ddp:
 
 
 def get_lr(it, peak=learning_rate, floor=min_lr):
-    """The schedule at iteration it for a group peaking at `peak` and ending at `floor` (AdamW's by default)."""
+    """The schedule at iteration it for a param group peaking at `peak` and ending at `floor` (its initial_lr and
+    min_lr; learning_rate's by default). Written as peak and floor, not as one multiplier of the peak: the two
+    round apart in float64, and the written form is the one every run so far trained with."""
     if not decay_lr:
         return peak
     if it < warmup_iters:
@@ -337,10 +337,6 @@ def get_lr(it, peak=learning_rate, floor=min_lr):
         return floor
     ratio = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
     return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak - floor)
-
-
-# Muon's group follows the same curve scaled to its own peak (min_lr <= learning_rate, so 0 when that is 0)
-muon_floor = min_lr * muon_lr / learning_rate if learning_rate > 0 else 0.0
 
 
 # ------------------------------------------------------------------ validation
@@ -371,9 +367,8 @@ def save():
         try:
             ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(),
                         model=raw_model.state_dict(), ema=ema.state_dict() if ema is not None else None,
-                        optimizer=optimizers[0].state_dict(), muon=optimizers[1].state_dict() if
-                        optimizer == 'muon' else None, scaler=scaler.state_dict(), iter_num=iter_num,
-                        best_val_loss=best_val_loss, config=cfg,
+                        optimizers=[opt.state_dict() for opt in optimizers], scaler=scaler.state_dict(),
+                        iter_num=iter_num, best_val_loss=best_val_loss, config=cfg,
                         order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
                         tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start,
                         started_from=started_from)
@@ -410,17 +405,25 @@ if order_mode not in TRAIN_MODES and one_block(order_mode, block_size):
     say(f"note: {one_block(order_mode, block_size)}")
 
 # ------------------------------------------------------------------ the loop
-t_start = time.time()
 interval_losses = []
 t_interval, tokens_interval, t_eval_window, tokens_eval_window = 0.0, 0, 0.0, 0
+
+
+def speed():
+    """Throughput since the last log line, and with peak_flops the MFU of one rank."""
+    tps = tokens_interval / t_interval
+    mfu = f", mfu {raw_model.estimate_mfu(tps / world_size, peak_flops, block_size):.1%}" if peak_flops > 0 else ""
+    return f"{tps:,.0f} tok/s{mfu}"
+
+
 if show_bar and not eval_only:
     run.bar = tqdm(total=max_iters, initial=iter_num, desc='train', unit='it', dynamic_ncols=True, file=sys.stderr)
 
 while True:
-    lr = get_lr(iter_num)
+    lr = get_lr(iter_num)  # learning_rate's, the one logged
     for opt in optimizers:
-        for group in opt.param_groups:
-            group['lr'] = get_lr(iter_num, muon_lr, muon_floor) if isinstance(opt, torch.optim.Muon) else lr
+        for group in opt.param_groups:  # each group on the one curve, between its own peak and floor
+            group['lr'] = get_lr(iter_num, group['initial_lr'], group['min_lr'])
     frac = l2r_frac_at(iter_num)
 
     resumed_here = iter_num == start_iter > 0 and not eval_only  # that eval is already in the log
@@ -507,18 +510,14 @@ while True:
     t_eval_window += dt
     tokens_eval_window += tokens_per_iter
     if run.bar is not None:  # the bar stands in for the log lines: the same numbers, since the last log_interval
-        tps = tokens_interval / t_interval
-        mfu = f", mfu {flops_per_token * tps / world_size / peak_flops:.1%}" if peak_flops > 0 else ""
-        run.bar.set_postfix_str(f"loss {sum(interval_losses) / len(interval_losses):.4f}, lr {lr:.2e}, "
-                                f"{tps:,.0f} tok/s{mfu}", refresh=False)
+        run.bar.set_postfix_str(f"loss {sum(interval_losses) / len(interval_losses):.4f}, lr {lr:.2e}, {speed()}",
+                                refresh=False)
         run.bar.update()
     if iter_num % log_interval == 0:
-        tps = tokens_interval / t_interval
-        mfu = f", mfu {flops_per_token * tps / world_size / peak_flops:.1%}" if peak_flops > 0 else ""
         gn = f", grad norm {gnorm.item():.2f}" if grad_clip > 0 else ""
         if run.bar is None:
             say(f"iter {iter_num}/{max_iters}: loss {sum(interval_losses) / len(interval_losses):.4f}, "
-                f"lr {lr:.2e}{gn}, {tps:,.0f} tok/s{mfu}, {1000 * t_interval / len(interval_losses):.0f} ms/iter")
+                f"lr {lr:.2e}{gn}, {speed()}, {1000 * t_interval / len(interval_losses):.0f} ms/iter")
         interval_losses, t_interval, tokens_interval = [], 0.0, 0
 
 if run.bar is not None:

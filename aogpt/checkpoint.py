@@ -7,7 +7,7 @@ Our format (a plain dict, so `torch.load(weights_only=True)` reads it):
   model       state dict, keys without the torch.compile ('_orig_mod.') or DDP ('module.') prefixes
   ema         {'decay': float, 'num_updates': int, 'params': {name: tensor}} keyed by parameter *name*
               (the paper's EMA is a positional list, which silently scrambles if modules are reordered)
-  plus, from train.py: optimizer, scaler, iter_num, config, codec, the fixed order, the training losses since
+  plus, from train.py: optimizers, scaler, iter_num, config, codec, the fixed order, the training losses since
   the last eval, ... (no RNG state or data cursor: every training draw is a function of (seed, iteration))
 
 The paper's released checkpoints (Cauthyyy/AO-GPT-MDM on Hugging Face: AO-GPT and sigma-GPT, Small and

@@ -30,9 +30,8 @@ from aogpt.checkpoint import parse_hub_spec
 from aogpt.errors import UserError
 from aogpt.orders import TRAIN_MODES, parse_order
 from aogpt.tokenizer import get_codec
-from model import GPTConfig, config_fields
+from model import OPTIMIZER_KEYS, GPTConfig, config_fields
 
-MUON_KEYS = ('muon_lr', 'muon_adaln', 'muon_dtype')  # what only optimizer='muon' takes
 ORDER_KEYS = {  # a decoder's order settings, and the order_mode values that read each (the encoder MDM: none)
     'l2r_frac': ('random',), 'l2r_frac_end': ('random',), 'l2r_frac_iters': ('random',),
     'block_size_order': ('block_random',), 'order_seed': ('fixed_random', 'block_random')}
@@ -59,13 +58,14 @@ def check_config(cfg, given=()):
     need(0 <= cfg['l2r_frac'] <= 1, 'l2r_frac', "a probability in [0, 1]")
     need(cfg['l2r_frac_end'] is None or 0 <= cfg['l2r_frac_end'] <= 1, 'l2r_frac_end',
          "a probability in [0, 1], or None")
-    need(cfg['optimizer'] in ('adamw', 'muon'), 'optimizer', "adamw or muon")
+    need(cfg['optimizer'] in OPTIMIZER_KEYS, 'optimizer', ' or '.join(OPTIMIZER_KEYS))
     need(cfg['muon_dtype'] in ('bfloat16', 'float32'), 'muon_dtype', "bfloat16 or float32")
-    ignored = [k for k in MUON_KEYS if k in given]
-    if cfg['optimizer'] != 'muon' and ignored:
-        raise UserError(f"{', '.join(ignored)} {'is a setting' if len(ignored) == 1 else 'are settings'} of "
-                        f"optimizer='muon', but this run uses optimizer={cfg['optimizer']!r}: add --optimizer=muon, "
-                        f"or leave {'it' if len(ignored) == 1 else 'them'} out")
+    for other, keys in OPTIMIZER_KEYS.items():  # a setting of another optimizer than the run's would be ignored
+        ignored = [k for k in keys if k in given and k not in OPTIMIZER_KEYS[cfg['optimizer']]]
+        if ignored:
+            raise UserError(f"{', '.join(ignored)} {'is a setting' if len(ignored) == 1 else 'are settings'} of "
+                            f"optimizer={other!r}, but this run uses optimizer={cfg['optimizer']!r}: add "
+                            f"--optimizer={other}, or leave {'it' if len(ignored) == 1 else 'them'} out")
     if cfg['order_mode'] not in TRAIN_MODES:
         try:
             parse_order(cfg['order_mode'])

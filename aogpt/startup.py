@@ -7,7 +7,7 @@ change of shape allowed is a GPT's cond: --cond=adaln or sigma adapts it into an
 exactly the GPT's distribution at step 0 (model.adapt); a GPT-2 folder takes the run's cond, adaln by default.
 
     source_args, weights, ckpt, resume_path, started_from = model_source(cfg, given, codec, data_dir, say)
-    iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizer, scaler, ema)
+    iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizers, scaler, ema)
 """
 
 if __name__ == '__main__':  # run as a script (python aogpt/startup.py): one line, not an ImportError
@@ -53,7 +53,7 @@ def model_source(cfg, given, codec, data_dir, say=print):
         if not os.path.exists(resume_path):
             raise UserError(f"init_from=resume but {resume_path} does not exist: use init_from=scratch, or auto")
         ck = load_checkpoint(resume_path)
-        if ck.get('format') != 'aogpt-v1' or 'optimizer' not in ck:
+        if ck.get('format') != 'aogpt-v1' or optimizer_states(ck) is None:
             raise UserError(f"{resume_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
                             f"with init_from={resume_path}")
         check_codec(checkpoint_codec(ck), codec, data_dir, resume_path)
@@ -120,18 +120,39 @@ def adapted(src, cfg, given, where):
     return adapt(src, cfg['cond'], target_dim=cfg['target_dim'], target_std=cfg['target_std'])
 
 
-def resume_state(ckpt, optimizer, scaler, ema):
-    """Put back what a resumed train.py checkpoint holds besides the weights: the optimizer's, the scaler's and
-    the EMA's state (ema.py; an EMA the checkpoint lacks starts from the resumed weights). Returns (iter_num,
-    best_val_loss, elapsed seconds, the training losses since the last eval, which a save between evals
-    carries on). No RNG state or data cursor: every draw is a function of (seed, iteration)."""
-    optimizer.load_state_dict(ckpt['optimizer'])
+def resume_state(ckpt, optimizers, scaler, ema):
+    """Put back what a resumed train.py checkpoint holds besides the weights: the optimizers' states (in
+    configure_optimizers' order), the scaler's and the EMA's (ema.py; an EMA the checkpoint lacks starts from the
+    resumed weights). Returns (iter_num, best_val_loss, elapsed seconds, the training losses since the last eval,
+    which a save between evals carries on). No RNG state or data cursor: every draw is a function of (seed,
+    iteration). The schedule stays the config's: each group keeps the initial_lr and min_lr it was configured with
+    (torch's load_state_dict would put back the saved groups' ones, or none from a checkpoint older than them)."""
+    states = optimizer_states(ckpt)
+    if len(states) != len(optimizers):  # train.py refuses another setup before this, by its config keys
+        raise UserError(f"the checkpoint holds {len(states)} optimizer states, but this run steps {len(optimizers)} "
+                        f"optimizers: resume with the optimizer it was trained with")
+    for opt, state in zip(optimizers, states):
+        schedule = [{k: g[k] for k in ('initial_lr', 'min_lr')} for g in opt.param_groups]
+        opt.load_state_dict(state)
+        for g, sched in zip(opt.param_groups, schedule):
+            g.update(sched)
     if ckpt.get('scaler'):
         scaler.load_state_dict(ckpt['scaler'])
     if ema is not None and ckpt.get('ema'):
         ema.load_state_dict(ckpt['ema'])
     return (ckpt['iter_num'], ckpt.get('best_val_loss', float('inf')), ckpt.get('elapsed', 0.0),
             list(ckpt.get('train_losses') or []))
+
+
+def optimizer_states(ckpt):
+    """A train.py checkpoint's optimizer states, one per optimizer in configure_optimizers' order: its
+    'optimizers' list, or from a checkpoint written before that list, AdamW's 'optimizer' and (optimizer=muon)
+    Muon's 'muon'. None for a file with neither (an export, the paper's, a fine-tune's source)."""
+    if 'optimizers' in ckpt:
+        return ckpt['optimizers']
+    if 'optimizer' not in ckpt:
+        return None
+    return [ckpt['optimizer']] + ([ckpt['muon']] if ckpt.get('muon') is not None else [])
 
 
 def check_codec(theirs, codec, data_dir, where):

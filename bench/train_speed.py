@@ -156,7 +156,8 @@ def make_step(name, opt_name='adamw'):
     model = GPT(cfg).to(device)
     muon_dtype = MUON_DTYPE[opt_name]
     opts = model.configure_optimizers(0.05, 3e-4, (0.9, 0.95), 'cuda' if cuda else 'cpu',  # train.py's defaults
-                                      muon_lr=0.02 if muon_dtype else None, muon_dtype=muon_dtype or 'bfloat16')
+                                      optimizer='muon' if muon_dtype else 'adamw', muon_lr=0.02,
+                                      muon_dtype=muon_dtype or 'bfloat16')
     fwd = torch.compile(model) if compile else model
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randint(0, min(vocab_size, 50257), (batch_size, block_size), device=device, generator=g)

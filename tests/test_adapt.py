@@ -158,7 +158,7 @@ def test_adapting_with_muon_learns_to_read_the_target(env, gpt_run, monkeypatch,
     a = log(tmp_path.parent, tmp_path.name)
     assert a[-1]['val_ao'] < a[0]['val_ao'] - 0.1, a
     ck = load_checkpoint(str(tmp_path))
-    assert ck['muon']['state'] and ck['ema']['num_updates'] == 8
+    assert ck['optimizers'][1]['state'] and ck['ema']['num_updates'] == 8
     run_inprocess(monkeypatch, argv + ['--init_from=auto', '--max_iters=9'])
     assert load_checkpoint(str(tmp_path))['iter_num'] == 9
 

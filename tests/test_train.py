@@ -7,6 +7,7 @@ import glob
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import runpy
@@ -311,11 +312,10 @@ def test_exact_resume_after_kill_is_bit_identical(env, optimizer):
     for k in a['ema']['params']:
         assert torch.equal(a['ema']['params'][k], b['ema']['params'][k]), k
     assert a['ema']['num_updates'] == b['ema']['num_updates'] == 8
-    states = ['optimizer', 'muon'] if optimizer == 'muon' else ['optimizer']
-    assert (a['muon'] is None) == (optimizer == 'adamw')
-    for opt in states:
-        assert len(a[opt]['state']) == len(b[opt]['state']) > 0
-        for sa, sb in zip(a[opt]['state'].values(), b[opt]['state'].values()):
+    assert len(a['optimizers']) == len(b['optimizers']) == (2 if optimizer == 'muon' else 1)
+    for oa, ob in zip(a['optimizers'], b['optimizers']):
+        assert len(oa['state']) == len(ob['state']) > 0
+        for sa, sb in zip(oa['state'].values(), ob['state'].values()):
             assert all(torch.equal(sa[k], sb[k]) for k in sa)
     # the log of the resumed run holds each eval once, with the same numbers
     la, lb = log(env, whole), log(env, split)
@@ -728,7 +728,8 @@ def test_muon_takes_the_blocks_hidden_matrices_and_adamw_the_rest():
                                                                           'mlp.c_proj')}
     adaln = {'transformer.h.0.adaLN.1.weight', 'transformer.h.1.adaLN.1.weight', 'transformer.adaLN_f.1.weight'}
     for muon_adaln, want in [(False, hidden), (True, hidden | adaln)]:
-        adamw, muon = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', muon_lr=0.02, muon_adaln=muon_adaln)
+        adamw, muon = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon', muon_lr=0.02,
+                                                 muon_adaln=muon_adaln)
         in_muon = [names[p] for g in muon.param_groups for p in g['params']]
         in_adamw = [names[p] for g in adamw.param_groups for p in g['params']]
         assert set(in_muon) == want and isinstance(muon, torch.optim.Muon)
@@ -764,7 +765,7 @@ def test_muon_step_is_torchs_and_float32_changes_only_the_iteration():
     assert err[torch.float32] < 1e-3 * err[torch.bfloat16], err
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, target_dim=8, block_size=N, vocab_size=64))
     for dtype in ('bfloat16', 'float32'):
-        _, muon = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', muon_lr=0.02, muon_dtype=dtype)
+        _, muon = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon', muon_dtype=dtype)
         assert muon.ns_dtype == getattr(torch, dtype)
 
 
@@ -793,7 +794,7 @@ def test_muon_through_accumulation_clipping_bf16_autocast_and_ema(env, monkeypat
     first, last = log(env, tmp_path)
     assert last['ema'] is True and last['val_loss'] < first['val_loss'] - 1.0, (first, last)
     c = load_checkpoint(str(tmp_path))
-    assert c['ema']['num_updates'] == 40 and c['muon']['state'] and c['config']['optimizer'] == 'muon'
+    assert c['ema']['num_updates'] == 40 and c['optimizers'][1]['state'] and c['config']['optimizer'] == 'muon'
     assert not torch.equal(c['ema']['params']['transformer.h.0.mlp.c_fc.weight'],
                            c['model']['transformer.h.0.mlp.c_fc.weight'])
 
@@ -822,12 +823,92 @@ def test_muon_under_torch_compile_trains_as_eager_and_its_checkpoint_resumes_eag
     assert eager[-1]['val_loss'] < eager[0]['val_loss'] - 0.3  # it learns
     e, c = load_checkpoint(str(env / 'mu_eager')), load_checkpoint(str(env / 'mu_compiled'))
     assert sorted(c['model']) == sorted(e['model']) and not any('_orig_mod' in k for k in c['model'])
-    assert {k: v['momentum_buffer'].shape for k, v in c['muon']['state'].items()} == \
-        {k: v['momentum_buffer'].shape for k, v in e['muon']['state'].items()}
+    assert {k: v['momentum_buffer'].shape for k, v in c['optimizers'][1]['state'].items()} == \
+        {k: v['momentum_buffer'].shape for k, v in e['optimizers'][1]['state'].items()}
     for k in e['model']:
         assert torch.allclose(c['model'][k], e['model'][k], atol=2e-2), k
     run(env, args(env, 'mu_compiled', *common[1:], '--max_iters=8', '--init_from=auto'))
     assert [r['iter'] for r in log(env, 'mu_compiled')] == [0, 2, 4, 6, 8]
+
+
+def leaves(x):
+    """Every tensor in a nested checkpoint part, in a fixed order."""
+    if torch.is_tensor(x):
+        return [x]
+    if isinstance(x, dict):
+        return [t for k in sorted(x, key=str) for t in leaves(x[k])]
+    return [t for v in x for t in leaves(v)] if isinstance(x, (list, tuple)) else []
+
+
+def lr_then(it, peak, floor, warmup, decay):
+    """The schedule train.py has always stepped with, written out: warmup to peak, cosine to floor, then floor."""
+    if it < warmup:
+        return peak * (it + 1) / (warmup + 1)
+    if it > decay:
+        return floor
+    return floor + 0.5 * (1.0 + math.cos(math.pi * (it - warmup) / max(1, decay - warmup))) * (peak - floor)
+
+
+def test_every_param_group_steps_with_the_learning_rate_it_always_did(env, monkeypatch, capsys, tmp_path):
+    """optimizer=muon: at every step each group's lr is bit for bit the schedule train.py has always used, AdamW's
+    from learning_rate to min_lr, Muon's from muon_lr to min_lr * muon_lr / learning_rate, over the warmup (0, 1),
+    the cosine (2..6) and the floor (7). A resume takes the schedule from its config, not from the groups saved
+    in the checkpoint: here a new learning_rate and lr_decay_iters. With peak_flops, each log line's MFU is the
+    model's FLOPs per token times that line's throughput."""
+    seen = []  # per optimizer step: (its class, each group's lr)
+    for cls in (torch.optim.AdamW, Muon):
+        def step(self, *a, _orig=cls.step, _cls=cls, **k):
+            seen.append((_cls, [g['lr'] for g in self.param_groups]))
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(cls, 'step', step)
+    argv = args(env, '', f'--out_dir={tmp_path}', '--optimizer=muon', '--muon_lr=0.03', '--eval_interval=8')
+    run_inprocess(monkeypatch, argv + ['--max_iters=8', '--lr_decay_iters=6', '--peak_flops=1e8'])
+    run_inprocess(monkeypatch, argv + ['--max_iters=10', '--init_from=resume', '--learning_rate=5e-3',
+                                       '--lr_decay_iters=20'])
+    out = capsys.readouterr().out
+    want = []
+    for it in range(10):
+        lr, decay = (1e-2, 6) if it < 8 else (5e-3, 20)
+        want += [(torch.optim.AdamW, [lr_then(it, lr, 1e-3, 2, decay)] * 2),
+                 (Muon, [lr_then(it, 0.03, 1e-3 * 0.03 / lr, 2, decay)])]
+    assert seen == want  # floats compared with ==
+    model = GPT(GPTConfig(**load_checkpoint(str(tmp_path))['model_args']))
+    lines = re.findall(r'iter [1-8]/8: .*?([\d,]+) tok/s, mfu ([\d.]+)%', out)
+    assert len(lines) == 8, out
+    for tps, mfu in lines:
+        tps = int(tps.replace(',', ''))
+        assert abs(float(mfu) - 100 * model.estimate_flops_per_token(N) * tps / 1e8) <= 0.05 + 1e-3 * float(mfu)
+
+
+def test_a_checkpoint_of_the_old_layout_resumes_bit_exactly(env, monkeypatch, tmp_path):
+    """Checkpoints written before the list of optimizer states held AdamW's as 'optimizer' and Muon's as 'muon' (None
+    under AdamW), their param groups without initial_lr and min_lr. Such a one (made here from the new run's
+    iteration-6 copy, between evals, by exactly that rewrite) resumes to the uninterrupted run's checkpoint at 8,
+    bit for bit: weights, EMA, both optimizers' states, and the log."""
+    from aogpt.startup import optimizer_states
+    common = ['--eval_interval=4', '--ckpt_interval=2', '--dropout=0.1', '--optimizer=muon', '--muon_lr=0.05',
+              '--muon_adaln=True']
+    whole, old = tmp_path / 'whole', tmp_path / 'old'
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={whole}', '--max_iters=8', '--keep_ckpt_every=6', *common))
+    c = torch.load(whole / 'ckpt_0000006.pt', weights_only=True)
+    assert c['iter_num'] == 6 and c['train_losses']  # between evals: the losses of 4 and 5 carry on
+    adamw, muon = c.pop('optimizers')
+    for state in (adamw, muon):
+        for g in state['param_groups']:
+            del g['initial_lr'], g['min_lr']
+    old.mkdir()
+    torch.save(dict(c, optimizer=adamw, muon=muon), old / 'ckpt.pt')
+    shutil.copy(whole / 'log.jsonl', old / 'log.jsonl')  # with the eval at 8, which the resume drops and redoes
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={old}', '--max_iters=8', '--init_from=resume', *common))
+    a, b = load_checkpoint(str(whole)), load_checkpoint(str(old))
+    assert a['iter_num'] == b['iter_num'] == 8 and len(b['optimizers']) == 2
+    for part in ('model', 'ema', 'optimizers'):
+        ta, tb = leaves(a[part]), leaves(b[part])
+        assert len(ta) == len(tb) > 0 and all(torch.equal(x, y) for x, y in zip(ta, tb)), part
+    strip = lambda recs: [{k: v for k, v in r.items() if k not in ('time', 'tok_per_s')} for r in recs]  # noqa: E731
+    assert strip(log(tmp_path, 'whole')) == strip(log(tmp_path, 'old'))
+    assert optimizer_states(dict(optimizer=adamw, muon=None)) == [adamw]  # an AdamW run's
+    assert optimizer_states(dict(model={})) is None  # an export or a paper file: nothing to resume
 
 
 def test_resuming_with_another_optimizer_is_refused_in_one_line(env, monkeypatch, capsys, tmp_path):
@@ -864,7 +945,7 @@ def test_muon_warm_starts_from_gpt2_resumes_and_fine_tunes(env, monkeypatch, tmp
     c = load_checkpoint(str(tmp_path / 'warm'))
     torch.testing.assert_close(c['model']['transformer.h.1.mlp.c_fc.weight'], hf.transformer.h[1].mlp.c_fc.weight.t(),
                                atol=0, rtol=0)
-    assert all(s['momentum_buffer'].abs().sum() > 0 for s in c['muon']['state'].values())
+    assert all(s['momentum_buffer'].abs().sum() > 0 for s in c['optimizers'][1]['state'].values())
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "warm"}', '--init_from=resume', '--max_iters=2',
                                     gpt2_runs(env), *frozen))
     assert load_checkpoint(str(tmp_path / 'warm'))['iter_num'] == 2
@@ -873,7 +954,8 @@ def test_muon_warm_starts_from_gpt2_resumes_and_fine_tunes(env, monkeypatch, tmp
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "ft"}', f'--init_from={src}', '--init_ema=False',
                                     '--max_iters=1', *frozen))
     f, src = load_checkpoint(str(tmp_path / 'ft')), load_checkpoint(str(tmp_path / 'src'))
-    assert f['iter_num'] == 1 and f['model_args'] == src['model_args'] and src['muon'] is None and f['muon']['state']
+    assert f['iter_num'] == 1 and f['model_args'] == src['model_args'] and len(src['optimizers']) == 1 and \
+        f['optimizers'][1]['state']
     for k, v in src['model'].items():
         torch.testing.assert_close(f['model'][k], v, atol=0, rtol=0)
 
@@ -1522,7 +1604,7 @@ def tensors(x):
 
 def state(path):
     c = torch.load(path, map_location='cpu', weights_only=False)
-    return c['iter_num'], tensors([c['model'], c['ema'], c['optimizer']])
+    return c['iter_num'], tensors([c['model'], c['ema'], c['optimizers']])
 
 
 def same(a, b):
