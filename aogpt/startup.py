@@ -125,17 +125,19 @@ def resume_state(ckpt, optimizers, scaler, ema):
     configure_optimizers' order), the scaler's and the EMA's (ema.py; an EMA the checkpoint lacks starts from the
     resumed weights). Returns (iter_num, best_val_loss, elapsed seconds, the training losses since the last eval,
     which a save between evals carries on). No RNG state or data cursor: every draw is a function of (seed,
-    iteration). The schedule stays the config's: each group keeps the initial_lr and min_lr it was configured with
-    (torch's load_state_dict would put back the saved groups' ones, or none from a checkpoint older than them)."""
+    iteration). The settings stay the config's: each group keeps the hyperparameters it was configured with
+    (initial_lr, min_lr, weight_decay, betas, ...), where torch's load_state_dict would put back the saved groups'
+    ones (or none of the newer keys, from an older checkpoint): a resume that changes --weight_decay trains with
+    the new value, as the 'resuming with changed keys' line says. lr itself is set by the schedule every step."""
     states = optimizer_states(ckpt)
     if len(states) != len(optimizers):  # train.py refuses another setup before this, by its config keys
         raise UserError(f"the checkpoint holds {len(states)} optimizer states, but this run steps {len(optimizers)} "
                         f"optimizers: resume with the optimizer it was trained with")
     for opt, state in zip(optimizers, states):
-        schedule = [{k: g[k] for k in ('initial_lr', 'min_lr')} for g in opt.param_groups]
+        configured = [{k: v for k, v in g.items() if k not in ('params', 'lr')} for g in opt.param_groups]
         opt.load_state_dict(state)
-        for g, sched in zip(opt.param_groups, schedule):
-            g.update(sched)
+        for g, mine in zip(opt.param_groups, configured):
+            g.update(mine)
     if ckpt.get('scaler'):
         scaler.load_state_dict(ckpt['scaler'])
     if ema is not None and ckpt.get('ema'):

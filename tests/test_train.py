@@ -1734,3 +1734,19 @@ def test_random_and_back_to_back_signals_end_every_run_cleanly(env, tmp_path):
 def test_hundreds_of_random_signals(env, tmp_path):
     """The same, 200 times (make test-all; about 5 minutes on 2 cores)."""
     check_storm(signal_storm(env, tmp_path, 200, 1), 200)
+
+
+def test_a_resume_trains_with_the_hyperparameters_it_is_given(env, monkeypatch, capsys, tmp_path):
+    """Resuming with another --weight_decay (or betas) says so in its 'changed keys' line, so the optimizers must
+    step with the new values, not the saved groups' ones that torch's load_state_dict puts back; both optimizers."""
+    for opt in ('adamw', 'muon'):
+        argv = args(env, '', f'--out_dir={tmp_path / opt}', '--eval_interval=2', f'--optimizer={opt}')
+        run_inprocess(monkeypatch, argv + ['--max_iters=2', '--weight_decay=0.1', '--beta2=0.95'])
+        capsys.readouterr()
+        run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=resume', '--weight_decay=0.0',
+                                           '--beta2=0.9'])
+        assert 'resuming with changed keys' in capsys.readouterr().out
+        groups = [g for s in load_checkpoint(str(tmp_path / opt))['optimizers'] for g in s['param_groups']]
+        assert len(groups) == (2 if opt == 'adamw' else 3)
+        assert all(g['weight_decay'] == 0.0 for g in groups)
+        assert all(g['betas'] == (0.9, 0.9) for g in groups if 'betas' in g)
