@@ -303,7 +303,8 @@ class AOGPTLM(TemplateLM):
         With L continuation tokens, E over a uniform reveal count k in 1..L and a uniform k-subset S of
         (L/k) sum_{i in S} log p(x_i | everything outside S) is the any-order bound (eval_ppl's nll_mdm_elbo,
         restricted to the continuation). Counts are stratified over the mc draws."""
-        from model import random_orders, stratified_uniform
+        from aogpt.orders import random_orders
+        from model import stratified_uniform
         model, mask = self.model, self.model.config.mask_token_id
         for key in todo:
             ctx, cont = key

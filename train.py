@@ -41,7 +41,7 @@ from tqdm import tqdm
 from aogpt.checkpoint import CKPT_NAME, save_checkpoint
 from aogpt.configurator import configure, print_config, stop_at_safe_points, stop_requested
 from aogpt.ema import EMA
-from aogpt.orders import TRAIN_MODES, draw_orders, one_block
+from aogpt.orders import TRAIN_MODES, block_order, draw_orders, one_block, random_orders
 from aogpt.paths import append_jsonl
 from aogpt.plot import plot_log
 from aogpt.preflight import check_config, check_data, check_model, check_step_sizes, cost_warnings, lr_warnings
@@ -49,7 +49,7 @@ from aogpt.rundir import Run, claim_out_dir, keep_copy, release_out_dir, rewind_
 from aogpt.runtime import autocast, fast_math, gpu_peak_flops, resolve_device, start_ranks
 from aogpt.startup import model_source, resume_state
 from aogpt.valloss import progress_of, val_losses, val_passes, val_windows
-from model import GPT, GPTConfig, block_order, mdm_corrupt, random_orders
+from model import GPT, GPTConfig, mdm_corrupt
 
 stop_at_safe_points()  # a Ctrl-C or SIGTERM is recorded, and the run ends at its next stop_point()
 

@@ -15,8 +15,8 @@ import math
 import torch
 from torch.nn import functional as F
 
-from aogpt.orders import draw_orders
-from model import random_orders, stratified_uniform
+from aogpt.orders import draw_orders, random_orders
+from model import stratified_uniform
 
 # ----------------------------------------------------------------------------------------------- helpers
 

@@ -21,9 +21,9 @@ drawn before the first token is exact for that mixture (the speculative sampler 
     draw_orders('semiar:8', B, n, generator=g)          # (B, n) permutations of range(n)
     draw_orders('nearl2r:4', B, positions=free, ...)    # (B, m) the positions `free` in reveal order
 
-Draws. Every order is an argsort of float64 keys (model.random_orders' reasoning: no ties in practice) from
+Draws. Every order is an argsort of float64 keys (random_orders' reasoning: no ties in practice) from
 the caller's generator, on its device, so a counter-seeded generator makes the draws reproducible and
-independent of the world size. random is model.random_orders itself; semiar keys are block + U, so
+independent of the world size. random is random_orders itself; semiar keys are block + U, so
 semiar:K with K >= n draws exactly random_orders' orders and K = 1 the identity; a mix draws every
 component for every row in the spec's order, then one float32 uniform per row picks the component
 (as random_orders picks its L2R rows).
@@ -39,13 +39,37 @@ import re
 import torch
 
 from aogpt.errors import UserError
-from model import random_orders
 
 # train.py's own order modes, which it draws itself (random: uniform with l2r_frac of L2R rows, on a schedule;
 # fixed_random, block_random: one order, saved in ckpt.pt); any other order_mode is a spec drawn here
 TRAIN_MODES = ('random', 'l2r', 'fixed_random', 'block_random')
 
 GRAMMAR = "random, l2r, semiar:K (K >= 1), nearl2r:W (W >= 0) or mix:w1*A+w2*B+... (weights summing to 1)"
+
+
+def random_orders(B, n, device=None, generator=None, l2r_frac=0.0):
+    """B independent uniform permutations of range(n): argsort of uniform noise, on the device. The one
+    place every order, shuffle and uniform subset is drawn (training, eval, sampling). float64 keys:
+    float32 ones take 2^24 values, so a row of 1024 holds a tie with probability ~3%, and argsort breaks
+    ties by index, a bias toward left to right; with 53 bits a tie is practically impossible.
+    l2r_frac > 0 (training's order_mode=random): each row is instead the identity with that probability,
+    drawn after the permutations, from the same generator."""
+    orders = torch.rand(B, n, device=device, generator=generator, dtype=torch.float64).argsort(dim=1)
+    if l2r_frac > 0:
+        l2r = torch.rand(B, 1, device=device, generator=generator) < l2r_frac
+        orders = torch.where(l2r, torch.arange(n, device=device), orders)
+    return orders
+
+
+def block_order(n, k, seed):
+    """A fixed order of range(n) (k divides n): blocks of k positions left to right, the same seeded permutation
+    inside each, never the identity (a "random" order must not be L2R), e.g. 0 2 3 1 4 6 7 5 ... for k = 4. k = n:
+    one random permutation (order_mode fixed_random); k < n: order_mode block_random."""
+    g = torch.Generator().manual_seed(seed)
+    pattern = torch.randperm(k, generator=g)
+    while k > 1 and torch.equal(pattern, torch.arange(k)):
+        pattern = torch.randperm(k, generator=g)
+    return (torch.arange(n // k)[:, None] * k + pattern[None, :]).flatten()
 
 
 def parse_order(spec):

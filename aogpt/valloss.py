@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from aogpt.orders import TRAIN_MODES, draw_orders
-from model import mdm_corrupt, random_orders
+from aogpt.orders import TRAIN_MODES, draw_orders, random_orders
+from model import mdm_corrupt
 
 PROGRESS_EVERY = 30.0  # seconds between progress lines of a long eval when there is no progress bar
 

@@ -17,7 +17,8 @@ import torch
 
 import export
 from aogpt.checkpoint import load_checkpoint, load_model, weights_sha256
-from model import GPT, GPTConfig, adapt, random_orders
+from aogpt.orders import random_orders
+from model import GPT, GPTConfig, adapt
 from test_train import (N, args, assert_same_run, env, gpt2_runs, log, run, run_inprocess, runs_corpus,  # noqa: F401
                         tiny_gpt2)  # env: a fixture
 

@@ -7,7 +7,8 @@ import torch
 from helpers import tiny
 
 from aogpt.engine import KVCache
-from model import GPT, GPTConfig, mdm_corrupt, parallel_mask, random_orders
+from aogpt.orders import random_orders
+from model import GPT, GPTConfig, mdm_corrupt, parallel_mask
 
 ATOL = 1e-5
 

@@ -7,8 +7,7 @@ from helpers import exact_law
 from test_speculative import chi2_pvalue
 
 from aogpt.errors import UserError
-from aogpt.orders import draw_orders, one_block, parse_order
-from model import random_orders
+from aogpt.orders import draw_orders, one_block, parse_order, random_orders
 
 ALPHA = 1e-4
 N = 40000  # orders per law
