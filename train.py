@@ -236,7 +236,7 @@ if weights is not None:
 del weights
 
 with run.failing():
-    check_model(model_args, cfg, train_order, data_vocab, data_dir, _given)  # against the data, the orders, the settings
+    check_model(model_args, cfg, train_order, data_vocab, data_dir, _given)  # against the data, orders, settings
 if not model_args['causal']:
     model.transformer.wnonee.weight.requires_grad_(False)  # the encoder never uses [None]; DDP needs all used
 model.to(device)

@@ -10,7 +10,7 @@ drawn in this one place.
     nearl2r:W       near left to right: positions sorted by i + W * U_i, with U_i ~ U[0, 1) independent. Two
                     positions can swap only if they are fewer than W apart, so W <= 1 is l2r and each
                     position moves fewer than W places; as W grows the law tends to random.
-    mix:w1*A+w2*B   a mixture: each order comes from A with probability w1, from B with w2, ... (weights > 0
+    mix:w1*A+w2*B   a mixture: each order comes from A with probability w1, from B with w2, ... (weights >= 0
                     summing to 1; A, B, ... any of the above but a mix or a fixed order). train.py's default,
                     mix:0.1*l2r+0.9*random, is the paper's: 10% of the sequences left to right.
     fixed:S         one order, the same for every sequence: a permutation of all n positions drawn from seed S
@@ -31,9 +31,9 @@ Draws. Every order is an argsort of float64 keys (random_orders: no ties in prac
 generator, on its device, so a counter-seeded generator makes the draws reproducible and independent of the
 world size. random is random_orders itself; semiar keys are block + U, so semiar:K with K >= n draws exactly
 random_orders' orders and K = 1 the identity; a mix draws every component for every row in the spec's order,
-whatever its weight, then one float32 uniform per row picks the component. So mix:w*l2r+(1-w)*random draws
-random_orders' permutations, then sets a row to the identity where that uniform is < w; train.py's schedule
-of the L2R weight (l2r_frac_end) draws mix:w*l2r+(1-w)*random at each step, plain random where w = 0.
+whatever its weight (0 too), then one float32 uniform per row picks the component. So mix:w*l2r+(1-w)*random
+draws random_orders' permutations, then sets a row to the identity where that uniform is < w; train.py's
+schedule of the L2R weight (l2r_frac_end) draws mix:w*l2r+(1-w)*random at each step, plain random where w = 0.
 A fixed order draws nothing from the generator.
 
 Old spellings. Specs and configs written before the Order (train.py's order_mode, l2r_frac, block_size_order,
@@ -187,8 +187,8 @@ def parse_order(spec):
             w = float(w)
         except ValueError:
             w = None
-        if not star or w is None or not 0 < w <= 1:
-            raise UserError(f"order {spec!r}: each part of a mix is weight*order with a weight in (0, 1], "
+        if not star or w is None or not 0 <= w <= 1:
+            raise UserError(f"order {spec!r}: each part of a mix is weight*order with a weight in [0, 1], "
                             f"not {part!r}; an order is {GRAMMAR}")
         if what.startswith('mix:'):
             raise UserError(f"order {spec!r}: a mix cannot hold a mix; an order is {GRAMMAR}")
@@ -211,7 +211,7 @@ def _component(s, spec):
         new = spec.replace(' ', '').replace('blocks:', 'semiar:')
         raise UserError(f"order {spec!r}: blocks:K is spelled semiar:K now (the same law)" +
                         (f": use {new!r}" if arg.isdigit() and int(arg) >= 1 else
-                         f"; semiar:K takes an integer K >= 1, not {arg!r}"))
+                         f"; semiar:K takes an integer K >= 1, not {arg!r}; an order is {GRAMMAR}"))
     if name == 'semiar':
         if arg.isdigit() and int(arg) >= 1:
             return 'semiar', int(arg)
@@ -282,16 +282,24 @@ OLD_DEFAULTS = dict(order_mode='random', l2r_frac=0.1, block_size_order=4, order
 
 
 def spec_of_config(cfg):
-    """The order spec a train.py config (a checkpoint's, an export's) trained on: its `order`, or the new form of
-    the old keys it holds (their defaults where absent, as train.py had them). None for an empty config."""
+    """The order spec a train.py config (a checkpoint's, an export's) trained on at its end: its `order` (or the
+    new form of the old keys it holds, their defaults where absent, as train.py had them), at l2r_frac_end's
+    L2R weight when the schedule is set. None for an empty config."""
     if not cfg:
         return None
-    if 'order' in cfg:
-        return cfg['order']
+    spec = cfg['order'] if 'order' in cfg else _old_spec(cfg)
+    end = cfg.get('l2r_frac_end')
+    if end is not None and is_order_spec(spec) and parse_order(spec).l2r_weight is not None:
+        return l2r_mix(end).spec
+    return spec
+
+
+def _old_spec(cfg):
+    """The new spec of the old keys' start (OLD_KEYS)."""
     old = dict(OLD_DEFAULTS, **{k: cfg[k] for k in OLD_KEYS if k in cfg})
     mode = old['order_mode']
     if mode == 'random':
-        return l2r_mix(old['l2r_frac']).spec if old['l2r_frac'] < 1 else 'l2r'  # the law (l2r_frac=1 drew it so)
+        return l2r_mix(old['l2r_frac']).spec
     if mode == 'fixed_random':
         return f"fixed:{old['order_seed']}"
     if mode == 'block_random':
@@ -301,7 +309,7 @@ def spec_of_config(cfg):
 
 def old_keys_line(old):
     """The one line for train.py settings in the old spelling ({key: value} of OLD_KEYS): the new form."""
-    new = spec_of_config(old)
+    new = _old_spec(old)
     keys = ', '.join(f"{k}={v!r}" for k, v in old.items())
     moves = 'l2r_frac' in old and is_order_spec(new) and parse_order(new).l2r_weight is not None
     return (f"{keys}: train.py's orders are one key now, order (aogpt/orders.py): use order={new!r}"

@@ -177,7 +177,7 @@ def test_a_fixed_spec_is_the_old_fixed_order(spec, k, seed):
     ({}, None),
     ({'order_mode': 'random'}, 'mix:0.1*l2r+0.9*random'),  # l2r_frac's default, 0.1
     ({'order_mode': 'random', 'l2r_frac': 0.0}, 'random'),
-    ({'order_mode': 'random', 'l2r_frac': 1.0, 'l2r_frac_end': 0.1}, 'l2r'),
+    ({'order_mode': 'random', 'l2r_frac': 1.0}, 'mix:1*l2r+0*random'),  # the same draws as the old mode
     ({'order_mode': 'random', 'l2r_frac': 0.25}, 'mix:0.25*l2r+0.75*random'),
     ({'order_mode': 'l2r', 'l2r_frac': 0.1}, 'l2r'),
     ({'order_mode': 'fixed_random', 'order_seed': 2}, 'fixed:2'),
@@ -190,6 +190,7 @@ def test_an_old_config_reads_as_its_new_spec(old, new):
     """A checkpoint's (or export's) config in the old spelling is read as the new spec of the same law; the same
     settings given to train.py are one line naming that spec."""
     assert spec_of_config(old) == new
+    assert not old or spec_of_config(dict(old, l2r_frac_end=None)) == new
     if new is not None:
         assert parse_order(new).spec == new
     if old and 'order' not in old:
@@ -221,3 +222,12 @@ def test_an_order_is_parsed_once_and_carried():
     assert calls == [] and torch.equal(a, order.draw(3, 8, generator=gen(2)))
     assert order == parse_order('mix:0.5 * semiar:4 + 0.5 * random') and str(order) == order.spec
     assert list(order) == [(0.5, 'semiar', 4), (0.5, 'random', None)]
+
+
+@pytest.mark.parametrize('cfg', [{'order_mode': 'random', 'l2r_frac': 1.0, 'l2r_frac_end': 0.1},
+                                 {'order': 'l2r', 'l2r_frac_end': 0.1}])
+def test_a_scheduled_run_trained_at_its_end_on_the_schedules_end(cfg):
+    """config/train_ptb_tiny's L2R weight 1 -> 0.1, old and new spelling: the run ends on mix:0.1*l2r+0.9*random
+    (what sample.py's auto order reads: random, as before), not on its first law."""
+    assert spec_of_config(cfg) == 'mix:0.1*l2r+0.9*random'
+    assert spec_of_config(dict(cfg, l2r_frac_end=0.0)) == 'random'

@@ -189,7 +189,7 @@ def test_every_order_mode_trains_on_exactly_its_orders(env, monkeypatch, mode, t
              'fixed_random': ['--order=fixed:3'],
              'block_random': ['--order=fixedblocks:4:3'],
              'random0': ['--order=random'],
-             'random1': ['--order=l2r', '--l2r_frac_end=1.0'],  # the schedule held at L2R weight 1
+             'random1': ['--order=mix:1*l2r+0*random'],  # the old l2r_frac=1: permutations drawn, all set to L2R
              'random_half': ['--order=mix:0.5*l2r+0.5*random'],
              'schedule': ['--order=l2r', '--l2r_frac_end=0.0', '--l2r_frac_iters=4']}[mode]
     seen = capture_orders(monkeypatch)
