@@ -26,8 +26,8 @@ from types import SimpleNamespace
 import torch
 
 from aogpt import checkpoint
-from aogpt.errors import command
-from aogpt.orders import is_order_spec, parse_order, spec_of_config
+from aogpt.errors import UserError, command
+from aogpt.orders import order_of_config
 
 EXPORT_FILES = {checkpoint.EXPORT_CONFIG, checkpoint.EXPORT_WEIGHTS, 'README.md'}  # what an export writes
 
@@ -325,8 +325,11 @@ def finetune_command(spec, ma, cfg):
     a run will take on the machine it is given (the card cannot know that machine)."""
     keys = dict(block_size=ma['block_size'])
     if ma['causal'] and ma['cond'] == 'none':  # a GPT trains in the order it was trained in (random ones it cannot)
-        trained = spec_of_config(cfg)
-        keys['order'] = trained if is_order_spec(trained) and parse_order(trained).fixed else 'l2r'
+        try:
+            trained = order_of_config(cfg)
+        except UserError:
+            trained = None
+        keys['order'] = trained.spec if trained is not None and trained.fixed else 'l2r'
     for k in ('batch_size', 'gradient_accumulation_steps'):
         if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool):
             keys[k] = cfg[k]

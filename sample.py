@@ -29,7 +29,8 @@ import torch
 from aogpt import engine, generate, genppl
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import command, die
-from aogpt.orders import Order, is_order_spec, one_block, parse_order, spec_of_config
+from aogpt.errors import UserError
+from aogpt.orders import L2R, UNIFORM, Order, one_block, order_of_config
 from aogpt.paths import check_writable
 from aogpt.runtime import script_device
 
@@ -269,9 +270,11 @@ def generation_order(c, ck, family, n):
     o = c.order
     if o == 'auto':
         fixed = ck.get('order')
-        trained = spec_of_config(ck.get('config'))
-        law = parse_order(trained) if is_order_spec(trained) else None
-        o = parse_order('l2r' if family == 'ar' or (family == 'ao' and law is not None and law.is_l2r) else 'random')
+        try:
+            law = order_of_config(ck.get('config'))
+        except UserError:  # a record this version cannot read: sampled as random, as any unknown order was
+            law = None
+        o = L2R if family == 'ar' or (family == 'ao' and law is not None and law.is_l2r) else UNIFORM
         if family == 'ao' and law is not None and law.l2r_weight is None and not law.fixed:
             o = law
             print(f"order: the checkpoint's training order distribution, {o}")

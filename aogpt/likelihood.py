@@ -15,7 +15,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-from aogpt.orders import draw_orders, random_orders
+from aogpt.orders import UNIFORM, draw_orders, random_orders
 from model import stratified_uniform
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -118,7 +118,7 @@ def nll_order(model, chunks, spec, n_orders=1, generator=None, batch_size=8, bar
 
 
 @torch.no_grad()
-def _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar=None, spec='random'):
+def _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar=None, spec=UNIFORM):
     _require_any_order(model)
     _check_tokens(chunks)
     dev = _device(model)

@@ -154,6 +154,10 @@ class Order:
         return pos[pick]
 
 
+UNIFORM = Order([(1.0, 'random', None)], 'random')  # the laws the commands fall back on, built once
+L2R = Order([(1.0, 'l2r', None)], 'l2r')
+
+
 def _num(x):
     """A weight as short text that reads back as the same float."""
     return f"{x:g}" if float(f"{x:g}") == x else repr(x)
@@ -163,7 +167,7 @@ def l2r_mix(w):
     """The law of the L2R-weight schedule at weight w (module docstring): mix:w*l2r+(1-w)*random, every row
     drawn as random_orders then set to L2R with probability w; plain random at w = 0 (no uniform drawn)."""
     if not w > 0:
-        return Order([(1.0, 'random', None)], 'random')
+        return UNIFORM
     return Order([(w, 'l2r', None), (1 - w, 'random', None)], f"mix:{_num(w)}*l2r+{_num(1 - w)}*random")
 
 
@@ -281,17 +285,24 @@ OLD_KEYS = ('order_mode', 'l2r_frac', 'block_size_order', 'order_seed')  # train
 OLD_DEFAULTS = dict(order_mode='random', l2r_frac=0.1, block_size_order=4, order_seed=0)
 
 
-def spec_of_config(cfg):
-    """The order spec a train.py config (a checkpoint's, an export's) trained on at its end: its `order` (or the
-    new form of the old keys it holds, their defaults where absent, as train.py had them), at l2r_frac_end's
-    L2R weight when the schedule is set. None for an empty config."""
+def order_of_config(cfg):
+    """The Order a train.py config (a checkpoint's, an export's) trained on at its end: its `order` (or the new
+    form of the old keys it holds, their defaults where absent, as train.py had them), at l2r_frac_end's L2R
+    weight when the schedule is set. None for an empty config; UserError (parse_order's) for an unreadable one."""
     if not cfg:
         return None
-    spec = cfg['order'] if 'order' in cfg else _old_spec(cfg)
+    order = parse_order(cfg['order'] if 'order' in cfg else _old_spec(cfg))
     end = cfg.get('l2r_frac_end')
-    if end is not None and is_order_spec(spec) and parse_order(spec).l2r_weight is not None:
-        return l2r_mix(end).spec
-    return spec
+    return l2r_mix(end) if end is not None and order.l2r_weight is not None else order
+
+
+def spec_of_config(cfg):
+    """order_of_config's spec (None for an empty config, the text as it is where it does not parse)."""
+    try:
+        order = order_of_config(cfg)
+    except UserError:
+        return cfg.get('order', _old_spec(cfg))
+    return None if order is None else order.spec
 
 
 def _old_spec(cfg):

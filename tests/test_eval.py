@@ -542,3 +542,14 @@ def test_an_error_after_or_inside_the_progress_bar_starts_its_own_line(tmp_path,
     last = err.rstrip('\n').split('\n')[-1]
     assert last == ("error: cannot write " + str(tmp_path / 'r.json') + " (No space left on device); the table above "
                     "has the numbers; pass --json_out FILE" if where == 'record' else "error: the model is broken"), err[-300:]
+
+
+def test_the_order_is_parsed_once(tmp_path, text_file, capsys, monkeypatch):
+    """--order is parsed once, in read_config; every chunk's draws come from that Order."""
+    from aogpt import orders
+    make_ckpt(tmp_path / 'out')
+    made, init = [], orders.Order.__init__
+    monkeypatch.setattr(orders.Order, '__init__', lambda self, comps, spec: made.append(spec) or init(self, comps, spec))
+    run_cli(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
+             '--eval_orders', '2', '--max_chunks', '20', '--batch_size', '4', '--order', 'semiar:4'], capsys)
+    assert made == ['semiar:4']

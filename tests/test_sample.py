@@ -1188,3 +1188,19 @@ def test_a_plain_pickle_file_is_named_and_refused(tmp_path, cli):
         assert code == 1 and len(err.strip().splitlines()) == 1, err
         assert f"refused {tmp_path / name}: it is a plain Python pickle (pickle.dump)" in err and 'copy it' not in err
     assert not (tmp_path / 'ran').exists()
+
+
+@pytest.mark.parametrize('order', ['mix:0.5*semiar:4+0.5*nearl2r:2', 'auto'])
+def test_an_order_is_parsed_once_and_carried_to_the_sampler(tmp_path, cli, monkeypatch, order):
+    """sample.py parses --order (or the checkpoint's order, for auto) once; the sampler draws from that Order
+    (once a spec was parsed in sample.py, generate_ao's check and free_order, and drawn from text)."""
+    from aogpt import orders
+    model = tiny(vocab_size=50304, block_size=16)
+    save_checkpoint(dict(format='aogpt-v1', model_args=model_args(model.config), model=model.state_dict(),
+                         config={'dataset': 'no-such-dataset', 'order': 'semiar:4'}, order=None),
+                    str(tmp_path / 'ckpt.pt'))
+    made, init = [], orders.Order.__init__
+    monkeypatch.setattr(orders.Order, '__init__', lambda self, comps, spec: made.append(spec) or init(self, comps, spec))
+    code, out, err = cli('--out_dir', str(tmp_path), '--order', order, '--steps', '4', '--batch_size', '2')
+    assert code == 0, err
+    assert made == [{'auto': 'semiar:4'}.get(order, order)]

@@ -274,6 +274,17 @@ def test_the_old_random_mode_and_its_spec_draw_the_same_orders(env, monkeypatch,
     assert [r['l2r_frac'] for r in log(env, tmp_path)] == [frac[0], frac[3]]  # evals at 0 and 3
 
 
+def test_the_order_is_parsed_once_and_carried(env, monkeypatch, tmp_path):
+    """train.py parses order once (check_config) and carries that Order to every micro-step and every eval,
+    where each step once parsed the spec again; the schedule builds its law once per iteration, no parse."""
+    from aogpt import orders
+    made, init = [], orders.Order.__init__
+    monkeypatch.setattr(orders.Order, '__init__', lambda self, comps, spec: made.append(spec) or init(self, comps, spec))
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "a"}', '--max_iters=3', '--eval_interval=1',
+                                    '--order=mix:0.5*semiar:4+0.5*nearl2r:3'))
+    assert made == ['mix:0.5*semiar:4+0.5*nearl2r:3']
+
+
 def test_resume_on_an_order_distribution_is_bit_identical(env, monkeypatch, tmp_path):
     """4 iterations in one go == 2, then resumed to 4, on a mix of semi-AR and near-L2R orders."""
     spec = ['--order=mix:0.5*semiar:4+0.5*nearl2r:3', '--eval_interval=2', '--dropout=0.1']
