@@ -634,3 +634,15 @@ def test_the_cards_commands_run_as_written(tmp_path, monkeypatch, kind):
             sample.main(argv + ['--device', 'cpu', '--quiet', 'True'])
         else:
             eval_ppl.main(argv + ['--device', 'cpu', '--progress', 'False', '--plot', 'False'])
+
+
+@pytest.mark.parametrize('cfg,want', [({'order': 'l2r'}, 'l2r'), ({'order': 'fixed:2'}, 'fixed:2'),
+                                      ({'order_mode': 'fixed_random', 'order_seed': 2}, 'fixed:2'),
+                                      ({'order_mode': 'block_random'}, 'fixedblocks:4:0'),
+                                      ({'order_mode': 'random'}, 'l2r'), ({}, 'l2r')])
+def test_a_gpt_cards_finetune_line_keeps_its_order_in_the_new_spelling(cfg, want):
+    """A GPT's card fine-tunes in the order it was trained in (a fixed one, else L2R), written as train.py reads
+    it now, whether its export's train_config is in the new spelling or the old."""
+    ma = dict(block_size=16, causal=True, cond='none')
+    line = export.finetune_command('hf:me/gpt', ma, cfg)
+    assert f' --order={want} ' in line and 'order_mode' not in line, line

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from aogpt.checkpoint import load_checkpoint, load_model
+from aogpt.checkpoint import load_checkpoint, load_model, save_checkpoint
 from aogpt.configurator import configure
 from aogpt.errors import UserError
 from model import GPT, GPTConfig, Muon, newton_schulz
@@ -298,6 +298,32 @@ def test_resume_on_an_order_distribution_is_bit_identical(env, monkeypatch, tmp_
         assert torch.equal(a['model'][k], b['model'][k]), k
     strip = lambda recs: [{k: v for k, v in r.items() if k not in ('time', 'tok_per_s')} for r in recs]  # noqa: E731
     assert strip(log(env, tmp_path / 'whole')) == strip(log(env, tmp_path / 'split'))
+
+
+@pytest.mark.parametrize('old,new', [({'order_mode': 'block_random', 'block_size_order': 4, 'order_seed': 3},
+                                     'fixedblocks:4:3'),
+                                    ({'order_mode': 'random', 'l2r_frac': 0.5}, 'mix:0.5*l2r+0.5*random')])
+def test_an_old_checkpoint_resumes_in_the_new_spelling_bit_identically(env, monkeypatch, tmp_path, old, new):
+    """A checkpoint written before `order` (its config holds order_mode and its keys, no order) resumes with the
+    new spelling of the same orders as if the run had never stopped, its saved fixed order included; its config
+    reads as that spelling."""
+    from aogpt.orders import spec_of_config
+    common = [f'--order={new}', '--eval_interval=2', '--dropout=0.1']
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "whole"}', '--max_iters=4', *common))
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "split"}', '--max_iters=2', *common))
+    ck = load_checkpoint(str(tmp_path / 'split'))
+    del ck['config']['order']
+    ck['config'].update(old)
+    save_checkpoint(ck, str(tmp_path / 'split' / 'ckpt.pt'))
+    assert spec_of_config(load_checkpoint(str(tmp_path / 'split'))['config']) == new
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "split"}', '--max_iters=4', '--init_from=auto',
+                                    *common))
+    a, b = load_checkpoint(str(tmp_path / 'whole')), load_checkpoint(str(tmp_path / 'split'))
+    assert a['iter_num'] == b['iter_num'] == 4 and (a['order'] is None) == ('block' not in new)
+    for k in a['model']:
+        assert torch.equal(a['model'][k], b['model'][k]), k
+    if a['order'] is not None:
+        assert torch.equal(a['order'], b['order'])
 
 
 def test_orders_are_seeded(env, monkeypatch, tmp_path):
