@@ -3,7 +3,7 @@ Zero-shot perplexity of a checkpoint: exact L2R, the any-order bound, and the co
 
     python eval_ppl.py --ensemble 8                          # out/ckpt.pt, EMA weights, the paper's 5 sets
     python eval_ppl.py --datasets ptb --max_chunks 20        # a quick look
-    python eval_ppl.py --order_mode semiar:8 --orders 4      # + the bound under an order distribution
+    python eval_ppl.py --order semiar:8 --eval_orders 4      # + the bound under an order distribution
     python eval_ppl.py --datasets wikitext2 --data_path wikitext2=/data/wiki.test.raw
     torchrun --standalone --nproc_per_node 8 eval_ppl.py --ensemble 8
 
@@ -20,8 +20,8 @@ Columns (per-token NLL -> PPL = exp(mean NLL) over every token of every block_si
   any-order  E_sigma[-sum_i log p(x_sigma_i | x_sigma_<i)] over uniform orders: an upper bound on the
              NLL (Jensen: -log E_sigma p(x|sigma) <= E_sigma -log p(x|sigma)), not a likelihood. For the
              encoder MDM it is its ELBO, which is the same quantity (paper eq. 5).
-  order      (--order_mode SPEC) the same expectation with sigma drawn from an order distribution
-             (aogpt/orders.py: semiar:K, nearl2r:W, mix:...; --orders draws per chunk): again an upper
+  order      (--order SPEC) the same expectation with sigma drawn from an order distribution
+             (aogpt/orders.py: semiar:K, nearl2r:W, mix:...; --eval_orders draws per chunk): again an upper
              bound, on -log of the mixture over that distribution; L2R and uniform are its two ends.
   ens xM     paper eq. 7: each conditional is the mixture (1/M) sum_m p(x_j | context in order pi_m) over
              M orderings of the same context set. Each mixture is a normalised conditional, so the chain
@@ -77,8 +77,8 @@ paper_split = False      # True: the paper's WikiText-2 *train* split (inherited
 block_size = 0           # chunk length, >= 1; 0 = the model's block_size
 max_chunks = 0           # evaluate only the first max_chunks chunks of each set, >= 1 (0 = all)
 batch_size = 8           # sequences of length block_size per forward pass
-orders = 1               # random orders per chunk for the any-order column (MC draws for the encoder MDM)
-order_mode = ''          # an order distribution (semiar:K, nearl2r:W, mix:..., see aogpt/orders.py): its column
+eval_orders = 1          # orders drawn per chunk for the any-order and order columns (MC draws for the encoder MDM)
+order = ''               # an order distribution (semiar:K, nearl2r:W, mix:..., see aogpt/orders.py): its column
 ensemble = 0             # M, context orderings per conditional for the ensemble column (0 = no column)
 ensemble_mode = 'fast'   # 'fast': M passes per Monte Carlo draw | 'exact': the paper's n*M passes per chunk
 ensemble_draws = 1       # Monte Carlo draws (reveal counts) per chunk for ensemble_mode='fast'
@@ -109,8 +109,8 @@ def main(argv=None):
         print_config(c.config)
     quiet_hf_bars(master and c.progress)
     model, ck, used_ema, codec, n = load_for_eval(c, dev)
-    if master and c.order_mode and one_block(c.order_mode, n):
-        print(f"note: {one_block(c.order_mode, n)}")
+    if master and c.law and one_block(c.law, n):
+        print(f"note: {one_block(c.law, n)}")
     data, skipped = load_sets(c, codec, n, master)
     ctx, precision = autocast(dev, c.dtype)
     results = {name: evaluate_set(model, name, chunks, c, ctx, rank, world, codec.name == 'char')
@@ -118,8 +118,8 @@ def main(argv=None):
     if master:
         print_table(model, c, results, skipped, used_ema, codec, n, world)
         record = dict(checkpoint=c.ckpt or c.out_dir, model=_kind(model), ema=used_ema, codec=codec.name,
-                      block_size=n, precision=precision, world_size=world, seed=c.seed, orders=c.orders,
-                      order_mode=c.order_mode if model.any_order else '',
+                      block_size=n, precision=precision, world_size=world, seed=c.seed,
+                      eval_orders=c.eval_orders, order=c.order if model.any_order else '',
                       ensemble=c.ensemble if model.any_order else 0, ensemble_mode=c.ensemble_mode,
                       ensemble_draws=c.ensemble_draws, paper_split=c.paper_split, max_chunks=c.max_chunks,
                       iter_num=ck.get('iter_num'), weights=fingerprint(model), datasets=results, skipped=skipped,
@@ -130,19 +130,31 @@ def main(argv=None):
         torch.distributed.destroy_process_group()
 
 
+def moved_line(old):
+    """The line for this command's old flags ({flag: value}): --order_mode is --order, --orders is --eval_orders."""
+    said = []
+    if 'order_mode' in old:
+        said.append(f"--order_mode is now --order (the order distribution): use --order {old['order_mode']}")
+    if 'orders' in old:
+        said.append(f"--orders (a count) is now --eval_orders, the orders drawn per chunk: use --eval_orders "
+                    f"{old['orders']}; --order names the order distribution")
+    return '; '.join(said)
+
+
 def read_config(argv):
     """The resolved config (a namespace: main() may run more than once in one process), checked."""
-    c = namespace(globals(), argv)
-    for key, ok in (('orders', c.orders >= 1), ('ensemble', c.ensemble >= 0), ('batch_size', c.batch_size >= 1),
+    c = namespace(globals(), argv, moved=(('order_mode', 'orders'), moved_line))
+    for key, ok in (('eval_orders', c.eval_orders >= 1), ('ensemble', c.ensemble >= 0), ('batch_size', c.batch_size >= 1),
                     ('ensemble_draws', c.ensemble_draws >= 1), ('block_size', c.block_size >= 0),
                     ('max_chunks', c.max_chunks >= 0), ('ensemble_mode', c.ensemble_mode in ('fast', 'exact'))):
         if not ok:
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
-    if c.order_mode:
+    c.law = None  # the parsed --order, once
+    if c.order:
         try:
-            parse_order(c.order_mode)
+            c.law = parse_order(c.order)
         except UserError as e:
-            die(f"--order_mode: {e.msg}")
+            die(f"--order: {e.msg}")
     for key in ('ensemble_mode', 'ensemble_draws'):  # given on purpose, never silently unused
         if key in c.given and not c.ensemble:
             die(f"--{key} is an option of the ensemble column: add --ensemble M (M >= 1), or drop --{key}")
@@ -225,11 +237,11 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
     cfg = model.config
     decoder, any_order = cfg.causal, model.any_order
     do_l2r, do_ao, M = decoder or c.mdm_l2r, any_order or not decoder, c.ensemble if any_order else 0
-    spec = c.order_mode if any_order else ''
+    spec = c.law if any_order else None
     if len(chunks) < world and rank == 0:
         print(f"warning: {name} has {len(chunks)} chunks for {world} ranks; some ranks get none")
     mine = chunks[rank_slice(len(chunks), rank, world)]
-    cols = [k for k, on in (('l2r', do_l2r), ('any_order', do_ao), ('order', bool(spec)), ('ensemble', M > 0)) if on]
+    cols = [k for k, on in (('l2r', do_l2r), ('any_order', do_ao), ('order', spec is not None), ('ensemble', M > 0)) if on]
     # On a terminal the bar is wiped when done; elsewhere (a log, a pipe) it ends its line, so that what follows,
     # an error above all, starts a line of its own. Closed on the way out of an exception too.
     bar = tqdm(total=len(mine) * len(cols), desc=name, unit='chunk', leave=not sys.stderr.isatty(),
@@ -243,10 +255,10 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
             sums['l2r'] = nll_l2r(model, mine, c.batch_size, bar)
         if do_ao:
             bar.set_description(f"{name} any-order")
-            sums['any_order'] = nll_any_order(model, mine, c.orders, gen(), c.batch_size, bar)
-        if spec:
+            sums['any_order'] = nll_any_order(model, mine, c.eval_orders, gen(), c.batch_size, bar)
+        if spec is not None:
             bar.set_description(f"{name} {spec}")
-            sums['order'] = nll_order(model, mine, spec, c.orders, gen(), c.batch_size, bar)
+            sums['order'] = nll_order(model, mine, spec, c.eval_orders, gen(), c.batch_size, bar)
         if M:
             bar.set_description(f"{name} ens x{M}")
             # the ensemble's sums, plus the mean member on the *same* draws: a paired, low-noise
@@ -264,8 +276,8 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
            'data': data_fingerprint(chunks)}
     for k in ('l2r', 'any_order', 'order', 'ensemble'):
         row[k] = {'nll': mean[k], 'ppl': math.exp(mean[k])} if k in cols and k != 'ensemble' else None
-    if spec:
-        row['order']['spec'] = spec
+    if spec is not None:
+        row['order']['spec'] = spec.spec
     if M:
         # Reported as a control variate: the any-order column (full orders, low noise) minus the
         # ensemble's gain measured on identical draws. Same expectation as the direct estimate
@@ -300,10 +312,10 @@ def _parse_paths(spec):
 
 def _columns(model, c, char):
     """(header, result key, show as bits per character) of each table column."""
-    ao_head = 'ELBO PPL (<=)' if not model.config.causal else f"any-order PPL (<=, {c.orders} ord)"
+    ao_head = 'ELBO PPL (<=)' if not model.config.causal else f"any-order PPL (<=, {c.eval_orders} ord)"
     heads = [('L2R PPL', 'l2r', False), (ao_head, 'any_order', False)]
-    if c.order_mode and model.any_order:
-        heads.append((f"{c.order_mode} PPL (<=)", 'order', False))
+    if c.law and model.any_order:
+        heads.append((f"{c.law} PPL (<=)", 'order', False))
     if c.ensemble:
         heads.append((f"ens x{c.ensemble} PPL (<=)", 'ensemble', False))
     if char:
@@ -324,8 +336,8 @@ def _notes(model, c, results):
                      + ("" if c.mdm_l2r else "; L2R costs n passes per chunk: --mdm_l2r True computes it"))
     elif not model.any_order:
         notes.append("L2R GPT: only the L2R column is meaningful (no target-position conditioning)")
-    if c.order_mode and not model.any_order:
-        notes.append(f"--order_mode {c.order_mode}: not scored, the model cannot condition on an order")
+    if c.law and not model.any_order:
+        notes.append(f"--order {c.law}: not scored, the model cannot condition on an order")
     if 'wikitext2' in results:  # a skipped set has no numbers to explain
         notes.append("wikitext2: " + ("the paper's train split (--paper_split True)" if c.paper_split else
                                       "standard split; the paper's tables use the train split (--paper_split True)"))

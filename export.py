@@ -26,7 +26,8 @@ from types import SimpleNamespace
 import torch
 
 from aogpt import checkpoint
-from aogpt.errors import command
+from aogpt.errors import UserError, command
+from aogpt.orders import order_of_config
 
 EXPORT_FILES = {checkpoint.EXPORT_CONFIG, checkpoint.EXPORT_WEIGHTS, 'README.md'}  # what an export writes
 
@@ -251,7 +252,7 @@ def _cell(col):
 
 
 def eval_table(name, rec):
-    head = ['dataset', 'tokens', 'L2R PPL', f"any-order PPL (<=, {rec.get('orders', 1)} order(s))"]
+    head = ['dataset', 'tokens', 'L2R PPL', f"any-order PPL (<=, {eval_orders(rec)} order(s))"]
     if rec.get('ensemble'):
         head.append(f"ens x{rec['ensemble']} PPL (<=)")
     rows = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
@@ -268,13 +269,18 @@ def eval_table(name, rec):
     return info + '\n\n' + '\n'.join(rows)
 
 
+def eval_orders(rec):
+    """An eval_ppl record's orders per chunk (named orders in records written before --eval_orders)."""
+    return rec.get('eval_orders', rec.get('orders', 1))
+
+
 def eval_command(spec, rec, block_size):
     """The eval_ppl.py line that recomputes a result from the hub copy."""
     args = [f"python eval_ppl.py --ckpt {spec} --datasets {','.join(rec['datasets'])}"]
     if rec.get('block_size') and rec['block_size'] != block_size:
         args.append(f"--block_size {rec['block_size']}")
-    if rec.get('orders', 1) != 1:
-        args.append(f"--orders {rec['orders']}")
+    if eval_orders(rec) != 1:
+        args.append(f"--eval_orders {eval_orders(rec)}")
     if rec.get('ensemble'):
         args.append(f"--ensemble {rec['ensemble']}")
         if rec.get('ensemble_mode', 'fast') != 'fast':
@@ -310,7 +316,11 @@ def finetune_command(spec, ma, cfg):
     a run will take on the machine it is given (the card cannot know that machine)."""
     keys = dict(block_size=ma['block_size'])
     if ma['causal'] and ma['cond'] == 'none':  # a GPT trains in the order it was trained in (random ones it cannot)
-        keys['order_mode'] = cfg['order_mode'] if cfg.get('order_mode') not in (None, 'random') else 'l2r'
+        try:
+            trained = order_of_config(cfg)
+        except UserError:
+            trained = None
+        keys['order'] = trained.spec if trained is not None and trained.fixed else 'l2r'
     for k in ('batch_size', 'gradient_accumulation_steps'):
         if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool):
             keys[k] = cfg[k]

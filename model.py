@@ -744,31 +744,6 @@ def _check_ids(name, x, shape=None):
         raise ValueError(f"GPT.forward: {name} must be an integer tensor of {want}, got {got}")
 
 
-def random_orders(B, n, device=None, generator=None, l2r_frac=0.0):
-    """B independent uniform permutations of range(n): argsort of uniform noise, on the device. The one
-    place every order, shuffle and uniform subset is drawn (training, eval, sampling). float64 keys:
-    float32 ones take 2^24 values, so a row of 1024 holds a tie with probability ~3%, and argsort breaks
-    ties by index, a bias toward left to right; with 53 bits a tie is practically impossible.
-    l2r_frac > 0 (training's order_mode=random): each row is instead the identity with that probability,
-    drawn after the permutations, from the same generator."""
-    orders = torch.rand(B, n, device=device, generator=generator, dtype=torch.float64).argsort(dim=1)
-    if l2r_frac > 0:
-        l2r = torch.rand(B, 1, device=device, generator=generator) < l2r_frac
-        orders = torch.where(l2r, torch.arange(n, device=device), orders)
-    return orders
-
-
-def block_order(n, k, seed):
-    """A fixed order of range(n) (k divides n): blocks of k positions left to right, the same seeded permutation
-    inside each, never the identity (a "random" order must not be L2R), e.g. 0 2 3 1 4 6 7 5 ... for k = 4. k = n:
-    one random permutation (order_mode fixed_random); k < n: order_mode block_random."""
-    g = torch.Generator().manual_seed(seed)
-    pattern = torch.randperm(k, generator=g)
-    while k > 1 and torch.equal(pattern, torch.arange(k)):
-        pattern = torch.randperm(k, generator=g)
-    return (torch.arange(n // k)[:, None] * k + pattern[None, :]).flatten()
-
-
 def stratified_uniform(count, generator=None, device=None, dtype=torch.float64):
     """count draws in (0, 1], each uniform marginally, jointly spread evenly (systematic sampling: one
     uniform offset, count evenly spaced points, then shuffled). Stratifying the masking rate (or the

@@ -29,7 +29,8 @@ import torch
 from aogpt import engine, generate, genppl
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import command, die
-from aogpt.orders import TRAIN_MODES, is_order_spec, one_block
+from aogpt.errors import UserError
+from aogpt.orders import L2R, UNIFORM, Order, one_block, order_of_config
 from aogpt.paths import check_writable
 from aogpt.runtime import script_device
 
@@ -43,7 +44,7 @@ batch_size = 4             # samples per batch (they share the per-step counts, 
 num_batches = 1            # batches to draw (more samples for --gen_ppl)
 steps = 256                # T: diffusion steps (a GPT ignores it: one token per step)
 length = -1                # total length n; -1: block_size (with --template: the template's length)
-order = 'auto'             # auto | random | l2r | semiar:K | nearl2r:W | mix:... | confidence | margin | entropy | FILE
+order = 'auto'             # auto | an order spec (aogpt/orders.py) | confidence | margin | entropy | FILE
 threshold = 0.0            # confidence orders: reveal every position whose top probability is >= this (0: counts)
 fixed_counts = False       # the paper code's deterministic counts instead of Binomial draws
 schedule = 'linear'        # linear | cosine (t = cos(pi/2 (1 - u))): fraction still masked per step
@@ -260,15 +261,19 @@ def layout(c, codec, block_size, family):
 
 
 def generation_order(c, ck, family, n):
-    """An order spec (see ORDERS) or a (n,) permutation. auto: the order the model was trained on, when
-    it was trained on one (a fixed order saved in the checkpoint, L2R, or an order distribution), else random."""
+    """The order, parsed once: an orders.Order, a confidence order (generate.ADAPTIVE) or a (n,) permutation.
+    auto: the order the model was trained on, when it was trained on one (a fixed order saved in the checkpoint,
+    L2R, or an order distribution; a checkpoint's config in the old spelling read as its spec), else random."""
     o = c.order
     if o == 'auto':
         fixed = ck.get('order')
-        trained = (ck.get('config') or {}).get('order_mode')
-        o = 'l2r' if family == 'ar' or (trained == 'l2r' and family == 'ao') else 'random'
-        if family == 'ao' and trained not in TRAIN_MODES and is_order_spec(trained):
-            o = trained
+        try:
+            law = order_of_config(ck.get('config'))
+        except UserError:  # a record this version cannot read: sampled as random, as any unknown order was
+            law = None
+        o = L2R if family == 'ar' or (family == 'ao' and law is not None and law.is_l2r) else UNIFORM
+        if family == 'ao' and law is not None and law.l2r_weight is None and not law.fixed:
+            o = law
             print(f"order: the checkpoint's training order distribution, {o}")
         if fixed is not None and family == 'ao':
             o = order_for_length(torch.as_tensor(fixed).view(-1).tolist(), n, "the checkpoint's fixed order")
@@ -279,11 +284,16 @@ def generation_order(c, ck, family, n):
         die(f"--order {o}: no such file (an order file is a .npy or text list of positions)")
     else:
         try:
-            generate.check_order(o)
+            o = generate.check_order(o)  # a spec: its Order, parsed here once
         except ValueError as e:
             die(f"--order: {e}; or a file of positions")
     adaptive = isinstance(o, str) and o in generate.ADAPTIVE
-    if isinstance(o, str) and not adaptive and one_block(o, n):
+    if isinstance(o, Order) and o.fixed:
+        try:
+            o = o.permutation(n)
+        except ValueError as e:
+            die(f"--order: {e}")
+    if isinstance(o, Order) and one_block(o, n):
         print(f"note: {one_block(o, n)}")
     if not 0 <= c.threshold <= 1 or (c.threshold and not adaptive):
         die(f"invalid --threshold={c.threshold!r}: a probability in (0, 1], for --order confidence, margin or "
@@ -300,11 +310,11 @@ def generation_order(c, ck, family, n):
         die("--fused is a speculative sampler's option: add --speculative K (or auto)")
     refuse_unused(c, 'speculative' if c.speculative else family)
     if family == 'ar':
-        if isinstance(o, torch.Tensor) or o != 'l2r':
+        if not (isinstance(o, Order) and o.is_l2r):
             die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")
         print("note: a GPT decodes one token per forward call; --steps is not used")
-    if family == 'mdm' and c.mdm_counts == 'independent' and (c.fixed_counts or not isinstance(o, str) or
-                                                            o != 'random'):
+    if family == 'mdm' and c.mdm_counts == 'independent' and (c.fixed_counts or not isinstance(o, Order) or
+                                                            o.spec != 'random'):
         die("--mdm_counts independent draws a reveal time per position: no --fixed_counts or --order")
     return o
 

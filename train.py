@@ -8,10 +8,10 @@ Train AO-GPT, or one of its baselines (GPT, sigma-GPT, encoder MDM), on a tokeni
 The defaults below are the paper's AO-GPT-Small run on OpenWebText. Config files are small diffs from
 them, and --key=value overrides come last; `python train.py --help` lists every key.
 
-Objective. Decoders (AO-GPT, sigma-GPT, GPT) minimise the AO-AR loss: each sequence gets an order
-(order_mode: uniform with l2r_frac of L2R rows, L2R, one fixed order, or an order distribution such as
-semiar:8, nearl2r:4 or mix:0.5*semiar:8+0.5*random, docs/training.md) and the model predicts its tokens
-one after another in that order. The encoder
+Objective. Decoders (AO-GPT, sigma-GPT, GPT) minimise the AO-AR loss: each sequence gets an order drawn
+from `order` (aogpt/orders.py: the paper's mix:0.1*l2r+0.9*random, l2r, one fixed order fixed:S, or another
+distribution such as semiar:8, nearl2r:4 or mix:0.5*semiar:8+0.5*random; docs/training.md) and the model
+predicts its tokens one after another in that order. The encoder
 MDM (causal=False) minimises the masked-diffusion ELBO: t ~ U(0, 1], mask each token with prob. t,
 weight the NLL of the masked tokens by 1/t.
 
@@ -41,7 +41,7 @@ from tqdm import tqdm
 from aogpt.checkpoint import CKPT_NAME, save_checkpoint
 from aogpt.configurator import configure, print_config, stop_at_safe_points, stop_requested
 from aogpt.ema import EMA
-from aogpt.orders import TRAIN_MODES, draw_orders, one_block
+from aogpt.orders import OLD_KEYS, l2r_mix, old_keys_line, one_block
 from aogpt.paths import append_jsonl
 from aogpt.plot import plot_log
 from aogpt.preflight import check_config, check_data, check_model, check_step_sizes, cost_warnings, lr_warnings
@@ -49,7 +49,7 @@ from aogpt.rundir import Run, claim_out_dir, keep_copy, release_out_dir, rewind_
 from aogpt.runtime import autocast, fast_math, gpu_peak_flops, resolve_device, start_ranks
 from aogpt.startup import model_source, resume_state
 from aogpt.valloss import progress_of, val_losses, val_passes, val_windows
-from model import GPT, GPTConfig, block_order, mdm_corrupt, random_orders
+from model import GPT, GPTConfig, mdm_corrupt
 
 stop_at_safe_points()  # a Ctrl-C or SIGTERM is recorded, and the run ends at its next stop_point()
 
@@ -100,12 +100,9 @@ head_bias = True
 gelu = 'exact'  # exact | tanh
 mask_token_id: int = None  # the MDM's [MASK]; None: the first padding id (the dataset's vocab size)
 # orders (decoders)
-order_mode = 'random'  # random | l2r | fixed_random | block_random | an order distribution: semiar:K, nearl2r:W, mix:...
-l2r_frac = 0.1  # random mode: probability that a sequence takes the L2R order instead
-l2r_frac_end: float = None  # if set, l2r_frac moves linearly to this value over l2r_frac_iters
+order = 'mix:0.1*l2r+0.9*random'  # the order distribution (aogpt/orders.py): 10% L2R, else uniform (the paper's)
+l2r_frac_end: float = None  # if set, the L2R weight of order (random, l2r or a mix of the two) moves linearly here
 l2r_frac_iters = 0  # length of that schedule (0: lr_decay_iters)
-block_size_order = 4  # block_random: block length; blocks go left to right
-order_seed = 0  # seed of the fixed permutation (fixed_random) or within-block pattern (block_random)
 # optimizer: AdamW (the paper's), or Muon for the blocks' hidden matrices beside AdamW for the rest; every
 # group on one schedule, warmup then cosine decay
 optimizer = 'adamw'  # adamw | muon
@@ -131,7 +128,7 @@ peak_flops = 0.0  # peak FLOP/s of one device for MFU (0: known GPUs by name; no
 seed = 1337
 # -----------------------------------------------------------------------------
 _given = set()  # the keys the config files and the command line set
-cfg = configure(globals(), given=_given)
+cfg = configure(globals(), given=_given, moved=(OLD_KEYS, old_keys_line))
 
 ddp = int(os.environ.get('RANK', -1)) != -1
 rank = int(os.environ.get('RANK', 0))
@@ -162,7 +159,7 @@ def stop_point(agreed=None):
 
 
 with run.failing():
-    check_config(cfg, _given)  # every key, before anything is read or written: a bad value costs one line, not a run
+    train_order = check_config(cfg, _given)  # every key, before anything is read or written; the parsed order
 
 # ------------------------------------------------------------------ devices and processes
 with run.failing():
@@ -239,7 +236,7 @@ if weights is not None:
 del weights
 
 with run.failing():
-    check_model(model_args, cfg, data_vocab, data_dir, _given)  # against the data, the orders, the settings
+    check_model(model_args, cfg, train_order, data_vocab, data_dir, _given)  # against the data, orders, settings
 if not model_args['causal']:
     model.transformer.wnonee.weight.requires_grad_(False)  # the encoder never uses [None]; DDP needs all used
 model.to(device)
@@ -248,24 +245,25 @@ say(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {world_size} rank(s
     f"{gradient_accumulation_steps} micro-steps)")
 
 # ------------------------------------------------------------------ orders
-fixed_order = None  # (n,) for fixed_random / block_random
-if model_args['causal'] and order_mode in ('fixed_random', 'block_random'):
-    fixed_order = block_order(block_size, block_size if order_mode == 'fixed_random' else block_size_order,
-                              order_seed)
+fixed_order = None  # (n,) for a fixed order (fixed:S, fixedblocks:K:S)
+if model_args['causal'] and train_order.fixed:
+    fixed_order = train_order.permutation(block_size)
     if ckpt is not None and ckpt.get('order') is not None and not torch.equal(ckpt['order'], fixed_order):
         say("using the fixed order saved in the checkpoint (the config now gives a different one)")
         fixed_order = ckpt['order'].clone()
     fixed_order = fixed_order.to(device)
 
 
-def l2r_frac_at(it):
+def order_at(it):
+    """The order distribution trained at iteration it: order, or on the l2r_frac_end schedule its L2R weight
+    moved linearly from order's toward l2r_frac_end (orders.l2r_mix)."""
     if l2r_frac_end is None:
-        return l2r_frac
-    w = min(it / max(1, l2r_frac_iters or lr_decay_iters), 1.0)
-    return l2r_frac + w * (l2r_frac_end - l2r_frac)
+        return train_order
+    w, start = min(it / max(1, l2r_frac_iters or lr_decay_iters), 1.0), train_order.l2r_weight
+    return l2r_mix(start + w * (l2r_frac_end - start))
 
 
-def train_micro_batch(it, m, frac):
+def train_micro_batch(it, m, law):
     """Global micro-step m of iteration it: a pure function of (seed, it, m), whatever the world size."""
     cpu_gen.manual_seed(seed_for(it, m, 0))
     starts = torch.randint(n_train - block_size + 1, (batch_size,), generator=cpu_gen).tolist()
@@ -278,15 +276,13 @@ def train_micro_batch(it, m, frac):
     if not model_args['causal']:
         xt, t = mdm_corrupt(x, model_args['mask_token_id'], generator=dev_gen)
         return dict(idx=xt, targets=x, t=t)
-    if order_mode == 'l2r':
-        order = None
+    if law.is_l2r:  # the model's own left-to-right pass
+        sigma = None
     elif fixed_order is not None:
-        order = fixed_order.expand(batch_size, -1)
-    elif order_mode != 'random':  # an order distribution (semiar:K, nearl2r:W, mix:...; aogpt/orders.py)
-        order = draw_orders(order_mode, batch_size, block_size, device=device, generator=dev_gen)
-    else:  # a uniform permutation per sequence, or with probability frac the L2R order
-        order = random_orders(batch_size, block_size, device=device, generator=dev_gen, l2r_frac=frac)
-    return dict(idx=x, order=order, targets=x)
+        sigma = fixed_order.expand(batch_size, -1)
+    else:
+        sigma = law.draw(batch_size, block_size, device=device, generator=dev_gen)  # (B, n)
+    return dict(idx=x, order=sigma, targets=x)
 
 
 # ------------------------------------------------------------------ optimizer, EMA, scaler
@@ -351,7 +347,7 @@ def evaluate():
         ema.swap()
     mine = progress_of(range(rank, len(val_batches), world_size), f"eval {iter_num}", show_bar, say)
     mine = (stop_point() or i for i in mine)  # a long eval still answers a Ctrl-C within a val batch
-    out = val_losses(raw_model, val_batches, mine, read_windows, ctx, eval_orders, order_mode, fixed_order)
+    out = val_losses(raw_model, val_batches, mine, read_windows, ctx, eval_orders, order_at(iter_num), fixed_order)
     if use_ema:
         ema.swap()
     return dict(out, ema=use_ema)
@@ -398,11 +394,11 @@ if master:
 flops_per_token = raw_model.estimate_flops_per_token(block_size)  # training: forward + backward
 if peak_flops <= 0 and device_type == 'cuda':
     peak_flops = gpu_peak_flops(torch.cuda.get_device_name())
-passes = val_passes(raw_model, eval_orders, fixed_order, order_mode)  # forward passes per val batch
+passes = val_passes(raw_model, eval_orders, fixed_order, order_at(iter_num))  # forward passes per val batch
 cost_warnings(cfg, device_type == 'cpu', flops_per_token, val_batches, passes, iter_num, say)
 lr_warnings(cfg, get_lr, say)
-if order_mode not in TRAIN_MODES and one_block(order_mode, block_size):
-    say(f"note: {one_block(order_mode, block_size)}")
+if one_block(train_order, block_size):
+    say(f"note: {one_block(train_order, block_size)}")
 
 # ------------------------------------------------------------------ the loop
 interval_losses = []
@@ -424,7 +420,7 @@ while True:
     for opt in optimizers:
         for group in opt.param_groups:  # each group on the one curve, between its own peak and floor
             group['lr'] = get_lr(iter_num, group['initial_lr'], group['min_lr'])
-    frac = l2r_frac_at(iter_num)
+    law = order_at(iter_num)
 
     resumed_here = iter_num == start_iter > 0 and not eval_only  # that eval is already in the log
     if (iter_num % eval_interval == 0 or iter_num == max_iters or eval_only) and not resumed_here:
@@ -435,7 +431,8 @@ while True:
         rec = dict(iter=iter_num, tokens=iter_num * tokens_per_iter,
                    train_loss=sum(train_losses) / len(train_losses) if train_losses else None,
                    **{k: res[k] for k in ('val_loss', 'val_l2r', 'val_ao', 'val_order', 'val_elbo')},
-                   lr=lr, l2r_frac=frac if (model_args['causal'] and order_mode == 'random') else None,
+                   lr=lr, l2r_frac=law.l2r_weight if (model_args['causal'] and law.l2r_weight is not None and
+                                                      not law.is_l2r) else None,
                    ema=res['ema'], time=round(elapsed + time.time() - t_start, 2),
                    tok_per_s=round(tokens_eval_window / t_eval_window) if t_eval_window else None)
         train_losses, t_eval_window, tokens_eval_window = [], 0.0, 0
@@ -469,7 +466,7 @@ while True:
     loss_sum = torch.zeros((), device=device)
     for j, m in enumerate(my_micro_steps):
         stop_point()  # a step's gradients are dropped with it: the checkpoint is of the last whole step
-        batch = train_micro_batch(iter_num, m, frac)
+        batch = train_micro_batch(iter_num, m, law)
         if ddp:
             model.require_backward_grad_sync = (j == local_steps - 1)
         with ctx:

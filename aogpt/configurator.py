@@ -148,12 +148,15 @@ def _help_text(g, defaults):
     return '\n'.join(out)
 
 
-def configure(g, argv=None, given=None):
+def configure(g, argv=None, given=None, moved=None):
     """Apply config files and overrides from argv to the globals dict g; return the resolved config.
     given: a set that receives the keys the config files and the command line set (a default is not asked
-    for, so only these may contradict what a checkpoint holds)."""
+    for, so only these may contradict what a checkpoint holds). moved: (keys, line) for keys a script no longer
+    has: settings of them ({key: value}, all those of one config file or one command line) are refused with
+    line(settings), which names their new form."""
     argv = sys.argv[1:] if argv is None else argv
     given = set() if given is None else given
+    old_keys, old_line = moved or ((), None)
     defaults = _keys(g)
     types = _types(g, defaults)
     cfg = dict(defaults)
@@ -174,6 +177,9 @@ def configure(g, argv=None, given=None):
                     exec(compile(open(arg).read(), arg, 'exec'), ns)
                 except Exception as e:  # a broken config file is one line, not a traceback
                     raise UserError(f"{arg}: {type(e).__name__}: {e}", 2)
+                old = {k: v for k, v in ns.items() if k in old_keys}
+                if old:
+                    raise UserError(f"{arg}: {old_line(old)}", 2)
                 for k, v in ns.items():
                     if k.startswith('_') or not isinstance(v, _SIMPLE):
                         continue  # imports, helpers
@@ -186,6 +192,8 @@ def configure(g, argv=None, given=None):
             body = arg[2:]
             key, has_value, val = body.partition('=')
             key = key.replace('-', '_')
+            if key in old_keys:
+                raise UserError(_moved_on_command_line(argv, old_keys, old_line, types), 2)
             if key not in defaults:
                 raise UserError(f"unknown config key '--{key}'{_nearest(key, defaults)}; "
                                 f"see --help for the list", 2)
@@ -208,14 +216,26 @@ def configure(g, argv=None, given=None):
     return cfg
 
 
-def namespace(g, argv=None):
+def _moved_on_command_line(argv, old_keys, line, types):
+    """line() of every old key on the command line, with its value (--key=value or --key value)."""
+    old = {}
+    for i, arg in enumerate(argv):
+        key, has_value, val = arg[2:].partition('=') if arg.startswith('--') else ('', '', '')
+        key = key.replace('-', '_')
+        if key in old_keys:
+            val = val if has_value else (argv[i + 1] if i + 1 < len(argv) else '')
+            old[key] = _parse_value(val, object, False)  # a literal (0.3, 4) or the bare word
+    return line(old)
+
+
+def namespace(g, argv=None, moved=None):
     """configure() for a script whose main() may run more than once in a process (eval_ppl, sample,
     reproduce: the tests call them): the module's defaults stay untouched, and the resolved config comes
     back as a namespace, c.key, with the plain dict in c.config (for printing and saving) and the keys the
     config files and the command line set in c.given (an option given on purpose can then be refused where it
     would be ignored)."""
     given = set()
-    cfg = configure(dict(g), argv, given)
+    cfg = configure(dict(g), argv, given, moved)
     return SimpleNamespace(**cfg, config=cfg, given=given)
 
 

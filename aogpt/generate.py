@@ -26,8 +26,8 @@ copy carrying its target) and then as context; the first copy is both. So a run 
 steps but the last of (k - 1) token-passes: n when every step reveals one token, under 2n for any T.
 
 Orders. random is the MDM reverse process above. The other order distributions of orders.py (l2r,
-semiar:K alias blocks:K: blocks of K positions left to right, a uniform order inside each; nearl2r:W;
-mixtures) and a file of positions change only the order, so the sampler stays exact for the mixture
+semiar:K: blocks of K positions left to right, a uniform order inside each; nearl2r:W; mixtures; a fixed
+order fixed:S) and a file of positions change only the order, so the sampler stays exact for the mixture
 over the orders they allow. confidence / margin / entropy
 (LLaDA's and Dream's) choose the positions from the model's own scores: each step queries every masked
 position (one copy each) and reveals the k surest, or every one whose top probability reaches
@@ -50,7 +50,7 @@ import torch
 
 from aogpt.engine import EncoderStepper, SlotStepper
 from aogpt.errors import UserError
-from aogpt.orders import GRAMMAR, draw_orders, parse_order
+from aogpt.orders import GRAMMAR, Order, parse_order
 
 _CHUNK = 1 << 25  # float64 elements per sampling chunk (256 MiB): bounds memory when a step reveals a lot
 
@@ -251,16 +251,15 @@ ADAPTIVE = ('confidence', 'margin', 'entropy')  # chosen step by step from the m
 
 
 def check_order(order):
-    """A generation order spec, checked: an order distribution (orders.GRAMMAR, defined in orders.py), a
-    confidence order (ADAPTIVE), or a permutation tensor.
-    Raises ValueError (UserError) naming what is wrong and what is accepted."""
+    """A generation order, checked: an order distribution (orders.GRAMMAR, defined in orders.py; a spec string
+    comes back parsed, the orders.Order the sampler carries), a confidence order (ADAPTIVE), or a permutation
+    tensor. Raises ValueError (UserError) naming what is wrong and what is accepted."""
     if not isinstance(order, str) or order in ADAPTIVE:
         return order
     try:
-        parse_order(order)
+        return parse_order(order)
     except UserError as e:
         raise UserError(f"{e.msg}; or confidence, margin or entropy") from None
-    return order
 
 
 def free_order(order, free, batch_size, generator=None, n=None):
@@ -269,11 +268,14 @@ def free_order(order, free, batch_size, generator=None, n=None):
     in its order (n: the sequence's length, which the permutation must have; by default one past the last
     free position at least)."""
     B, nf = batch_size, free.numel()
-    if isinstance(order, str):
-        if order in ADAPTIVE:
-            raise ValueError(f"free_order takes an order distribution or a permutation, not {order!r}")
-        return draw_orders(check_order(order), B, positions=free, generator=generator)
+    if isinstance(order, str) and order in ADAPTIVE:
+        raise ValueError(f"free_order takes an order distribution or a permutation, not {order!r}")
+    order = check_order(order)
     n = int(free.max()) + 1 if n is None and nf else n
+    if isinstance(order, Order):
+        if not order.fixed:
+            return order.draw(B, positions=free, generator=generator)
+        order = order.permutation(n)  # one order of all n positions: taken below as a permutation
     try:
         o = torch.as_tensor(order)
     except (TypeError, ValueError, RuntimeError):
@@ -380,7 +382,8 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
         raise ValueError("generate_ao needs an any-order decoder (cond='adaln' or 'sigma'); "
                          "use generate_ar for a GPT and generate_mdm for an encoder")
     check_run(model, n, batch_size, steps, given)
-    if isinstance(check_order(order), str) and order in ADAPTIVE:
+    order = check_order(order)  # a spec string parsed once, here
+    if isinstance(order, str) and order in ADAPTIVE:
         if until is not None:
             raise ValueError(f"until: order {order!r} draws the whole window (no early stop); cut its samples "
                              f"with doc_lengths")
@@ -583,7 +586,7 @@ def generate_mdm(model, n, batch_size, steps, *, cache_trick=False, counts='shar
         step_of_rank = torch.repeat_interleave(torch.arange(steps), k)      # (nf,) step of the j-th reveal
         step = torch.empty(B, n, dtype=torch.long).scatter_(1, forder, step_of_rank.expand(B, nf))
     elif counts == 'independent':
-        if fixed_counts or not (isinstance(order, str) and order == 'random'):
+        if fixed_counts or not (isinstance(order, (str, Order)) and str(order) == 'random'):
             raise ValueError("counts='independent' draws per-position reveal times: no fixed_counts/order")
         U = torch.rand(B, nf, dtype=torch.float64, generator=generator)
         s = reveal_step(U, time_grid(steps, schedule))                     # (B, nf)

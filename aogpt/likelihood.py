@@ -16,8 +16,8 @@ import math
 import torch
 from torch.nn import functional as F
 
-from aogpt.orders import draw_orders
-from model import random_orders, stratified_uniform
+from aogpt.orders import UNIFORM, draw_orders, random_orders
+from model import stratified_uniform
 
 # ----------------------------------------------------------------------------------------------- helpers
 
@@ -117,7 +117,7 @@ def nll_any_order(model, chunks, n_orders=1, generator=None, batch_size=8, bar=N
 
 @torch.no_grad()
 def nll_order(model, chunks, spec, n_orders=1, generator=None, batch_size=8, bar=None):
-    """The AO-AR bound under an order distribution (orders.py spec, e.g. 'semiar:8'): (sum over chunks of
+    """The AO-AR bound under an order distribution (an orders.Order, or its spec, e.g. 'semiar:8'): (sum over chunks of
     the mean over n_orders orders drawn from it of -sum_i log p(x_sigma_i | x_sigma_<i), number of tokens).
     An upper bound on -log of the mixture over the distribution; 'random' is nll_any_order (same draws)
     and 'l2r' the exact nll_l2r. Orders come from `generator` (CPU)."""
@@ -125,7 +125,7 @@ def nll_order(model, chunks, spec, n_orders=1, generator=None, batch_size=8, bar
 
 
 @torch.no_grad()
-def _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar=None, spec='random'):
+def _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar=None, spec=UNIFORM):
     _require_any_order(model)
     _check_tokens(chunks)
     dev = _device(model)

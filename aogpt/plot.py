@@ -164,7 +164,8 @@ def plot_log(log_path, png, title=None):
 def plot_eval(record, png):
     """eval_ppl.py's table as grouped bars: one group per dataset, one bar per column (log scale, PPL)."""
     plt = _pyplot()
-    cols = [('l2r', 'L2R'), ('any_order', 'any-order (bound)'), ('order', f"{record.get('order_mode') or 'order distribution'} (bound)"),
+    spec = record.get('order') or record.get('order_mode')  # order_mode: records written before --order
+    cols = [('l2r', 'L2R'), ('any_order', 'any-order (bound)'), ('order', f"{spec or 'order distribution'} (bound)"),
             ('ensemble', 'ensemble (bound)')]
     rows = list(record['datasets'].items())
     cols = [(k, label) for k, label in cols if any(r.get(k) for _, r in rows)]

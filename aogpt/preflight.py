@@ -2,9 +2,9 @@
 What train.py checks before its first step, so that a run that cannot work, or will cost far more than its
 config suggests, says so in one line instead of hours later:
 
-    check_config(cfg, given)                every key, before anything is read or written
+    order = check_config(cfg, given)        every key, before anything is read or written; the parsed order
     data_dir, codec, n_train, n_val = check_data(cfg, say)
-    check_model(model_args, cfg, data_vocab, data_dir)    the model against the data and the orders
+    check_model(model_args, cfg, order, data_vocab, data_dir)    the model against the data and the orders
     check_step_sizes(optimizers, cfg)       learning rates a float32 step can apply
     cost_warnings(...); lr_warnings(cfg, get_lr, say)     what the run will cost, what its schedule does
 
@@ -28,24 +28,23 @@ import torch
 from aogpt import ROOT
 from aogpt.checkpoint import parse_hub_spec
 from aogpt.errors import UserError
-from aogpt.orders import TRAIN_MODES, parse_order
+from aogpt.orders import parse_order
 from aogpt.tokenizer import get_codec
 from model import OPTIMIZER_KEYS, GPTConfig, config_fields
 
-ORDER_KEYS = {  # a decoder's order settings, and the order_mode values that read each (the encoder MDM: none)
-    'l2r_frac': ('random',), 'l2r_frac_end': ('random',), 'l2r_frac_iters': ('random',),
-    'block_size_order': ('block_random',), 'order_seed': ('fixed_random', 'block_random')}
+ORDER_KEYS = ('order', 'l2r_frac_end', 'l2r_frac_iters')  # a decoder's order settings (the encoder MDM reads none)
 
 
 def check_config(cfg, given=()):
     """Every key is checked here, before anything is read or written: a bad value costs one line, not a run.
-    given: the keys the config files and command line set (a setting the chosen optimizer ignores is refused)."""
+    given: the keys the config files and command line set (a setting the chosen optimizer ignores is refused).
+    Returns the run's order, parsed (an orders.Order: what train.py carries)."""
     def need(ok, key, what):
         if not ok:
             raise UserError(f"{key} must be {what}, got {cfg[key]!r}")
 
     for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters', 'eval_interval', 'eval_iters',
-              'eval_orders', 'log_interval', 'block_size_order'):
+              'eval_orders', 'log_interval'):
         need(cfg[k] >= 1, k, "an integer >= 1")
     for k in ('ckpt_interval', 'keep_ckpt_every', 'warmup_iters', 'lr_decay_iters', 'l2r_frac_iters'):
         need(cfg[k] >= 0, k, "an integer >= 0")
@@ -55,7 +54,6 @@ def check_config(cfg, given=()):
          f"<= learning_rate ({cfg['learning_rate']}), the peak the cosine decays from (or decay_lr=False)")
     for k in ('beta1', 'beta2', 'ema_decay'):
         need(0 <= cfg[k] < 1, k, "in [0, 1)")
-    need(0 <= cfg['l2r_frac'] <= 1, 'l2r_frac', "a probability in [0, 1]")
     need(cfg['l2r_frac_end'] is None or 0 <= cfg['l2r_frac_end'] <= 1, 'l2r_frac_end',
          "a probability in [0, 1], or None")
     need(cfg['optimizer'] in OPTIMIZER_KEYS, 'optimizer', ' or '.join(OPTIMIZER_KEYS))
@@ -66,13 +64,9 @@ def check_config(cfg, given=()):
             raise UserError(f"{', '.join(ignored)} {'is a setting' if len(ignored) == 1 else 'are settings'} of "
                             f"optimizer={other!r}, but this run uses optimizer={cfg['optimizer']!r}: add "
                             f"--optimizer={other}, or leave {'it' if len(ignored) == 1 else 'them'} out")
-    if cfg['order_mode'] not in TRAIN_MODES:
-        try:
-            parse_order(cfg['order_mode'])
-        except UserError as e:
-            raise UserError(f"order_mode must be one of {', '.join(TRAIN_MODES)} or an order distribution: {e.msg}")
-    need(cfg['order_mode'] != 'block_random' or cfg['block_size'] % cfg['block_size_order'] == 0, 'block_size',
-         f"a multiple of block_size_order ({cfg['block_size_order']}) for order_mode='block_random'")
+    order = parse_order(cfg['order'])  # its line names the order
+    if order.fixed:
+        order.permutation(cfg['block_size'])  # its blocks must divide the length
     need(cfg['dtype'] in ('auto', 'float32', 'bfloat16', 'float16'), 'dtype', "auto, float32, bfloat16 or float16")
     need(re.fullmatch(r'auto|cpu|mps|cuda(:\d+)?', cfg['device']), 'device', "auto, cpu, cuda, cuda:N or mps")
     need(cfg['out_dir'].strip() != '', 'out_dir', "a directory")
@@ -93,6 +87,7 @@ def check_config(cfg, given=()):
                         f"export.py folder or hf:owner/repo[/path/ckpt.pt], got {init_from!r}")
     if init_from.startswith('hf:'):
         parse_hub_spec(init_from)  # a malformed hub id fails here, before any data is read
+    return order
 
 
 def check_data(cfg, say=print):
@@ -124,11 +119,12 @@ def check_data(cfg, say=print):
     return data_dir, codec, n_train, n_val
 
 
-def check_model(model_args, cfg, data_vocab, data_dir, given=()):
-    """The model against the data it will read, the orders it will train on and the settings given for it
-    (given: the keys the config files and command line set: an order setting this model and order_mode never
-    read is refused, not trained around bit-identically, and so is muon_adaln for a model without AdaLN)."""
-    check_orders(model_args['causal'], cfg, given)
+def check_model(model_args, cfg, order, data_vocab, data_dir, given=()):
+    """The model against the data it will read, the orders it will train on (order: check_config's) and the
+    settings given for it (given: the keys the config files and command line set: an order setting this model and
+    order never read is refused, not trained around bit-identically, and so is muon_adaln for a model without
+    AdaLN)."""
+    check_orders(model_args['causal'], cfg, order, given)
     if 'muon_adaln' in given and model_args['cond'] != 'adaln':
         raise UserError(f"muon_adaln places the AdaLN Linears, but this model has none (cond={model_args['cond']!r}): "
                         f"leave muon_adaln out")
@@ -141,31 +137,31 @@ def check_model(model_args, cfg, data_vocab, data_dir, given=()):
                         "vocab_size)")
     if cfg['block_size'] > model_args['block_size']:
         raise UserError(f"block_size {cfg['block_size']} > the model's {model_args['block_size']}")
-    if model_args['causal'] and model_args['cond'] == 'none' and cfg['order_mode'] not in TRAIN_MODES[1:]:
+    if model_args['causal'] and model_args['cond'] == 'none' and not (order.is_l2r or order.fixed):
         raise UserError("a GPT (cond='none') is never told which position to predict, so it cannot train on random "
-                        "orders: use order_mode='l2r' (or a fixed order), or cond='adaln' / 'sigma'")
+                        "orders: use order='l2r' (or a fixed order, fixed:S), or cond='adaln' / 'sigma'")
 
 
-def check_orders(causal, cfg, given):
+def check_orders(causal, cfg, order, given):
     """An order setting given on purpose that the run would ignore: for the encoder MDM every one (it trains on
-    random masks, and `causal` is the model's, a resumed checkpoint's too), for a decoder those its order_mode
-    never reads (semiar:K, l2r and the other distributions read none of them)."""
+    random masks, and `causal` is the model's, a resumed checkpoint's too), for a decoder the L2R-weight schedule
+    when its order has no such weight (only random, l2r and their mixes do), or its length without its end."""
     if not causal:
-        keys = [k for k in ('order_mode', *ORDER_KEYS) if k in given]
+        keys = [k for k in ORDER_KEYS if k in given]
         if keys:
             raise UserError(f"{', '.join(keys)}: the encoder MDM (causal=False) trains on random masks, not orders, "
                             f"so {'it' if len(keys) == 1 else 'they'} would be ignored; leave "
                             f"{'it' if len(keys) == 1 else 'them'} out")
         return
-    mode = cfg['order_mode']
-    ignored = [k for k, modes in ORDER_KEYS.items() if k in given and mode not in modes]
-    if mode == 'random' and 'l2r_frac_iters' in given and cfg['l2r_frac_end'] is None:
-        ignored.append('l2r_frac_iters')  # the length of a schedule that is not there
-    if ignored:
-        uses = '; '.join(f"{k} is read by order_mode={'/'.join(ORDER_KEYS[k])}" +
-                         (" with l2r_frac_end set" if k == 'l2r_frac_iters' else '') for k in ignored)
-        raise UserError(f"{uses}, but this run trains on order_mode={mode!r}, so it would be ignored: leave "
-                        f"{'it' if len(ignored) == 1 else 'them'} out, or pick the order_mode that reads it")
+    schedule = [k for k in ORDER_KEYS[1:] if k in given]
+    if schedule and order.l2r_weight is None:
+        raise UserError(f"{', '.join(schedule)} move{'s' if len(schedule) == 1 else ''} the L2R weight of order "
+                        f"random, l2r or mix:w*l2r+(1-w)*random, but this run trains on order={order.spec!r}, so "
+                        f"{'it' if len(schedule) == 1 else 'they'} would be ignored: leave "
+                        f"{'it' if len(schedule) == 1 else 'them'} out")
+    if 'l2r_frac_iters' in given and cfg['l2r_frac_end'] is None:
+        raise UserError("l2r_frac_iters is the length of the l2r_frac_end schedule, but l2r_frac_end is not set, so it "
+                        "would be ignored: leave it out, or set l2r_frac_end")
 
 
 def check_step_sizes(optimizers, cfg):

@@ -262,7 +262,8 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
     if not (model.config.causal and model.any_order):
         raise ValueError("speculative sampling needs an any-order decoder (AO-GPT or sigma-GPT); an encoder "
                          "MDM or an L2R GPT cannot score a drafted sequence in one pass")
-    if isinstance(check_order(order), str) and order in ADAPTIVE:
+    order = check_order(order)  # a spec string parsed once, here
+    if isinstance(order, str) and order in ADAPTIVE:
         raise ValueError(f"order {order!r} is chosen from the drawn values, so speculative sampling would not "
                          f"be exact: use an order fixed before the draws, {GRAMMAR}, or a permutation")
     if k != 'auto' and (not isinstance(k, int) or k < 1):

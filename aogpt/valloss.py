@@ -2,14 +2,15 @@
 The val losses train.py logs at every eval (docs/training.md lists them). They are scored on a fixed set of
 non-overlapping windows spread over val.bin, and the any-order losses on a fixed seeded set of eval_orders orders
 per batch (the encoder: mask draws), the same for every run and every eval, so runs compare like with like. A run
-on an order distribution (order_mode semiar:K, nearl2r:W, mix:...) has its val_order drawn from it, eval_orders
-orders per batch from the same seeds as val_ao's.
+on an order distribution other than random, l2r and their mixes (semiar:K, nearl2r:W, mix:...; aogpt/orders.py)
+has its val_order drawn from it, eval_orders orders per batch from the same seeds as val_ao's; a run on a fixed
+order, val_order under that order.
 They are token-weighted: each rank sums the NLLs and token counts of its share of the batches, then the ranks
 add theirs up.
 
     batches = val_windows(n_val, block_size, eval_iters, batch_size)
     mine = progress_of(range(rank, len(batches), world_size), "eval 0", show_bar, say)
-    out = val_losses(model, batches, mine, read, ctx, eval_orders, order_mode, fixed_order)
+    out = val_losses(model, batches, mine, read, ctx, eval_orders, order, fixed_order)   # order: an Order
 """
 
 if __name__ == '__main__':  # run as a script (python aogpt/valloss.py): one line, not an ImportError
@@ -23,8 +24,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from aogpt.orders import TRAIN_MODES, draw_orders
-from model import mdm_corrupt, random_orders
+from aogpt.orders import random_orders
+from model import mdm_corrupt
 
 PROGRESS_EVERY = 30.0  # seconds between progress lines of a long eval when there is no progress bar
 
@@ -41,12 +42,18 @@ def eval_seed(k, j):  # independent of the run's seed: every run is scored on th
     return int(np.random.SeedSequence([20250619, k, j]).generate_state(1, np.uint64)[0]) >> 1
 
 
-def val_passes(model, eval_orders, fixed_order, order_mode='random'):
+def own_draws(model, order, fixed_order):
+    """Whether val_order is drawn from the run's order: an any-order model on a law that val_ao and val_l2r do
+    not already score (not random, l2r or a mix of the two) and no fixed order."""
+    return model.any_order and fixed_order is None and not order.fixed and order.l2r_weight is None
+
+
+def val_passes(model, eval_orders, fixed_order, order):
     """Forward passes per val batch: L2R, eval_orders random orders (any-order models), the fixed order if
     any, or eval_orders orders of the run's order distribution (decoders); eval_orders mask draws (the encoder)."""
     if not model.config.causal:
         return eval_orders
-    spec = model.any_order and order_mode not in TRAIN_MODES
+    spec = own_draws(model, order, fixed_order)
     return 1 + (eval_orders if model.any_order else 0) + (fixed_order is not None) + (eval_orders if spec else 0)
 
 
@@ -66,10 +73,11 @@ def progress_of(items, what, show_bar, say):
 
 
 @torch.no_grad()
-def val_losses(model, batches, mine, read, ctx, eval_orders, order_mode, fixed_order=None):
+def val_losses(model, batches, mine, read, ctx, eval_orders, order, fixed_order=None):
     """Token-weighted val NLLs of `model` over batches[k] for k in `mine` (this rank's share), summed over the
     ranks: val_l2r, val_ao, val_order, val_elbo (None where not defined) and val_loss, the one of them under
-    the orders being trained. read(split, starts) gives the (B, n) token windows on the model's device."""
+    the orders being trained (order, an Order: the law trained at this step). read(split, starts) gives the
+    (B, n) token windows on the model's device."""
     model.eval()
     causal, mask_id = model.config.causal, model.config.mask_token_id
     device = next(model.parameters()).device
@@ -90,23 +98,23 @@ def val_losses(model, batches, mine, read, ctx, eval_orders, order_mode, fixed_o
             s[1] += ntok
             if model.any_order:
                 for j in range(eval_orders):
-                    order = random_orders(B, x.size(1), device=device, generator=gen.manual_seed(eval_seed(k, j)))
-                    s[2] += model(x, order=order, targets=x, reduction='none')[1].sum()
+                    sigma = random_orders(B, x.size(1), device=device, generator=gen.manual_seed(eval_seed(k, j)))
+                    s[2] += model(x, order=sigma, targets=x, reduction='none')[1].sum()
                     s[3] += ntok
             if fixed_order is not None:
                 s[4] += model(x, order=fixed_order.expand(B, -1), targets=x, reduction='none')[1].sum()
                 s[5] += ntok
-            elif model.any_order and order_mode not in TRAIN_MODES:  # the run's own order distribution
+            elif own_draws(model, order, fixed_order):  # the run's own order distribution
                 for j in range(eval_orders):
-                    order = draw_orders(order_mode, B, x.size(1), device=device,
-                                        generator=gen.manual_seed(eval_seed(k, j)))
-                    s[4] += model(x, order=order, targets=x, reduction='none')[1].sum()
+                    sigma = order.draw(B, x.size(1), device=device, generator=gen.manual_seed(eval_seed(k, j)))
+                    s[4] += model(x, order=sigma, targets=x, reduction='none')[1].sum()
                     s[5] += ntok
     if dist.is_initialized():
         dist.all_reduce(s)
     model.train()
     mean = lambda i: (s[i] / s[i + 1]).item() if s[i + 1] > 0 else None
     out = dict(val_l2r=mean(0), val_ao=mean(2), val_order=mean(4), val_elbo=mean(6))
-    headline = {'random': 'val_ao', 'l2r': 'val_l2r'}.get(order_mode, 'val_order') if causal else 'val_elbo'
+    headline = ('val_l2r' if order.is_l2r else 'val_ao' if order.l2r_weight is not None else 'val_order') if causal \
+        else 'val_elbo'
     out['val_loss'] = out[headline]
     return out

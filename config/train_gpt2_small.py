@@ -4,7 +4,7 @@
 out_dir = 'out-gpt2-small'
 wandb_run_name = 'gpt2-small'
 cond = 'none'
-order_mode = 'l2r'
+order = 'l2r'
 norm = 'layer'
 qk_norm = False
 tie_head = True

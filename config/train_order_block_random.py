@@ -3,7 +3,6 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/train_order_block_random.py
 out_dir = 'out-order-block_random'
 wandb_run_name = 'order-block_random'
-order_mode = 'block_random'
+order = 'fixedblocks:4:0'  # blocks of 4 left to right, one fixed non-L2R permutation inside each (seed 0)
 max_iters = 20000
 eval_interval = 1000
-block_size_order = 4  # blocks of 4 left to right, one fixed non-L2R permutation inside each (order_seed)

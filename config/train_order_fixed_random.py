@@ -3,7 +3,6 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/train_order_fixed_random.py
 out_dir = 'out-order-fixed_random'
 wandb_run_name = 'order-fixed_random'
-order_mode = 'fixed_random'
+order = 'fixed:0'  # the permutation of seed 0 (saved in the checkpoint); the paper ran three, e.g. fixed:0, 1, 2
 max_iters = 20000
 eval_interval = 1000
-order_seed = 0  # the permutation (saved in the checkpoint); the paper ran three, e.g. seeds 0, 1, 2

@@ -3,6 +3,6 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/train_order_l2r.py
 out_dir = 'out-order-l2r'
 wandb_run_name = 'order-l2r'
-order_mode = 'l2r'
+order = 'l2r'
 max_iters = 20000
 eval_interval = 1000

@@ -3,7 +3,6 @@
 #   torchrun --standalone --nproc_per_node=8 train.py config/train_order_random.py
 out_dir = 'out-order-random'
 wandb_run_name = 'order-random'
-order_mode = 'random'
+order = 'random'  # pure uniform random orders (the default mixes in 10% L2R)
 max_iters = 20000
 eval_interval = 1000
-l2r_frac = 0.0  # pure uniform random orders (the default mixes in 10% L2R)

@@ -64,7 +64,7 @@ F9_RECORD = 'f9_optimizers.json'
 
 
 def gpt_run(c, seed):
-    over = dict(cond='none', order_mode='l2r', learning_rate=c.learning_rate, min_lr=c.learning_rate / 10,
+    over = dict(cond='none', order='l2r', learning_rate=c.learning_rate, min_lr=c.learning_rate / 10,
                 keep_ckpt_every=math.gcd(*c.split_list, c.budget), seed=seed)
     return f'gpt_s{seed}', (over, f"GPT (cond='none', L2R), seed {seed}")
 

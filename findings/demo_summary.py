@@ -20,6 +20,7 @@ from aogpt.checkpoint import checkpoint_codec, find_dataset, load_checkpoint  # 
 from aogpt.configurator import namespace, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die  # noqa: E402
 from aogpt.evalsets import load_eval_chunks  # noqa: E402
+from aogpt.orders import spec_of_config  # noqa: E402
 
 out_dir = 'out-demo'                 # the demo's run directory (ckpt.pt, eval_ppl.json, stages.tsv)
 dataset = 'ptb'                      # the eval set make demo scores
@@ -100,7 +101,7 @@ def main(argv=None):
     params = sum(v.numel() for v in ck['model'].values())
     print(f"AO-GPT, {ma['n_layer']} layers x {ma['n_embd']} ({params / 1e6:.2f}M parameters), {ck['iter_num']} "
           f"steps x {cfg['batch_size'] * cfg['block_size']:,} {unit} of {cfg['dataset']} train "
-          f"(l2r_frac {cfg['l2r_frac']}), {'EMA' if ev.get('ema') else 'raw'} weights")
+          f"(orders {spec_of_config(cfg)}), {'EMA' if ev.get('ema') else 'raw'} weights")
     print(f"{c.dataset} test: {r['chunks']} rows x {n} = {r['tokens']:,} {unit}, {codec.name} codec")
     rows = [(f"unigram of {cfg['dataset']} train (add-{alpha:g} smoothing)", uni),
             ("AO-GPT, left to right (exact)", r['l2r']['nll']),

@@ -71,7 +71,7 @@ VOCAB = 64  # ptb_char's 49 symbols, padded as train.py pads them (a multiple of
 def run(model, opt, lr, seed, adamw_lr=None, adaln=False):
     """(name, (train.py overrides beyond reproduce.py's shared ones, what it is)) of one run. opt: adamw, muon,
     or muon32 (Muon with its Newton-Schulz iteration in float32)."""
-    over = dict(R.RUNS[model][0])  # l2r: order_mode='l2r'
+    over = dict(R.RUNS[model][0])  # l2r: order='l2r'
     if opt == 'adamw':
         over.update(learning_rate=lr, min_lr=lr / 10)
         name, what = f"{model}_adamw_lr{lr:g}_s{seed}", f"AdamW lr {lr:g}"

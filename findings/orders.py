@@ -49,8 +49,8 @@ FAMILIES = {  # the distributions compared: (name of its first-seed run, order s
 RUNS = {'ao': R.RUNS['ao'], 'ao_seed2': R.RUNS['ao_seed2'], 'judge': R.RUNS['judge']}
 for _fam, (_run, _spec, _what) in FAMILIES.items():
     if _run != 'ao':
-        RUNS[_run] = ({'order_mode': _spec}, _what)
-        RUNS[_run + '_seed2'] = ({'order_mode': _spec, 'seed': R.SEED2}, _what + ', another seed')
+        RUNS[_run] = ({'order': _spec}, _what)
+        RUNS[_run + '_seed2'] = ({'order': _spec, 'seed': R.SEED2}, _what + ', another seed')
 SEEDS = {'ao': 'ao_seed2'}  # first-seed run: second-seed run
 SEEDS.update({run: run + '_seed2' for run, _, _ in FAMILIES.values() if run != 'ao'})
 STEPS = (4, 8, 16, 32)        # Lemma-1 steps T for generation along the model's own order (n = 32)

@@ -104,17 +104,17 @@ SEED2 = 2  # ao_seed2's seed (findings/orders.py's second seeds too); --seed is 
 ENSEMBLE_M = (1, 2, 4, 8, 16)
 RUNS = {  # name: (train.py overrides beyond the shared ones, what it is)
     'ao': ({}, 'AO-GPT: random orders + 10% L2R, AdaLN'),
-    'ao_noL2R': ({'l2r_frac': 0.0}, 'AO-GPT without the 10% L2R data'),
-    'l2r': ({'order_mode': 'l2r'}, 'the same architecture trained left to right'),
-    'fixed': ({'order_mode': 'fixed_random'}, 'one fixed random order'),
-    'block': ({'order_mode': 'block_random', 'block_size_order': 4}, 'block-wise random order, blocks of 4'),
+    'ao_noL2R': ({'order': 'random'}, 'AO-GPT without the 10% L2R data'),
+    'l2r': ({'order': 'l2r'}, 'the same architecture trained left to right'),
+    'fixed': ({'order': 'fixed:0'}, 'one fixed random order'),
+    'block': ({'order': 'fixedblocks:4:0'}, 'block-wise random order, blocks of 4'),
     'sigma': ({'cond': 'sigma'}, 'sigma-GPT input conditioning + 10% L2R'),
     'ao_tstd1': ({'target_std': 1.0}, 'AO-GPT with the AdaLN target table initialised at std 1, not 0.02'),
     'ao_init': ({'target_std': 1.0, 'adaln_std': 0.2},
                 'AO-GPT with the AdaLN target pathway initialised larger: table std 1, AdaLN Linear std 0.2'),
     'ao_seed2': ({'seed': SEED2}, 'AO-GPT, another seed (run-to-run spread)'),
     'mdm': ({'causal': False, 'cond': 'none'}, 'the encoder MDM: the same blocks, trained on the MDM ELBO'),
-    'judge': ({'cond': 'none', 'order_mode': 'l2r', 'n_layer': 4, 'seed': 3},
+    'judge': ({'cond': 'none', 'order': 'l2r', 'n_layer': 4, 'seed': 3},
               "finding 7's judge: an L2R GPT, twice as deep, another seed"),
 }
 
@@ -553,7 +553,7 @@ def draw_plots(c, logs, ens, samp, gen):
     plot.xy(path(6), f"Finding 6: sampling {c.sample_batch} x {c.sample_n} tokens, {c.device}", Ts,
             [('AO-GPT, KV-cached', [r['dec_s'] for r in samp], '-o'),
              ('encoder MDM', [r['enc_s'] for r in samp], '-s')], 'steps T', 'wall time (s)', logy=True)
-    styles = {'ao': '-o', 'ao_seed2': ':o', 'mdm': '-s', 'ao, blocks:8': '--^', 'ao, confidence': '-.d'}
+    styles = {'ao': '-o', 'ao_seed2': ':o', 'mdm': '-s', 'ao, semiar:8': '--^', 'ao, confidence': '-.d'}
     for i, setting in ((7, GEN_SETTINGS[0]), ('7b', GEN_SETTINGS[-1])):
         cells = {label: sorted((r['T'], r['token_passes'], r['per_sequence']) for r in gen if r['sampler'] == label
                                and (r['top_p'], r['temperature']) == setting) for label in styles}

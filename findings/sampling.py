@@ -73,7 +73,7 @@ def time_samplers(c):
 def generation_study(c, names):
     """Finding 7: samples from `ao` (and `ao_seed2`) and `mdm` at every (top-p, temperature) of
     GEN_SETTINGS and every T in GEN_STEPS, scored by `judge` (both averages, with the unigram entropy);
-    and the new orders of the same `ao` model (blocks:8, confidence) on the same grid, for the plot of
+    and the new orders of the same `ao` model (semiar:8, confidence) on the same grid, for the plot of
     gen PPL against token-passes. Returns a list of rows."""
     import torch
 
@@ -83,7 +83,7 @@ def generation_study(c, names):
     judge, codec = load_judge(c)
     models = {k: load_model(os.path.join(c.runs_dir, k), c.device)[0] for k in ('ao', 'ao_seed2', 'mdm')
               if k in names}
-    samplers = [(k, k, 'random') for k in models] + [('ao, blocks:8', 'ao', 'blocks:8'),
+    samplers = [(k, k, 'random') for k in models] + [('ao, semiar:8', 'ao', 'semiar:8'),
                                                       ('ao, confidence', 'ao', 'confidence')]
     n, rows = c.block_size, []
     steps = GEN_STEPS[1:3] if c.quick else GEN_STEPS  # quick: one judged T and one below

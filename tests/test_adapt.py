@@ -17,7 +17,8 @@ import torch
 
 import export
 from aogpt.checkpoint import load_checkpoint, load_model, weights_sha256
-from model import GPT, GPTConfig, adapt, random_orders
+from aogpt.orders import random_orders
+from model import GPT, GPTConfig, adapt
 from test_train import (N, args, assert_same_run, env, gpt2_runs, log, run, run_inprocess, runs_corpus,  # noqa: F401
                         tiny_gpt2)  # env: a fixture
 
@@ -70,7 +71,7 @@ def test_adapt_computes_the_gpt_bit_for_bit_and_can_learn_the_target(cond, norm)
 def gpt_run(env):
     """A GPT (cond='none', L2R) trained 3 steps, so its EMA and raw weights differ, and its export."""
     out = env / 'adapt_src'
-    train(args(env, 'adapt_src', '--cond=none', '--order_mode=l2r', '--max_iters=3', '--eval_interval=3'))
+    train(args(env, 'adapt_src', '--cond=none', '--order=l2r', '--max_iters=3', '--eval_interval=3'))
     export.main([f'--ckpt={out}', f'--dest={env / "adapt_src_export"}'])
     return out
 
@@ -139,7 +140,7 @@ def test_adapting_under_ddp_is_one_process_adapting(env, gpt_run):
     """Two torchrun ranks adapt as one process does (each rank draws the same target table; DDP broadcasts rank
     0's too) and train on a mix of near-L2R and uniform orders with the EMA: the same losses and weights."""
     common = ['--max_iters=4', '--eval_interval=2', '--batch_size=4', '--gradient_accumulation_steps=4',
-              f'--init_from={gpt_run}', '--cond=adaln', '--target_dim=8', '--order_mode=mix:0.5*nearl2r:4+0.5*random']
+              f'--init_from={gpt_run}', '--cond=adaln', '--target_dim=8', '--order=mix:0.5*nearl2r:4+0.5*random']
     run(env, args(env, 'adapt_single', *common))
     run(env, args(env, 'adapt_ddp', *common), torchrun=True)
     assert_same_run(env, [0, 2, 4], moved=0.05, single='adapt_single', ddp='adapt_ddp')
@@ -152,7 +153,7 @@ def test_adapting_with_muon_learns_to_read_the_target(env, gpt_run, monkeypatch,
     """Muon (for adaln the AdaLN Linears in it: zero matrices whose first update is all Muon's) on the orders of a
     mix: the any-order loss falls from the GPT's (order-blind) one within a few steps, and the run resumes."""
     argv = args(env, '', f'--out_dir={tmp_path}', f'--cond={cond}', '--target_dim=8', '--optimizer=muon',
-                '--order_mode=mix:0.5*nearl2r:4+0.5*random', '--eval_interval=4', '--warmup_iters=0')
+                '--order=mix:0.5*nearl2r:4+0.5*random', '--eval_interval=4', '--warmup_iters=0')
     argv += ['--muon_adaln=True'] if cond == 'adaln' else []  # sigma has no AdaLN Linears to place
     run_inprocess(monkeypatch, argv + [f'--init_from={gpt_run}', '--max_iters=8'])
     a = log(tmp_path.parent, tmp_path.name)

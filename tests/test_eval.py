@@ -291,7 +291,7 @@ def test_cli_table_and_json_match_the_functions(tmp_path, text_file, capsys):
     from aogpt.tokenizer import get_codec
     make_ckpt(tmp_path / 'out')
     out = run_cli(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
-                   '--ensemble', '2', '--orders', '2', '--max_chunks', '6'], capsys)
+                   '--ensemble', '2', '--eval_orders', '2', '--max_chunks', '6'], capsys)
     assert 'L2R PPL' in out and 'any-order PPL' in out and 'ens x2 PPL' in out
     res = json.load(open(tmp_path / 'out' / 'eval_ppl.json'))
     assert res['ema'] is True and res['codec'] == 'gpt2' and res['block_size'] == 16
@@ -318,27 +318,27 @@ def test_cli_table_and_json_match_the_functions(tmp_path, text_file, capsys):
 
 
 def test_cli_order_distribution_column(tmp_path, text_file, capsys):
-    """--order_mode SPEC: a column beside L2R and any-order, the bound recomputed from the same seed (its own
+    """--order SPEC: a column beside L2R and any-order, the bound recomputed from the same seed (its own
     generator: adding it leaves the any-order column's draws as they were)."""
     from aogpt.checkpoint import load_model
     from aogpt.evalsets import load_eval_chunks
     from aogpt.tokenizer import get_codec
     make_ckpt(tmp_path / 'out')
-    args = ['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}', '--orders',
-            '2', '--max_chunks', '6']
+    args = ['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
+            '--eval_orders', '2', '--max_chunks', '6']
     run_cli(args, capsys)
     plain = json.load(open(tmp_path / 'out' / 'eval_ppl.json'))['datasets']['ptb']
-    out = run_cli(args + ['--order_mode', 'nearl2r:3'], capsys)
+    out = run_cli(args + ['--order', 'nearl2r:3'], capsys)
     res = json.load(open(tmp_path / 'out' / 'eval_ppl.json'))
     row = res['datasets']['ptb']
-    assert 'nearl2r:3 PPL (<=)' in out and res['order_mode'] == 'nearl2r:3' and row['order']['spec'] == 'nearl2r:3'
+    assert 'nearl2r:3 PPL (<=)' in out and res['order'] == 'nearl2r:3' and row['order']['spec'] == 'nearl2r:3'
     assert row['any_order'] == plain['any_order'] and plain['order'] is None
     model, _, _ = load_model(str(tmp_path / 'out'), 'cpu')
     chunks = load_eval_chunks('ptb', get_codec(None), 16, path=text_file)[:6]
     s, cnt = L.nll_order(model, chunks, 'nearl2r:3', 2, torch.Generator().manual_seed(1337))
     assert row['order']['nll'] == pytest.approx(s / cnt, rel=1e-6) and f"{row['order']['ppl']:.2f}" in out
     assert 'note: order' not in out  # semiar:K with K >= the block is the uniform law: said in one line
-    out = run_cli(args + ['--order_mode', 'semiar:16'], capsys)
+    out = run_cli(args + ['--order', 'semiar:16'], capsys)
     assert 'note: order semiar:16: semiar:16 at length 16 puts all 16 positions in one block, which is the uniform ' \
            'random order' in out
 
@@ -399,7 +399,12 @@ def test_cli_errors_are_one_line(tmp_path, text_file, capsys):
     (['--max_chunks', '-13160'], 'invalid --max_chunks=-13160'),
     (['--max_chunks', '-1'], 'invalid --max_chunks=-1'),
     (['--block_size=-4'], 'invalid --block_size=-4'),
-    (['--orders', '0'], 'invalid --orders=0'),
+    (['--eval_orders', '0'], 'invalid --eval_orders=0'),
+    # the old flags: the count was --orders, the distribution --order_mode (never read as each other)
+    (['--orders', '8'], "--orders (a count) is now --eval_orders, the orders drawn per chunk: use --eval_orders 8; "
+                        "--order names the order distribution"),
+    (['--order_mode', 'semiar:8'], "--order_mode is now --order (the order distribution): use --order semiar:8"),
+    (['--order', '8'], "unknown order '8'"),
     (['--use_ema', 'no_thanks'], 'use_ema must be True or False'),
     (['--device', 'cuda'], 'CUDA is not available'),
     (['--device', 'tpu'], '--device must be'),
@@ -407,8 +412,8 @@ def test_cli_errors_are_one_line(tmp_path, text_file, capsys):
     (['--data_path', 'ptb'], '--data_path expects name=path'),
     (['--datasets', ','], '--datasets is empty'),
     (['--datasets', 'ptbb'], "unknown eval set 'ptbb' (did you mean 'ptb'?)"),  # once "skipped: offline?"
-    (['--order_mode', 'semiar:0'], "--order_mode: order 'semiar:0': semiar:K takes an integer K >= 1"),
-    (['--order_mode', 'mix:0.5*l2r'], "the weights of a mix sum to 1, these sum to 0.5"),
+    (['--order', 'semiar:0'], "--order: order 'semiar:0': semiar:K takes an integer K >= 1"),
+    (['--order', 'mix:0.5*l2r'], "the weights of a mix sum to 1, these sum to 0.5"),
     (['--ensemble_draws', '3'], "--ensemble_draws is an option of the ensemble column"),  # once silently unused
     (['--ensemble_mode', 'exact'], "--ensemble_mode is an option of the ensemble column"),
 ])
@@ -566,3 +571,14 @@ def test_an_error_after_or_inside_the_progress_bar_starts_its_own_line(tmp_path,
     last = err.rstrip('\n').split('\n')[-1]
     assert last == ("error: cannot write " + str(tmp_path / 'r.json') + " (No space left on device); the table above "
                     "has the numbers; pass --json_out FILE" if where == 'record' else "error: the model is broken"), err[-300:]
+
+
+def test_the_order_is_parsed_once(tmp_path, text_file, capsys, monkeypatch):
+    """--order is parsed once, in read_config; every chunk's draws come from that Order."""
+    from aogpt import orders
+    make_ckpt(tmp_path / 'out')
+    made, init = [], orders.Order.__init__
+    monkeypatch.setattr(orders.Order, '__init__', lambda self, comps, spec: made.append(spec) or init(self, comps, spec))
+    run_cli(['--out_dir', str(tmp_path / 'out'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}',
+             '--eval_orders', '2', '--max_chunks', '20', '--batch_size', '4', '--order', 'semiar:4'], capsys)
+    assert made == ['semiar:4']

@@ -165,7 +165,7 @@ def test_model_card_has_metadata_eval_table_and_commands(tmp_path, capsys):
     text = tmp_path / 'text.txt'
     text.write_text(TEXT)
     eval_ppl.main(['--out_dir', str(tmp_path / 'run'), '--datasets', 'ptb', '--data_path', f'ptb={text}',
-                   '--max_chunks', '3', '--orders', '2', '--progress', 'False'])  # run/eval_ppl.json
+                   '--max_chunks', '3', '--eval_orders', '2', '--progress', 'False'])  # run/eval_ppl.json
     res = json.loads((tmp_path / 'run' / 'eval_ppl.json').read_text())
     # results the card must leave out: another iteration's, and the raw weights'
     stale = dict(res, iter_num=3, datasets={'lambada': res['datasets']['ptb']})
@@ -185,7 +185,7 @@ def test_model_card_has_metadata_eval_table_and_commands(tmp_path, capsys):
     assert f"{row['l2r']['ppl']:.2f}" in line and f"{row['any_order']['ppl']:.2f}" in line and 'bpc' in line
     assert 'lambada' not in body and 'wikitext2' not in body
     assert 'python sample.py --ckpt hf:me/tiny-ao' in body
-    assert 'python eval_ppl.py --ckpt hf:me/tiny-ao --datasets ptb --orders 2 --max_chunks 3' in body
+    assert 'python eval_ppl.py --ckpt hf:me/tiny-ao --datasets ptb --eval_orders 2 --max_chunks 3' in body
     assert 'hf upload me/tiny-ao hub' in body and 'learning_rate' in body
     # a license given: no placeholder; a dataset with a hub id is listed in the metadata
     ck = load_checkpoint(str(tmp_path / 'run'))
@@ -427,7 +427,7 @@ def load_model_cli(folder):
 @pytest.mark.parametrize('kind, change', [
     ('adaln', dict(gelu='tanh')), ('adaln', dict(causal=False)), ('gpt', dict(gelu='tanh')),
     ('adaln', dict(codec=dict(CODEC, chars=CHARS[::-1]))), ('gpt', dict(weights='raw')),
-    ('adaln', dict(fixed_order=list(range(16))[::-1])), ('gpt', dict(train_config={'order_mode': 'random'}))])
+    ('adaln', dict(fixed_order=list(range(16))[::-1])), ('gpt', dict(train_config={'order': 'random'}))])
 def test_an_edit_of_config_json_that_keeps_the_shapes_is_refused(tmp_path, capsys, kind, change):
     """The weights' sha256 was checked but not what says how to run them: a GELU, a norm, the encoder switch,
     the codec's order of characters, the weight set, the order all fit the same tensors and silently made
@@ -464,7 +464,7 @@ def test_a_card_never_shows_another_checkpoints_numbers(tmp_path, capsys):
     text = tmp_path / 'text.txt'
     text.write_text(TEXT)
     eval_ppl.main(['--out_dir', str(tmp_path / 'a'), '--datasets', 'ptb', '--data_path', f'ptb={text}',
-                   '--max_chunks', '2', '--orders', '1', '--progress', 'False'])
+                   '--max_chunks', '2', '--eval_orders', '1', '--progress', 'False'])
     rec = json.loads((tmp_path / 'a' / 'eval_ppl.json').read_text())
     assert rec['iter_num'] == 9 and len(rec['weights']) == 16
     capsys.readouterr()
@@ -667,3 +667,15 @@ def test_the_cards_commands_run_as_written(tmp_path, monkeypatch, kind):
             sample.main(argv + ['--device', 'cpu', '--quiet', 'True'])
         else:
             eval_ppl.main(argv + ['--device', 'cpu', '--progress', 'False', '--plot', 'False'])
+
+
+@pytest.mark.parametrize('cfg,want', [({'order': 'l2r'}, 'l2r'), ({'order': 'fixed:2'}, 'fixed:2'),
+                                      ({'order_mode': 'fixed_random', 'order_seed': 2}, 'fixed:2'),
+                                      ({'order_mode': 'block_random'}, 'fixedblocks:4:0'),
+                                      ({'order_mode': 'random'}, 'l2r'), ({}, 'l2r')])
+def test_a_gpt_cards_finetune_line_keeps_its_order_in_the_new_spelling(cfg, want):
+    """A GPT's card fine-tunes in the order it was trained in (a fixed one, else L2R), written as train.py reads
+    it now, whether its export's train_config is in the new spelling or the old."""
+    ma = dict(block_size=16, causal=True, cond='none')
+    line = export.finetune_command('hf:me/gpt', ma, cfg)
+    assert f' --order={want} ' in line and 'order_mode' not in line, line

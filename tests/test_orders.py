@@ -7,8 +7,8 @@ from helpers import exact_law
 from test_speculative import chi2_pvalue
 
 from aogpt.errors import UserError
-from aogpt.orders import draw_orders, one_block, parse_order
-from model import random_orders
+from aogpt.orders import (block_order, draw_orders, l2r_mix, old_keys_line, one_block, parse_order, random_orders,
+                          spec_of_config)
 
 ALPHA = 1e-4
 N = 40000  # orders per law
@@ -27,7 +27,7 @@ def pvalue(orders, law, pos):
     return chi2_pvalue(drawn, cells, probs)
 
 
-SPECS = ['semiar:2', 'blocks:3', 'nearl2r:1.5', 'nearl2r:2.5', 'nearl2r:4', 'mix:0.3*l2r+0.2*semiar:2+0.5*nearl2r:2']
+SPECS = ['semiar:2', 'semiar:3', 'nearl2r:1.5', 'nearl2r:2.5', 'nearl2r:4', 'mix:0.3*l2r+0.2*semiar:2+0.5*nearl2r:2']
 
 
 @pytest.mark.parametrize('spec', SPECS)
@@ -42,17 +42,26 @@ def test_each_law_matches_enumeration(spec, pos):
     assert pvalue(orders, exact_law('random', pos), pos) < ALPHA
 
 
+def old_random_mode(B, n, frac, generator):
+    """train.py's order_mode=random draw with l2r_frac=frac before the Order (random_orders with l2r_frac), from its
+    definition: the permutations, then the identity where a float32 uniform is < frac (none drawn at frac 0)."""
+    orders = torch.rand(B, n, generator=generator, dtype=torch.float64).argsort(dim=1)
+    if frac > 0:
+        orders = torch.where(torch.rand(B, 1, generator=generator) < frac, torch.arange(n), orders)
+    return orders
+
+
 def test_edge_values_are_l2r_and_uniform():
     """semiar:1, nearl2r:0 and nearl2r:1 are L2R, drawn as the identity; semiar:K with K >= n draws exactly
     random_orders' orders; nearl2r:W tends to uniform as W grows (exact law within 1e-4 in total variation
-    at W = 10^5, and the draws pass); mix:0.1*l2r+0.9*random draws exactly train.py's l2r_frac=0.1 orders."""
+    at W = 10^5, and the draws pass); mix:0.1*l2r+0.9*random draws exactly train.py's old l2r_frac=0.1 orders."""
     n, ident = 6, torch.arange(6).expand(500, 6)
     for spec in ('semiar:1', 'nearl2r:0', 'nearl2r:1', 'l2r', 'mix:0.4*semiar:1+0.6*nearl2r:0.5'):
         assert torch.equal(draw_orders(spec, 500, n, generator=gen()), ident), spec
-    for spec in (f'semiar:{n}', 'semiar:100', 'blocks:6', 'random'):
+    for spec in (f'semiar:{n}', 'semiar:100', 'random'):
         assert torch.equal(draw_orders(spec, 500, n, generator=gen(1)), random_orders(500, n, generator=gen(1)))
     assert torch.equal(draw_orders('mix:0.1*l2r+0.9*random', 4000, n, generator=gen(2)),
-                       random_orders(4000, n, generator=gen(2), l2r_frac=0.1))
+                       old_random_mode(4000, n, 0.1, gen(2)))
     pos = (0, 1, 2, 3)
     far, uniform = exact_law('nearl2r:100000', pos), exact_law('random', pos)
     assert sum(abs(far[p] - uniform[p]) for p in uniform) / 2 < 1e-4
@@ -83,7 +92,7 @@ def test_a_bad_spec_is_one_line_naming_the_grammar(bad, why):
     assert why in e.value.msg and 'semiar:K' in e.value.msg and '\n' not in e.value.msg, e.value.msg
 
 
-@pytest.mark.parametrize('spec', ['l2r', 'random', 'semiar:1', 'semiar:2', 'blocks:3', 'nearl2r:0.5', 'nearl2r:2.5',
+@pytest.mark.parametrize('spec', ['l2r', 'random', 'semiar:1', 'semiar:2', 'semiar:3', 'nearl2r:0.5', 'nearl2r:2.5',
                                   'mix:0.5*l2r+0.5*semiar:2', 'mix:0.4*random+0.6*nearl2r:0'])
 def test_a_law_is_of_the_position_values_not_of_the_order_they_come_in(spec):
     """Positions passed in any order draw the law of their values (the exact law of the sorted ones, by
@@ -118,6 +127,107 @@ def test_one_block_says_when_semiar_is_the_uniform_order():
     A command that knows n says so in one line; K < n, and every other kind, say nothing."""
     assert one_block('semiar:8', 8) is not None and one_block('semiar:9', 8) is not None
     assert 'semiar:8 at length 5 puts all 5 positions in one block' in one_block('mix:0.5*l2r+0.5*semiar:8', 5)
-    assert '\n' not in one_block('blocks:9', 4)
+    assert '\n' not in one_block('semiar:9', 4)
     for spec in ('semiar:7', 'random', 'l2r', 'nearl2r:100', 'mix:0.5*semiar:4+0.5*random'):
         assert one_block(spec, 8) is None, spec
+
+
+@pytest.mark.parametrize('frac', [0.0, 0.1, 0.5, 0.7123456789, 1.0])
+def test_the_l2r_weight_schedule_draws_the_old_random_mode_bit_for_bit(frac):
+    """l2r_mix(w), train.py's law at L2R weight w (the old order_mode=random, l2r_frac=w), draws exactly the old
+    orders: 0 plain random_orders (no uniform drawn), 1 only identities, in between the permuted rows the same
+    draws; the parsed spec of the same weight draws the same. Its l2r_weight is w, the weight log.jsonl records."""
+    def g():
+        return torch.Generator().manual_seed(5)
+    law = l2r_mix(frac)
+    got = law.draw(64, 9, generator=g())
+    assert torch.equal(got, old_random_mode(64, 9, frac, g())) and law.l2r_weight == frac
+    if 0 < frac < 1:
+        assert torch.equal(parse_order(law.spec).draw(64, 9, generator=g()), got)
+        l2r = (got == torch.arange(9)).all(1)
+        plain = random_orders(64, 9, generator=g())
+        assert 0 < l2r.sum() < 64 and torch.equal(got[~l2r], plain[~l2r])
+    assert torch.equal(l2r_mix(0.0).draw(64, 9, generator=g()), random_orders(64, 9, generator=g()))
+    assert torch.equal(l2r_mix(1.0).draw(64, 9, generator=g()), torch.arange(9).expand(64, 9))
+
+
+@pytest.mark.parametrize('spec,k,seed', [('fixed:3', None, 3), ('fixedblocks:4:3', 4, 3), ('fixed:0', None, 0),
+                                         ('fixedblocks:1:7', 1, 7)])
+def test_a_fixed_spec_is_the_old_fixed_order(spec, k, seed):
+    """fixed:S is the old order_mode=fixed_random with order_seed=S, fixedblocks:K:S block_random with
+    block_size_order=K: block_order's permutation, every row of every draw, none taken from the generator;
+    not L2R (but for K = 1); a sampler's positions are refused (one line), and so is a mix holding one."""
+    order, n = parse_order(spec), 12
+    want = block_order(n, n if k is None else k, seed)
+    g = gen(1)
+    assert order.fixed and torch.equal(order.permutation(n), want)
+    assert torch.equal(order.draw(5, n, generator=g), want.expand(5, n))
+    assert torch.equal(g.get_state(), gen(1).get_state())  # nothing drawn
+    assert (k == 1) == torch.equal(want, torch.arange(n))
+    with pytest.raises(UserError, match='a fixed order is a permutation of all n positions'):
+        order.draw(2, positions=torch.tensor([1, 3]))
+    with pytest.raises(UserError, match='a mix cannot hold a fixed order'):
+        parse_order(f'mix:0.5*l2r+0.5*{spec}')
+    if k == 4:
+        with pytest.raises(UserError, match='blocks of 4 do not divide the length 10'):
+            order.permutation(10)
+
+
+@pytest.mark.parametrize('old,new', [
+    ({}, None),
+    ({'order_mode': 'random'}, 'mix:0.1*l2r+0.9*random'),  # l2r_frac's default, 0.1
+    ({'order_mode': 'random', 'l2r_frac': 0.0}, 'random'),
+    ({'order_mode': 'random', 'l2r_frac': 1.0}, 'mix:1*l2r+0*random'),  # the same draws as the old mode
+    ({'order_mode': 'random', 'l2r_frac': 0.25}, 'mix:0.25*l2r+0.75*random'),
+    ({'order_mode': 'l2r', 'l2r_frac': 0.1}, 'l2r'),
+    ({'order_mode': 'fixed_random', 'order_seed': 2}, 'fixed:2'),
+    ({'order_mode': 'block_random'}, 'fixedblocks:4:0'),  # block_size_order's and order_seed's defaults
+    ({'order_mode': 'block_random', 'block_size_order': 8, 'order_seed': 1}, 'fixedblocks:8:1'),
+    ({'order_mode': 'mix:0.5*blocks:8+0.5*random'}, 'mix:0.5*semiar:8+0.5*random'),
+    ({'order': 'nearl2r:3', 'order_mode': 'random'}, 'nearl2r:3'),  # the new key wins
+])
+def test_an_old_config_reads_as_its_new_spec(old, new):
+    """A checkpoint's (or export's) config in the old spelling is read as the new spec of the same law; the same
+    settings given to train.py are one line naming that spec."""
+    assert spec_of_config(old) == new
+    assert not old or spec_of_config(dict(old, l2r_frac_end=None)) == new
+    if new is not None:
+        assert parse_order(new).spec == new
+    if old and 'order' not in old:
+        line = old_keys_line(old)
+        assert f"use order={new!r}" in line and '\n' not in line, line
+
+
+def test_blocks_is_refused_with_its_new_name():
+    for bad, why in [('blocks:4', "blocks:K is spelled semiar:K now (the same law): use 'semiar:4'"),
+                     ('mix:0.5*blocks:2+0.5*l2r', "use 'mix:0.5*semiar:2+0.5*l2r'"),
+                     ('blocks:0', "blocks:K is spelled semiar:K now (the same law); semiar:K takes an integer K >= 1")]:
+        with pytest.raises(UserError) as e:
+            parse_order(bad)
+        assert why in e.value.msg and '\n' not in e.value.msg, e.value.msg
+
+
+def test_an_order_is_parsed_once_and_carried():
+    """parse_order gives the Order the commands carry: draw_orders takes it as it is (no second parse), and
+    its spec, comps and equality are those of the text."""
+    import aogpt.orders as orders
+    order = parse_order('mix:0.5*semiar:4+0.5*random')
+    calls = []
+    real = orders.parse_order
+    try:
+        orders.parse_order = lambda s: calls.append(s) or real(s)
+        a = draw_orders(order, 3, 8, generator=gen(2))
+    finally:
+        orders.parse_order = real
+    assert calls == [] and torch.equal(a, order.draw(3, 8, generator=gen(2)))
+    assert order == parse_order('mix:0.5 * semiar:4 + 0.5 * random') and str(order) == order.spec
+    assert list(order) == [(0.5, 'semiar', 4), (0.5, 'random', None)]
+
+
+@pytest.mark.parametrize('cfg', [{'order_mode': 'random', 'l2r_frac': 1.0, 'l2r_frac_end': 0.1},
+                                 {'order': 'l2r', 'l2r_frac_end': 0.1}])
+def test_a_scheduled_run_trained_at_its_end_on_the_schedules_end(cfg):
+    """config/train_ptb_tiny's L2R weight 1 -> 0.1, old and new spelling: the run ends on mix:0.1*l2r+0.9*random
+    (what sample.py's auto order reads: random, as before), not on its first law."""
+    assert spec_of_config(cfg) == 'mix:0.1*l2r+0.9*random'
+    assert spec_of_config(dict(cfg, l2r_frac_end=0.0)) == 'random'

@@ -173,7 +173,7 @@ def test_quick_pipeline_runs_end_to_end(tmp_path):
     assert sorted(f.name for f in res.glob('*.png')) == sorted(R.FIGS.values())
     assert sorted(d.name for d in runs.iterdir()) == sorted(k for k in R.RUNS if k != 'ao_seed2')
     gen = json.loads((res / 'results.json').read_text())['generation']
-    assert {r['sampler'] for r in gen} == {'ao', 'mdm', 'ao, blocks:8', 'ao, confidence'}
+    assert {r['sampler'] for r in gen} == {'ao', 'mdm', 'ao, semiar:8', 'ao, confidence'}
     assert len(gen) == 4 * len(S.GEN_SETTINGS) * 2  # quick: two step counts
     assert all(r['per_sequence'] > 1 and r['token'] > 1 and r['unigram_entropy'] > 0 for r in gen)
     # --replot redraws every plot from results.json alone (the runs gone), and leaves the record as it was

@@ -145,11 +145,11 @@ def test_one_step_draws_every_position_from_its_first_step_marginal(ao3):
 # --------------------------------------------------------------------------- semi-AR and confidence orders
 
 def test_blocks_order_matches_the_mixture_over_its_orders():
-    """blocks:2 on n = 4: blocks {0,1} then {2,3}, a uniform order inside each. The law of whole
+    """semiar:2 on n = 4: blocks {0,1} then {2,3}, a uniform order inside each. The law of whole
     sequences is the mixture over exactly those 2! x 2! orders: neither L2R alone nor all 4! orders."""
     model = sharp(tiny(vocab_size=4, block_size=4, seed=4)).double()
     n, V, N = 4, 3, 30000
-    x, st = generate_ao(model, n, N, steps=4000, order='blocks:2', vocab_size=V, generator=gen(6))
+    x, st = generate_ao(model, n, N, steps=4000, order='semiar:2', vocab_size=V, generator=gen(6))
     assert st['forward_calls'] == n
     assert all(set(o[:2]) == {0, 1} for o in st['order'].tolist()[:200])
     allowed = [a + b for a in itertools.permutations((0, 1)) for b in itertools.permutations((2, 3))]
@@ -287,7 +287,7 @@ def test_threshold_decoding_keeps_one_batch_1_stepper(monkeypatch):
     assert made == [3, 1] and st.for_batch(1) is st.for_batch(1).for_batch(1)
 
 
-@pytest.mark.parametrize('order', ['random', 'l2r', 'blocks:3', 'confidence', 'margin'])
+@pytest.mark.parametrize('order', ['random', 'l2r', 'semiar:3', 'confidence', 'margin'])
 def test_infilling_works_with_every_order(order):
     model = tiny(block_size=12, seed=8)
     given = torch.full((12,), -1)
@@ -295,7 +295,7 @@ def test_infilling_works_with_every_order(order):
     x, st = generate_ao(model, 12, 3, 5, order=order, given=given, generator=gen(0))
     assert (x[:, [0, 5, 11]] == torch.tensor([4, 9, 1])).all() and (x >= 0).all()
     assert st['order'][:, :3].tolist() == [[0, 5, 11]] * 3  # the given tokens enter first
-    if order == 'blocks:3':  # free positions block by block: {1, 2}, {3, 4}, {6, 7, 8}, {9, 10}
+    if order == 'semiar:3':  # free positions block by block: {1, 2}, {3, 4}, {6, 7, 8}, {9, 10}
         assert all(sorted(o[3:5]) == [1, 2] and sorted(o[7:10]) == [6, 7, 8] for o in st['order'].tolist())
 
 
@@ -884,7 +884,12 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     (['--top_p', '1.5'], 'invalid --top_p=1.5'),
     (['--temperature', '-1'], 'invalid --temperature=-1'),
     (['--use_ema', 'nope'], 'use_ema must be True or False'),
-    (['--order', 'blocks:0'], "--order: order 'blocks:0': blocks:K takes an integer K >= 1"),
+    (['--order', 'blocks:0'], "--order: order 'blocks:0': blocks:K is spelled semiar:K now (the same law); "
+                              "semiar:K takes an integer K >= 1"),
+    (['--order', 'blocks:4'], "--order: order 'blocks:4': blocks:K is spelled semiar:K now (the same law): use "
+                              "'semiar:4'"),
+    (['--order', 'fixedblocks:3:0', '--length', '8'], "--order: order fixedblocks:3:0: blocks of 3 do not divide the "
+                                                      "length 8"),
     (['--order', 'sideways'], "--order: unknown order 'sideways': an order is random, l2r, semiar:K (K >= 1)"),
     (['--order', 'mix:0.5*l2r+0.6*random'], "the weights of a mix sum to 1, these sum to 1.1"),
     (['--order', 'nearl2r:-2', '--speculative', '4'], "nearl2r:W takes a number W >= 0"),
@@ -987,7 +992,7 @@ def test_samples_are_printed_with_control_characters_escaped():
     assert sample.printable('café ☃') == 'café ☃'
 
 
-@pytest.mark.parametrize('args', [['--order', 'blocks:4'], ['--order', 'confidence'], ['--order', 'nearl2r:2.5'],
+@pytest.mark.parametrize('args', [['--order', 'semiar:4'], ['--order', 'confidence'], ['--order', 'nearl2r:2.5'],
                                   ['--order', 'mix:0.5*semiar:4+0.5*random', '--speculative', 'auto'],
                                   ['--order', 'margin', '--threshold', '0.05', '--template', 'a [BLANK:3] b'],
                                   ['--order', 'entropy', '--stepper', 'static']])
@@ -1001,12 +1006,13 @@ def test_cli_new_orders(tmp_path, cli, args):
     assert res['config']['order'] == args[1] and len(res['samples']) == 2 and 'token-passes' in out
 
 
-def test_auto_order_is_the_training_order_distribution(tmp_path, cli):
+@pytest.mark.parametrize('trained', [{'order_mode': 'nearl2r:3'}, {'order': 'nearl2r:3'}], ids=['old', 'new'])
+def test_auto_order_is_the_training_order_distribution(tmp_path, cli, trained):
     """A checkpoint trained on an order distribution samples along it by default (--order auto): the same
-    samples as naming it, not the uniform order's."""
+    samples as naming it, not the uniform order's; its config in the old spelling (order_mode) or the new."""
     model = tiny(vocab_size=50304, block_size=16)
     save_checkpoint(dict(format='aogpt-v1', model_args=model_args(model.config), model=model.state_dict(),
-                         config={'dataset': 'no-such-dataset', 'order_mode': 'nearl2r:3'}, order=None),
+                         config={'dataset': 'no-such-dataset', **trained}, order=None),
                     str(tmp_path / 'ckpt.pt'))
     got, said = {}, {}
     for order in ('auto', 'nearl2r:3', 'random'):
@@ -1182,3 +1188,19 @@ def test_a_plain_pickle_file_is_named_and_refused(tmp_path, cli):
         assert code == 1 and len(err.strip().splitlines()) == 1, err
         assert f"refused {tmp_path / name}: it is a plain Python pickle (pickle.dump)" in err and 'copy it' not in err
     assert not (tmp_path / 'ran').exists()
+
+
+@pytest.mark.parametrize('order', ['mix:0.5*semiar:4+0.5*nearl2r:2', 'auto'])
+def test_an_order_is_parsed_once_and_carried_to_the_sampler(tmp_path, cli, monkeypatch, order):
+    """sample.py parses --order (or the checkpoint's order, for auto) once; the sampler draws from that Order
+    (once a spec was parsed in sample.py, generate_ao's check and free_order, and drawn from text)."""
+    from aogpt import orders
+    model = tiny(vocab_size=50304, block_size=16)
+    save_checkpoint(dict(format='aogpt-v1', model_args=model_args(model.config), model=model.state_dict(),
+                         config={'dataset': 'no-such-dataset', 'order': 'semiar:4'}, order=None),
+                    str(tmp_path / 'ckpt.pt'))
+    made, init = [], orders.Order.__init__
+    monkeypatch.setattr(orders.Order, '__init__', lambda self, comps, spec: made.append(spec) or init(self, comps, spec))
+    code, out, err = cli('--out_dir', str(tmp_path), '--order', order, '--steps', '4', '--batch_size', '2')
+    assert code == 0, err
+    assert made == [{'auto': 'semiar:4'}.get(order, order)]

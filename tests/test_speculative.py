@@ -103,7 +103,7 @@ def test_fixed_permutation_and_batch_minimum(m4):
 
 
 def test_blocks_order_is_the_mixture_over_its_orders(m4):
-    x, _ = run(m4, k=4, order='blocks:2', batch_commit='per_row')
+    x, _ = run(m4, k=4, order='semiar:2', batch_commit='per_row')
     allowed = [a + b for a in itertools.permutations((0, 1)) for b in itertools.permutations((2, 3))]
     assert passes(m4, x, allowed) and not passes(m4, x, PERMS4) and not passes(m4, x, L2R4)
 
@@ -321,7 +321,7 @@ def test_the_cache_free_check_catches_a_rejected_row_kept(monkeypatch):
 
 @pytest.mark.parametrize('commit', ['min', 'per_row', 'fused'])
 @pytest.mark.parametrize('kw', [dict(order='random', k=3), dict(order='l2r', k=5, top_p=0.9),
-                                dict(order='blocks:8', k='auto')])
+                                dict(order='semiar:8', k='auto')])
 def test_static_stepper_gives_the_dynamic_samples(kw, commit):
     """The fixed-shape path (what a CUDA graph replays) gives the dynamic path's samples: padded rows,
     masked spans over the zeroed cache, the verify call as k = 1 with every row's logits; per-sample
@@ -381,7 +381,7 @@ def test_cli_speculative(tmp_path, cli):
         return code, out + err
 
     for args in (['--speculative', '3'], ['--speculative', 'auto', '--order', 'l2r', '--prompt', 'ab'],
-                 ['--speculative', '2', '--order', 'blocks:4', '--template', 'a[BLANK:5]b', '--temperature', '0.7',
+                 ['--speculative', '2', '--order', 'semiar:4', '--template', 'a[BLANK:5]b', '--temperature', '0.7',
                   '--top_p', '0.9', '--stepper', 'static'],
                  ['--speculative', '4', '--save', str(tmp_path / 's.json')],
                  ['--speculative', '3', '--fused', 'True', '--stepper', 'static', '--prompt', 'ab']):
@@ -553,7 +553,7 @@ PERM4 = (2, 0, 3, 1)
 @pytest.mark.parametrize('kw, orders, n', [
     (dict(order='l2r', k=2), L2R4, 4), (dict(order='l2r', k=2), [tuple(range(5))], 5),
     (dict(order='l2r', k=3), [tuple(range(5))], 5), (dict(order=torch.tensor(PERM4), k=3), [PERM4], 4),
-    (dict(order='blocks:2', k=2), [a + b for a in itertools.permutations((0, 1))
+    (dict(order='semiar:2', k=2), [a + b for a in itertools.permutations((0, 1))
                                    for b in itertools.permutations((2, 3))], 4),
     (dict(order='random', k='auto'), PERMS4, 4),
     (dict(order='random', k=2, given=torch.tensor([-1, 1, -1, -1])), PERMS4, 4),

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from aogpt.checkpoint import load_checkpoint, load_model
+from aogpt.checkpoint import load_checkpoint, load_model, save_checkpoint
 from aogpt.configurator import configure
 from aogpt.errors import UserError
 from model import GPT, GPTConfig, Muon, newton_schulz
@@ -186,13 +186,13 @@ def is_perm(row):
 @pytest.mark.parametrize('mode', ['l2r', 'fixed_random', 'block_random', 'random0', 'random1', 'random_half',
                                   'schedule'])
 def test_every_order_mode_trains_on_exactly_its_orders(env, monkeypatch, mode, tmp_path):
-    extra = {'l2r': ['--order_mode=l2r'],
-             'fixed_random': ['--order_mode=fixed_random', '--order_seed=3'],
-             'block_random': ['--order_mode=block_random', '--block_size_order=4', '--order_seed=3'],
-             'random0': ['--l2r_frac=0'],
-             'random1': ['--l2r_frac=1'],
-             'random_half': ['--l2r_frac=0.5'],
-             'schedule': ['--l2r_frac=1.0', '--l2r_frac_end=0.0', '--l2r_frac_iters=4']}[mode]
+    extra = {'l2r': ['--order=l2r'],
+             'fixed_random': ['--order=fixed:3'],
+             'block_random': ['--order=fixedblocks:4:3'],
+             'random0': ['--order=random'],
+             'random1': ['--order=mix:1*l2r+0*random'],  # the old l2r_frac=1: permutations drawn, all set to L2R
+             'random_half': ['--order=mix:0.5*l2r+0.5*random'],
+             'schedule': ['--order=l2r', '--l2r_frac_end=0.0', '--l2r_frac_iters=4']}[mode]
     seen = capture_orders(monkeypatch)
     iters = 4
     run_inprocess(monkeypatch, args(env, tmp_path.name, f'--max_iters={iters}', f'--eval_interval={iters}',
@@ -234,13 +234,13 @@ def micro_step_generator(seed, it, m):
 
 @pytest.mark.parametrize('spec', ['semiar:4', 'nearl2r:3', 'mix:0.5*semiar:8+0.5*l2r'])
 def test_an_order_distribution_trains_on_its_own_draws_and_scores_its_val_order(env, monkeypatch, tmp_path, spec):
-    """order_mode SPEC: every micro-step's orders are drawn from SPEC by that micro-step's counter-seeded
+    """order SPEC: every micro-step's orders are drawn from SPEC by that micro-step's counter-seeded
     generator (so resume and the world size cannot change them), and val_order, the headline, is the loss
     under SPEC."""
     from aogpt.orders import draw_orders
     seen = capture_orders(monkeypatch)
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=2', '--eval_interval=2',
-                                    f'--order_mode={spec}'))
+                                    f'--order={spec}'))
     want = [draw_orders(spec, 8, N, generator=micro_step_generator(1337, it, m)) for it in range(2) for m in range(2)]
     assert torch.equal(torch.cat(seen), torch.cat(want))
     last = log(env, tmp_path)[-1]
@@ -248,9 +248,47 @@ def test_an_order_distribution_trains_on_its_own_draws_and_scores_its_val_order(
     assert load_checkpoint(str(tmp_path / 'ckpt.pt'))['order'] is None
 
 
+def old_random_mode(B, n, frac, generator):
+    """train.py's order_mode=random draw with l2r_frac=frac before orders were one Order (random_orders(...,
+    l2r_frac=frac)), rebuilt from its definition: the permutations, then where a float32 uniform is < frac the
+    identity, that uniform not drawn at all when frac is 0."""
+    orders = torch.rand(B, n, generator=generator, dtype=torch.float64).argsort(dim=1)
+    if frac > 0:
+        orders = torch.where(torch.rand(B, 1, generator=generator) < frac, torch.arange(n), orders)
+    return orders
+
+
+@pytest.mark.parametrize('start,end', [(0.1, None), (0.0, None), (1.0, 0.1), (1.0, 0.0)],
+                         ids=['paper', 'random', 'ptb_tiny', 'sigma_curriculum'])
+def test_the_old_random_mode_and_its_spec_draw_the_same_orders(env, monkeypatch, tmp_path, start, end):
+    """order_mode=random with l2r_frac=start (and the schedule to l2r_frac_end=end over 2 iterations) is now the
+    order mix:start*l2r+(1-start)*random (random at 0, l2r at 1) with the same schedule: every micro-step trains on
+    exactly the orders the old mode drew, the weights computed as the old schedule did, through 1 and 0 too."""
+    order = {0.1: 'mix:0.1*l2r+0.9*random', 0.0: 'random', 1.0: 'l2r'}[start]
+    sched = [] if end is None else [f'--l2r_frac_end={end}', '--l2r_frac_iters=2']
+    seen = capture_orders(monkeypatch)
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=3', '--eval_interval=3',
+                                    f'--order={order}', *sched))
+    frac = [start if end is None else start + min(it / 2, 1.0) * (end - start) for it in range(4)]  # the old formula
+    want = [old_random_mode(8, N, frac[it], micro_step_generator(1337, it, m)) for it in range(3) for m in range(2)]
+    assert torch.equal(torch.cat(seen), torch.cat(want))
+    assert [r['l2r_frac'] for r in log(env, tmp_path)] == [frac[0], frac[3]]  # evals at 0 and 3
+
+
+def test_the_order_is_parsed_once_and_carried(env, monkeypatch, tmp_path):
+    """train.py parses order once (check_config) and carries that Order to every micro-step and every eval,
+    where each step once parsed the spec again; the schedule builds its law once per iteration, no parse."""
+    from aogpt import orders
+    made, init = [], orders.Order.__init__
+    monkeypatch.setattr(orders.Order, '__init__', lambda self, comps, spec: made.append(spec) or init(self, comps, spec))
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "a"}', '--max_iters=3', '--eval_interval=1',
+                                    '--order=mix:0.5*semiar:4+0.5*nearl2r:3'))
+    assert made == ['mix:0.5*semiar:4+0.5*nearl2r:3']
+
+
 def test_resume_on_an_order_distribution_is_bit_identical(env, monkeypatch, tmp_path):
     """4 iterations in one go == 2, then resumed to 4, on a mix of semi-AR and near-L2R orders."""
-    spec = ['--order_mode=mix:0.5*semiar:4+0.5*nearl2r:3', '--eval_interval=2', '--dropout=0.1']
+    spec = ['--order=mix:0.5*semiar:4+0.5*nearl2r:3', '--eval_interval=2', '--dropout=0.1']
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "whole"}', '--max_iters=4', *spec))
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "split"}', '--max_iters=2', *spec))
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "split"}', '--max_iters=4', '--init_from=auto',
@@ -261,6 +299,32 @@ def test_resume_on_an_order_distribution_is_bit_identical(env, monkeypatch, tmp_
         assert torch.equal(a['model'][k], b['model'][k]), k
     strip = lambda recs: [{k: v for k, v in r.items() if k not in ('time', 'tok_per_s')} for r in recs]  # noqa: E731
     assert strip(log(env, tmp_path / 'whole')) == strip(log(env, tmp_path / 'split'))
+
+
+@pytest.mark.parametrize('old,new', [({'order_mode': 'block_random', 'block_size_order': 4, 'order_seed': 3},
+                                     'fixedblocks:4:3'),
+                                    ({'order_mode': 'random', 'l2r_frac': 0.5}, 'mix:0.5*l2r+0.5*random')])
+def test_an_old_checkpoint_resumes_in_the_new_spelling_bit_identically(env, monkeypatch, tmp_path, old, new):
+    """A checkpoint written before `order` (its config holds order_mode and its keys, no order) resumes with the
+    new spelling of the same orders as if the run had never stopped, its saved fixed order included; its config
+    reads as that spelling."""
+    from aogpt.orders import spec_of_config
+    common = [f'--order={new}', '--eval_interval=2', '--dropout=0.1']
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "whole"}', '--max_iters=4', *common))
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "split"}', '--max_iters=2', *common))
+    ck = load_checkpoint(str(tmp_path / 'split'))
+    del ck['config']['order']
+    ck['config'].update(old)
+    save_checkpoint(ck, str(tmp_path / 'split' / 'ckpt.pt'))
+    assert spec_of_config(load_checkpoint(str(tmp_path / 'split'))['config']) == new
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "split"}', '--max_iters=4', '--init_from=auto',
+                                    *common))
+    a, b = load_checkpoint(str(tmp_path / 'whole')), load_checkpoint(str(tmp_path / 'split'))
+    assert a['iter_num'] == b['iter_num'] == 4 and (a['order'] is None) == ('block' not in new)
+    for k in a['model']:
+        assert torch.equal(a['model'][k], b['model'][k]), k
+    if a['order'] is not None:
+        assert torch.equal(a['order'], b['order'])
 
 
 def test_orders_are_seeded(env, monkeypatch, tmp_path):
@@ -652,10 +716,10 @@ def test_ddp_two_processes_match_one_process(env):
 
 @pytest.mark.slow
 def test_ddp_two_processes_match_one_process_on_an_order_distribution(env):
-    """The same with order_mode a mix of semi-AR and near-L2R orders: the draws do not depend on the world size,
+    """The same with order a mix of semi-AR and near-L2R orders: the draws do not depend on the world size,
     and neither does val_order, the loss under them."""
     common = ['--max_iters=4', '--eval_interval=2', '--batch_size=4', '--gradient_accumulation_steps=4',
-              '--order_mode=mix:0.5*semiar:4+0.5*nearl2r:3']
+              '--order=mix:0.5*semiar:4+0.5*nearl2r:3']
     run(env, args(env, 'single_mix', *common))
     run(env, args(env, 'ddp_mix', *common), torchrun=True)
     assert_same_run(env, [0, 2, 4], moved=0.3, single='single_mix', ddp='ddp_mix')
@@ -1012,16 +1076,17 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
 
 
 @pytest.mark.parametrize('argv,needle', [
-    (['--order_mode=sideways'], "order_mode must be one of random, l2r, fixed_random, block_random"),
-    (['--order_mode=semiar:0'], "or an order distribution: order 'semiar:0': semiar:K takes an integer K >= 1"),
-    (['--order_mode=mix:0.2*l2r+0.2*random'], "the weights of a mix sum to 1, these sum to 0.4"),
-    (['--cond=none', '--order_mode=nearl2r:2'], "cannot train on random orders: use order_mode='l2r'"),
+    (['--order=sideways'], "unknown order 'sideways': an order is random, l2r, semiar:K"),
+    (['--order=semiar:0'], "order 'semiar:0': semiar:K takes an integer K >= 1"),
+    (['--order=mix:0.2*l2r+0.2*random'], "the weights of a mix sum to 1, these sum to 0.4"),
+    (['--order=mix:0.5*l2r+0.5*fixed:1'], "a mix cannot hold a fixed order"),
+    (['--cond=none', '--order=nearl2r:2'], "cannot train on random orders: use order='l2r'"),
     (['--n_layers=2'], "did you mean 'n_layer'"),
     (['--dataset=nothere'], "nothere/train.bin not found"),
-    (['--cond=none'], "cannot train on random orders: use order_mode='l2r'"),
+    (['--cond=none'], "cannot train on random orders: use order='l2r'"),
     (['--init_from=resume'], "does not exist: use init_from=scratch"),
     (['--gradient_accumulation_steps=0'], "gradient_accumulation_steps must be an integer >= 1, got 0"),
-    (['--order_mode=block_random', '--block_size_order=5'], "must be a multiple of block_size_order"),
+    (['--order=fixedblocks:5:0'], "order fixedblocks:5:0: blocks of 5 do not divide the length 16"),
     (['--causal=False', '--cond=adaln'], "cond must be 'none' for the encoder MDM"),
     (['--init_from=gpt2:/no/such/dir'], "not a local Hugging Face GPT-2 directory"),
     (['--adaln_std=-0.1'], "adaln_std must be an init std > 0"),
@@ -1029,22 +1094,28 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     (['--muon_lr=0.01'], "muon_lr is a setting of optimizer='muon', but this run uses optimizer='adamw': add "
                          "--optimizer=muon, or leave it out"),
     (['--muon_adaln=True', '--muon_lr=0.05'], "muon_lr, muon_adaln are settings of optimizer='muon'"),
-    (['--optimizer=muon', '--cond=none', '--order_mode=l2r', '--muon_adaln=False'],  # a GPT: no AdaLN to place
+    (['--optimizer=muon', '--cond=none', '--order=l2r', '--muon_adaln=False'],  # a GPT: no AdaLN to place
      "muon_adaln places the AdaLN Linears, but this model has none (cond='none'): leave muon_adaln out"),
     (['--optimizer=muon', '--cond=sigma', '--muon_adaln=True'], "this model has none (cond='sigma')"),
     (['--causal=False', '--cond=none', '--mask_token_id=500'],  # beyond the vocab derived from the data
      "mask_token_id must be a token id in [0, vocab_size=64) for the encoder MDM's [MASK], got 500 (vocab_size 64"),
     # order settings given on purpose that the run would ignore (each once trained bit-identically to leaving it out)
-    (['--order_mode=semiar:4', '--l2r_frac=0.3'], "l2r_frac is read by order_mode=random, but this run trains on "
-                                                  "order_mode='semiar:4', so it would be ignored"),
-    (['--order_mode=semiar:4', '--l2r_frac_end=0.0', '--block_size_order=2', '--order_seed=3'],
-     "l2r_frac_end is read by order_mode=random; block_size_order is read by order_mode=block_random; order_seed is "
-     "read by order_mode=fixed_random/block_random, but this run trains on order_mode='semiar:4'"),
-    (['--order_mode=l2r', '--l2r_frac=0.5'], "l2r_frac is read by order_mode=random, but this run trains on "
-                                             "order_mode='l2r'"),
-    (['--l2r_frac_iters=100'], "l2r_frac_iters is read by order_mode=random with l2r_frac_end set"),
-    (['--causal=False', '--cond=none', '--order_mode=nearl2r:2'],
-     "order_mode: the encoder MDM (causal=False) trains on random masks, not orders, so it would be ignored"),
+    (['--order=semiar:4', '--l2r_frac_end=0.0', '--l2r_frac_iters=3'],
+     "l2r_frac_end, l2r_frac_iters move the L2R weight of order random, l2r or mix:w*l2r+(1-w)*random, but this run "
+     "trains on order='semiar:4', so they would be ignored"),
+    (['--order=fixed:2', '--l2r_frac_end=0.5'], "but this run trains on order='fixed:2', so it would be ignored"),
+    (['--l2r_frac_iters=100'], "l2r_frac_iters is the length of the l2r_frac_end schedule, but l2r_frac_end is not set"),
+    (['--causal=False', '--cond=none', '--order=nearl2r:2'],
+     "order: the encoder MDM (causal=False) trains on random masks, not orders, so it would be ignored"),
+    # the old spellings of the orders: one line with the new form
+    (['--order_mode=block_random', '--block_size_order=2', '--order_seed=3'],
+     "order_mode='block_random', block_size_order=2, order_seed=3: train.py's orders are one key now, order "
+     "(aogpt/orders.py): use order='fixedblocks:2:3'"),
+    (['--order_mode', 'fixed_random'], "use order='fixed:0'"),
+    (['--l2r_frac=0.3'], "use order='mix:0.3*l2r+0.7*random' (l2r_frac_end and l2r_frac_iters still move its L2R"),
+    (['--order_mode=random', '--l2r_frac=0'], "use order='random'"),
+    (['--order_mode=blocks:4'], "use order='semiar:4'"),
+    (['--order=blocks:4'], "order 'blocks:4': blocks:K is spelled semiar:K now (the same law): use 'semiar:4'"),
     # learning rates whose step scalars pass float32's range (a RuntimeError mid-step), and one just inside it
     (['--learning_rate=1e39'], "learning_rate=1e+39 is too large for a step on float32 weights: AdamW multiplies it "
                                "by up to 10"),
@@ -1065,8 +1136,8 @@ def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, ar
     '--vocab_size=0', '--learning_rate=-1', '--min_lr=-1', '--min_lr=0.1', '--weight_decay=-0.1', '--grad_clip=-1',
     '--beta1=1.0', '--beta2=1.5', '--ema_decay=1.0', '--max_iters=-3', '--max_iters=0', '--eval_interval=0',
     '--eval_iters=0', '--eval_orders=0', '--log_interval=0', '--batch_size=0', '--ckpt_interval=-1',
-    '--keep_ckpt_every=-1', '--warmup_iters=-1', '--lr_decay_iters=-1', '--l2r_frac_iters=-1', '--l2r_frac=1.5',
-    '--l2r_frac_end=-0.5', '--block_size_order=0', '--dtype=float8', '--device=tpu',
+    '--keep_ckpt_every=-1', '--warmup_iters=-1', '--lr_decay_iters=-1', '--l2r_frac_iters=-1',
+    '--l2r_frac_end=-0.5', '--dtype=float8', '--device=tpu',
     '--device=cuda:x', '--wandb_mode=maybe', '--out_dir=', '--peak_flops=-1', '--optimizer=lion', '--muon_lr=-0.02',
 ])
 def test_each_bad_value_is_one_line_naming_its_key(env, monkeypatch, capsys, tmp_path, bad):
@@ -1093,7 +1164,7 @@ def test_wandb_log_without_wandb_is_one_line(env, monkeypatch, capsys, tmp_path)
 
 
 def test_errors_from_the_command_line_have_no_traceback(env):
-    p = run(env, args(env, 'err', '--order_mode=sideways'), check=False)
+    p = run(env, args(env, 'err', '--order=sideways'), check=False)
     assert p.returncode != 0 and p.stderr.strip().count('\n') == 0 and 'Traceback' not in p.stderr
 
 
@@ -1110,7 +1181,7 @@ def test_scratch_never_overwrites_a_run_and_help_works(env, monkeypatch, capsys,
     with pytest.raises(SystemExit) as e:
         run_inprocess(monkeypatch, ['--help'])
     out = capsys.readouterr().out
-    assert e.value.code == 0 and '--order_mode' in out and 'log.jsonl' in out
+    assert e.value.code == 0 and '--order ' in out and 'log.jsonl' in out
     keys = [l.split()[0] for l in out.splitlines() if l.startswith('  --')]
     assert all(k[2:].islower() for k in keys), keys  # only config keys, no imported constants
 
@@ -1119,7 +1190,7 @@ def test_encoder_mdm_and_baselines_train(env, monkeypatch, tmp_path):
     """The encoder MDM (ELBO), sigma-GPT and the L2R GPT run end to end and improve."""
     for name, extra in [('mdm', ['--causal=False', '--cond=none']),
                         ('sigma', ['--cond=sigma', '--norm=layer', '--qk_norm=False', '--tie_head=True']),
-                        ('gpt', ['--cond=none', '--order_mode=l2r', '--tie_head=True', '--head_bias=False'])]:
+                        ('gpt', ['--cond=none', '--order=l2r', '--tie_head=True', '--head_bias=False'])]:
         run_inprocess(monkeypatch, args(env, '', '--max_iters=20', '--eval_interval=20', '--batch_size=16',
                                         '--gradient_accumulation_steps=1', f'--out_dir={tmp_path / name}', *extra))
         first, last = log(env, tmp_path / name)
@@ -1148,7 +1219,7 @@ def test_shipped_configs_resolve_and_run(env, monkeypatch, tmp_path, path):
               '--device=cpu', f'--data_root={tmp_path / "data"}', f'--out_dir={tmp_path / "out"}']
     run_inprocess(monkeypatch, [path, *shrink])
     ckpt = load_checkpoint(str(tmp_path / 'out'))
-    assert ckpt['config']['order_mode'] == cfg['order_mode'] and ckpt['model_args']['cond'] == cfg['cond']
+    assert ckpt['config']['order'] == cfg['order'] and ckpt['model_args']['cond'] == cfg['cond']
 
 
 def test_the_cards_commands_meet_at_one_out_dir():
@@ -1269,7 +1340,7 @@ def test_a_semiar_block_as_long_as_the_window_says_it_is_the_uniform_order(env, 
                                       (f'semiar:{N - 1}', False)]):
         Stop = stop_at_first_forward(monkeypatch)
         with pytest.raises(Stop):
-            run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / str(i)}', f'--order_mode={spec}'))
+            run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / str(i)}', f'--order={spec}'))
         notes = [l for l in capsys.readouterr().out.splitlines() if 'in one block' in l]
         assert notes == ([f"note: order {spec}: semiar:{N if said and 'mix' not in spec else 2 * N} at length {N} puts "
                           f"all {N} positions in one block, which is the uniform random order (semi-autoregressive "
@@ -1314,9 +1385,9 @@ def test_a_terminal_gets_a_progress_bar_and_the_log_lines_stay_above_it(env, mon
 
 @pytest.mark.slow
 @pytest.mark.parametrize('bad,line', [
-    ('--order_mode=sideways', "error: order_mode must be one of random, l2r, fixed_random, block_random or an order "
-                              "distribution: unknown order 'sideways': an order is random, l2r, semiar:K (K >= 1), "
-                              "nearl2r:W (W >= 0) or mix:w1*A+w2*B+... (weights summing to 1)"),
+    ('--order=sideways', "error: unknown order 'sideways': an order is random, l2r, semiar:K (K >= 1), nearl2r:W "
+                         "(W >= 0), mix:w1*A+w2*B+... (weights summing to 1), fixed:S or fixedblocks:K:S (one seeded "
+                         "order)"),
     ('--backend=gloo', "error: unknown config key '--backend' (did you mean 'cond'?); see --help for the list"),
 ])
 def test_torchrun_ends_its_report_with_the_workers_line(env, bad, line):
