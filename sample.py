@@ -195,8 +195,11 @@ def read_config(argv=None):
     """The resolved config (a namespace; the module's defaults stay untouched), every value and every
     destination checked before anything loads or samples."""
     c = namespace(globals(), argv)
-    for key, ok in (('schedule', c.schedule in ('linear', 'cosine')), ('top_p', 0 < c.top_p <= 1),
-                    ('mdm_counts', c.mdm_counts in ('shared', 'independent')), ('temperature', c.temperature >= 0),
+    bad = generate.Sampling.invalid(schedule=c.schedule, top_p=c.top_p, temperature=c.temperature,
+                                    threshold=c.threshold)  # the settings' own rules
+    if bad:
+        die(f"invalid --{bad[0]}={getattr(c, bad[0])!r}: {bad[1]} (see --help)")
+    for key, ok in (('mdm_counts', c.mdm_counts in ('shared', 'independent')),
                     ('gen_ppl_mode', c.gen_ppl_mode in ('auto', 'none', 'hf')), ('steps', c.steps >= 1),
                     ('batch_size', c.batch_size >= 1), ('num_batches', c.num_batches >= 1),
                     ('stepper', c.stepper in engine.STEPPERS), ('blank_len', c.blank_len >= 1),
@@ -288,7 +291,7 @@ def generation_order(c, ck, family, n):
     adaptive = isinstance(o, str) and o in generate.ADAPTIVE
     if isinstance(o, str) and not adaptive and one_block(o, n):
         print(f"note: {one_block(o, n)}")
-    if not 0 <= c.threshold <= 1 or (c.threshold and not adaptive):
+    if c.threshold and not adaptive:
         die(f"invalid --threshold={c.threshold!r}: a probability in (0, 1], for --order confidence, margin or "
             f"entropy (0: take the counts from the Lemma-1 schedule)")
     if family == 'mdm' and adaptive:
@@ -425,11 +428,12 @@ def draw(c, model, family, n, given, order, codec, until=None):
     until: the end symbol where the sampler stops a sample once its document is settled (-1 past it);
     stats then hold every batch's per-sample generated tokens and calls (all_generated, all_calls)."""
     from tqdm import tqdm
-    g = torch.Generator().manual_seed(c.seed)
-    common = dict(temperature=c.temperature, top_p=c.top_p, vocab_size=codec.vocab_size, generator=g)
     samples, stats, gen_all, calls_all, full_all = [], None, [], [], []
     stops = until is not None and (c.speculative or family == 'ar' or family == 'ao' and not adaptive(order))
-    stop = dict(until=until) if stops else {}
+    # the options a sampler does not read were refused (refuse_unused), so they are at their defaults here
+    s = generate.Sampling(temperature=c.temperature, top_p=c.top_p, vocab_size=codec.vocab_size,
+                          generator=torch.Generator().manual_seed(c.seed), schedule=c.schedule,
+                          fixed_counts=c.fixed_counts, threshold=c.threshold, until=until if stops else None)
     sync = torch.cuda.synchronize if c.device.startswith('cuda') else (lambda: None)
     sync()
     t0 = time.time()
@@ -445,20 +449,17 @@ def draw(c, model, family, n, given, order, codec, until=None):
         for _ in tqdm(range(c.num_batches), desc='batches', unit='batch', disable=c.num_batches == 1,
                       file=sys.stderr):
             if c.speculative:  # each sample commits what it accepted (per-sample cache masks)
-                x, stats = generate_speculative(model, n, c.batch_size, k=k, order=order, given=given, stepper=stp,
-                                                batch_commit='per_row', fused=c.fused, trace=bool(c.trace), **stop,
-                                                **common)
+                x, stats = generate_speculative(model, n, c.batch_size, s, k=k, order=order, given=given, stepper=stp,
+                                                batch_commit='per_row', fused=c.fused, trace=bool(c.trace))
             elif family == 'ao':
-                x, stats = generate.generate_ao(model, n, c.batch_size, c.steps, order=order,
-                                                fixed_counts=c.fixed_counts, schedule=c.schedule, given=given,
-                                                stepper=stp, threshold=c.threshold, **stop, **common)
+                x, stats = generate.generate_ao(model, n, c.batch_size, c.steps, s, order=order, given=given,
+                                                stepper=stp)
             elif family == 'mdm':
-                x, stats = generate.generate_mdm(model, n, c.batch_size, c.steps, cache_trick=c.cache_trick,
-                                                 counts=c.mdm_counts, order=order, fixed_counts=c.fixed_counts,
-                                                 schedule=c.schedule, given=given, stepper=stp, **common)
+                x, stats = generate.generate_mdm(model, n, c.batch_size, c.steps, s, order=order, given=given,
+                                                 stepper=stp, counts=c.mdm_counts, cache_trick=c.cache_trick)
             else:
                 prefix = given[:int((given >= 0).sum())]
-                x, stats = generate.generate_ar(model, n, c.batch_size, prompt=prefix, stepper=stp, **stop, **common)
+                x, stats = generate.generate_ar(model, n, c.batch_size, s, prompt=prefix, stepper=stp)
             samples.append(x.cpu())
             gen_all += stats.get('generated', [stats['tokens_generated']] * c.batch_size)
             calls_all += stats.get('stop_call', [stats.get('calls_per_sample', stats['forward_calls'])] * c.batch_size)
