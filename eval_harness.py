@@ -386,10 +386,10 @@ class AOGPTLM(TemplateLM):
         """k more tokens after ids. Natively generate.generate_ar ([None] + ids, KV cache). With bos=hf the
         first token sits in [None]'s slot, which generate_ar does not do: a plain loop of full passes
         (what HF GPT-2 computes; this mode is for checking against the hf class, not for speed)."""
-        from aogpt.generate import generate_ar, sample_tokens
+        from aogpt.generate import Sampling, generate_ar, sample_tokens
+        s = Sampling(temperature=temperature, top_p=top_p, vocab_size=self.codec.vocab_size, generator=g)
         if not self.hf:
-            toks, _ = generate_ar(self.model, len(ids) + k, 1, temperature=temperature, top_p=top_p,
-                                  vocab_size=self.codec.vocab_size, prompt=ids, generator=g)
+            toks, _ = generate_ar(self.model, len(ids) + k, 1, s, prompt=ids)
             return toks[0, len(ids):].tolist()
         seq = list(ids)
         for _ in range(k):
@@ -397,8 +397,7 @@ class AOGPTLM(TemplateLM):
             tok = torch.tensor(seq, device=self.device)[None]                              # (1, n)
             pos = torch.arange(-1, n - 1, device=self.device)[None]
             logits = self.model.forward_slots(tok, pos, pos + 1, n_logits=1)[:, -1]       # (1, V)
-            u = torch.rand(1, dtype=torch.float64, generator=g)
-            seq.append(int(sample_tokens(logits, u, temperature, top_p, self.codec.vocab_size)[0]))
+            seq.append(int(sample_tokens(logits, s.rand(1), **s.transform)[0]))
         return seq[len(ids):]
 
     def describe(self):

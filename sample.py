@@ -23,6 +23,7 @@ import re
 import sys
 import time
 import unicodedata
+from collections import namedtuple
 
 import torch
 
@@ -33,6 +34,7 @@ from aogpt.errors import UserError
 from aogpt.orders import L2R, UNIFORM, Order, one_block, order_of_config
 from aogpt.paths import check_writable
 from aogpt.runtime import script_device
+from aogpt.speculative import generate_speculative, row_stepper
 
 # -----------------------------------------------------------------------------
 # CLI config (python sample.py --help lists these with their comments)
@@ -196,8 +198,11 @@ def read_config(argv=None):
     """The resolved config (a namespace; the module's defaults stay untouched), every value and every
     destination checked before anything loads or samples."""
     c = namespace(globals(), argv)
-    for key, ok in (('schedule', c.schedule in ('linear', 'cosine')), ('top_p', 0 < c.top_p <= 1),
-                    ('mdm_counts', c.mdm_counts in ('shared', 'independent')), ('temperature', c.temperature >= 0),
+    bad = generate.Sampling.invalid(schedule=c.schedule, top_p=c.top_p, temperature=c.temperature,
+                                    threshold=c.threshold)  # the settings' own rules
+    if bad:
+        die(f"invalid --{bad[0]}={getattr(c, bad[0])!r}: {bad[1]} (see --help)")
+    for key, ok in (('mdm_counts', c.mdm_counts in ('shared', 'independent')),
                     ('gen_ppl_mode', c.gen_ppl_mode in ('auto', 'none', 'hf')), ('steps', c.steps >= 1),
                     ('batch_size', c.batch_size >= 1), ('num_batches', c.num_batches >= 1),
                     ('stepper', c.stepper in engine.STEPPERS), ('blank_len', c.blank_len >= 1),
@@ -295,7 +300,7 @@ def generation_order(c, ck, family, n):
             die(f"--order: {e}")
     if isinstance(o, Order) and one_block(o, n):
         print(f"note: {one_block(o, n)}")
-    if not 0 <= c.threshold <= 1 or (c.threshold and not adaptive):
+    if c.threshold and not adaptive:
         die(f"invalid --threshold={c.threshold!r}: a probability in (0, 1], for --order confidence, margin or "
             f"entropy (0: take the counts from the Lemma-1 schedule)")
     if family == 'mdm' and adaptive:
@@ -308,7 +313,7 @@ def generation_order(c, ck, family, n):
             "in one pass"))
     if c.fused and not c.speculative:
         die("--fused is a speculative sampler's option: add --speculative K (or auto)")
-    refuse_unused(c, 'speculative' if c.speculative else family)
+    refuse_unused(c, sampler_of(c, family))
     if family == 'ar':
         if not (isinstance(o, Order) and o.is_l2r):
             die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")
@@ -319,23 +324,64 @@ def generation_order(c, ck, family, n):
     return o
 
 
-# The options only some samplers read, and what each of the others does instead. An option given on purpose
-# to a sampler that would ignore it is refused: a run must never look as if it used a setting it did not.
-USED_BY = dict(steps=('ao', 'mdm'), fixed_counts=('ao', 'mdm'), schedule=('ao', 'mdm'), mdm_counts=('mdm',),
-               cache_trick=('mdm',))
-INSTEAD = dict(speculative="--speculative commits as many tokens per forward call as its drafts earn, with no "
-                           "step schedule",
-               ar="a GPT decodes one token per forward call", ao="the any-order decoder's KV cache has no such "
-                                                                 "setting (it is the encoder MDM's)")
+# The samplers, as one table: for each, the options it reads of those only some samplers read (OPTIONAL), what
+# it does instead of the others, the stepper it keeps for all batches (so its graphs are captured once), and
+# one batch's draw (tokens, stats) under the settings s (generate.Sampling). An option given on purpose to a
+# sampler that would ignore it is refused: a run must never look as if it used a setting it did not.
+OPTIONAL = ('steps', 'fixed_counts', 'schedule', 'mdm_counts', 'cache_trick')
+Sampler = namedtuple('Sampler', 'reads instead stepper draw')
+
+
+def draft_length(c):
+    return 'auto' if c.speculative == 'auto' else int(c.speculative)
+
+
+SAMPLERS = dict(
+    ao=Sampler(('steps', 'fixed_counts', 'schedule'),
+               "the any-order decoder's KV cache has no such setting (it is the encoder MDM's)",
+               lambda c, model, n, given: engine.SlotStepper(model, c.batch_size, c.stepper),
+               lambda c, model, n, given, order, s, stp: generate.generate_ao(
+                   model, n, c.batch_size, c.steps, s, order=order, given=given, stepper=stp)),
+    mdm=Sampler(OPTIONAL, None,
+                lambda c, model, n, given: engine.EncoderStepper(model, c.batch_size, n, c.stepper),
+                lambda c, model, n, given, order, s, stp: generate.generate_mdm(
+                    model, n, c.batch_size, c.steps, s, order=order, given=given, stepper=stp, counts=c.mdm_counts,
+                    cache_trick=c.cache_trick)),
+    ar=Sampler((), "a GPT decodes one token per forward call",
+               lambda c, model, n, given: engine.SlotStepper(model, c.batch_size, c.stepper),
+               lambda c, model, n, given, order, s, stp: generate.generate_ar(
+                   model, n, c.batch_size, s, prompt=given[:int((given >= 0).sum())], stepper=stp)),
+    speculative=Sampler((), "--speculative commits as many tokens per forward call as its drafts earn, with no "
+                            "step schedule",
+                        lambda c, model, n, given: row_stepper(
+                            model, c.batch_size, c.stepper, n, draft_length(c), int((given >= 0).sum()),
+                            fused=c.fused),
+                        lambda c, model, n, given, order, s, stp: generate_speculative(
+                            model, n, c.batch_size, s, k=draft_length(c), order=order, given=given, stepper=stp,
+                            batch_commit='per_row', fused=c.fused, trace=bool(c.trace))),  # per-sample commits
+)
+
+
+def sampler_of(c, family):
+    """The row of SAMPLERS that draws: the model's family ('ao', 'mdm' or 'ar'), or 'speculative'."""
+    return 'speculative' if c.speculative else family
+
+
+def stops_early(c, family, order):
+    """Whether the sampler stops a sample once its document is settled (it reads the settings' until), or
+    draws the whole window (the encoder MDM, the confidence orders: generate.SAMPLERS says which)."""
+    sampler = 'confident' if family == 'ao' and not c.speculative and adaptive(order) else sampler_of(c, family)
+    _, _, reads = generate.SAMPLERS[sampler]  # (the model it needs, the line if not, the settings it reads)
+    return 'until' in reads
 
 
 def refuse_unused(c, sampler):
-    """One line for the first option in c.given that `sampler` ('ao', 'ar', 'mdm' or 'speculative') does not read."""
-    for key, users in USED_BY.items():
-        if key in c.given and sampler not in users:
+    """One line for the first option in c.given that `sampler` (a key of SAMPLERS) does not read."""
+    for key in OPTIONAL:
+        if key in c.given and key not in SAMPLERS[sampler].reads:
             if sampler == 'ar' and key == 'steps':
                 continue  # said below, as before: a GPT's --steps is the one harmless leftover of a copied command
-            die(f"--{key} is not used here: {INSTEAD[sampler]}; drop --{key}")
+            die(f"--{key} is not used here: {SAMPLERS[sampler].instead}; drop --{key}")
 
 
 def adaptive(order):
@@ -361,7 +407,7 @@ def document_end(c, codec, given, family, order):
     if bool((given == end).any()):
         die(f"--until_eot: the given text holds the end symbol ({what}) at token {int((given == end).nonzero()[0])}: "
             f"a sample is one document, so its prompt, template and suffix must lie inside one; remove it")
-    if not c.speculative and (family == 'mdm' or adaptive(order)):
+    if not stops_early(c, family, order):
         print(f"note: --until_eot: {'the encoder MDM' if family == 'mdm' else f'--order {order}'} does not stop "
               f"early here: it draws the whole window, then each sample is cut at its first end symbol (no calls "
               f"saved)")
@@ -432,40 +478,21 @@ def draw(c, model, family, n, given, order, codec, until=None):
     until: the end symbol where the sampler stops a sample once its document is settled (-1 past it);
     stats then hold every batch's per-sample generated tokens and calls (all_generated, all_calls)."""
     from tqdm import tqdm
-    g = torch.Generator().manual_seed(c.seed)
-    common = dict(temperature=c.temperature, top_p=c.top_p, vocab_size=codec.vocab_size, generator=g)
     samples, stats, gen_all, calls_all, full_all = [], None, [], [], []
-    stops = until is not None and (c.speculative or family == 'ar' or family == 'ao' and not adaptive(order))
-    stop = dict(until=until) if stops else {}
+    stops = until is not None and stops_early(c, family, order)
+    # the options a sampler does not read were refused (refuse_unused), so they are at their defaults here
+    settings = generate.Sampling(temperature=c.temperature, top_p=c.top_p, vocab_size=codec.vocab_size,
+                                 generator=torch.Generator().manual_seed(c.seed), schedule=c.schedule,
+                                 fixed_counts=c.fixed_counts, threshold=c.threshold, until=until if stops else None)
+    sampler = SAMPLERS[sampler_of(c, family)]
     sync = torch.cuda.synchronize if c.device.startswith('cuda') else (lambda: None)
     sync()
     t0 = time.time()
-    with c.ctx:  # one stepper for all batches: its graphs are kept
-        if c.speculative:
-            from aogpt.speculative import generate_speculative, row_stepper
-            k = 'auto' if c.speculative == 'auto' else int(c.speculative)
-            stp = row_stepper(model, c.batch_size, c.stepper, n, k, int((given >= 0).sum()), fused=c.fused)
-        elif family == 'mdm':
-            stp = engine.EncoderStepper(model, c.batch_size, n, c.stepper)
-        else:
-            stp = engine.SlotStepper(model, c.batch_size, c.stepper)
+    with c.ctx:
+        stp = sampler.stepper(c, model, n, given)  # one stepper for all batches: its graphs are kept
         for _ in tqdm(range(c.num_batches), desc='batches', unit='batch', disable=c.num_batches == 1,
                       file=sys.stderr):
-            if c.speculative:  # each sample commits what it accepted (per-sample cache masks)
-                x, stats = generate_speculative(model, n, c.batch_size, k=k, order=order, given=given, stepper=stp,
-                                                batch_commit='per_row', fused=c.fused, trace=bool(c.trace), **stop,
-                                                **common)
-            elif family == 'ao':
-                x, stats = generate.generate_ao(model, n, c.batch_size, c.steps, order=order,
-                                                fixed_counts=c.fixed_counts, schedule=c.schedule, given=given,
-                                                stepper=stp, threshold=c.threshold, **stop, **common)
-            elif family == 'mdm':
-                x, stats = generate.generate_mdm(model, n, c.batch_size, c.steps, cache_trick=c.cache_trick,
-                                                 counts=c.mdm_counts, order=order, fixed_counts=c.fixed_counts,
-                                                 schedule=c.schedule, given=given, stepper=stp, **common)
-            else:
-                prefix = given[:int((given >= 0).sum())]
-                x, stats = generate.generate_ar(model, n, c.batch_size, prompt=prefix, stepper=stp, **stop, **common)
+            x, stats = sampler.draw(c, model, n, given, order, settings, stp)
             samples.append(x.cpu())
             gen_all += stats.get('generated', [stats['tokens_generated']] * c.batch_size)
             calls_all += stats.get('stop_call', [stats.get('calls_per_sample', stats['forward_calls'])] * c.batch_size)

@@ -33,6 +33,13 @@ over the orders they allow. confidence / margin / entropy
 position (one copy each) and reveals the k surest, or every one whose top probability reaches
 --threshold; the cache stays exact, at about n T / 2 token-passes (generate_confident).
 
+Settings. Every sampler, the speculative one too, takes one Sampling (the token draw: temperature, top_p,
+vocab_size, the generator; the schedule and fixed_counts; threshold; until), checked when it is made, and
+begins with one prologue (prologue: the model kind, the settings it reads, sizes and given tokens):
+
+    s = Sampling(temperature=0.9, top_p=0.95, vocab_size=50257, generator=torch.Generator().manual_seed(0))
+    x, stats = generate_ao(model, 256, 4, 64, s, order='semiar:16')
+
 Randomness, from one CPU torch.Generator in a fixed order (reproducible on any device): first one
 float64 uniform per token, consumed by inverse-CDF sampling in reveal order; then the order; then the
 counts. So `--order l2r --fixed_counts --steps n` reproduces generate_ar (uncached or cached L2R
@@ -45,6 +52,7 @@ if __name__ == '__main__':  # run as a script (python aogpt/generate.py): one li
                      "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
 
 import math
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -53,6 +61,87 @@ from aogpt.errors import UserError
 from aogpt.orders import GRAMMAR, Order, parse_order
 
 _CHUNK = 1 << 25  # float64 elements per sampling chunk (256 MiB): bounds memory when a step reveals a lot
+
+
+# ----------------------------------------------------------------------------- the settings
+
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _whole(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# Each setting: whether a value is valid, and what a valid one is (the line a bad one gets)
+RULES = dict(temperature=(lambda v: _number(v) and v >= 0, "a number >= 0 (0: greedy)"),
+             top_p=(lambda v: _number(v) and 0 < v <= 1, "the nucleus mass, in (0, 1]"),
+             vocab_size=(lambda v: v is None or _whole(v) and v >= 1, "None or an integer >= 1"),
+             generator=(lambda v: v is None or isinstance(v, torch.Generator), "None or a torch.Generator"),
+             schedule=(lambda v: v in ('linear', 'cosine'), "'linear' or 'cosine'"),
+             fixed_counts=(lambda v: isinstance(v, bool), "True or False"),
+             threshold=(lambda v: _number(v) and 0 <= v <= 1, "a probability in [0, 1] (0: the counts)"),
+             until=(lambda v: v is None or _whole(v) and v >= 0, "None or a token id >= 0"))
+DRAW = ('temperature', 'top_p', 'vocab_size', 'generator')  # the token draw: every sampler reads these
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How every sampler here and the speculative sampler draw: one object, checked once, passed whole.
+
+    temperature   softmax temperature, >= 0; 0 is greedy (a one-hot on the argmax)
+    top_p         the nucleus, in (0, 1]: keep the most likely tokens until their mass reaches top_p (1: all)
+    vocab_size    draw only ids below this (the codec's vocabulary; the head may have padding rows); None: all
+    generator     the CPU torch.Generator every uniform is drawn from, in each sampler's fixed order (None:
+                  torch's global one); one generator fixes the samples on any device
+    schedule      the Lemma-1 time grid: 'linear', or 'cosine' (reveals slowly at first)
+    fixed_counts  the paper code's deterministic per-step counts instead of the Binomial draws
+    threshold     confidence orders: each step reveals every masked position whose top probability is at
+                  least this (and at least one); 0 takes the counts from the schedule
+    until         an end-of-document id, or None: a sample stops once its first document is settled
+                  (see settled and each sampler's docstring), -1 where nothing was drawn
+
+    The first four are every sampler's (the token draw, DRAW); the others are read only by the samplers
+    SAMPLERS names, and a sampler given one it does not read refuses it rather than ignore it. Change one
+    with dataclasses.replace(settings, top_p=0.9).
+    """
+    temperature: float = 1.0
+    top_p: float = 1.0
+    vocab_size: int = None
+    generator: torch.Generator = None
+    schedule: str = 'linear'
+    fixed_counts: bool = False
+    threshold: float = 0.0
+    until: int = None
+
+    def __post_init__(self):
+        Sampling.check(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+    @staticmethod
+    def invalid(**values):
+        """The first of values (field=value) that is not a valid setting, as (field, what a valid one is), or
+        None. sample.py asks this of its flags, so that they are checked by these very rules (RULES)."""
+        for name, v in values.items():
+            ok, rule = RULES[name]
+            if not ok(v):
+                return name, rule
+        return None
+
+    @staticmethod
+    def check(**values):
+        """Raise UserError, in one line, for the first of values (field=value) that is not a valid setting."""
+        bad = Sampling.invalid(**values)
+        if bad:
+            raise UserError(f"invalid {bad[0]}={values[bad[0]]!r}: {bad[1]}")
+
+    @property
+    def transform(self):
+        """logits_to_probs' and sample_tokens' keywords: the one transform every draw goes through."""
+        return dict(temperature=self.temperature, top_p=self.top_p, vocab_size=self.vocab_size)
+
+    def rand(self, *shape):
+        """Float64 uniforms (*shape) from the generator, on the CPU: the draws every sampler consumes."""
+        return torch.rand(*shape, dtype=torch.float64, generator=self.generator)
 
 
 # ----------------------------------------------------------------------------- the schedule
@@ -112,10 +201,7 @@ def logits_to_probs(logits, temperature=1.0, top_p=1.0, vocab_size=None, ban=Non
     back (inverse_cdf needs neither): under the nucleus the kept tokens most likely first, as
     sorted_nucleus leaves them, ids (..., W) the token of each column; else ids is None (column j is
     token j)."""
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    Sampling.check(temperature=temperature, top_p=top_p)  # the settings' rules, for a direct call
     V = logits.size(-1) if vocab_size is None else min(vocab_size, logits.size(-1))
     shape = logits.shape[:-1]
     logp = logits.reshape(-1, logits.size(-1))[:, :V].double()            # (R, V)
@@ -326,17 +412,74 @@ def settled(x, end, start=0):
 
 # ----------------------------------------------------------------------------- the samplers
 
-def draw_plan(n, batch_size, steps, *, order='random', fixed_counts=False, schedule='linear', given=None,
-              generator=None):
+# Each sampler's prologue: the model it needs, the line that says so otherwise, and the settings it
+# reads besides the token draw's (temperature, top_p, vocab_size, generator: every sampler's). A setting it
+# does not read, left away from its default, is refused with the reason NOT_READ gives.
+SAMPLERS = dict(
+    ao=(lambda m: m.any_order, "generate_ao needs an any-order decoder (cond='adaln' or 'sigma'); use generate_ar "
+        "for a GPT and generate_mdm for an encoder", ('schedule', 'fixed_counts', 'until')),
+    confident=(lambda m: m.any_order, "generate_confident needs an any-order decoder (cond='adaln' or 'sigma')",
+               ('schedule', 'fixed_counts', 'threshold')),
+    ar=(lambda m: m.config.causal, "generate_ar needs a decoder; use generate_mdm for an encoder MDM", ('until',)),
+    mdm=(lambda m: not m.config.causal, "generate_mdm needs an encoder MDM (causal=False)",
+         ('schedule', 'fixed_counts')),
+    speculative=(lambda m: m.config.causal and m.any_order, "speculative sampling needs an any-order decoder "
+                 "(AO-GPT or sigma-GPT); an encoder MDM or an L2R GPT cannot score a drafted sequence in one pass",
+                 ('until',)),
+)
+NOT_READ = dict(schedule="it has no step schedule", fixed_counts="it has no step schedule",
+                threshold="it applies to the confidence orders (confidence, margin, entropy) only",
+                until="it draws the whole window (no early stop); cut its samples with doc_lengths")
+
+
+def prologue(model, n, batch_size, steps, settings, sampler, given=None):
+    """Every sampler's prologue, before its first draw (it draws nothing): the model kind, the settings
+    (None: the defaults) against what `sampler` reads (SAMPLERS), n, batch_size, steps and the given
+    tokens against the model (check_run). given: as generate_ao's; for 'ar' the prompt, a prefix.
+    Returns (settings, device, the given positions ascending, their tokens, the free positions)."""
+    needs, what, reads = SAMPLERS[sampler]
+    if not needs(model):
+        raise UserError(what)
+    settings = Sampling() if settings is None else settings
+    if not isinstance(settings, Sampling):
+        raise UserError(f"settings must be a generate.Sampling (or None for the defaults), got "
+                        f"{type(settings).__name__}")
+    for f in fields(Sampling):
+        if f.name not in DRAW + reads and getattr(settings, f.name) != f.default:
+            raise UserError(f"the {sampler} sampler does not read {f.name}={getattr(settings, f.name)!r}: "
+                            f"{NOT_READ[f.name]}")
+    check_run(model, n, batch_size, steps, given)
+    if sampler == 'ar':  # the prompt: the first tokens given, the rest free
+        prompt = torch.as_tensor([] if given is None else given, dtype=torch.long).reshape(-1)
+        if prompt.numel() >= n:
+            raise UserError(f"the prompt ({prompt.numel()} tokens) leaves nothing to generate in n = {n}")
+        given = torch.cat([prompt, torch.full((n - prompt.numel(),), -1, dtype=torch.long)])
+    return (settings, next(model.parameters()).device) + split_given(given, n)
+
+
+def slot_tables(gtok, reveal, n, device, room=0):
+    """The KV-cached samplers' slots: slot 0 is [None] at position -1, slot j >= 1 the j-th revealed token
+    (the given ones first) and its position. gtok (g,): the given tokens; reveal (B, m), m >= g: the
+    positions known so far, in reveal order. Returns (tokens (B, n + 1 + room): -1 where not drawn yet, room
+    past n for the speculative sampler's done samples; positions (B, n + 1): -1 past m)."""
+    B, m, g = reveal.size(0), reveal.size(1), gtok.numel()
+    slot_tok = torch.full((B, n + 1 + room), -1, dtype=torch.long)
+    slot_tok[:, 1:g + 1] = gtok
+    slot_pos = torch.full((B, n + 1), -1, dtype=torch.long)
+    slot_pos[:, 1:m + 1] = reveal.cpu()
+    return slot_tok.to(device), slot_pos.to(device)
+
+def draw_plan(n, batch_size, steps, settings=None, *, order='random', given=None):
     """Everything generate_ao decides before its first forward pass, in its fixed order of draws: one
-    float64 uniform per token (consumed in reveal order by the token draws), the order, the counts.
+    float64 uniform per token (consumed in reveal order by the token draws), the order, the counts (the
+    settings' schedule and fixed_counts; settings None: the defaults).
     Returns (u (B, n), reveal (B, n) positions in reveal order (the given ones first, ascending),
     counts (T,) tokens revealed per step, the given positions, their tokens)."""
-    B = batch_size
+    B, s = batch_size, Sampling() if settings is None else settings
     gpos, gtok, free = split_given(given, n)
-    u = torch.rand(B, n, dtype=torch.float64, generator=generator)
-    reveal = torch.cat([gpos.expand(B, gpos.numel()), free_order(order, free, B, generator, n)], 1)
-    counts = reveal_counts(free.numel(), steps, schedule, fixed_counts, generator)
+    u = s.rand(B, n)
+    reveal = torch.cat([gpos.expand(B, gpos.numel()), free_order(order, free, B, s.generator, n)], 1)
+    counts = reveal_counts(free.numel(), steps, s.schedule, s.fixed_counts, s.generator)
     return u, reveal, counts, gpos, gtok
 
 
@@ -354,14 +497,14 @@ def ao_calls(counts, n_given=0):
 
 
 @torch.no_grad()
-def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=False, schedule='linear',
-                temperature=1.0, top_p=1.0, vocab_size=None, given=None, generator=None, stepper='dynamic',
-                threshold=0.0, until=None):
+def generate_ao(model, n, batch_size, steps, settings=None, *, order='random', given=None, stepper='dynamic'):
     """KV-cached any-order sampling from an AO-GPT / sigma-GPT. Returns (tokens (B, n), stats).
+
+    settings: a Sampling (None: the defaults): the token draw, the schedule, and until (below).
 
     order: an order distribution (orders.GRAMMAR, defined in aogpt/orders.py: 'random' is the MDM reverse
     process) or a permutation, fixed before the first pass; or 'confidence' / 'margin' / 'entropy', chosen
-    step by step from the model's scores (generate_confident; threshold applies there).
+    step by step from the model's scores (generate_confident; the settings' threshold applies there).
     given: LongTensor (n,) with -1 at the positions to generate; the given tokens enter the cache first
     (ascending positions, in the first pass), the rest follow `order`. stats: steps (those that revealed a
     token, at most min(steps, tokens generated): a step that reveals none makes no call), forward_calls,
@@ -369,7 +512,7 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
     of the steps that ran), order (B, n) positions in reveal order.
     stepper: how each forward call runs: 'dynamic', 'static' or 'cuda_graph', or a SlotStepper to reuse
     (its captured graphs); the samples are the same up to float rounding.
-    until: an end-of-document id, or None. A sample stops once its first document is settled (see
+    settings.until: an end-of-document id, or None. A sample stops once its first document is settled (see
     settled: an end symbol after the given text with every position before it drawn): with an order
     that fills blocks left to right that is the end of the block holding it, with a uniform order
     rarely before the end. The batch shares its calls, so it stops when every sample has; a sample
@@ -378,30 +521,14 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
     token those of the full draw cut by doc_lengths. stats then also hold calls_full (the full
     draw's calls), and per sample stop_call (the calls it needed) and generated (tokens drawn by then).
     """
-    if not model.any_order:
-        raise ValueError("generate_ao needs an any-order decoder (cond='adaln' or 'sigma'); "
-                         "use generate_ar for a GPT and generate_mdm for an encoder")
-    check_run(model, n, batch_size, steps, given)
     order = check_order(order)  # a spec string parsed once, here
     if isinstance(order, str) and order in ADAPTIVE:
-        if until is not None:
-            raise ValueError(f"until: order {order!r} draws the whole window (no early stop); cut its samples "
-                             f"with doc_lengths")
-        return generate_confident(model, n, batch_size, steps, score=order, fixed_counts=fixed_counts,
-                                  schedule=schedule, threshold=threshold, temperature=temperature, top_p=top_p,
-                                  vocab_size=vocab_size, given=given, generator=generator, stepper=stepper)
-    if threshold:
-        raise ValueError("threshold applies to the confidence orders (confidence, margin, entropy) only")
-    dev = next(model.parameters()).device
-    B = batch_size
-    u, reveal, counts, gpos, gtok = draw_plan(n, B, steps, order=order, fixed_counts=fixed_counts,
-                                              schedule=schedule, given=given, generator=generator)
-    g = gpos.numel()
+        return generate_confident(model, n, batch_size, steps, settings, score=order, given=given, stepper=stepper)
+    settings, dev, gpos, gtok, _ = prologue(model, n, batch_size, steps, settings, 'ao', given)
+    B, g, until = batch_size, gpos.numel(), settings.until
+    u, reveal, counts, _, _ = draw_plan(n, B, steps, settings, order=order, given=given)
     calls = ao_calls(counts.tolist(), g)
-    slot_tok = torch.full((B, n + 1), -1, dtype=torch.long)               # slot j: the j-th revealed token
-    slot_tok[:, 1:g + 1] = gtok
-    slot_tok = slot_tok.to(dev)
-    slot_pos = torch.cat([torch.full((B, 1), -1), reveal], 1).to(dev)      # its position; [None] is -1
+    slot_tok, slot_pos = slot_tables(gtok, reveal, n, dev)                # the j-th revealed token, its position
     reveal, u = reveal.to(dev), u.to(dev)
 
     rows = []  # every call's slots (the pending ones, then k copies of the last), up front: one copy to
@@ -420,7 +547,7 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
         slots = rows[a:a + r]
         logits = step(slot_tok[:, slots], slot_pos[:, slots], reveal[:, L:m + k], k)  # (B, k, V)
         step.cache.keep(r - k + 1)                                        # the pending slots and the first copy
-        slot_tok[:, m + 1:m + k + 1] = sample_tokens(logits, u[:, m:m + k], temperature, top_p, vocab_size)
+        slot_tok[:, m + 1:m + k + 1] = sample_tokens(logits, u[:, m:m + k], **settings.transform)
         a, made = a + r, made + 1
         if until is not None and made < len(calls):
             x.scatter_(1, reveal[:, m:m + k], slot_tok[:, m + 1:m + k + 1])
@@ -440,13 +567,12 @@ def generate_ao(model, n, batch_size, steps, *, order='random', fixed_counts=Fal
 
 
 @torch.no_grad()
-def generate_confident(model, n, batch_size, steps, *, score='confidence', fixed_counts=False,
-                       schedule='linear', threshold=0.0, temperature=1.0, top_p=1.0, vocab_size=None, given=None,
-                       generator=None, stepper='dynamic'):
+def generate_confident(model, n, batch_size, steps, settings=None, *, score='confidence', given=None,
+                       stepper='dynamic'):
     """Confidence-ordered decoding (LLaDA's low-confidence remasking, Dream's margin and entropy) on the
     exact KV cache. Each step scores every still-masked position in one pass (one query copy per masked
     position, the parallel block), draws a candidate token for each, and reveals the k surest: k from
-    the Lemma-1 counts (as generate_ao), or with threshold > 0 every position whose top probability is
+    the Lemma-1 counts (as generate_ao), or with settings.threshold > 0 every position whose top probability is
     at least threshold (and at least one). The revealed tokens enter the cache in that order, surest
     first, so the cache holds exactly what a cache-free pass over the same order would compute. A step
     costs its pending slots plus one row per masked position: about n T / 2 token-passes for T equal
@@ -456,27 +582,23 @@ def generate_confident(model, n, batch_size, steps, *, score='confidence', fixed
     (batch 1, one after another, on one batch-1 stepper: the caller's stepper's sibling, kept with it, so
     its graphs are captured once); stats then give the mean calls and token-passes per sample.
     """
+    settings, dev, gpos, gtok, free = prologue(model, n, batch_size, steps, settings, 'confident', given)
+    threshold = settings.threshold
     if threshold and batch_size > 1:
         solo = stepper.for_batch(1) if isinstance(stepper, SlotStepper) else SlotStepper(model, 1, stepper)
-        runs = [generate_confident(model, n, 1, steps, score=score, fixed_counts=fixed_counts, schedule=schedule,
-                                   threshold=threshold, temperature=temperature, top_p=top_p, vocab_size=vocab_size,
-                                   given=given, generator=generator, stepper=solo) for _ in range(batch_size)]
+        runs = [generate_confident(model, n, 1, steps, settings, score=score, given=given, stepper=solo)
+                for _ in range(batch_size)]
         stats = dict(steps=None, tokens_generated=runs[0][1]['tokens_generated'],
                      forward_calls=sum(st['forward_calls'] for _, st in runs) / batch_size,
                      token_passes=sum(st['token_passes'] for _, st in runs) / batch_size,
                      counts=[st['counts'] for _, st in runs], order=torch.cat([st['order'] for _, st in runs]))
         return torch.cat([x for x, _ in runs]), stats
-    dev = next(model.parameters()).device
-    B = batch_size
-    gpos, gtok, free = split_given(given, n)
-    g = gpos.numel()
-    counts = [] if threshold else [k for k in reveal_counts(free.numel(), steps, schedule, fixed_counts,
-                                                              generator).tolist() if k]
+    B, g = batch_size, gpos.numel()
+    counts = [] if threshold else [k for k in reveal_counts(free.numel(), steps, settings.schedule,
+                                                              settings.fixed_counts, settings.generator).tolist() if k]
     reveal = torch.empty(B, n, dtype=torch.long, device=dev)             # positions in reveal order
     reveal[:, :g] = gpos.to(dev)
-    slot_tok = torch.full((B, n + 1), -1, dtype=torch.long, device=dev)  # slot j: the j-th revealed token
-    slot_pos = torch.full((B, n + 1), -1, dtype=torch.long, device=dev)  # and its position
-    slot_tok[:, 1:g + 1], slot_pos[:, 1:g + 1] = gtok.to(dev), gpos.to(dev)
+    slot_tok, slot_pos = slot_tables(gtok, gpos.expand(B, g), n, dev)    # the given slots; the rest as revealed
     masked = torch.zeros(B, n, dtype=torch.bool, device=dev)
     masked[:, free.to(dev)] = True
     ar = torch.arange(n, device=dev)
@@ -488,8 +610,7 @@ def generate_confident(model, n, batch_size, steps, *, score='confidence', fixed
         tok = torch.cat([slot_tok[:, c:m], slot_tok[:, m:m + 1].expand(B, nm)], 1)
         pos = torch.cat([slot_pos[:, c:m], slot_pos[:, m:m + 1].expand(B, nm)], 1)
         logits = step(tok, pos, torch.cat([reveal[:, c:m], qpos], 1), nm)  # (B, nm, V): one query each
-        u = torch.rand(B, nm, dtype=torch.float64, generator=generator)
-        cand, sure, top = sample_tokens(logits, u, temperature, top_p, vocab_size, score=score)
+        cand, sure, top = sample_tokens(logits, settings.rand(B, nm), score=score, **settings.transform)
         k = max(1, int((top >= threshold).sum())) if threshold else counts[len(ks)]
         j = sure.topk(k, dim=1).indices                                  # (B, k), surest first
         step.cache.keep(m - c + 1, chosen=j[:, 0])                       # pending slots, the surest copy
@@ -506,31 +627,21 @@ def generate_confident(model, n, batch_size, steps, *, score='confidence', fixed
 
 
 @torch.no_grad()
-def generate_ar(model, n, batch_size, *, temperature=1.0, top_p=1.0, vocab_size=None, prompt=None,
-                generator=None, stepper='dynamic', until=None):
+def generate_ar(model, n, batch_size, settings=None, *, prompt=None, stepper='dynamic'):
     """Plain left-to-right KV-cache decoding, one token per forward call (the AR baseline).
 
     Works for any decoder (a GPT, or an AO-GPT in L2R order). prompt: a list/LongTensor of ids that the
     samples start with (fed in the first call). Returns (tokens (B, n), stats) like generate_ao.
     stepper: as in generate_ao (a call here is the prompt, then one row at a time).
-    until: an end-of-document id, or None: as in generate_ao, a sample stops at its first one after the
-    prompt (later positions -1), the batch once every sample has.
+    settings: a Sampling (None: the defaults): the token draw, and until: an end-of-document id, or None:
+    as in generate_ao, a sample stops at its first one after the prompt (later positions -1), the batch
+    once every sample has.
     """
-    if not model.config.causal:
-        raise ValueError("generate_ar needs a decoder; use generate_mdm for an encoder MDM")
-    check_run(model, n, batch_size, tokens=prompt)
-    dev = next(model.parameters()).device
-    B = batch_size
-    prompt = torch.as_tensor([] if prompt is None else prompt, dtype=torch.long)
-    g = prompt.numel()
-    if g >= n:
-        raise ValueError(f"the prompt ({g} tokens) leaves nothing to generate in n = {n}")
-    u = torch.rand(B, n, dtype=torch.float64, generator=generator).to(dev)  # same stream as generate_ao
-    tok = torch.full((B, n + 1), -1, dtype=torch.long)                       # slot j holds x_{j-1}
-    tok[:, 1:g + 1] = prompt
-    tok = tok.to(dev)
-    pos = torch.arange(-1, n, device=dev).expand(B, n + 1)                  # slot j sits at position j-1
-    tgt = torch.arange(0, n + 1, device=dev).expand(B, n + 1)               # and predicts position j
+    settings, dev, _, gtok, _ = prologue(model, n, batch_size, None, settings, 'ar', prompt)
+    B, g, until = batch_size, gtok.numel(), settings.until
+    u = settings.rand(B, n).to(dev)                                          # same stream as generate_ao
+    tok, pos = slot_tables(gtok, torch.arange(n).expand(B, n), n, dev)       # slot j: x_{j-1} at position j-1
+    tgt = pos + 1                                                            # and predicts position j
     step = SlotStepper.make(model, B, stepper)
     logits = step(tok[:, :g + 1], pos[:, :g + 1], tgt[:, :g + 1], 1)         # the prompt: a causal block
     step.cache.keep(g + 1)
@@ -539,7 +650,7 @@ def generate_ar(model, n, batch_size, *, temperature=1.0, top_p=1.0, vocab_size=
         if i > g:
             logits = step(tok[:, i:i + 1], pos[:, i:i + 1], tgt[:, i:i + 1], 1)
             step.cache.keep(1)
-        tok[:, i + 1] = sample_tokens(logits[:, -1], u[:, i], temperature, top_p, vocab_size)
+        tok[:, i + 1] = sample_tokens(logits[:, -1], u[:, i], **settings.transform)
         if until is not None and i + 1 < n:
             now = (tok[:, i + 1] == until).cpu() & (stop_call == n - g)
             stop_call[now] = i + 1 - g
@@ -555,11 +666,11 @@ def generate_ar(model, n, batch_size, *, temperature=1.0, top_p=1.0, vocab_size=
 
 
 @torch.no_grad()
-def generate_mdm(model, n, batch_size, steps, *, cache_trick=False, counts='shared', order='random',
-                 fixed_counts=False, schedule='linear', temperature=1.0, top_p=1.0, vocab_size=None,
-                 given=None, generator=None, stepper='dynamic'):
+def generate_mdm(model, n, batch_size, steps, settings=None, *, order='random', given=None, stepper='dynamic',
+                 counts='shared', cache_trick=False):
     """The encoder MDM's reverse process: a full pass over all n positions ([MASK] where not yet
     revealed) per step, the same Lemma-1 schedule as generate_ao. Returns (tokens (B, n), stats).
+    settings: a Sampling (None: the defaults): the token draw and the schedule.
 
     counts='shared': one Binomial count per step for the whole batch and a random order per sample,
     exactly generate_ao's plan (same seed, same revealed positions and uniforms). 'independent': MDLM's
@@ -571,27 +682,22 @@ def generate_mdm(model, n, batch_size, steps, *, cache_trick=False, counts='shar
     The head runs only on the positions revealed at a step (the others' logits are never used).
     stepper: 'dynamic', 'static' or 'cuda_graph' (the one pass captured once), or an EncoderStepper to reuse.
     """
-    cfg = model.config
-    if cfg.causal:
-        raise ValueError("generate_mdm needs an encoder MDM (causal=False)")
-    check_run(model, n, batch_size, steps, given)
-    dev = next(model.parameters()).device
-    B = batch_size
-    gpos, gtok, free = split_given(given, n)
+    settings, dev, gpos, gtok, free = prologue(model, n, batch_size, steps, settings, 'mdm', given)
+    cfg, s, B = model.config, settings, batch_size
     g, nf = gpos.numel(), free.numel()
-    u = torch.rand(B, n, dtype=torch.float64, generator=generator)
+    u = s.rand(B, n)
     if counts == 'shared':
-        forder = free_order(order, free, B, generator, n)                  # (B, nf)
-        k = reveal_counts(nf, steps, schedule, fixed_counts, generator)     # (T,)
+        forder = free_order(order, free, B, s.generator, n)                # (B, nf)
+        k = reveal_counts(nf, steps, s.schedule, s.fixed_counts, s.generator)  # (T,)
         step_of_rank = torch.repeat_interleave(torch.arange(steps), k)      # (nf,) step of the j-th reveal
         step = torch.empty(B, n, dtype=torch.long).scatter_(1, forder, step_of_rank.expand(B, nf))
     elif counts == 'independent':
-        if fixed_counts or not (isinstance(order, (str, Order)) and str(order) == 'random'):
+        if s.fixed_counts or not (isinstance(order, (str, Order)) and str(order) == 'random'):
             raise ValueError("counts='independent' draws per-position reveal times: no fixed_counts/order")
-        U = torch.rand(B, nf, dtype=torch.float64, generator=generator)
-        s = reveal_step(U, time_grid(steps, schedule))                     # (B, nf)
-        step = torch.empty(B, n, dtype=torch.long).scatter_(1, free.expand(B, nf), s)
-        forder = free[(s * n + free).argsort(dim=1)]  # reveal order: by step, then position
+        U = s.rand(B, nf)
+        t = reveal_step(U, time_grid(steps, s.schedule))                   # (B, nf)
+        step = torch.empty(B, n, dtype=torch.long).scatter_(1, free.expand(B, nf), t)
+        forder = free[(t * n + free).argsort(dim=1)]  # reveal order: by step, then position
     else:
         raise ValueError(f"counts must be 'shared' or 'independent', got {counts!r}")
     reveal = torch.cat([gpos.expand(B, g), forder], 1)                      # (B, n)
@@ -599,10 +705,10 @@ def generate_mdm(model, n, batch_size, steps, *, cache_trick=False, counts='shar
     step[:, gpos] = -1
     # every (sample, position) to reveal, sorted by step, with the step boundaries: no syncs in the loop
     bb, pp = (step >= 0).nonzero(as_tuple=True)
-    s = step[bb, pp]
-    perm = (s * (B * n) + bb * n + pp).argsort()
+    st = step[bb, pp]
+    perm = (st * (B * n) + bb * n + pp).argsort()
     bb, pp = bb[perm].to(dev), pp[perm].to(dev)
-    bounds = [0] + torch.bincount(s, minlength=steps).cumsum(0).tolist()
+    bounds = [0] + torch.bincount(st, minlength=steps).cumsum(0).tolist()
     u_pos = u_pos.to(dev)
 
     x = torch.full((B, n), cfg.mask_token_id, dtype=torch.long)
@@ -622,8 +728,7 @@ def generate_mdm(model, n, batch_size, steps, *, cache_trick=False, counts='shar
             continue
         bi, pi = bb[lo:hi], pp[lo:hi]
         logits = model.lm_head(h[bi, pi])                                   # (R, V): revealed rows only
-        x[bi, pi] = sample_tokens(logits, u_pos[bi, pi], temperature, top_p, vocab_size,
-                                  ban=cfg.mask_token_id)
+        x[bi, pi] = sample_tokens(logits, u_pos[bi, pi], ban=cfg.mask_token_id, **s.transform)
         stale = True
     stats = dict(steps=sum(b > a for a, b in zip(bounds, bounds[1:])), forward_calls=passes,
                  token_passes=passes * n, tokens_generated=nf,

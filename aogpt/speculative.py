@@ -78,8 +78,8 @@ from dataclasses import dataclass, field
 import torch
 
 from aogpt.engine import KV_BUCKET, RowStepper, SlotStepper
-from aogpt.generate import ADAPTIVE, check_order, check_run, doc_start, free_order, inverse_cdf, logits_to_probs, \
-    settled, split_given
+from aogpt.generate import ADAPTIVE, Sampling, check_order, doc_start, free_order, inverse_cdf, logits_to_probs, \
+    prologue, settled, slot_tables
 from aogpt.orders import GRAMMAR
 
 K_MAX = 16   # the largest draft length k='auto' goes to
@@ -116,11 +116,9 @@ class _Run:
     reveal: torch.Tensor      # (B, n) positions in reveal order
     slot_tok: torch.Tensor    # (B, n + 1 + room) slot j: the j-th revealed token (room past n for done rows)
     slot_pos: torch.Tensor    # (B, n + 1) its position; slot 0 is [None] at -1
-    tf: dict                  # temperature, top_p, vocab_size: one transform for q and p alike
-    generator: object
+    settings: Sampling        # one transform for q and p alike, the generator, until
     trace: bool
-    until: object = None      # an end-of-document id: a sample stops once its first document is settled
-    start: int = 0            # where that document may end (generate.doc_start)
+    start: int = 0            # where a document may end (generate.doc_start)
     calls: int = 0            # forward calls of the batch
     passes: int = 0           # rows through the network per sample
     kept: int = 0             # drafts kept by the accept tests, over all samples
@@ -136,7 +134,7 @@ class _Run:
         return self.reveal.size(0)
 
     def rand(self, *shape):
-        return torch.rand(*shape, dtype=torch.float64, generator=self.generator).to(self.reveal.device)
+        return self.settings.rand(*shape).to(self.reveal.device)
 
     def at(self, idx):
         """The positions that the slots idx (B, ...) reveal (clamped for done samples)."""
@@ -148,7 +146,7 @@ class _Run:
     def forward(self, step, tok, pos, tgt, k, **kw):
         """One forward call, counted: its probabilities under the transform (B, n_logits, V')."""
         self.calls, self.passes = self.calls + 1, self.passes + tok.size(1)
-        return logits_to_probs(step(tok, pos, tgt, k, **kw), **self.tf)
+        return logits_to_probs(step(tok, pos, tgt, k, **kw), **self.settings.transform)
 
     def record(self, m, k, t, a, drafts, new):
         """One round's bookkeeping. m, t: tokens revealed before it and committed in it, per sample (B,),
@@ -175,12 +173,12 @@ class _Run:
 
     def settled(self, m):
         """(B,) the samples whose first document is settled (generate.settled) after m (B,) tokens each."""
-        if self.until is None:
+        if self.settings.until is None:
             return torch.zeros_like(m, dtype=torch.bool)
         x = torch.full((self.B, self.n), -1, dtype=torch.long, device=self.reveal.device)
         drawn = torch.arange(self.n, device=m.device)[None] < m[:, None]      # slots 1..m[b] hold tokens
         x.scatter_(1, self.reveal, torch.where(drawn, self.slot_tok[:, 1:self.n + 1], -1))
-        return settled(x, self.until, self.start)
+        return settled(x, self.settings.until, self.start)
 
     def stop(self, m):
         """m (B,) with each sample whose document is settled marked done (m = n): it draws no more."""
@@ -217,22 +215,13 @@ def accept(run, p, q, d, n_tests, bonus):
     return a, draw(_residual(pa, torch.where(((a == n_tests) & bonus)[:, None], 0.0, qa)), ur)
 
 
-def _stepper(model, B, stepper):
-    if isinstance(stepper, str):
-        return SlotStepper(model, B, stepper)
-    if stepper.B != B:
-        raise ValueError(f"this stepper was built for batch size {stepper.B}, not {B}")
-    stepper.cache.keep(None)
-    return stepper
-
-
 @torch.no_grad()
-def generate_speculative(model, n, batch_size, *, k=4, order='random', given=None, temperature=1.0, top_p=1.0,
-                         vocab_size=None, generator=None, stepper='dynamic', bonus=True, batch_commit='per_row',
-                         fused=False, trace=False, until=None):
+def generate_speculative(model, n, batch_size, settings=None, *, k=4, order='random', given=None, stepper='dynamic',
+                         bonus=True, batch_commit='per_row', fused=False, trace=False):
     """Samples (B, n) from the model's exact joint along `order` (or the mixture over random orders),
     at under one forward call per token (module docstring). Returns (tokens (B, n), stats).
 
+    settings: a Sampling (None: the defaults): the token draw, for q and p alike, and until (below).
     k: draft length per round (>= 2; 1 is plain one-token-per-call decoding) or 'auto'.
     order: an order distribution (orders.GRAMMAR, defined in aogpt/orders.py) or a permutation, fixed
     before the first draw; the confidence orders are refused (not exact). given: as generate_ao (the given
@@ -252,23 +241,20 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
     rows, before the batch minimum), frac (revealed fraction at each round's start), order (B, n);
     with trace=True also events: per round (m (B,) tokens revealed before it, k, t (B,) tokens it committed,
     a (B,) drafts each sample's tests kept past d_0, drafts (B, k), the committed tokens (B, >= t)).
-    until: an end-of-document id, or None: a sample stops once its first document is settled
+    settings.until: an end-of-document id, or None: a sample stops once its first document is settled
     (generate.settled). Stopping is a function of the committed tokens only, which nothing changes
     later, so a stopped sample's document has the law the full draw's would have after the cut. With
     per_row commits a stopped sample drops out of the rounds (it waits for the batch, as a finished
     one does); with 'min' the batch stops when every sample has. Positions never drawn are -1; stats
     then also hold per sample generated (tokens drawn when it stopped).
     """
-    if not (model.config.causal and model.any_order):
-        raise ValueError("speculative sampling needs an any-order decoder (AO-GPT or sigma-GPT); an encoder "
-                         "MDM or an L2R GPT cannot score a drafted sequence in one pass")
+    settings, dev, gpos, gtok, free = prologue(model, n, batch_size, None, settings, 'speculative', given)
     order = check_order(order)  # a spec string parsed once, here
     if isinstance(order, str) and order in ADAPTIVE:
         raise ValueError(f"order {order!r} is chosen from the drawn values, so speculative sampling would not "
                          f"be exact: use an order fixed before the draws, {GRAMMAR}, or a permutation")
     if k != 'auto' and (not isinstance(k, int) or k < 1):
         raise ValueError(f"k must be an integer >= 1 or 'auto', got {k!r}")
-    check_run(model, n, batch_size, tokens=given)
     if batch_commit not in ('min', 'per_row'):
         raise ValueError(f"batch_commit must be 'min' or 'per_row', got {batch_commit!r}")
     if fused and (batch_commit != 'per_row' or not bonus):
@@ -278,23 +264,18 @@ def generate_speculative(model, n, batch_size, *, k=4, order='random', given=Non
             not isinstance(stepper, RowStepper):
         raise ValueError("batch_commit='per_row' at fixed shapes takes a mode name or a RowStepper "
                          "(speculative.row_stepper), not a SlotStepper")
-    dev = next(model.parameters()).device
-    B = batch_size
-    gpos, gtok, free = split_given(given, n)
-    g = gpos.numel()
-    reveal = torch.cat([gpos.expand(B, g), free_order(order, free, B, generator, n)], 1)  # (B, n) positions
+    B, g, until = batch_size, gpos.numel(), settings.until
+    reveal = torch.cat([gpos.expand(B, g), free_order(order, free, B, settings.generator, n)], 1)  # (B, n)
     kmax = (K_FUSED if fused else K_MAX) if k == 'auto' else k
     room = kmax + 2 if batch_commit == 'per_row' else 0                     # past n, for the done samples
-    slot_tok = torch.full((B, n + 1 + room), -1, dtype=torch.long)          # slot j: the j-th revealed token
-    slot_tok[:, 1:g + 1] = gtok
-    slot_pos = torch.cat([torch.full((B, 1), -1), reveal], 1).to(dev)        # its position; [None] is -1
-    run = _Run(n, g, reveal.to(dev), slot_tok.to(dev), slot_pos, dict(temperature=temperature, top_p=top_p,
-               vocab_size=vocab_size), generator, trace, until, doc_start(given, n) if until is not None else 0)
+    slot_tok, slot_pos = slot_tables(gtok, reveal, n, dev, room)            # the j-th revealed token, its position
+    run = _Run(n, g, reveal.to(dev), slot_tok, slot_pos, settings, trace,
+               doc_start(given, n) if until is not None else 0)
     if batch_commit == 'per_row':
         step = RowStepper.make(model, B, stepper, slots=row_slots(n, k, g, fused))
         stats = _fused(run, step, k) if fused else _per_row(run, step, k, bonus)
     else:
-        stats = _batch_min(run, _stepper(model, B, stepper), k, bonus)
+        stats = _batch_min(run, SlotStepper.make(model, B, stepper), k, bonus)
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, run.reveal, run.slot_tok[:, 1:n + 1])
     stats = dict(stats, steps=stats['rounds'], tokens_generated=n - g, order=run.reveal)
     if until is not None:

@@ -30,7 +30,7 @@ from aogpt.checkpoint import checkpoint_codec, load_model  # noqa: E402
 from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
 from aogpt.evalsets import doc_end  # noqa: E402
-from aogpt.generate import doc_lengths, generate_ao  # noqa: E402
+from aogpt.generate import Sampling, doc_lengths, generate_ao  # noqa: E402
 from aogpt.orders import parse_order  # noqa: E402
 from aogpt.speculative import generate_speculative  # noqa: E402
 
@@ -68,8 +68,8 @@ for o in order_list:
     g = torch.Generator().manual_seed(seed)
     own, full, batch, L = [], [], [], []
     for _ in range(samples // batch_size):
-        x, st = generate_ao(model, n, batch_size, T, order=o, fixed_counts=fixed, temperature=temperature,
-                            vocab_size=codec.vocab_size, generator=g, until=end)
+        x, st = generate_ao(model, n, batch_size, T, Sampling(temperature=temperature, vocab_size=codec.vocab_size,
+                                                              generator=g, fixed_counts=fixed, until=end), order=o)
         own += st['stop_call']
         full += [st['calls_full']] * batch_size
         batch.append(st['forward_calls'])
@@ -82,8 +82,8 @@ for o in order_list:
         calls = {}
         for stop in (end, None):
             g = torch.Generator().manual_seed(seed)
-            c = [generate_speculative(model, n, batch_size, k=k, order=o, temperature=temperature,
-                                      vocab_size=codec.vocab_size, generator=g, until=stop)[1]['calls_per_sample']
+            s = Sampling(temperature=temperature, vocab_size=codec.vocab_size, generator=g, until=stop)
+            c = [generate_speculative(model, n, batch_size, s, k=k, order=o)[1]['calls_per_sample']
                  for _ in range(samples // batch_size)]
             calls[stop] = sum(c) / len(c)
         rows.append((f"{o} + speculative k={k}", "", "", f"{calls[end]:.1f}", f"{calls[None]:.1f}",

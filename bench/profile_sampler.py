@@ -70,8 +70,8 @@ step = engine.SlotStepper(model, batch_size, stepper, kv_bucket=kv_bucket)  # on
 
 
 def run():
-    return generate.generate_ao(model, n, batch_size, steps, generator=torch.Generator().manual_seed(0),
-                              vocab_size=50257, stepper=step)
+    return generate.generate_ao(model, n, batch_size, steps, generate.Sampling(
+        vocab_size=50257, generator=torch.Generator().manual_seed(0)), stepper=step)
 
 
 run()  # warm-up at this T: kernels, allocator, attention plans, and the graphs of every shape it uses

@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.engine import KV_BUCKET, KVCache, SlotStepper  # noqa: E402
 from aogpt.errors import exit_in_one_line  # noqa: E402
-from aogpt.generate import ao_calls, draw_plan  # noqa: E402
+from aogpt.generate import Sampling, ao_calls, draw_plan  # noqa: E402
 from aogpt.speculative import row_slots  # noqa: E402
 from bench.common import check_settings  # noqa: E402
 
@@ -117,7 +117,7 @@ cols = ['T', 'AO calls / token-passes', 'AO floor s', 'AO fixed-shape floor s', 
 lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
 plans = {}  # T -> generate_ao's own counts and calls
 for T in Ts:
-    counts = draw_plan(n, B, T, generator=torch.Generator().manual_seed(seed))[2].tolist()
+    counts = draw_plan(n, B, T, Sampling(generator=torch.Generator().manual_seed(seed)))[2].tolist()
     plans[T] = counts, ao_calls(counts)
 for T, (counts, plan) in plans.items():
     ao_s = decoder_time(plan, adaln=True)[0]

@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.engine import KV_BUCKET, EncoderStepper, SlotStepper  # noqa: E402
 from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
-from aogpt.generate import generate_ao, generate_ar, generate_mdm  # noqa: E402
+from aogpt.generate import Sampling, generate_ao, generate_ar, generate_mdm  # noqa: E402
 from aogpt.speculative import generate_speculative, row_stepper  # noqa: E402
 from bench.common import append_benchmark, check_settings  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -99,8 +99,9 @@ def timed(fn, reps):
     return time.perf_counter() - t0, stats
 
 
-def gen():
-    return torch.Generator().manual_seed(seed)
+def settings():
+    """Every run's settings: GPT-2's vocabulary, drawn from the same seed."""
+    return Sampling(vocab_size=50257, generator=torch.Generator().manual_seed(seed))
 
 
 res = {}  # (sampler, T) -> (seconds, stats)
@@ -153,11 +154,11 @@ for kind in ('ao', 'ar', 'spec', 'spec_fused'):
                 st = mode if mode == 'dynamic' else row_stepper(model, batch_size, mode, n, k, kv_bucket=kv_bucket,
                                                                 fused=fused)
             if kind == 'ao':
-                return lambda T: generate_ao(model, n, batch_size, T, generator=gen(), vocab_size=50257, stepper=st)
+                return lambda T: generate_ao(model, n, batch_size, T, settings(), stepper=st)
             if kind.startswith('spec'):
-                return lambda T: generate_speculative(model, n, batch_size, k=k, order=spec_order, generator=gen(),
-                                                      vocab_size=50257, stepper=st, fused=fused)
-            return lambda T: generate_ar(model, n, batch_size, generator=gen(), vocab_size=50257, stepper=st)
+                return lambda T: generate_speculative(model, n, batch_size, settings(), k=k, order=spec_order,
+                                                      stepper=st, fused=fused)
+            return lambda T: generate_ar(model, n, batch_size, settings(), stepper=st)
         measure(name, setup, Ts if kind == 'ao' else Ts[:1], repeats)
         for T in Ts[1:] if kind != 'ao' and name not in failed else ():  # AR and spec do not depend on T
             res[name, T] = res[name, Ts[0]]
@@ -168,8 +169,7 @@ if mine:
     for name, trick, mode in mine:
         def setup(mode=mode, trick=trick, model=enc):
             st = EncoderStepper(model, batch_size, n, mode)
-            return lambda T: generate_mdm(model, n, batch_size, T, cache_trick=trick, generator=gen(),
-                                          vocab_size=50257, stepper=st)
+            return lambda T: generate_mdm(model, n, batch_size, T, settings(), stepper=st, cache_trick=trick)
         if not encoder_passes:
             measure(name, setup, Ts, 1)  # one shape, seen in the warm-up
             continue

@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from aogpt.checkpoint import checkpoint_codec, load_model  # noqa: E402
 from aogpt.configurator import configure, print_config  # noqa: E402
 from aogpt.errors import exit_in_one_line  # noqa: E402
-from aogpt.generate import generate_ao  # noqa: E402
+from aogpt.generate import Sampling, generate_ao  # noqa: E402
 from aogpt.genppl import judge_token_nll  # noqa: E402
 from aogpt.speculative import generate_speculative  # noqa: E402
 
@@ -33,17 +33,20 @@ model = load_model(os.path.join(runs_dir, 'ao'), 'cpu')[0]
 judge, ck, _ = load_model(os.path.join(runs_dir, 'judge'), 'cpu')
 V = checkpoint_codec(ck).vocab_size
 SAMPLERS = {
-    'T = n, random': lambda g: generate_ao(model, n, batch_size, n, fixed_counts=True, vocab_size=V, generator=g),
+    'T = n, random': lambda g: generate_ao(model, n, batch_size, n, Sampling(vocab_size=V, generator=g,
+                                                                             fixed_counts=True)),
     'speculative k=4, random, per-sample commits':
-        lambda g: generate_speculative(model, n, batch_size, k=4, vocab_size=V, generator=g),
+        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g), k=4),
     'speculative k=auto, random, per-sample commits':
-        lambda g: generate_speculative(model, n, batch_size, k='auto', vocab_size=V, generator=g),
+        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g), k='auto'),
     'speculative k=4, random, batch-minimum commits':
-        lambda g: generate_speculative(model, n, batch_size, k=4, vocab_size=V, generator=g, batch_commit='min'),
+        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g), k=4,
+                                       batch_commit='min'),
     'speculative fused k=4, random':
-        lambda g: generate_speculative(model, n, batch_size, k=4, vocab_size=V, generator=g, fused=True),
+        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g), k=4, fused=True),
     'speculative fused k=auto, random':
-        lambda g: generate_speculative(model, n, batch_size, k='auto', vocab_size=V, generator=g, fused=True),
+        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g), k='auto',
+                                       fused=True),
 }
 print('| sampler | mean judge NLL per token | standard error | forward calls per sample |')
 print('|---|---|---|---|')

@@ -77,7 +77,7 @@ def study(c, runs):
     import torch
 
     from aogpt.checkpoint import load_model
-    from aogpt.generate import generate_ao
+    from aogpt.generate import Sampling, generate_ao
     from aogpt.speculative import generate_speculative
     from aogpt.likelihood import nll_any_order, nll_l2r, nll_order
     chunks = R.val_chunks(c.eval_chunks, c.block_size)
@@ -93,14 +93,13 @@ def study(c, runs):
         row = dict(run=run, family=fam, spec=spec, l2r=per_token(nll_l2r(model, chunks, 64)),
                    uniform=per_token(nll_any_order(model, chunks, EVAL_ORDERS, g(c.seed), 64)),
                    own=per_token(nll_order(model, chunks, spec, EVAL_ORDERS, g(c.seed), 64)), generation={})
-        kw = dict(order=spec, vocab_size=codec.vocab_size)
         for T in (STEPS[:2] if c.quick else STEPS):
-            gT = g(c.seed + T)  # every model: the same seeds
-            xs = [generate_ao(model, n, c.gen_batch, T, generator=gT, **kw)[0].cpu() for _ in range(nb)]
+            sT = Sampling(vocab_size=codec.vocab_size, generator=g(c.seed + T))  # every model: the same seeds
+            xs = [generate_ao(model, n, c.gen_batch, T, sT, order=spec)[0].cpu() for _ in range(nb)]
             row['generation'][str(T)] = S.judged(judge, codec, torch.cat(xs))
-        gs, xs, calls = g(c.seed), [], 0.0
+        ss, xs, calls = Sampling(vocab_size=codec.vocab_size, generator=g(c.seed)), [], 0.0
         for _ in range(nb):
-            x, st = generate_speculative(model, n, c.gen_batch, k='auto', fused=True, generator=gs, **kw)
+            x, st = generate_speculative(model, n, c.gen_batch, ss, k='auto', order=spec, fused=True)
             xs.append(x.cpu())
             calls += st['calls_per_sample'] / nb
         row['speculative'] = dict(calls=calls, **S.judged(judge, codec, torch.cat(xs)))

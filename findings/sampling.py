@@ -16,6 +16,7 @@ import json
 import math
 import os
 import time
+from dataclasses import replace
 
 GEN_SETTINGS = ((1.0, 1.0), (0.95, 0.9), (0.95, 0.7))  # finding 7: (top-p, temperature), the paper's three
 GEN_STEPS = (2, 4, 8, 16, 32, 64)                      # the paper's claim is judged at T = 8 .. 64
@@ -29,7 +30,7 @@ def time_samplers(c):
     for T steps, on random models with the same backbone (timing needs no training)."""
     import torch
 
-    from aogpt.generate import generate_ao, generate_mdm
+    from aogpt.generate import Sampling, generate_ao, generate_mdm
     from model import GPT, GPTConfig
     n, B = c.sample_n, c.sample_batch
     steps = [s for s in (8, 16, 32, 64, 128, 256, 512) if s <= n]
@@ -55,12 +56,12 @@ def time_samplers(c):
         return min(ts), stats
 
     rows = []
-    g = lambda: torch.Generator().manual_seed(0)
+    seeded = lambda: Sampling(vocab_size=63, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        generate_ao(dec, n, B, steps[0], vocab_size=63)  # warm-up
+        generate_ao(dec, n, B, steps[0], Sampling(vocab_size=63))  # warm-up
         for T in steps:
-            td, sd = best(lambda: generate_ao(dec, n, B, T, vocab_size=63, generator=g()), 3)
-            te, se = best(lambda: generate_mdm(enc, n, B, T, vocab_size=63, generator=g()), 1)
+            td, sd = best(lambda: generate_ao(dec, n, B, T, seeded()), 3)
+            te, se = best(lambda: generate_mdm(enc, n, B, T, seeded()), 1)
             rows.append(dict(T=T, dec_s=td, enc_s=te, dec_passes=sd['token_passes'], enc_passes=se['token_passes']))
             print(f"  T={T:4d}: decoder {td:.3f} s ({sd['token_passes']} token-passes), "
                   f"encoder {te:.3f} s ({se['token_passes']} token-passes)")
@@ -78,7 +79,7 @@ def generation_study(c, names):
     import torch
 
     from aogpt.checkpoint import load_model
-    from aogpt.generate import generate_ao, generate_mdm
+    from aogpt.generate import Sampling, generate_ao, generate_mdm
     from aogpt.genppl import generative_ppl
     judge, codec = load_judge(c)
     models = {k: load_model(os.path.join(c.runs_dir, k), c.device)[0] for k in ('ao', 'ao_seed2', 'mdm')
@@ -92,13 +93,13 @@ def generation_study(c, names):
         for top_p, temp in GEN_SETTINGS:
             for T in steps:
                 g = torch.Generator().manual_seed(c.seed + T)  # every sampler: the same seeds
-                kw = dict(temperature=temp, top_p=top_p, vocab_size=codec.vocab_size, generator=g)
+                s = Sampling(temperature=temp, top_p=top_p, vocab_size=codec.vocab_size, generator=g)
                 xs, passes = [], 0
                 for _ in range(c.gen_samples // c.gen_batch):
                     if key == 'mdm':
-                        x, st = generate_mdm(model, n, c.gen_batch, T, cache_trick=True, order=order, **kw)
+                        x, st = generate_mdm(model, n, c.gen_batch, T, s, order=order, cache_trick=True)
                     else:
-                        x, st = generate_ao(model, n, c.gen_batch, T, order=order, **kw)
+                        x, st = generate_ao(model, n, c.gen_batch, T, s, order=order)
                     xs.append(x.cpu())
                     passes += st['token_passes']
                 r = generative_ppl(judge, codec, torch.cat(xs), codec, 'none')
@@ -161,7 +162,7 @@ def speculative_study(c, names):
     import torch
 
     from aogpt.checkpoint import load_model
-    from aogpt.generate import generate_ao
+    from aogpt.generate import Sampling, generate_ao
     from aogpt.speculative import generate_speculative
     judge, codec = load_judge(c)
     n, rows, nb = c.block_size, [], max(1, c.gen_samples // c.gen_batch)
@@ -170,10 +171,10 @@ def speculative_study(c, names):
         for top_p, temp in (GEN_SETTINGS[0], GEN_SETTINGS[-1]):
             def cell(label, fn, seed):
                 g = torch.Generator().manual_seed(seed)
-                kw = dict(temperature=temp, top_p=top_p, vocab_size=codec.vocab_size, generator=g)
+                s = Sampling(temperature=temp, top_p=top_p, vocab_size=codec.vocab_size, generator=g)
                 xs, calls, passes, bins = [], 0.0, 0.0, [[0.0, 0] for _ in range(FRAC_BINS)]
                 for _ in range(nb):
-                    x, st = fn(kw)
+                    x, st = fn(s)
                     xs.append(x.cpu())
                     calls += st.get('calls_per_sample', st['forward_calls']) / nb
                     passes += st['token_passes'] / nb
@@ -189,18 +190,18 @@ def speculative_study(c, names):
             spec_calls = {}
             for order in ('random', 'l2r'):
                 for k, fused in SPEC_DRAFTS:
-                    r = cell(spec_label(k, fused, order), lambda kw, o=order, k=k, f=fused: generate_speculative(
-                        model, n, c.gen_batch, k=k, order=o, fused=f, trace=True, **kw), c.seed)
+                    r = cell(spec_label(k, fused, order), lambda s, o=order, k=k, f=fused: generate_speculative(
+                        model, n, c.gen_batch, s, k=k, order=o, fused=f, trace=True), c.seed)
                     if order == 'random':
                         spec_calls[k, fused] = r['calls']
             for order in ('random', 'l2r'):
                 for i, seed in enumerate((c.seed, c.seed + 1)):
-                    cell(f"T = n, {order}" + (', seed 2' if i else ''), lambda kw, o=order: generate_ao(
-                        model, n, c.gen_batch, n, order=o, fixed_counts=True, **kw), seed)  # one token a call
+                    cell(f"T = n, {order}" + (', seed 2' if i else ''), lambda s, o=order: generate_ao(
+                        model, n, c.gen_batch, n, replace(s, fixed_counts=True), order=o), seed)  # one token a call
             for k, fused in SPEC_DRAFTS:
                 T = max(1, round(spec_calls[k, fused]))
-                cell(f"Lemma-1 T={T} (= {spec_label(k, fused)} calls), random", lambda kw, T=T: generate_ao(
-                    model, n, c.gen_batch, T, order='random', fixed_counts=True, **kw), c.seed)
+                cell(f"Lemma-1 T={T} (= {spec_label(k, fused)} calls), random", lambda s, T=T: generate_ao(
+                    model, n, c.gen_batch, T, replace(s, fixed_counts=True), order='random'), c.seed)
         for r in rows[-len(rows) // (2 if key == 'sigma' else 1):]:
             if r['model'] == key and (r['top_p'], r['temperature']) == GEN_SETTINGS[0]:
                 print(f"  {key}, {r['sampler']}: gen PPL {r['per_sequence']:.3f} / {r['token']:.3f}, H "

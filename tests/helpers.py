@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import torch
 
-from aogpt.generate import logits_to_probs
+from aogpt.generate import Sampling, logits_to_probs
 from aogpt.orders import parse_order
 from model import GPT, GPTConfig
 
@@ -194,3 +194,11 @@ def fill(folder, leave):
     free = st.f_bavail * st.f_frsize
     with open(os.path.join(folder, 'filler'), 'wb') as f:
         f.write(b'\0' * max(0, free - leave))
+
+
+def split_settings(kw, **fields):
+    """A sampler call's keywords kw (a test's parameters) as (the generate.Sampling of fields and of kw's
+    settings, the sampler's other keywords)."""
+    names = set(Sampling.__dataclass_fields__)
+    return (Sampling(**fields, **{k: v for k, v in kw.items() if k in names}),
+            {k: v for k, v in kw.items() if k not in names})

@@ -6,7 +6,7 @@ import torch
 from helpers import chi2_cells, exact_law, seq_law, tiny
 
 from aogpt import generate
-from aogpt.generate import doc_lengths, doc_start, generate_ao, generate_ar, settled
+from aogpt.generate import Sampling, doc_lengths, doc_start, generate_ao, generate_ar, settled
 from aogpt.speculative import generate_speculative
 
 N = 10000      # samples per law: the rejected laws below fall far under ALPHA with this many
@@ -82,12 +82,12 @@ def test_early_stop_keeps_the_full_draws_documents_token_for_token(m4, order):
     """Every draw of generate_ao is fixed before its first call, so stopping changes no token: the
     documents of the early-stopped run are those of the full run cut, sample for sample, and each sample
     stopped at or before the full draw's last call (well before it along blocks)."""
-    kw = dict(order=order, vocab_size=V, fixed_counts=True)
-    full, st_full = generate_ao(m4, n, 500, n, generator=gen(3), **kw)
-    x, st = generate_ao(m4, n, 500, n, generator=gen(3), until=END, **kw)
-    par = generate_ao(m4, n, 500, 2, generator=gen(4), order=order, vocab_size=V)[0]  # Lemma-1 parallel steps
-    assert documents(generate_ao(m4, n, 500, 2, generator=gen(4), order=order, vocab_size=V, until=END)[0]) == \
-        documents(par)
+    one_a_call = lambda seed, **s: Sampling(vocab_size=V, fixed_counts=True, generator=gen(seed), **s)  # noqa: E731
+    full, st_full = generate_ao(m4, n, 500, n, one_a_call(3), order=order)
+    x, st = generate_ao(m4, n, 500, n, one_a_call(3, until=END), order=order)
+    par = generate_ao(m4, n, 500, 2, Sampling(generator=gen(4), vocab_size=V), order=order)[0]  # Lemma-1 parallel steps
+    assert documents(generate_ao(m4, n, 500, 2, Sampling(generator=gen(4), vocab_size=V, until=END),
+                                 order=order)[0]) == documents(par)
     assert documents(x) == documents(full)
     assert st['calls_full'] == st_full['forward_calls'] == n
     calls = torch.tensor(st['stop_call'], dtype=torch.float64)
@@ -99,9 +99,9 @@ def test_early_stop_keeps_the_full_draws_documents_token_for_token(m4, order):
     assert st['generated'] == st['stop_call']
     # a batch whose samples have all stopped stops: one sample alone makes exactly its own calls
     for seed in range(8):
-        one, st1 = generate_ao(m4, n, 1, n, generator=gen(seed), until=END, **kw)
+        one, st1 = generate_ao(m4, n, 1, n, one_a_call(seed, until=END), order=order)
         assert st1['forward_calls'] == st1['stop_call'][0]
-        assert documents(one) == documents(generate_ao(m4, n, 1, n, generator=gen(seed), **kw)[0])
+        assert documents(one) == documents(generate_ao(m4, n, 1, n, one_a_call(seed), order=order)[0])
 
 
 @pytest.mark.parametrize('order,prompt', [('semiar:2', False), ('semiar:2', True)])
@@ -111,14 +111,15 @@ def test_early_stopped_documents_have_the_exact_law(m4, order, prompt):
     sequences that share a first document; with a prompt, the prompt's own document. The full draw cut
     afterwards passes the same test; the random-order law, a different one, is rejected (power)."""
     given = torch.tensor([1, -1, -1, -1]) if prompt else None
-    kw = dict(order=order, given=given, vocab_size=V, fixed_counts=True)  # one token a call: the chain rule
-    x, st = generate_ao(m4, n, N, n, generator=gen(7), until=END, **kw)
+    kw = dict(order=order, given=given)
+    one_a_call = lambda seed, **s: Sampling(vocab_size=V, fixed_counts=True, generator=gen(seed), **s)  # noqa: E731
+    x, st = generate_ao(m4, n, N, n, one_a_call(7, until=END), **kw)  # one token a call: the chain rule
     law = doc_law(m4, order, given)
     assert abs(sum(law.values()) - 1) < 1e-9
     start = doc_start(given, n)
     assert chi2_cells(documents(x, start), law) > ALPHA
     assert sum(st['stop_call']) < N * st['calls_full']
-    full, _ = generate_ao(m4, n, N, n, generator=gen(8), **kw)
+    full, _ = generate_ao(m4, n, N, n, one_a_call(8), **kw)
     assert chi2_cells(documents(full, start), law) > ALPHA
     assert chi2_cells(documents(x, start), doc_law(m4, 'random', given)) < ALPHA
 
@@ -127,10 +128,11 @@ def test_early_stopped_documents_have_the_exact_law(m4, order, prompt):
 def test_early_stopped_speculative_documents_have_the_exact_law(m4, kw):
     """Exact parallel decoding along semiar:2 with a stop: a sample whose document is settled leaves the
     rounds. Its document has the law of sequential sampling along the order, cut."""
-    x, st = generate_speculative(m4, n, N, order='semiar:2', vocab_size=V, generator=gen(9), until=END, **kw)
+    x, st = generate_speculative(m4, n, N, Sampling(vocab_size=V, generator=gen(9), until=END), order='semiar:2',
+                                 **kw)
     assert chi2_cells(documents(x), doc_law(m4, 'semiar:2')) > ALPHA
     assert chi2_cells(documents(x), doc_law(m4, 'random')) < ALPHA
-    full = generate_speculative(m4, n, N, order='semiar:2', vocab_size=V, generator=gen(9), **kw)[1]
+    full = generate_speculative(m4, n, N, Sampling(vocab_size=V, generator=gen(9)), order='semiar:2', **kw)[1]
     assert st['calls_per_sample'] < full['calls_per_sample']  # a stopped sample takes part in fewer rounds
     assert min(st['generated']) < n
 
@@ -139,8 +141,8 @@ def test_batch_minimum_commits_stop_when_every_sample_has(m4):
     """batch_commit='min' shares its rounds: the batch stops once every sample's document is settled, and
     each sample is then its document (nothing past its end symbol is needed)."""
     for seed in range(6):
-        x, st = generate_speculative(m4, n, 2, k=2, order='semiar:2', vocab_size=V, generator=gen(seed),
-                                     batch_commit='min', until=END)
+        x, st = generate_speculative(m4, n, 2, Sampling(vocab_size=V, generator=gen(seed), until=END), k=2,
+                                     order='semiar:2', batch_commit='min')
         ended = doc_lengths(x, END) < n
         assert bool(settled(x, END)[ended].all()) and (bool(ended.all()) or max(st['generated']) == n)
 
@@ -151,11 +153,11 @@ def test_a_stop_rule_that_ignores_the_holes_is_rejected(m4, monkeypatch):
     positions it leaves undrawn make documents the law does not have, and the test says so."""
     wrong = lambda x, end, start=0: ((x == end) & (torch.arange(x.size(1)) >= start)).any(1)  # noqa: E731
     monkeypatch.setattr(generate, 'settled', wrong)
-    kw = dict(order='random', vocab_size=V, fixed_counts=True, generator=gen(7), until=END)
-    x, _ = generate_ao(m4, n, N, n, **kw)
+    s = Sampling(vocab_size=V, fixed_counts=True, generator=gen(7), until=END)
+    x, _ = generate_ao(m4, n, N, n, s, order='random')
     assert chi2_cells(documents(x), doc_law(m4, 'random')) < ALPHA
     monkeypatch.undo()
-    x, _ = generate_ao(m4, n, N, n, **kw)
+    x, _ = generate_ao(m4, n, N, n, s, order='random')
     assert chi2_cells(documents(x), doc_law(m4, 'random')) > ALPHA
 
 
@@ -163,8 +165,8 @@ def test_l2r_gpt_stops_at_its_end_symbol():
     """A GPT decoding left to right stops each sample at its first end symbol after the prompt; the
     tokens are those of the full run up to it."""
     gpt = tiny(cond='none', vocab_size=4, block_size=8, seed=2).double()
-    full, _ = generate_ar(gpt, 6, 64, vocab_size=V, prompt=[2], generator=gen(1))
-    x, st = generate_ar(gpt, 6, 64, vocab_size=V, prompt=[2], generator=gen(1), until=END)
+    full, _ = generate_ar(gpt, 6, 64, Sampling(vocab_size=V, generator=gen(1)), prompt=[2])
+    x, st = generate_ar(gpt, 6, 64, Sampling(vocab_size=V, generator=gen(1), until=END), prompt=[2])
     assert documents(x, 1) == documents(full, 1)
     ends = doc_lengths(full, END, 1)
     assert st['stop_call'] == torch.where(ends < 6, ends, 5).tolist()

@@ -16,7 +16,8 @@ import sample
 from aogpt import engine, generate, genppl, speculative
 from aogpt.checkpoint import load_checkpoint, save_checkpoint
 from aogpt.errors import UserError
-from aogpt.generate import generate_ao, generate_ar, generate_mdm, reveal_counts, sample_tokens, time_grid
+from aogpt.generate import Sampling, generate_ao, generate_ar, generate_mdm, reveal_counts, sample_tokens, \
+    time_grid
 from aogpt.genppl import judge_nll, unigram_entropy
 from model import model_args
 from sample import encode_template
@@ -103,7 +104,7 @@ def test_distribution_matches_exact_any_order_mixture(ao3):
     """T >> n: one token per step (the steps revealing nothing cost nothing), so the sample law is the
     exact any-order mixture E_sigma p_sigma(x) = sum_sigma p_sigma(x) / n!."""
     n, V, N = 3, 3, 20000
-    x, st = generate_ao(ao3, n, N, steps=4000, vocab_size=V, generator=gen(0))
+    x, st = generate_ao(ao3, n, N, 4000, Sampling(vocab_size=V, generator=gen(0)))
     assert st['forward_calls'] == n and x.max() < V  # this seed's Binomial draws: 1 + 1 + 1
     xs, law = ao_law(ao3, n, V, [1, 1, 1])
     assert abs(law.sum().item() - 1) < 1e-9
@@ -119,7 +120,7 @@ def test_parallel_steps_with_temperature_top_p_match_exact_law(ao3):
     n, V, N = 3, 3, 20000
     kw = dict(temperature=0.8, top_p=0.9)
     assert reveal_counts(n, 2, fixed=True).tolist() == [1, 2]
-    x, st = generate_ao(ao3, n, N, steps=2, fixed_counts=True, vocab_size=V, generator=gen(1), **kw)
+    x, st = generate_ao(ao3, n, N, 2, Sampling(fixed_counts=True, vocab_size=V, generator=gen(1), **kw))
     assert st['forward_calls'] == 2
     xs, law = ao_law(ao3, n, V, [1, 2], **kw)
     assert chi2_pvalue(x, xs, law) > 1e-3
@@ -129,7 +130,7 @@ def test_parallel_steps_with_temperature_top_p_match_exact_law(ao3):
 
 def test_one_step_draws_every_position_from_its_first_step_marginal(ao3):
     n, V, N = 3, 3, 20000
-    x, st = generate_ao(ao3, n, N, steps=1, vocab_size=V, generator=gen(2))
+    x, st = generate_ao(ao3, n, N, 1, Sampling(vocab_size=V, generator=gen(2)))
     assert st['forward_calls'] == 1 and st['token_passes'] == n  # n copies of [None], nothing else
     xs = torch.tensor(list(itertools.product(range(V), repeat=n)))
     law = torch.ones(len(xs), dtype=torch.float64)
@@ -149,7 +150,7 @@ def test_blocks_order_matches_the_mixture_over_its_orders():
     sequences is the mixture over exactly those 2! x 2! orders: neither L2R alone nor all 4! orders."""
     model = sharp(tiny(vocab_size=4, block_size=4, seed=4)).double()
     n, V, N = 4, 3, 30000
-    x, st = generate_ao(model, n, N, steps=4000, order='semiar:2', vocab_size=V, generator=gen(6))
+    x, st = generate_ao(model, n, N, 4000, Sampling(vocab_size=V, generator=gen(6)), order='semiar:2')
     assert st['forward_calls'] == n
     assert all(set(o[:2]) == {0, 1} for o in st['order'].tolist()[:200])
     allowed = [a + b for a in itertools.permutations((0, 1)) for b in itertools.permutations((2, 3))]
@@ -201,7 +202,8 @@ def test_confidence_orders_on_the_cache_equal_a_cache_free_recomputation(score, 
     monkeypatch.setattr(engine.SlotStepper, '__call__', spy)
     for T, giv in ((4, None), (5, given), (12, given)):
         seen.clear()
-        x, st = generate_ao(model, 12, 3, T, order=score, given=giv, generator=gen(T), stepper=stepper, top_p=0.9)
+        x, st = generate_ao(model, 12, 3, T, Sampling(generator=gen(T), top_p=0.9), order=score, given=giv,
+                            stepper=stepper)
         ref, order, ref_logits = confident_without_cache(model, 12, 3, T, score, given=giv, generator=gen(T),
                                                          top_p=0.9)
         assert torch.equal(x, ref) and torch.equal(st['order'], order) and len(seen) == len(ref_logits)
@@ -251,8 +253,8 @@ def test_greedy_confidence_equals_brute_force(score):
         return seq, order
 
     for threshold in (0.0, 0.22):
-        out, st = generate_ao(model, n, 1, n, order=score, fixed_counts=True, temperature=0, vocab_size=11,
-                              threshold=threshold, generator=gen(1))
+        out, st = generate_ao(model, n, 1, n, Sampling(fixed_counts=True, temperature=0, vocab_size=11,
+                                                       threshold=threshold, generator=gen(1)), order=score)
         ref, order = brute(threshold)
         assert torch.equal(out, ref) and st['order'][0].tolist() == order
         if threshold:
@@ -261,9 +263,10 @@ def test_greedy_confidence_equals_brute_force(score):
 
 def test_threshold_decodes_each_sample_on_its_own():
     model = sharp(tiny(block_size=10, seed=7), 3.0)
-    x, st = generate_ao(model, 10, 3, 99, order='confidence', threshold=0.5, generator=gen(3))
+    x, st = generate_ao(model, 10, 3, 99, Sampling(threshold=0.5, generator=gen(3)), order='confidence')
     g = gen(3)
-    ones = [generate_ao(model, 10, 1, 99, order='confidence', threshold=0.5, generator=g)[0] for _ in range(3)]
+    ones = [generate_ao(model, 10, 1, 99, Sampling(threshold=0.5, generator=g), order='confidence')[0]
+            for _ in range(3)]
     assert torch.equal(x, torch.cat(ones)) and len(st['counts']) == 3
     assert st['forward_calls'] == sum(len(c) for c in st['counts']) / 3
 
@@ -273,7 +276,8 @@ def test_threshold_decoding_keeps_one_batch_1_stepper(monkeypatch):
     stepper kept beside the caller's, so a cuda_graph stepper captures its graphs once, not once per
     sample. Same samples as the default path."""
     model = sharp(tiny(block_size=10, seed=7), 3.0)
-    refs = [generate_ao(model, 10, 3, 99, order='confidence', threshold=0.5, generator=gen(s))[0] for s in (1, 2)]
+    refs = [generate_ao(model, 10, 3, 99, Sampling(threshold=0.5, generator=gen(s)), order='confidence')[0]
+            for s in (1, 2)]
     made, real_init = [], engine.SlotStepper.__init__
 
     def counting(self, model, batch_size, *a, **k):
@@ -282,7 +286,8 @@ def test_threshold_decoding_keeps_one_batch_1_stepper(monkeypatch):
     monkeypatch.setattr(engine.SlotStepper, '__init__', counting)
     st = engine.SlotStepper(model, 3, 'static')
     for s, ref in zip((1, 2), refs):  # two batches, as sample.py --num_batches 2 runs them
-        x, _ = generate_ao(model, 10, 3, 99, order='confidence', threshold=0.5, generator=gen(s), stepper=st)
+        x, _ = generate_ao(model, 10, 3, 99, Sampling(threshold=0.5, generator=gen(s)), order='confidence',
+                           stepper=st)
         assert torch.equal(x, ref)
     assert made == [3, 1] and st.for_batch(1) is st.for_batch(1).for_batch(1)
 
@@ -292,7 +297,7 @@ def test_infilling_works_with_every_order(order):
     model = tiny(block_size=12, seed=8)
     given = torch.full((12,), -1)
     given[[0, 5, 11]] = torch.tensor([4, 9, 1])
-    x, st = generate_ao(model, 12, 3, 5, order=order, given=given, generator=gen(0))
+    x, st = generate_ao(model, 12, 3, 5, Sampling(generator=gen(0)), order=order, given=given)
     assert (x[:, [0, 5, 11]] == torch.tensor([4, 9, 1])).all() and (x >= 0).all()
     assert st['order'][:, :3].tolist() == [[0, 5, 11]] * 3  # the given tokens enter first
     if order == 'semiar:3':  # free positions block by block: {1, 2}, {3, 4}, {6, 7, 8}, {9, 10}
@@ -304,7 +309,44 @@ def test_a_bad_order_spec_is_one_clear_error(spec):
     with pytest.raises(ValueError, match='an order is random, l2r, semiar:K'):
         generate_ao(tiny(), 8, 2, 4, order=spec)
     with pytest.raises(ValueError, match='confidence orders'):
-        generate_ao(tiny(), 8, 2, 4, order='random', threshold=0.5)
+        generate_ao(tiny(), 8, 2, 4, Sampling(threshold=0.5), order='random')
+
+
+@pytest.mark.parametrize('bad', [dict(temperature=-1), dict(temperature=float('nan')), dict(top_p=0.0),
+                                 dict(top_p=1.5), dict(vocab_size=0), dict(generator=7), dict(schedule='cos'),
+                                 dict(fixed_counts='yes'), dict(threshold=1.5), dict(until=-1)])
+def test_a_bad_setting_is_one_line_when_the_settings_are_made(bad):
+    """Every setting is checked once, where the settings object is made, by the rules sample.py's flags
+    are checked by too: one line naming the setting and what a valid one is."""
+    (name, value), = bad.items()
+    with pytest.raises(UserError, match=f"^invalid {name}=") as e:
+        Sampling(**bad)
+    assert '\n' not in str(e.value) and generate.RULES[name][1] in str(e.value)
+    assert generate.Sampling.invalid(**bad) == (name, generate.RULES[name][1])
+    Sampling(**{name: getattr(Sampling(), name)})  # the default is valid
+
+
+@pytest.mark.parametrize('sampler, setting', [('ar', dict(schedule='cosine')), ('ar', dict(fixed_counts=True)),
+                                              ('mdm', dict(until=2)), ('confident', dict(until=2)),
+                                              ('ao', dict(threshold=0.5)), ('speculative', dict(fixed_counts=True)),
+                                              ('speculative', dict(threshold=0.5))])
+def test_a_sampler_refuses_a_setting_it_does_not_read_before_any_draw(sampler, setting):
+    """One settings object serves every sampler, so a sampler can be handed a setting it has no use for:
+    it refuses it (one line, before a single draw) rather than run as if it had used it."""
+    model = dict(ar=tiny(cond='none'), mdm=tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11)).get(
+        sampler, tiny())
+    run = dict(ao=lambda s: generate_ao(model, 8, 2, 4, s), ar=lambda s: generate_ar(model, 8, 2, s),
+               confident=lambda s: generate_ao(model, 8, 2, 4, s, order='confidence'),
+               mdm=lambda s: generate_mdm(model, 8, 2, 4, s),
+               speculative=lambda s: speculative.generate_speculative(model, 8, 2, s))[sampler]
+    g = gen(0)
+    with pytest.raises(UserError, match=f"the {sampler} sampler does not read {next(iter(setting))}=") as e:
+        run(Sampling(generator=g, **setting))
+    assert '\n' not in str(e.value) and torch.equal(g.get_state(), gen(0).get_state())
+    x, _ = run(Sampling(generator=g))  # the same call at the default runs
+    assert x.shape == (2, 8)
+    with pytest.raises(UserError, match='settings must be a generate.Sampling'):
+        run(dict(temperature=0.5))
 
 
 # --------------------------------------------------------------------------- the cache, step by step
@@ -325,7 +367,7 @@ def test_step_logits_equal_full_forward(cond, monkeypatch):
             calls.append((tok.size(1), tgt[:, -kw['n_logits']:].clone(), out.clone()))
         return out
     monkeypatch.setattr(model, 'forward_slots', spy)
-    x, st = generate_ao(model, n, B, steps=5, given=given, generator=gen(3))
+    x, st = generate_ao(model, n, B, 5, Sampling(generator=gen(3)), given=given)
     order = st['order']
     assert order[:, :3].tolist() == [[0, 3, 7]] * B  # given tokens first, ascending
     assert len(calls) == st['forward_calls'] >= 2 and sum(r for r, _, _ in calls) == st['token_passes']
@@ -345,7 +387,7 @@ def test_token_passes_about_2n_for_any_T():
     model = tiny(block_size=64, seed=2)
     n = 64
     for T in [1, 4, 16, 64, 512]:
-        _, st = generate_ao(model, n, 2, steps=T, generator=gen(T))
+        _, st = generate_ao(model, n, 2, T, Sampling(generator=gen(T)))
         ks = st['counts']
         assert sum(ks) == n and len(ks) == st['forward_calls'] and min(ks) >= 1
         # every token is a query once (n) and then, except the last step's, context once
@@ -393,7 +435,7 @@ def test_static_stepper_equals_dynamic_call_for_call(kw, kv_bucket, monkeypatch)
     # for the padding rows to see but slot 0
     for T, fixed, giv in ((2, True, given), (7, False, given), (40, False, given), (1, False, None)):
         res = run_steppers(monkeypatch, lambda mode: generate_ao(
-            model, n, B, T, fixed_counts=fixed, given=giv, top_p=0.9, generator=gen(T),
+            model, n, B, T, Sampling(fixed_counts=fixed, top_p=0.9, generator=gen(T)), given=giv,
             stepper=stepper(model, B, mode, kv_bucket))[0])
         (xd, cd), (xs, cs) = res['dynamic'], res['static']
         assert torch.equal(xd, xs) and len(cd) == len(cs)
@@ -409,8 +451,8 @@ def test_static_stepper_equals_dynamic_call_for_call(kw, kv_bucket, monkeypatch)
 
 def test_static_stepper_for_l2r_decoding(monkeypatch):
     model = sharp(tiny(cond='none', block_size=24, seed=9), 3.0)
-    res = run_steppers(monkeypatch, lambda mode: generate_ar(model, 24, 2, prompt=[3, 1, 4], generator=gen(2),
-                                                             stepper=stepper(model, 2, mode))[0])
+    res = run_steppers(monkeypatch, lambda mode: generate_ar(model, 24, 2, Sampling(generator=gen(2)),
+                                                             prompt=[3, 1, 4], stepper=stepper(model, 2, mode))[0])
     (xd, cd), (xs, cs) = res['dynamic'], res['static']
     assert torch.equal(xd, xs) and len(cd) == len(cs) == 21
     for (_, _, _, ld, _), (_, _, _, ls, _) in zip(cd, cs):
@@ -428,10 +470,11 @@ def test_cuda_graph_stepper_equals_eager_on_gpu(how, monkeypatch):
     tol = ATOL if how == 'fp32' else 3e-2
     modes = ('dynamic', 'static', 'cuda_graph')
     with ctx:
-        runs = [run_steppers(monkeypatch, lambda mode: generate_ao(model, 40, 3, T, generator=gen(T),
+        runs = [run_steppers(monkeypatch, lambda mode: generate_ao(model, 40, 3, T, Sampling(generator=gen(T)),
                                                                    stepper=stepper(model, 3, mode))[0], modes)
                 for T in (1, 2, 7, 40)]
-        runs.append(run_steppers(monkeypatch, lambda mode: generate_ar(model, 40, 3, prompt=[1, 2], generator=gen(0),
+        runs.append(run_steppers(monkeypatch, lambda mode: generate_ar(model, 40, 3, Sampling(generator=gen(0)),
+                                                                       prompt=[1, 2],
                                                                        stepper=stepper(model, 3, mode))[0], modes))
     for res in runs:
         (xd, cd), (xs, cs), (xg, cg) = (res[m] for m in modes)
@@ -455,7 +498,7 @@ def test_bf16_logits_are_drawn_in_float64_on_gpu(monkeypatch):
         seen.append((logits.cpu(), u.cpu(), out.cpu(), a, k))
         return out
     monkeypatch.setattr(generate, 'sample_tokens', spy)
-    generate_ao(model, 40, 3, 7, top_p=0.9, generator=gen(7), stepper='cuda_graph')
+    generate_ao(model, 40, 3, 7, Sampling(top_p=0.9, generator=gen(7)), stepper='cuda_graph')
     assert seen
     for logits, u, out, a, k in seen:
         assert logits.dtype == torch.bfloat16 and u.dtype == torch.float64
@@ -468,10 +511,10 @@ def test_a_stepper_serves_many_runs():
     model = sharp(tiny(block_size=16, seed=3), 3.0)
     st = engine.SlotStepper(model, 2, 'static')
     for T in (16, 3, 5):
-        fresh = generate_ao(model, 16, 2, T, generator=gen(T), stepper='static')[0]
-        assert torch.equal(generate_ao(model, 16, 2, T, generator=gen(T), stepper=st)[0], fresh)
-    assert torch.equal(generate_ar(model, 16, 2, generator=gen(1), stepper=st)[0],
-                       generate_ar(model, 16, 2, generator=gen(1))[0])
+        fresh = generate_ao(model, 16, 2, T, Sampling(generator=gen(T)), stepper='static')[0]
+        assert torch.equal(generate_ao(model, 16, 2, T, Sampling(generator=gen(T)), stepper=st)[0], fresh)
+    assert torch.equal(generate_ar(model, 16, 2, Sampling(generator=gen(1)), stepper=st)[0],
+                       generate_ar(model, 16, 2, Sampling(generator=gen(1)))[0])
     with pytest.raises(ValueError, match='another model or batch size'):
         generate_ao(model, 16, 3, 4, stepper=st)
 
@@ -548,11 +591,11 @@ def test_l2r_fixed_counts_equals_uncached_loop_token_for_token(prompt):
     kw = dict(temperature=0.9, top_p=0.95, vocab_size=10)
     ref = uncached_l2r(model, n, B, 7, prompt, **kw)
     given = torch.tensor(list(prompt) + [-1] * (n - len(prompt)))
-    x, st = generate_ao(model, n, B, steps=n - len(prompt), order='l2r', fixed_counts=True, given=given,
-                        generator=gen(7), **kw)
+    x, st = generate_ao(model, n, B, n - len(prompt), Sampling(fixed_counts=True, generator=gen(7), **kw),
+                        order='l2r', given=given)
     assert st['forward_calls'] == n - len(prompt)
     assert torch.equal(x, ref)
-    y, _ = generate_ar(model, n, B, prompt=list(prompt), generator=gen(7), **kw)
+    y, _ = generate_ar(model, n, B, Sampling(generator=gen(7), **kw), prompt=list(prompt))
     assert torch.equal(y, ref)
     assert not torch.equal(ref, uncached_l2r(model, n, B, 8, prompt, **kw))  # the seed matters
 
@@ -560,7 +603,7 @@ def test_l2r_fixed_counts_equals_uncached_loop_token_for_token(prompt):
 def test_generate_ar_for_a_gpt_equals_uncached_loop():
     model = sharp(tiny(cond='none', seed=6), 3.0).double()
     ref = uncached_l2r(model, 8, 3, 11)
-    x, st = generate_ar(model, 8, 3, generator=gen(11))
+    x, st = generate_ar(model, 8, 3, Sampling(generator=gen(11)))
     assert torch.equal(x, ref) and st['token_passes'] == 8 and st['forward_calls'] == 8
 
 
@@ -571,19 +614,19 @@ def test_infilling_keeps_given_tokens():
     given = torch.tensor([5, 6, -1, 1, -1, -1, 9, 9])
     ao = tiny(seed=7)
     enc = tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=7)
-    for x, st in [generate_ao(ao, n, 5, steps=3, given=given, generator=gen(0)),
-                  generate_ao(ao, n, 5, steps=3, order='l2r', given=given, generator=gen(0)),
-                  generate_mdm(enc, n, 5, steps=3, given=given, generator=gen(0)),
-                  generate_mdm(enc, n, 5, steps=3, counts='independent', given=given, generator=gen(0))]:
+    for x, st in [generate_ao(ao, n, 5, 3, Sampling(generator=gen(0)), given=given),
+                  generate_ao(ao, n, 5, 3, Sampling(generator=gen(0)), order='l2r', given=given),
+                  generate_mdm(enc, n, 5, 3, Sampling(generator=gen(0)), given=given),
+                  generate_mdm(enc, n, 5, 3, Sampling(generator=gen(0)), counts='independent', given=given)]:
         keep = given >= 0
         assert (x[:, keep] == given[keep]).all()
         assert (x >= 0).all() and (x < 11).all()
         assert st['tokens_generated'] == 3
     # a random order of the free positions after the given ones; l2r: ascending
-    _, st = generate_ao(ao, n, 3, steps=3, order='l2r', given=given, generator=gen(0))
+    _, st = generate_ao(ao, n, 3, 3, Sampling(generator=gen(0)), order='l2r', given=given)
     assert st['order'][0].tolist() == [0, 1, 3, 6, 7, 2, 4, 5]
     with pytest.raises(ValueError):
-        generate_ao(ao, n, 1, steps=3, given=torch.arange(n), generator=gen(0))
+        generate_ao(ao, n, 1, 3, Sampling(generator=gen(0)), given=torch.arange(n))
 
 
 def test_encode_template():
@@ -638,7 +681,7 @@ def mdm_law(model, n, V, T=None):
 
 def test_encoder_sampler_matches_exact_law(enc3):
     n, V, N = 3, 3, 20000
-    x, st = generate_mdm(enc3, n, N, steps=2, counts='independent', cache_trick=True, generator=gen(4))
+    x, st = generate_mdm(enc3, n, N, 2, Sampling(generator=gen(4)), counts='independent', cache_trick=True)
     assert x.max() < V  # [MASK] never drawn
     xs, law = mdm_law(enc3, n, V, 2)
     assert abs(law.sum().item() - 1) < 1e-9
@@ -646,7 +689,7 @@ def test_encoder_sampler_matches_exact_law(enc3):
     _, wrong = mdm_law(enc3, n, V, 1)  # everything from the all-[MASK] input: rejected
     assert chi2_pvalue(x, xs, wrong) < 1e-6
     # shared counts, T = n fixed: one token per step in a random order, i.e. the any-order mixture
-    x, _ = generate_mdm(enc3, n, N, steps=n, fixed_counts=True, generator=gen(5))
+    x, _ = generate_mdm(enc3, n, N, n, Sampling(fixed_counts=True, generator=gen(5)))
     _, law_n = mdm_law(enc3, n, V)
     assert chi2_pvalue(x, xs, law_n) > 1e-3
 
@@ -654,9 +697,9 @@ def test_encoder_sampler_matches_exact_law(enc3):
 @pytest.mark.parametrize('counts', ['shared', 'independent'])
 def test_encoder_cache_trick_gives_identical_samples_with_fewer_passes(counts):
     enc = tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=9)
-    kw = dict(counts=counts, vocab_size=11, given=torch.tensor([3, -1, -1, -1, -1, -1, -1, -1]))
-    a, sa = generate_mdm(enc, 8, 6, steps=64, cache_trick=False, generator=gen(1), **kw)
-    b, sb = generate_mdm(enc, 8, 6, steps=64, cache_trick=True, generator=gen(1), **kw)
+    kw = dict(counts=counts, given=torch.tensor([3, -1, -1, -1, -1, -1, -1, -1]))
+    a, sa = generate_mdm(enc, 8, 6, 64, Sampling(vocab_size=11, generator=gen(1)), cache_trick=False, **kw)
+    b, sb = generate_mdm(enc, 8, 6, 64, Sampling(vocab_size=11, generator=gen(1)), cache_trick=True, **kw)
     assert torch.equal(a, b)
     assert sa['forward_calls'] == 64 and sb['forward_calls'] < 64
     assert sb['token_passes'] == 8 * sb['forward_calls']
@@ -672,9 +715,9 @@ def test_encoder_stepper_gives_the_eager_samples(mode):
     enc = sharp(tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=9), 3.0).to(dev)
     st = engine.EncoderStepper(enc, 6, 8, mode)
     for T, trick in ((64, True), (5, False), (3, True)):
-        kw = dict(steps=T, cache_trick=trick, vocab_size=11, given=torch.tensor([3, -1, -1, -1, -1, -1, -1, -1]))
-        a, sa = generate_mdm(enc, 8, 6, generator=gen(T), **kw)
-        b, sb = generate_mdm(enc, 8, 6, generator=gen(T), stepper=st, **kw)
+        kw = dict(cache_trick=trick, given=torch.tensor([3, -1, -1, -1, -1, -1, -1, -1]))
+        a, sa = generate_mdm(enc, 8, 6, T, Sampling(vocab_size=11, generator=gen(T)), **kw)
+        b, sb = generate_mdm(enc, 8, 6, T, Sampling(vocab_size=11, generator=gen(T)), stepper=st, **kw)
         assert torch.equal(a, b) and sa['forward_calls'] == sb['forward_calls']
     with pytest.raises(ValueError, match='another model or shape'):
         generate_mdm(enc, 8, 5, steps=4, stepper=st)
@@ -694,8 +737,8 @@ def test_shared_plan_couples_ao_and_mdm():
     """Same seed, same plan: the encoder reveals the same positions in the same order as generate_ao."""
     ao = tiny(seed=11)
     enc = tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=11)
-    _, s1 = generate_ao(ao, 8, 3, steps=4, generator=gen(2))
-    _, s2 = generate_mdm(enc, 8, 3, steps=4, generator=gen(2))
+    _, s1 = generate_ao(ao, 8, 3, 4, Sampling(generator=gen(2)))
+    _, s2 = generate_mdm(enc, 8, 3, 4, Sampling(generator=gen(2)))
     assert torch.equal(s1['order'], s2['order'])
 
 
@@ -1058,8 +1101,8 @@ def test_the_plan_is_the_calls_generate_ao_makes(monkeypatch):
     monkeypatch.setattr(engine.SlotStepper, '__call__', spy)
     for T, giv in ((4, None), (9, given), (32, None), (32, given)):
         seen.clear()
-        _, st = generate_ao(model, 32, 3, T, given=giv, generator=gen(5))
-        counts = generate.draw_plan(32, 3, T, given=giv, generator=gen(5))[2].tolist()
+        _, st = generate_ao(model, 32, 3, T, Sampling(generator=gen(5)), given=giv)
+        counts = generate.draw_plan(32, 3, T, Sampling(generator=gen(5)), given=giv)[2].tolist()
         calls = generate.ao_calls(counts, 0 if giv is None else 2)
         assert calls == seen and len(calls) == st['forward_calls']
         assert sum(r for r, _, _ in calls) == st['token_passes']
@@ -1085,9 +1128,9 @@ def test_non_finite_probabilities_are_refused_never_drawn(where):
                 model.lm_head.weight[0, 0] = float('nan')
             g = torch.Generator().manual_seed(0)
             if where == 'generate_ao':
-                generate_ao(model, 8, 2, 4, vocab_size=11, generator=g)
+                generate_ao(model, 8, 2, 4, Sampling(vocab_size=11, generator=g))
             else:
-                generate_speculative(model, 8, 2, k=3, vocab_size=11, generator=g)
+                generate_speculative(model, 8, 2, Sampling(vocab_size=11, generator=g), k=3)
 
 
 class _Evil:
@@ -1125,12 +1168,12 @@ def test_steps_are_the_steps_that_revealed_a_token_not_the_steps_asked(tmp_path,
     ao, mdm = tiny(vocab_size=8, block_size=8), tiny(vocab_size=8, block_size=8, cond='none', causal=False,
                                                        mask_token_id=7)
     for T, fixed in ((64, False), (64, True), (3, False)):
-        _, st = generate_ao(ao, 8, 2, T, fixed_counts=fixed, generator=g)
+        _, st = generate_ao(ao, 8, 2, T, Sampling(fixed_counts=fixed, generator=g))
         assert st['steps'] == len(st['counts']) == st['forward_calls'] <= min(T, 8) and all(st['counts'])
         assert st['steps'] == 8 or not fixed
-        _, st = generate.generate_confident(ao, 8, 2, T, fixed_counts=fixed, generator=g)
+        _, st = generate.generate_confident(ao, 8, 2, T, Sampling(fixed_counts=fixed, generator=g))
         assert st['steps'] == len(st['counts']) <= min(T, 8) and all(st['counts'])
-        _, st = generate_mdm(mdm, 8, 2, T, fixed_counts=fixed, generator=g)
+        _, st = generate_mdm(mdm, 8, 2, T, Sampling(fixed_counts=fixed, generator=g))
         assert st['steps'] == len(st['step_of'].unique()) <= min(T, 8) and (st['steps'] == 8 or not fixed)
     write_ckpt(tmp_path / 'ckpt.pt')
     code, out, err = cli('--out_dir', str(tmp_path), '--steps', '256', '--fixed_counts', '--batch_size', '2',

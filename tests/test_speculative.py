@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
-from helpers import exact_law, seq_law, tiny
+from helpers import exact_law, seq_law, split_settings, tiny
 
 from aogpt import engine, generate, speculative
-from aogpt.generate import logits_to_probs
+from aogpt.generate import Sampling, logits_to_probs
 from aogpt.speculative import generate_speculative
 from model import parallel_mask
 
@@ -70,7 +70,8 @@ L2R4 = [(0, 1, 2, 3)]
 
 def run(model, n=4, V=3, seed=0, **kw):
     kw.setdefault('batch_commit', 'min')
-    x, st = generate_speculative(model, n, N, vocab_size=V, generator=gen(seed), **kw)
+    s, kw = split_settings(kw, vocab_size=V, generator=gen(seed))
+    x, st = generate_speculative(model, n, N, s, **kw)
     assert x.max() < V
     assert st['forward_calls'] <= st['tokens_generated']  # the batch's calls, so every sample's too
     return x, st
@@ -118,7 +119,8 @@ def test_an_order_distribution_gives_the_mixture_over_its_law(m4, order):
     x, _ = run(m4, k=3, order=order, batch_commit='per_row')
     assert passes(m4, x, law) and not passes(m4, x, PERMS4) and not passes(m4, x, L2R4)
     if order.startswith('mix'):
-        x, _ = generate.generate_ao(m4, 4, N, 4, order=order, fixed_counts=True, vocab_size=3, generator=gen(7))
+        x, _ = generate.generate_ao(m4, 4, N, 4, Sampling(fixed_counts=True, vocab_size=3, generator=gen(7)),
+                                    order=order)
         assert passes(m4, x, law) and not passes(m4, x, PERMS4)
 
 
@@ -164,11 +166,12 @@ def test_temperature_and_top_p_transform_both_laws(m4, tf):
 def test_rows_of_a_batch_accept_different_counts(m4):
     """One batch: under per-sample commits rows commit different counts in the same round, and under the
     batch minimum they all commit the fewest (2 a round at this batch size); both exact (the tests above)."""
-    _, st = generate_speculative(m4, 4, 256, k=4, order='l2r', vocab_size=3, generator=gen(1),
+    _, st = generate_speculative(m4, 4, 256, Sampling(vocab_size=3, generator=gen(1)), k=4, order='l2r',
                                  batch_commit='per_row', trace=True)
     t = st['events'][0][2]
     assert len(set(t.tolist())) > 1
-    _, st = generate_speculative(m4, 4, 256, k=4, order='l2r', vocab_size=3, generator=gen(1), batch_commit='min')
+    _, st = generate_speculative(m4, 4, 256, Sampling(vocab_size=3, generator=gen(1)), k=4, order='l2r',
+                                 batch_commit='min')
     assert st['committed'] == [2, 2]
 
 
@@ -176,8 +179,10 @@ def test_one_sample_per_row_equals_batch_minimum(m4):
     """With B = 1 the two commit rules are the same algorithm with the same draws: same samples."""
     for seed in range(20):
         for k in (2, 3, 'auto'):
-            a, sa = generate_speculative(m4, 4, 1, k=k, vocab_size=3, generator=gen(seed), batch_commit='min')
-            b, sb = generate_speculative(m4, 4, 1, k=k, vocab_size=3, generator=gen(seed), batch_commit='per_row')
+            a, sa = generate_speculative(m4, 4, 1, Sampling(vocab_size=3, generator=gen(seed)), k=k,
+                                         batch_commit='min')
+            b, sb = generate_speculative(m4, 4, 1, Sampling(vocab_size=3, generator=gen(seed)), k=k,
+                                         batch_commit='per_row')
             assert torch.equal(a, b) and sa['forward_calls'] == sb['forward_calls']
 
 
@@ -269,9 +274,10 @@ def test_a_wrong_target_past_copy_0_is_only_a_worse_proposal(m4, monkeypatch):
 
 # --------------------------------------------------------------------------- the cache, fixed shapes, cost
 
-class Uncached:
+class Uncached(engine.SlotStepper):
     """SlotStepper's interface without a KV cache: each call runs every committed slot again, then the
-    call's rows (the same masks), so its logits are what the cache should reproduce."""
+    call's rows (the same masks), so its logits are what the cache should reproduce. A SlotStepper, so
+    that the sampler takes it as one to reuse (SlotStepper.make)."""
 
     def __init__(self, model, B):
         self.model, self.B, self.cache = model, B, self
@@ -303,9 +309,11 @@ def test_cache_equals_a_cache_free_recomputation(kw, cond):
     n, B = 24, 16
     given = torch.full((n,), -1)
     given[[0, 1, 9]] = torch.tensor([4, 9, 1])
-    b, sb = generate_speculative(model, n, B, given=given, generator=gen(3), stepper=Uncached(model, B),
-                                 batch_commit='min', **kw)
-    a, sa = generate_speculative(model, n, B, given=given, generator=gen(3), batch_commit='min', **kw)
+    settings = lambda: split_settings(kw, generator=gen(3))[0]  # noqa: E731
+    kw = split_settings(kw)[1]
+    b, sb = generate_speculative(model, n, B, settings(), given=given, stepper=Uncached(model, B), batch_commit='min',
+                                 **kw)
+    a, sa = generate_speculative(model, n, B, settings(), given=given, batch_commit='min', **kw)
     assert torch.equal(a, b) and sa['committed'] == sb['committed'] and sa['forward_calls'] < n
 
 
@@ -313,9 +321,9 @@ def test_the_cache_free_check_catches_a_rejected_row_kept(monkeypatch):
     """The check above has power: keeping the rejected draft's row changes the samples."""
     model = mixy(seed=5, block_size=32, vocab_size=11)
     n, B = 24, 16
-    a, _ = generate_speculative(model, n, B, k=3, generator=gen(3), batch_commit='min')
+    a, _ = generate_speculative(model, n, B, Sampling(generator=gen(3)), k=3, batch_commit='min')
     keep_rejected(monkeypatch)
-    b, _ = generate_speculative(model, n, B, k=3, generator=gen(3), batch_commit='min')
+    b, _ = generate_speculative(model, n, B, Sampling(generator=gen(3)), k=3, batch_commit='min')
     assert not torch.equal(a, b)
 
 
@@ -332,12 +340,14 @@ def test_static_stepper_gives_the_dynamic_samples(kw, commit):
     given[[0, 5, 17]] = torch.tensor([4, 9, 1])
     fused = commit == 'fused'
     kw = dict(kw, batch_commit='per_row' if fused else commit, fused=fused)
-    a, sa = generate_speculative(model, n, B, given=given, generator=gen(4), **kw)
+    settings = lambda: split_settings(kw, generator=gen(4))[0]  # noqa: E731
+    kw = split_settings(kw)[1]
+    a, sa = generate_speculative(model, n, B, settings(), given=given, **kw)
     step = (engine.SlotStepper(model, B, 'static', kv_bucket=16) if commit == 'min' else
             speculative.row_stepper(model, B, 'static', n, kw['k'], 3, kv_bucket=16, fused=fused))
-    b, sb = generate_speculative(model, n, B, given=given, generator=gen(4), stepper=step, **kw)
+    b, sb = generate_speculative(model, n, B, settings(), given=given, stepper=step, **kw)
     assert torch.equal(a, b) and sa['committed'] == sb['committed']
-    c, _ = generate_speculative(model, n, B, given=given, generator=gen(4), stepper=step, **kw)  # reused
+    c, _ = generate_speculative(model, n, B, settings(), given=given, stepper=step, **kw)  # reused
     assert torch.equal(a, c)
 
 
@@ -346,7 +356,7 @@ def test_calls_per_token_and_passes():
     model = mixy(seed=5, block_size=32, vocab_size=11)
     for k in (1, 3, 'auto'):
         for commit in ('min', 'per_row'):
-            _, st = generate_speculative(model, 32, 8, k=k, generator=gen(0), batch_commit=commit)
+            _, st = generate_speculative(model, 32, 8, Sampling(generator=gen(0)), k=k, batch_commit=commit)
             assert st['forward_calls'] <= 32 and st['tokens_generated'] == 32
             if k == 1:
                 assert st['forward_calls'] == st['token_passes'] == 32
@@ -414,7 +424,7 @@ def test_trace_steps_cover_every_position_once(m4):
     from aogpt import tracepage
     given = torch.tensor([-1, 2, -1, -1])
     for commit in ('min', 'per_row', 'fused'):
-        x, st = generate_speculative(m4, 4, 64, k=3, vocab_size=3, given=given, generator=gen(0),
+        x, st = generate_speculative(m4, 4, 64, Sampling(vocab_size=3, generator=gen(0)), k=3, given=given,
                                      batch_commit='per_row' if commit == 'fused' else commit,
                                      fused=commit == 'fused', trace=True)
         for b, steps in enumerate(tracepage.steps_of(st, 4, 1, 64)):
@@ -432,11 +442,11 @@ def test_greedy_is_greedy_sequential_decoding():
     it, so the output is greedy decoding along the order, token for token."""
     model = mixy(seed=5, block_size=32, vocab_size=11)
     for order in ('l2r', 'random'):
-        ref, st = generate.generate_ao(model, 24, 8, 24, order=order, fixed_counts=True, temperature=0.0,
-                                     generator=gen(2))
+        ref, st = generate.generate_ao(model, 24, 8, 24,
+                                       Sampling(fixed_counts=True, temperature=0.0, generator=gen(2)), order=order)
         for commit in ('min', 'per_row'):
-            x, _ = generate_speculative(model, 24, 8, k=4, order=st['order'], temperature=0.0, generator=gen(2),
-                                        batch_commit=commit)  # generate_ao's orders, per sample
+            x, _ = generate_speculative(model, 24, 8, Sampling(temperature=0.0, generator=gen(2)), k=4,
+                                        order=st['order'], batch_commit=commit)  # generate_ao's orders, per sample
             assert torch.equal(x, ref)
 
 
@@ -453,14 +463,14 @@ def test_every_round_loop_has_one_accept_test_and_one_transform(monkeypatch):
         mp.setattr(speculative, 'accept', lambda run, p, q, d, n_tests, bonus: real_accept(
             run, p, q, d, n_tests.clamp(max=0), bonus & False))
         for kw in loops:
-            _, st = generate_speculative(model, 24, 8, k=4, generator=gen(2), **kw)
+            _, st = generate_speculative(model, 24, 8, Sampling(generator=gen(2)), k=4, **kw)
             assert max(st['committed']) == (1 if kw.get('fused') else 2) and st['accept_rate'] != st['accept_rate']
-    ref, st = generate.generate_ao(model, 24, 8, 24, order='random', fixed_counts=True, temperature=0.0,
-                                   generator=gen(2))
+    ref, st = generate.generate_ao(model, 24, 8, 24,
+                                   Sampling(fixed_counts=True, temperature=0.0, generator=gen(2)), order='random')
     monkeypatch.setattr(speculative, 'logits_to_probs',
                         lambda logits, **tf: real_probs(logits, **dict(tf, temperature=0)))
     for kw in loops:
-        x, _ = generate_speculative(model, 24, 8, k=4, order=st['order'], generator=gen(3), **kw)
+        x, _ = generate_speculative(model, 24, 8, Sampling(generator=gen(3)), k=4, order=st['order'], **kw)
         assert torch.equal(x, ref)
 
 
@@ -470,8 +480,8 @@ def test_compacting_the_per_sample_cache_changes_nothing(monkeypatch, mode):
     kept slots to the front. Attention does not see where a key sits, so a buffer small enough to compact
     often gives the same samples as the roomy default."""
     model = mixy(seed=5, block_size=32, vocab_size=11)
-    kw = dict(k=6, vocab_size=11, batch_commit='per_row', given=torch.tensor([3] + [-1] * 23))
-    a, _ = generate_speculative(model, 24, 16, generator=gen(7), **kw)
+    kw = dict(k=6, batch_commit='per_row', given=torch.tensor([3] + [-1] * 23))
+    a, _ = generate_speculative(model, 24, 16, Sampling(vocab_size=11, generator=gen(7)), **kw)
     real, seen = engine.RowCache.room, []
 
     def spy(cache, r):
@@ -480,7 +490,7 @@ def test_compacting_the_per_sample_cache_changes_nothing(monkeypatch, mode):
     monkeypatch.setattr(engine.RowCache, 'room', spy)
     # about n + 1 slots for the kept ones + the widest call (static: 32 with the scratch row)
     monkeypatch.setattr(speculative, 'row_slots', lambda n, k, g=0, fused=False: 32 if mode == 'dynamic' else 31)
-    b, _ = generate_speculative(model, 24, 16, generator=gen(7), stepper=mode, **kw)
+    b, _ = generate_speculative(model, 24, 16, Sampling(vocab_size=11, generator=gen(7)), stepper=mode, **kw)
     assert sum(seen) >= 2 and torch.equal(a, b)
 
 
@@ -542,7 +552,8 @@ def test_per_sample_cache_equals_a_cache_free_recomputation(monkeypatch, kw, con
     given[[0, 1, 9]] = torch.tensor([4, 9, 1])
     monkeypatch.setattr(speculative, 'row_slots', lambda n, k, g=0, fused=False: 96)   # compacts now and then
     diffs = checked_calls(model, monkeypatch)
-    generate_speculative(model, n, B, given=given, generator=gen(3), batch_commit='per_row', **kw)
+    s, kw = split_settings(kw, generator=gen(3))
+    generate_speculative(model, n, B, s, given=given, batch_commit='per_row', **kw)
     assert len(diffs) > 4
     assert (max(diffs) > 1e-3) if holes else (max(diffs) < 1e-9)
 
@@ -585,8 +596,8 @@ def test_fused_negative_controls_are_rejected(bug, monkeypatch):
 
 
 def test_fused_rows_commit_different_counts_and_one_call_a_round(m4):
-    _, st = generate_speculative(m4, 4, 256, k=2, order='l2r', vocab_size=3, generator=gen(1), fused=True,
-                                 trace=True)
+    _, st = generate_speculative(m4, 4, 256, Sampling(vocab_size=3, generator=gen(1)), k=2, order='l2r',
+                                 fused=True, trace=True)
     assert len(set(st['events'][1][2].tolist())) > 1
     assert st['forward_calls'] == st['rounds'] and st['calls_per_sample'] <= st['rounds']
 
@@ -610,7 +621,8 @@ def test_cuda_graph_speculative_equals_static_on_gpu(fused):
     out = {}
     for mode in ('static', 'cuda_graph'):
         step = speculative.row_stepper(model, B, mode, n, 3, 3, kv_bucket=16, fused=fused)
-        out[mode] = [generate_speculative(model, n, B, generator=gen(s), stepper=step, **kw)[0] for s in (4, 5)]
+        out[mode] = [generate_speculative(model, n, B, Sampling(generator=gen(s)), stepper=step, **kw)[0]
+                     for s in (4, 5)]
     assert all(torch.equal(a, b) for a, b in zip(out['static'], out['cuda_graph']))
 
 
