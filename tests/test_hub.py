@@ -587,6 +587,7 @@ def test_an_uncached_hf_id_offline_fails_at_once_in_one_line(tmp_path, forced):
 
 
 # ------------------------------------------------------------------------------------------ train.py
+@pytest.mark.slow
 def test_train_fine_tunes_from_an_exported_folder(tmp_path, monkeypatch, capsys):
     data = tmp_path / 'data' / 'tinychars'
     data.mkdir(parents=True)

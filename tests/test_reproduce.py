@@ -239,6 +239,7 @@ def _alive_with(text):
     return out
 
 
+@pytest.mark.slow
 def test_sigterm_ends_the_training_runs_with_it(tmp_path):
     """SIGTERM to reproduce.py's process group (what `timeout` sends) once left its train.py children running (on
     both cores, holding their out_dir locks), or one whose train.log ended in 'OSError: Bad file descriptor' (its

@@ -132,6 +132,7 @@ def test_random_order_is_the_mixture_over_orders(m4, commit):
     assert passes(m4, x, PERMS4) and not passes(m4, x, L2R4)
 
 
+@pytest.mark.slow
 def test_sigma_gpt_random_order():
     model = mixy(cond='sigma')
     x, _ = run(model, k=3, order='random', batch_commit='per_row')
@@ -175,6 +176,7 @@ def test_rows_of_a_batch_accept_different_counts(m4):
     assert st['committed'] == [2, 2]
 
 
+@pytest.mark.slow
 def test_one_sample_per_row_equals_batch_minimum(m4):
     """With B = 1 the two commit rules are the same algorithm with the same draws: same samples."""
     for seed in range(20):
@@ -256,6 +258,7 @@ def test_l2r_batch_minimum(m4):
     assert passes(m4, x, L2R4)
 
 
+@pytest.mark.slow
 def test_a_wrong_target_past_copy_0_is_only_a_worse_proposal(m4, monkeypatch):
     """The accept test corrects any proposal: copies 1.. drafting from the wrong target keep the law
     exact (fewer drafts are accepted). This is why the control above must break copy 0."""

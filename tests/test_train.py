@@ -1798,7 +1798,7 @@ def test_random_and_back_to_back_signals_end_every_run_cleanly(env, tmp_path):
     of the lock and raises SystemExit wherever the main thread is fails here now and then: the run trains and
     saves on with the lock released, prints its line twice with an 'Exception ignored ... SystemExit' traceback,
     or ends with status 0."""
-    check_storm(signal_storm(env, tmp_path, 6, 0), 6)
+    check_storm(signal_storm(env, tmp_path, 4, 0), 4)
 
 
 @pytest.mark.slow
