@@ -49,6 +49,8 @@ GRIDS = {
     'test_eval.py::test_order_bound_is_the_expectation_over_its_law': ('mix:0.3*l2r+0.7*semiar:3',),
     'test_eval.py::test_mdm_elbo_matches_enumeration_over_orders': ('count',),
     'test_hub.py::test_the_cards_commands_run_as_written': ('adaln',),
+    'test_hub.py::test_an_uncached_hf_id_offline_fails_at_once_in_one_line': ('HF_HUB_OFFLINE',),
+    'test_train.py::test_an_export_folder_is_not_a_run_directory': ('resume', 'auto'),
 }
 
 

@@ -1793,6 +1793,7 @@ def check_storm(report, tries):
     assert resume and resume[0]['rc'] == 0 and resume[0]['matches'], resume
 
 
+@pytest.mark.slow
 def test_random_and_back_to_back_signals_end_every_run_cleanly(env, tmp_path):
     """Ctrl-C / SIGTERM at random moments, one to three of them 0-30 ms apart. A handler that prints, lets go
     of the lock and raises SystemExit wherever the main thread is fails here now and then: the run trains and
