@@ -18,8 +18,9 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 install: $(STAMP)
 
+WORKERS ?= 2  # make test's pytest-xdist workers, one torch thread each (measured faster than one 2-thread process on 2 cores)
 test: $(STAMP)  # a few minutes: everything but the end-to-end checks marked slow
-	$(BIN)/python -m pytest -q tests -m 'not slow'
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests -m 'not slow' -n $(WORKERS)
 
 test-all: $(STAMP)  # the whole suite, slow end-to-end checks included (what CI runs)
 	$(BIN)/python -m pytest -q tests
