@@ -39,6 +39,7 @@ sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
 from aogpt.configurator import SEED_LIMIT, namespace, split_list, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die, first_line  # noqa: E402
+from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from findings import optimizers as O  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 from findings.report import merge_section, nonfinite  # noqa: E402
@@ -265,10 +266,8 @@ def report(c, d, cmd):
     where = nonfinite(d)
     if where:
         die(f"a loss in the record is not finite ({where}): a run diverged; see its train.log in {c.runs_dir}")
-    with open(os.path.join(res, SECTION), 'w') as f:
-        f.write('\n'.join(md))
-    with open(os.path.join(res, RECORD), 'w') as f:
-        json.dump(d, f, indent=1)
+    atomic_write(os.path.join(res, SECTION), lambda f: f.write('\n'.join(md)), 'w')
+    atomic_json(os.path.join(res, RECORD), d)
     draw(c, d)
     merged = merge_section(os.path.join(res, 'README.md'), 11, '\n'.join(md))
     print(row)

@@ -43,6 +43,7 @@ sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
 from aogpt.configurator import SEED_LIMIT, namespace, split_list, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die, first_line  # noqa: E402
+from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 from findings.report import merge_section  # noqa: E402
 
@@ -292,10 +293,8 @@ def report(c, d, cmd):
     md += [f"| {k} | {d['what'][k]} | `{d['commands'][k]}` |" for k in d['logs']]
     md += ['', f"![f9]({FIG_CURVES}) ![f9 sweep]({FIG_SWEEP})", '']
     d['verdicts'] = dict(ao_any_order=[v, text], judged=judged, gap=gap, row=row)
-    with open(os.path.join(res, SECTION), 'w') as f:
-        f.write('\n'.join(md))
-    with open(os.path.join(res, RECORD), 'w') as f:
-        json.dump(d, f, indent=1)
+    atomic_write(os.path.join(res, SECTION), lambda f: f.write('\n'.join(md)), 'w')
+    atomic_json(os.path.join(res, RECORD), d)
     draw(c, d)
     merged = merge_section(os.path.join(res, 'README.md'), 9, '\n'.join(md))
     print(row)

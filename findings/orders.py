@@ -33,6 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 sys.path.insert(0, ROOT)
 from aogpt.configurator import stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die, first_line  # noqa: E402
+from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 from findings import sampling as S  # noqa: E402
 from findings.report import merge_section  # noqa: E402
@@ -263,13 +264,12 @@ def main(argv=None):
     rows = study(c, [r for r in runs if r != 'judge'])
     summary = summarize(rows)
     verdict = judge_orders(summary)
-    with open(os.path.join(c.results_dir, 'orders.json'), 'w') as f:  # first: the plot can be redrawn from it
-        json.dump(dict(config=c.config, command=cmd, runs={r: RUNS[r][0] for r in runs}, rows=rows,
-                       verdict=dict(id='10', claim=CLAIM, verdict=verdict[0], evidence=verdict[1])), f, indent=1)
+    atomic_json(os.path.join(c.results_dir, 'orders.json'),  # first: the plot can be redrawn from it
+                dict(config=c.config, command=cmd, runs={r: RUNS[r][0] for r in runs}, rows=rows,
+                     verdict=dict(id='10', claim=CLAIM, verdict=verdict[0], evidence=verdict[1])))
     draw(c, rows, summary)
     sec = section(c, cmd, rows, summary, verdict, time.time() - t0)
-    with open(os.path.join(c.results_dir, 'f10_orders.md'), 'w') as f:
-        f.write(sec)
+    atomic_write(os.path.join(c.results_dir, 'f10_orders.md'), lambda f: f.write(sec), 'w')
     merged = merge_section(os.path.join(c.results_dir, 'README.md'), 10, sec)
     print(f"\n[10] {CLAIM}\n     {verdict[0]}: {verdict[1]}")
     print(f"\nwrote {c.results_dir}/orders.json, {FIG}, f10_orders.md" + (" and its section in README.md" if merged

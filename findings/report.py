@@ -10,6 +10,8 @@ import math
 import os
 import re
 
+from aogpt.paths import atomic_write
+
 # findings whose own commands write these sections
 SECTIONS = {9: 'f9_optimizers.md', 10: 'f10_orders.md', 11: 'f11_adapt.md'}
 PLACE = '<!-- the section goes here -->'  # merge_section's placeholder while it edits the findings table
@@ -51,8 +53,8 @@ def merge_section(path, n, sec):
         rows = [ln for ln in lines[head + 2:stop] if not ln.startswith(f'| {n} | ')]
         at = next((i for i, ln in enumerate(rows) if _row_after(ln, n)), len(rows))
         lines = lines[:head + 2] + rows[:at] + [row] + rows[at:] + lines[stop:]
-    with open(path, 'w', encoding='utf-8') as f:
-        f.write('\n'.join(lines).replace(PLACE, sec.strip('\n')).rstrip('\n') + '\n')
+    text = '\n'.join(lines).replace(PLACE, sec.strip('\n')).rstrip('\n') + '\n'
+    atomic_write(path, lambda f: f.write(text.encode('utf-8')))  # a kill mid-write keeps the old report
     return True
 
 

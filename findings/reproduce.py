@@ -85,7 +85,7 @@ sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die, first_line  # noqa: E402
-from aogpt.paths import make_folder  # noqa: E402
+from aogpt.paths import atomic_json, atomic_write, make_folder  # noqa: E402
 from findings import report  # noqa: E402
 from findings.sampling import (  # noqa: E402
     GEN_SETTINGS,
@@ -162,8 +162,7 @@ def train_runs(c, names, runs=RUNS):
             print(f"  {name}: done already ({out_dir}, {log[-1]['iter']} iterations), reusing it")
         else:
             os.makedirs(out_dir, exist_ok=True)
-            with open(cmd_file, 'w') as f:
-                json.dump(args, f)
+            atomic_json(cmd_file, args, indent=None)
             todo.append((name, args, out_dir))
     # the deepest runs first, so that no core idles at the end while one long run finishes alone
     todo.sort(key=lambda t: -runs[t[0]][0].get('n_layer', c.n_layer))
@@ -665,16 +664,15 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, tim
                 f"{cells[T]['per_sequence']:.2f} / {cells[T]['token']:.2f}, {cells[T]['unigram_entropy']:.2f}, "
                 f"{cells[T]['token_passes']:.0f}" for T in steps) + ' |')
     md += ['', ' '.join(f"![f{i}]({f})" for i, f in FIGS.items()), '']
-    with open(os.path.join(res, 'README.md'), 'w') as f:
-        f.write('\n'.join(md))
+    atomic_write(os.path.join(res, 'README.md'), lambda f: f.write('\n'.join(md)), 'w')
     for n, name in report.SECTIONS.items():  # the findings that other commands write stay in the report
         if os.path.exists(os.path.join(res, name)):
             with open(os.path.join(res, name), encoding='utf-8') as f:
                 report.merge_section(os.path.join(res, 'README.md'), n, f.read())
-    with open(os.path.join(res, 'results.json'), 'w') as f:
-        json.dump(dict(config=c.config, command=cmd, logs=logs, ensemble=ens, ema=ema, sampling=samp, generation=gen,
-                       timing=timing, findings=[dict(id=i, claim=cl, verdict=v, evidence=ev)
-                                                for i, cl, _, (v, ev) in findings]), f, indent=1)
+    atomic_json(os.path.join(res, 'results.json'),
+                dict(config=c.config, command=cmd, logs=logs, ensemble=ens, ema=ema, sampling=samp, generation=gen,
+                     timing=timing, findings=[dict(id=i, claim=cl, verdict=v, evidence=ev)
+                                              for i, cl, _, (v, ev) in findings]))
     print()
     for i, claim, _, (v, ev) in findings:
         print(f"[{i}] {claim}\n     {v}: {ev}")

@@ -18,6 +18,8 @@ import os
 import time
 from dataclasses import replace
 
+from aogpt.paths import atomic_json
+
 GEN_SETTINGS = ((1.0, 1.0), (0.95, 0.9), (0.95, 0.7))  # finding 7: (top-p, temperature), the paper's three
 GEN_STEPS = (2, 4, 8, 16, 32, 64)                      # the paper's claim is judged at T = 8 .. 64
 JUDGED_STEPS = (8, 16, 32, 64)
@@ -280,5 +282,4 @@ def write_speculative(c, spec):
     path = os.path.join(c.results_dir, 'results.json')
     d = json.load(open(path))
     d['speculative'] = spec
-    with open(path, 'w') as f:
-        json.dump(d, f, indent=1)
+    atomic_json(path, d)

@@ -159,6 +159,21 @@ def test_sections_of_findings_9_and_10_go_into_the_report_once_in_order(tmp_path
     assert not report.merge_section(str(tmp_path / 'none.md'), 10, sec10('x'))
 
 
+def test_a_report_rewrite_that_fails_keeps_the_old_report(tmp_path, monkeypatch):
+    """merge_section rewrites the user's results/README.md in place: a write that fails part way (a full disk, a
+    kill) must leave the old report whole, as every whole-file write does (paths.atomic_write), not a truncated one."""
+    readme = tmp_path / 'README.md'
+    old = '# Paper findings\n\n| # | claim | verdict | evidence |\n|---|---|---|---|\n| 8 | x | y | z |\n'
+    readme.write_text(old)
+
+    def full_disk(fd):
+        raise OSError(28, 'No space left on device')
+    monkeypatch.setattr(os, 'fsync', full_disk)
+    with pytest.raises(OSError):
+        report.merge_section(str(readme), 9, '## Finding 9\n\n| 9 | muon | **met** | ev |\n')
+    assert readme.read_text() == old and os.listdir(tmp_path) == ['README.md']
+
+
 @pytest.mark.slow
 def test_quick_pipeline_runs_end_to_end(tmp_path):
     """`reproduce.py --quick`: every run trains, every finding gets a row, every plot is written."""
