@@ -18,7 +18,8 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 install: $(STAMP)
 
-WORKERS ?= 2  # make test's pytest-xdist workers, one torch thread each (measured faster than one 2-thread process on 2 cores)
+# make test's pytest-xdist workers, one torch thread each (measured faster than one 2-thread process on 2 cores)
+WORKERS ?= 2
 test: $(STAMP)  # a few minutes: everything but the end-to-end checks marked slow
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests -m 'not slow' -n $(WORKERS)
 
