@@ -34,7 +34,7 @@ from aogpt.errors import UserError
 from aogpt.orders import L2R, UNIFORM, Order, one_block, order_of_config
 from aogpt.paths import check_writable
 from aogpt.runtime import script_device
-from aogpt.speculative import generate_speculative, row_stepper
+from aogpt.speculative import Speculation, generate_speculative, row_stepper
 
 # -----------------------------------------------------------------------------
 # CLI config (python sample.py --help lists these with their comments)
@@ -332,8 +332,10 @@ OPTIONAL = ('steps', 'fixed_counts', 'schedule', 'mdm_counts', 'cache_trick')
 Sampler = namedtuple('Sampler', 'reads instead stepper draw')
 
 
-def draft_length(c):
-    return 'auto' if c.speculative == 'auto' else int(c.speculative)
+def speculation(c):
+    """The speculative sampler's settings: --speculative K (or auto) drafts, --fused, per-sample commits."""
+    return Speculation(k='auto' if c.speculative == 'auto' else int(c.speculative), fused=c.fused,
+                       trace=bool(c.trace))
 
 
 SAMPLERS = dict(
@@ -345,8 +347,8 @@ SAMPLERS = dict(
     mdm=Sampler(OPTIONAL, None,
                 lambda c, model, n, given: engine.EncoderStepper(model, c.batch_size, n, c.stepper),
                 lambda c, model, n, given, order, s, stp: generate.generate_mdm(
-                    model, n, c.batch_size, c.steps, s, order=order, given=given, stepper=stp, counts=c.mdm_counts,
-                    cache_trick=c.cache_trick)),
+                    model, n, c.batch_size, c.steps, s, order=order, given=given, stepper=stp,
+                    plan=generate.EncoderPlan(c.mdm_counts, c.cache_trick))),
     ar=Sampler((), "a GPT decodes one token per forward call",
                lambda c, model, n, given: engine.SlotStepper(model, c.batch_size, c.stepper),
                lambda c, model, n, given, order, s, stp: generate.generate_ar(
@@ -354,11 +356,10 @@ SAMPLERS = dict(
     speculative=Sampler((), "--speculative commits as many tokens per forward call as its drafts earn, with no "
                             "step schedule",
                         lambda c, model, n, given: row_stepper(
-                            model, c.batch_size, c.stepper, n, draft_length(c), int((given >= 0).sum()),
-                            fused=c.fused),
+                            model, c.batch_size, c.stepper, n, speculation(c), int((given >= 0).sum())),
                         lambda c, model, n, given, order, s, stp: generate_speculative(
-                            model, n, c.batch_size, s, k=draft_length(c), order=order, given=given, stepper=stp,
-                            batch_commit='per_row', fused=c.fused, trace=bool(c.trace))),  # per-sample commits
+                            model, n, c.batch_size, s, speculation=speculation(c), order=order, given=given,
+                            stepper=stp)),
 )
 
 

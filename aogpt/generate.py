@@ -665,41 +665,60 @@ def generate_ar(model, n, batch_size, settings=None, *, prompt=None, stepper='dy
     return tok[:, 1:], stats
 
 
+@dataclass(frozen=True)
+class EncoderPlan:
+    """The encoder MDM's own settings (generate_mdm), checked when made; the token draw and the schedule are
+    the Sampling's, as for every sampler.
+
+    counts       'shared': one Binomial count per step for the whole batch and a random order per sample,
+                 exactly generate_ao's plan (same seed, same revealed positions and uniforms). 'independent':
+                 MDLM's sampler, every position of every sample draws its own reveal time (only with the
+                 random order and random counts). Both are the exact reverse process per sample; with
+                 'independent' a step reveals nothing only if it does so for every sample, so the caching
+                 trick saves far fewer passes at large batch sizes.
+    cache_trick  MDLM's ddpm_cache: a step whose input did not change since the last pass reuses it. The
+                 pass is deterministic, so this changes the cost, never the samples.
+    """
+    counts: str = 'shared'
+    cache_trick: bool = False
+
+    def __post_init__(self):
+        if self.counts not in ('shared', 'independent'):
+            raise ValueError(f"counts must be 'shared' or 'independent', got {self.counts!r}")
+        if not isinstance(self.cache_trick, bool):
+            raise ValueError(f"cache_trick must be True or False, got {self.cache_trick!r}")
+
+
 @torch.no_grad()
 def generate_mdm(model, n, batch_size, steps, settings=None, *, order='random', given=None, stepper='dynamic',
-                 counts='shared', cache_trick=False):
+                 plan=None):
     """The encoder MDM's reverse process: a full pass over all n positions ([MASK] where not yet
     revealed) per step, the same Lemma-1 schedule as generate_ao. Returns (tokens (B, n), stats).
-    settings: a Sampling (None: the defaults): the token draw and the schedule.
-
-    counts='shared': one Binomial count per step for the whole batch and a random order per sample,
-    exactly generate_ao's plan (same seed, same revealed positions and uniforms). 'independent': MDLM's
-    sampler, every position of every sample draws its own reveal time. Both are the exact reverse
-    process per sample; with 'independent' a step reveals nothing only if it does so for every sample,
-    so the caching trick saves far fewer passes at large batch sizes.
-    cache_trick (MDLM's ddpm_cache): a step whose input did not change since the last pass reuses it.
-    The pass is deterministic, so this changes the cost, never the samples.
+    settings: a Sampling (None: the defaults): the token draw and the schedule. plan: an EncoderPlan
+    (None: the defaults, shared counts without the caching trick): how the reveal times are drawn and
+    whether an unchanged input reuses the last pass.
     The head runs only on the positions revealed at a step (the others' logits are never used).
     stepper: 'dynamic', 'static' or 'cuda_graph' (the one pass captured once), or an EncoderStepper to reuse.
     """
     settings, dev, gpos, gtok, free = prologue(model, n, batch_size, steps, settings, 'mdm', given)
     cfg, s, B = model.config, settings, batch_size
     g, nf = gpos.numel(), free.numel()
+    plan = EncoderPlan() if plan is None else plan
+    if not isinstance(plan, EncoderPlan):
+        raise ValueError(f"plan must be a generate.EncoderPlan (or None for the defaults), got {type(plan).__name__}")
     u = s.rand(B, n)
-    if counts == 'shared':
+    if plan.counts == 'shared':
         forder = free_order(order, free, B, s.generator, n)                # (B, nf)
         k = reveal_counts(nf, steps, s.schedule, s.fixed_counts, s.generator)  # (T,)
         step_of_rank = torch.repeat_interleave(torch.arange(steps), k)      # (nf,) step of the j-th reveal
         step = torch.empty(B, n, dtype=torch.long).scatter_(1, forder, step_of_rank.expand(B, nf))
-    elif counts == 'independent':
+    else:  # independent
         if s.fixed_counts or not (isinstance(order, (str, Order)) and str(order) == 'random'):
             raise ValueError("counts='independent' draws per-position reveal times: no fixed_counts/order")
         U = s.rand(B, nf)
         t = reveal_step(U, time_grid(steps, s.schedule))                   # (B, nf)
         step = torch.empty(B, n, dtype=torch.long).scatter_(1, free.expand(B, nf), t)
         forder = free[(t * n + free).argsort(dim=1)]  # reveal order: by step, then position
-    else:
-        raise ValueError(f"counts must be 'shared' or 'independent', got {counts!r}")
     reveal = torch.cat([gpos.expand(B, g), forder], 1)                      # (B, n)
     u_pos = torch.empty_like(u).scatter_(1, reveal, u)                      # the uniform of each position
     step[:, gpos] = -1
@@ -720,7 +739,7 @@ def generate_mdm(model, n, batch_size, steps, settings=None, *, order='random', 
         lo, hi = bounds[i], bounds[i + 1]
         # without the trick every step runs the network; with it only a step that reveals something and
         # whose input differs from the last pass's (MDLM reuses the output; nothing else needs it)
-        if not cache_trick or (hi > lo and stale):
+        if not plan.cache_trick or (hi > lo and stale):
             h = encode(x)                                                   # (B, n, C)
             passes += 1
             stale = False

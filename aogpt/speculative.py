@@ -215,32 +215,69 @@ def accept(run, p, q, d, n_tests, bonus):
     return a, draw(_residual(pa, torch.where(((a == n_tests) & bonus)[:, None], 0.0, qa)), ur)
 
 
+@dataclass(frozen=True)
+class Speculation:
+    """How the speculative sampler drafts, commits and records its rounds (the module docstring): one object,
+    checked when it is made, passed whole to generate_speculative and row_stepper. The token draw is the
+    Sampling's, as for every sampler.
+
+    k             drafts per round: an integer >= 2, 1 (plain one-token-per-call decoding), or 'auto' (from
+                  the rounds so far, auto_k; at most K_MAX, K_FUSED when fused)
+    bonus         the extra verify slot that earns a token when every draft is kept
+    batch_commit  'per_row': each sample commits what it accepted, under a per-sample cache mask; 'min': every
+                  sample commits the batch's fewest (exact, simpler, but at B = 32 almost always 2 a round)
+    fused         one call a round instead of two (per_row only, always with the bonus; see _fused): the next
+                  round's drafts hang off the verify call's rows, so they miss the round's last token and
+                  every draft, the first too, is tested; k is then the drafts per round
+    trace         the stats also hold each round's events (a copy to the CPU per round: slower on a GPU)
+
+    Change one with dataclasses.replace(speculation, k=8).
+    """
+    k: object = 4
+    bonus: bool = True
+    batch_commit: str = 'per_row'
+    fused: bool = False
+    trace: bool = False
+
+    def __post_init__(self):
+        if self.k != 'auto' and (not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1):
+            raise ValueError(f"k must be an integer >= 1 or 'auto', got {self.k!r}")
+        if self.batch_commit not in ('min', 'per_row'):
+            raise ValueError(f"batch_commit must be 'min' or 'per_row', got {self.batch_commit!r}")
+        for name in ('bonus', 'fused', 'trace'):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.fused and (self.batch_commit != 'per_row' or not self.bonus):
+            raise ValueError("fused=True needs batch_commit='per_row' and the bonus slot (its drafts for the next "
+                             "round hang off the bonus row when every draft is kept)")
+
+    @property
+    def k_max(self):
+        """The largest draft length a round may use: k, or under 'auto' K_FUSED (fused) or K_MAX."""
+        return (K_FUSED if self.fused else K_MAX) if self.k == 'auto' else self.k
+
+
 @torch.no_grad()
-def generate_speculative(model, n, batch_size, settings=None, *, k=4, order='random', given=None, stepper='dynamic',
-                         bonus=True, batch_commit='per_row', fused=False, trace=False):
+def generate_speculative(model, n, batch_size, settings=None, *, speculation=None, order='random', given=None,
+                         stepper='dynamic'):
     """Samples (B, n) from the model's exact joint along `order` (or the mixture over random orders),
     at under one forward call per token (module docstring). Returns (tokens (B, n), stats).
 
     settings: a Sampling (None: the defaults): the token draw, for q and p alike, and until (below).
-    k: draft length per round (>= 2; 1 is plain one-token-per-call decoding) or 'auto'.
+    speculation: a Speculation (None: the defaults, k=4 with per-sample commits): the draft length, the
+    bonus slot, how a batch commits, fused rounds, the trace.
     order: an order distribution (orders.GRAMMAR, defined in aogpt/orders.py) or a permutation, fixed
     before the first draw; the confidence orders are refused (not exact). given: as generate_ao (the given
     tokens enter the cache first).
-    stepper: 'dynamic', 'static', 'cuda_graph' or a SlotStepper (RowStepper for per_row) to reuse.
-    bonus: the extra verify slot that earns a token when every draft is kept. batch_commit: 'per_row'
-    (each sample commits what it accepted, under a per-sample cache mask; a mode name, or a RowStepper
-    for the fixed shapes) or 'min' (every sample commits the batch's fewest: exact, simpler, but at
-    B = 32 almost always 2 a round).
-    fused: one call a round instead of two (per_row only, always with the bonus; see _fused): the next
-    round's drafts hang off the verify call's rows, so they miss the round's last token and every draft,
-    the first too, is tested; k is then the drafts per round (auto: at most K_FUSED).
+    stepper: 'dynamic', 'static', 'cuda_graph' or a SlotStepper to reuse; under per-sample commits at fixed
+    shapes a RowStepper (row_stepper).
     stats: forward_calls, token_passes (rows per sample through the network), tokens_generated, rounds
     (the batch's), rounds_per_sample and calls_per_sample (the mean over samples of the rounds and calls
     each needed on its own: under per_row commits a sample that is done waits for the batch),
     committed (tokens per round), drafted (k per round), accept_rate (kept / tested drafts over all
     rows, before the batch minimum), frac (revealed fraction at each round's start), order (B, n);
-    with trace=True also events: per round (m (B,) tokens revealed before it, k, t (B,) tokens it committed,
-    a (B,) drafts each sample's tests kept past d_0, drafts (B, k), the committed tokens (B, >= t)).
+    with speculation.trace also events: per round (m (B,) tokens revealed before it, k, t (B,) tokens it
+    committed, a (B,) drafts each sample's tests kept past d_0, drafts (B, k), the committed tokens (B, >= t)).
     settings.until: an end-of-document id, or None: a sample stops once its first document is settled
     (generate.settled). Stopping is a function of the committed tokens only, which nothing changes
     later, so a stopped sample's document has the law the full draw's would have after the cut. With
@@ -253,34 +290,30 @@ def generate_speculative(model, n, batch_size, settings=None, *, k=4, order='ran
     if isinstance(order, str) and order in ADAPTIVE:
         raise ValueError(f"order {order!r} is chosen from the drawn values, so speculative sampling would not "
                          f"be exact: use an order fixed before the draws, {GRAMMAR}, or a permutation")
-    if k != 'auto' and (not isinstance(k, int) or k < 1):
-        raise ValueError(f"k must be an integer >= 1 or 'auto', got {k!r}")
-    if batch_commit not in ('min', 'per_row'):
-        raise ValueError(f"batch_commit must be 'min' or 'per_row', got {batch_commit!r}")
-    if fused and (batch_commit != 'per_row' or not bonus):
-        raise ValueError("fused=True needs batch_commit='per_row' and the bonus slot (its drafts for the next "
-                         "round hang off the bonus row when every draft is kept)")
-    if batch_commit == 'per_row' and getattr(stepper, 'mode', 'dynamic') != 'dynamic' and \
-            not isinstance(stepper, RowStepper):
+    sp = Speculation() if speculation is None else speculation
+    if not isinstance(sp, Speculation):
+        raise ValueError(f"speculation must be a speculative.Speculation (or None for the defaults), got "
+                         f"{type(sp).__name__}")
+    per_row = sp.batch_commit == 'per_row'
+    if per_row and getattr(stepper, 'mode', 'dynamic') != 'dynamic' and not isinstance(stepper, RowStepper):
         raise ValueError("batch_commit='per_row' at fixed shapes takes a mode name or a RowStepper "
                          "(speculative.row_stepper), not a SlotStepper")
     B, g, until = batch_size, gpos.numel(), settings.until
     reveal = torch.cat([gpos.expand(B, g), free_order(order, free, B, settings.generator, n)], 1)  # (B, n)
-    kmax = (K_FUSED if fused else K_MAX) if k == 'auto' else k
-    room = kmax + 2 if batch_commit == 'per_row' else 0                     # past n, for the done samples
+    room = sp.k_max + 2 if per_row else 0                                   # past n, for the done samples
     slot_tok, slot_pos = slot_tables(gtok, reveal, n, dev, room)            # the j-th revealed token, its position
-    run = _Run(n, g, reveal.to(dev), slot_tok, slot_pos, settings, trace,
+    run = _Run(n, g, reveal.to(dev), slot_tok, slot_pos, settings, sp.trace,
                doc_start(given, n) if until is not None else 0)
-    if batch_commit == 'per_row':
-        step = RowStepper.make(model, B, stepper, slots=row_slots(n, k, g, fused))
-        stats = _fused(run, step, k) if fused else _per_row(run, step, k, bonus)
+    if per_row:
+        step = RowStepper.make(model, B, stepper, slots=row_slots(n, sp, g))
+        stats = _fused(run, step, sp.k) if sp.fused else _per_row(run, step, sp.k, sp.bonus)
     else:
-        stats = _batch_min(run, SlotStepper.make(model, B, stepper), k, bonus)
+        stats = _batch_min(run, SlotStepper.make(model, B, stepper), sp.k, sp.bonus)
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, run.reveal, run.slot_tok[:, 1:n + 1])
     stats = dict(stats, steps=stats['rounds'], tokens_generated=n - g, order=run.reveal)
     if until is not None:
         stats['generated'] = ((run.slot_tok[:, 1:n + 1] >= 0).sum(1) - g).tolist()
-    if not trace:
+    if not sp.trace:
         stats.pop('events')
     return tokens, stats
 
@@ -330,16 +363,17 @@ def _batch_min(run, step, k, bonus):
     return run.stats(len(run.committed), run.calls)
 
 
-def row_slots(n, k, n_given=0, fused=False):
+def row_slots(n, speculation=None, n_given=0):
     """Buffer slots for per-sample commits: room for the kept slots, about as many holes, and a call."""
-    kmax = (K_FUSED if fused else K_MAX) if k == 'auto' else k
-    return 2 * (n + 1) + ((kmax + 1) ** 2 if fused else kmax) + n_given
+    sp = Speculation() if speculation is None else speculation
+    return 2 * (n + 1) + ((sp.k_max + 1) ** 2 if sp.fused else sp.k_max) + n_given
 
 
-def row_stepper(model, batch_size, mode, n, k, n_given=0, kv_bucket=KV_BUCKET, fused=False):
-    """A RowStepper (engine.py) for runs of n tokens at draft length k (reusable across runs: its graphs
-    are kept)."""
-    return RowStepper(model, batch_size, mode, row_slots(n, k, n_given, fused), kv_bucket)
+def row_stepper(model, batch_size, mode, n, speculation=None, n_given=0, kv_bucket=KV_BUCKET):
+    """A RowStepper (engine.py) for runs of n tokens under speculation (a Speculation, None: the defaults),
+    reusable across runs: its graphs are kept."""
+    sp = Speculation() if speculation is None else speculation
+    return RowStepper(model, batch_size, mode, row_slots(n, sp, n_given), kv_bucket)
 
 
 def _per_row(run, step, k, bonus):

@@ -32,7 +32,7 @@ from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
 from aogpt.evalsets import doc_end  # noqa: E402
 from aogpt.generate import Sampling, doc_lengths, generate_ao  # noqa: E402
 from aogpt.orders import parse_order  # noqa: E402
-from aogpt.speculative import generate_speculative  # noqa: E402
+from aogpt.speculative import Speculation, generate_speculative  # noqa: E402
 
 ckpt = 'out-ptb-eot'   # a checkpoint trained on documents with end symbols (e.g. data/ptb: EOT after each sentence)
 orders = 'l2r,semiar:4,semiar:8,semiar:16,nearl2r:4,random'
@@ -83,7 +83,8 @@ for o in order_list:
         for stop in (end, None):
             g = torch.Generator().manual_seed(seed)
             s = Sampling(temperature=temperature, vocab_size=codec.vocab_size, generator=g, until=stop)
-            c = [generate_speculative(model, n, batch_size, s, k=k, order=o)[1]['calls_per_sample']
+            sp = Speculation(k)
+            c = [generate_speculative(model, n, batch_size, s, speculation=sp, order=o)[1]['calls_per_sample']
                  for _ in range(samples // batch_size)]
             calls[stop] = sum(c) / len(c)
         rows.append((f"{o} + speculative k={k}", "", "", f"{calls[end]:.1f}", f"{calls[None]:.1f}",

@@ -35,7 +35,7 @@ from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.engine import KV_BUCKET, KVCache, SlotStepper  # noqa: E402
 from aogpt.errors import exit_in_one_line  # noqa: E402
 from aogpt.generate import Sampling, ao_calls, draw_plan  # noqa: E402
-from aogpt.speculative import row_slots  # noqa: E402
+from aogpt.speculative import Speculation, row_slots  # noqa: E402
 from bench.common import check_settings  # noqa: E402
 
 n_layer = 24
@@ -208,7 +208,7 @@ for fused, k, alpha in [(f, k, a) for f in (False, True) for k in KS for a in AL
     # decoder_time reads (r, L cached, k): keys = L + r, so hand it L = keys - r
     dyn = decoder_time([(r, keys - r, lg) for r, keys, lg in per], adaln=True)[0]
     fix = decoder_time([(r, keys - r, lg) for r, keys, lg in per], adaln=True, fixed=True, bucket=kv_bucket,
-                       slots=KVCache.slots(row_slots(n, k, fused=fused)))[0]  # RowStepper's longer buffer
+                       slots=KVCache.slots(row_slots(n, Speculation(k, fused=fused))))[0]  # RowStepper's longer buffer
     lines.append(f"| {'fused' if fused else 'two calls'} | {k} | {alpha} | {len(per)} / "
                  f"{sum(r for r, _, _ in per)} | {dyn:.3f} | {fix:.3f} | {mn} | "
                  f"{ar_s / dyn:.2f}x | {ar_fixed / fix:.2f}x | {ao_n_s / dyn:.2f}x | {ao_n_fixed / fix:.2f}x |")

@@ -34,8 +34,8 @@ import torch  # noqa: E402
 from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.engine import KV_BUCKET, EncoderStepper, SlotStepper  # noqa: E402
 from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
-from aogpt.generate import Sampling, generate_ao, generate_ar, generate_mdm  # noqa: E402
-from aogpt.speculative import generate_speculative, row_stepper  # noqa: E402
+from aogpt.generate import EncoderPlan, Sampling, generate_ao, generate_ar, generate_mdm  # noqa: E402
+from aogpt.speculative import Speculation, generate_speculative, row_stepper  # noqa: E402
 from bench.common import append_benchmark, check_settings  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -150,14 +150,13 @@ for kind in ('ao', 'ar', 'spec', 'spec_fused'):
             st = SlotStepper(model, batch_size, mode, kv_bucket=kv_bucket)  # one for all runs: its graphs
             fused = kind == 'spec_fused'
             if kind.startswith('spec'):
-                k = spec_k if spec_k == 'auto' else int(spec_k)
-                st = mode if mode == 'dynamic' else row_stepper(model, batch_size, mode, n, k, kv_bucket=kv_bucket,
-                                                                fused=fused)
+                sp = Speculation(spec_k if spec_k == 'auto' else int(spec_k), fused=fused)
+                st = mode if mode == 'dynamic' else row_stepper(model, batch_size, mode, n, sp, kv_bucket=kv_bucket)
             if kind == 'ao':
                 return lambda T: generate_ao(model, n, batch_size, T, settings(), stepper=st)
             if kind.startswith('spec'):
-                return lambda T: generate_speculative(model, n, batch_size, settings(), k=k, order=spec_order,
-                                                      stepper=st, fused=fused)
+                return lambda T: generate_speculative(model, n, batch_size, settings(), speculation=sp,
+                                                      order=spec_order, stepper=st)
             return lambda T: generate_ar(model, n, batch_size, settings(), stepper=st)
         measure(name, setup, Ts if kind == 'ao' else Ts[:1], repeats)
         for T in Ts[1:] if kind != 'ao' and name not in failed else ():  # AR and spec do not depend on T
@@ -169,7 +168,8 @@ if mine:
     for name, trick, mode in mine:
         def setup(mode=mode, trick=trick, model=enc):
             st = EncoderStepper(model, batch_size, n, mode)
-            return lambda T: generate_mdm(model, n, batch_size, T, settings(), stepper=st, cache_trick=trick)
+            return lambda T: generate_mdm(model, n, batch_size, T, settings(), stepper=st,
+                                                 plan=EncoderPlan(cache_trick=trick))
         if not encoder_passes:
             measure(name, setup, Ts, 1)  # one shape, seen in the warm-up
             continue

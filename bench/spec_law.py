@@ -19,7 +19,7 @@ from aogpt.configurator import configure, print_config  # noqa: E402
 from aogpt.errors import exit_in_one_line  # noqa: E402
 from aogpt.generate import Sampling, generate_ao  # noqa: E402
 from aogpt.genppl import judge_token_nll  # noqa: E402
-from aogpt.speculative import generate_speculative  # noqa: E402
+from aogpt.speculative import Speculation, generate_speculative  # noqa: E402
 
 runs_dir = 'out-reproduce'   # where make findings trained `ao` and `judge`
 n = 32                       # sequence length (the findings' block_size)
@@ -36,17 +36,20 @@ SAMPLERS = {
     'T = n, random': lambda g: generate_ao(model, n, batch_size, n, Sampling(vocab_size=V, generator=g,
                                                                              fixed_counts=True)),
     'speculative k=4, random, per-sample commits':
-        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g), k=4),
+        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g),
+                                       speculation=Speculation(4)),
     'speculative k=auto, random, per-sample commits':
-        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g), k='auto'),
+        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g),
+                                       speculation=Speculation('auto')),
     'speculative k=4, random, batch-minimum commits':
-        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g), k=4,
-                                       batch_commit='min'),
+        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g),
+                                       speculation=Speculation(4, batch_commit='min')),
     'speculative fused k=4, random':
-        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g), k=4, fused=True),
+        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g),
+                                       speculation=Speculation(4, fused=True)),
     'speculative fused k=auto, random':
-        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g), k='auto',
-                                       fused=True),
+        lambda g: generate_speculative(model, n, batch_size, Sampling(vocab_size=V, generator=g),
+                                       speculation=Speculation('auto', fused=True)),
 }
 print('| sampler | mean judge NLL per token | standard error | forward calls per sample |')
 print('|---|---|---|---|')

@@ -79,7 +79,7 @@ def study(c, runs):
 
     from aogpt.checkpoint import load_model
     from aogpt.generate import Sampling, generate_ao
-    from aogpt.speculative import generate_speculative
+    from aogpt.speculative import Speculation, generate_speculative
     from aogpt.likelihood import nll_any_order, nll_l2r, nll_order
     chunks = R.val_chunks(c.eval_chunks, c.block_size)
     judge, codec = S.load_judge(c)
@@ -99,8 +99,9 @@ def study(c, runs):
             xs = [generate_ao(model, n, c.gen_batch, T, sT, order=spec)[0].cpu() for _ in range(nb)]
             row['generation'][str(T)] = S.judged(judge, codec, torch.cat(xs))
         ss, xs, calls = Sampling(vocab_size=codec.vocab_size, generator=g(c.seed)), [], 0.0
+        sp = Speculation('auto', fused=True)
         for _ in range(nb):
-            x, st = generate_speculative(model, n, c.gen_batch, ss, k='auto', order=spec, fused=True)
+            x, st = generate_speculative(model, n, c.gen_batch, ss, speculation=sp, order=spec)
             xs.append(x.cpu())
             calls += st['calls_per_sample'] / nb
         row['speculative'] = dict(calls=calls, **S.judged(judge, codec, torch.cat(xs)))

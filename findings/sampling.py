@@ -81,7 +81,7 @@ def generation_study(c, names):
     import torch
 
     from aogpt.checkpoint import load_model
-    from aogpt.generate import Sampling, generate_ao, generate_mdm
+    from aogpt.generate import EncoderPlan, Sampling, generate_ao, generate_mdm
     from aogpt.genppl import generative_ppl
     judge, codec = load_judge(c)
     models = {k: load_model(os.path.join(c.runs_dir, k), c.device)[0] for k in ('ao', 'ao_seed2', 'mdm')
@@ -99,7 +99,8 @@ def generation_study(c, names):
                 xs, passes = [], 0
                 for _ in range(c.gen_samples // c.gen_batch):
                     if key == 'mdm':
-                        x, st = generate_mdm(model, n, c.gen_batch, T, s, order=order, cache_trick=True)
+                        x, st = generate_mdm(model, n, c.gen_batch, T, s, order=order,
+                                             plan=EncoderPlan(cache_trick=True))
                     else:
                         x, st = generate_ao(model, n, c.gen_batch, T, s, order=order)
                     xs.append(x.cpu())
@@ -165,7 +166,7 @@ def speculative_study(c, names):
 
     from aogpt.checkpoint import load_model
     from aogpt.generate import Sampling, generate_ao
-    from aogpt.speculative import generate_speculative
+    from aogpt.speculative import Speculation, generate_speculative
     judge, codec = load_judge(c)
     n, rows, nb = c.block_size, [], max(1, c.gen_samples // c.gen_batch)
     for key in [k for k in ('ao', 'sigma') if k in names]:
@@ -193,7 +194,7 @@ def speculative_study(c, names):
             for order in ('random', 'l2r'):
                 for k, fused in SPEC_DRAFTS:
                     r = cell(spec_label(k, fused, order), lambda s, o=order, k=k, f=fused: generate_speculative(
-                        model, n, c.gen_batch, s, k=k, order=o, fused=f, trace=True), c.seed)
+                        model, n, c.gen_batch, s, speculation=Speculation(k, fused=f, trace=True), order=o), c.seed)
                     if order == 'random':
                         spec_calls[k, fused] = r['calls']
             for order in ('random', 'l2r'):

@@ -11,6 +11,7 @@ import torch
 
 from aogpt.generate import Sampling, logits_to_probs
 from aogpt.orders import parse_order
+from aogpt.speculative import Speculation, generate_speculative
 from model import GPT, GPTConfig
 
 
@@ -194,6 +195,15 @@ def fill(folder, leave):
     free = st.f_bavail * st.f_frsize
     with open(os.path.join(folder, 'filler'), 'wb') as f:
         f.write(b'\0' * max(0, free - leave))
+
+
+def speculate(model, n, batch_size, settings=None, **kw):
+    """generate_speculative with a test's keywords kw: those that name a Speculation field make its speculation,
+    the rest are generate_speculative's own."""
+    names = set(Speculation.__dataclass_fields__)
+    sp = Speculation(**{k: v for k, v in kw.items() if k in names})
+    return generate_speculative(model, n, batch_size, settings, speculation=sp,
+                                **{k: v for k, v in kw.items() if k not in names})
 
 
 def split_settings(kw, **fields):

@@ -3,11 +3,10 @@ once that document is settled. The early-stopped samplers and the full draw foll
 one law over first documents, the one computed by enumeration; a wrong stop rule must be rejected."""
 import pytest
 import torch
-from helpers import chi2_cells, exact_law, seq_law, tiny
+from helpers import chi2_cells, exact_law, seq_law, speculate, tiny
 
 from aogpt import generate
 from aogpt.generate import Sampling, doc_lengths, doc_start, generate_ao, generate_ar, settled
-from aogpt.speculative import generate_speculative
 
 N = 10000      # samples per law: the rejected laws below fall far under ALPHA with this many
 ALPHA = 1e-4
@@ -128,11 +127,11 @@ def test_early_stopped_documents_have_the_exact_law(m4, order, prompt):
 def test_early_stopped_speculative_documents_have_the_exact_law(m4, kw):
     """Exact parallel decoding along semiar:2 with a stop: a sample whose document is settled leaves the
     rounds. Its document has the law of sequential sampling along the order, cut."""
-    x, st = generate_speculative(m4, n, N, Sampling(vocab_size=V, generator=gen(9), until=END), order='semiar:2',
+    x, st = speculate(m4, n, N, Sampling(vocab_size=V, generator=gen(9), until=END), order='semiar:2',
                                  **kw)
     assert chi2_cells(documents(x), doc_law(m4, 'semiar:2')) > ALPHA
     assert chi2_cells(documents(x), doc_law(m4, 'random')) < ALPHA
-    full = generate_speculative(m4, n, N, Sampling(vocab_size=V, generator=gen(9)), order='semiar:2', **kw)[1]
+    full = speculate(m4, n, N, Sampling(vocab_size=V, generator=gen(9)), order='semiar:2', **kw)[1]
     assert st['calls_per_sample'] < full['calls_per_sample']  # a stopped sample takes part in fewer rounds
     assert min(st['generated']) < n
 
@@ -141,7 +140,7 @@ def test_batch_minimum_commits_stop_when_every_sample_has(m4):
     """batch_commit='min' shares its rounds: the batch stops once every sample's document is settled, and
     each sample is then its document (nothing past its end symbol is needed)."""
     for seed in range(6):
-        x, st = generate_speculative(m4, n, 2, Sampling(vocab_size=V, generator=gen(seed), until=END), k=2,
+        x, st = speculate(m4, n, 2, Sampling(vocab_size=V, generator=gen(seed), until=END), k=2,
                                      order='semiar:2', batch_commit='min')
         ended = doc_lengths(x, END) < n
         assert bool(settled(x, END)[ended].all()) and (bool(ended.all()) or max(st['generated']) == n)

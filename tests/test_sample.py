@@ -16,8 +16,8 @@ import sample
 from aogpt import engine, generate, genppl, speculative
 from aogpt.checkpoint import load_checkpoint, save_checkpoint
 from aogpt.errors import UserError
-from aogpt.generate import Sampling, generate_ao, generate_ar, generate_mdm, reveal_counts, sample_tokens, \
-    time_grid
+from aogpt.generate import EncoderPlan, Sampling, generate_ao, generate_ar, generate_mdm, reveal_counts, \
+    sample_tokens, time_grid
 from aogpt.genppl import judge_nll, unigram_entropy
 from model import model_args
 from sample import encode_template
@@ -326,6 +326,19 @@ def test_a_bad_setting_is_one_line_when_the_settings_are_made(bad):
     Sampling(**{name: getattr(Sampling(), name)})  # the default is valid
 
 
+def test_samplers_take_their_settings_as_objects_not_loose_keywords():
+    """A sampler's settings travel whole (Sampling; the speculative sampler's Speculation, the encoder's
+    EncoderPlan), so a new setting is a field of one checked object, not a keyword forwarded by hand through
+    every caller: a sampler takes its sizes, those objects, what it samples along (order, score) and from
+    (given, prompt), and its stepper."""
+    import inspect
+    allowed = {'model', 'n', 'batch_size', 'steps', 'settings', 'speculation', 'plan', 'order', 'score', 'given',
+               'prompt', 'stepper'}
+    for f in (generate_ao, generate.generate_confident, generate_ar, generate_mdm, speculative.generate_speculative):
+        params = inspect.signature(f).parameters
+        assert set(params) <= allowed and len(params) <= 9, (f.__name__, set(params) - allowed)
+
+
 @pytest.mark.parametrize('sampler, setting', [('ar', dict(schedule='cosine')), ('ar', dict(fixed_counts=True)),
                                               ('mdm', dict(until=2)), ('confident', dict(until=2)),
                                               ('ao', dict(threshold=0.5)), ('speculative', dict(fixed_counts=True)),
@@ -607,6 +620,22 @@ def test_generate_ar_for_a_gpt_equals_uncached_loop():
     assert torch.equal(x, ref) and st['token_passes'] == 8 and st['forward_calls'] == 8
 
 
+def test_encoder_plan_is_checked_once_and_refuses_what_it_cannot_draw():
+    """The encoder's own settings: a bad value is refused when the EncoderPlan is made, a plan of another type
+    and MDLM's per-position counts with an order or fixed counts (whose per-position times they cannot keep)
+    before any pass."""
+    enc = tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=7)
+    for bad, needle in ((dict(counts='per_sample'), "counts must be 'shared' or 'independent'"),
+                        (dict(cache_trick=1), 'cache_trick must be True or False')):
+        with pytest.raises(ValueError, match=needle):
+            EncoderPlan(**bad)
+    with pytest.raises(ValueError, match='plan must be a generate.EncoderPlan'):
+        generate_mdm(enc, 8, 2, 4, plan=dict(counts='independent'))
+    for kw in (dict(order='l2r'), dict(settings=Sampling(fixed_counts=True))):
+        with pytest.raises(ValueError, match='per-position reveal times'):
+            generate_mdm(enc, 8, 2, 4, plan=EncoderPlan('independent'), **kw)
+
+
 # --------------------------------------------------------------------------- infilling
 
 def test_infilling_keeps_given_tokens():
@@ -617,7 +646,8 @@ def test_infilling_keeps_given_tokens():
     for x, st in [generate_ao(ao, n, 5, 3, Sampling(generator=gen(0)), given=given),
                   generate_ao(ao, n, 5, 3, Sampling(generator=gen(0)), order='l2r', given=given),
                   generate_mdm(enc, n, 5, 3, Sampling(generator=gen(0)), given=given),
-                  generate_mdm(enc, n, 5, 3, Sampling(generator=gen(0)), counts='independent', given=given)]:
+                  generate_mdm(enc, n, 5, 3, Sampling(generator=gen(0)), given=given,
+                               plan=EncoderPlan('independent'))]:
         keep = given >= 0
         assert (x[:, keep] == given[keep]).all()
         assert (x >= 0).all() and (x < 11).all()
@@ -681,7 +711,7 @@ def mdm_law(model, n, V, T=None):
 
 def test_encoder_sampler_matches_exact_law(enc3):
     n, V, N = 3, 3, 20000
-    x, st = generate_mdm(enc3, n, N, 2, Sampling(generator=gen(4)), counts='independent', cache_trick=True)
+    x, st = generate_mdm(enc3, n, N, 2, Sampling(generator=gen(4)), plan=EncoderPlan('independent', cache_trick=True))
     assert x.max() < V  # [MASK] never drawn
     xs, law = mdm_law(enc3, n, V, 2)
     assert abs(law.sum().item() - 1) < 1e-9
@@ -697,9 +727,11 @@ def test_encoder_sampler_matches_exact_law(enc3):
 @pytest.mark.parametrize('counts', ['shared', 'independent'])
 def test_encoder_cache_trick_gives_identical_samples_with_fewer_passes(counts):
     enc = tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=9)
-    kw = dict(counts=counts, given=torch.tensor([3, -1, -1, -1, -1, -1, -1, -1]))
-    a, sa = generate_mdm(enc, 8, 6, 64, Sampling(vocab_size=11, generator=gen(1)), cache_trick=False, **kw)
-    b, sb = generate_mdm(enc, 8, 6, 64, Sampling(vocab_size=11, generator=gen(1)), cache_trick=True, **kw)
+    given = torch.tensor([3, -1, -1, -1, -1, -1, -1, -1])
+    a, sa = generate_mdm(enc, 8, 6, 64, Sampling(vocab_size=11, generator=gen(1)), given=given,
+                         plan=EncoderPlan(counts, cache_trick=False))
+    b, sb = generate_mdm(enc, 8, 6, 64, Sampling(vocab_size=11, generator=gen(1)), given=given,
+                         plan=EncoderPlan(counts, cache_trick=True))
     assert torch.equal(a, b)
     assert sa['forward_calls'] == 64 and sb['forward_calls'] < 64
     assert sb['token_passes'] == 8 * sb['forward_calls']
@@ -715,7 +747,7 @@ def test_encoder_stepper_gives_the_eager_samples(mode):
     enc = sharp(tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=9), 3.0).to(dev)
     st = engine.EncoderStepper(enc, 6, 8, mode)
     for T, trick in ((64, True), (5, False), (3, True)):
-        kw = dict(cache_trick=trick, given=torch.tensor([3, -1, -1, -1, -1, -1, -1, -1]))
+        kw = dict(plan=EncoderPlan(cache_trick=trick), given=torch.tensor([3, -1, -1, -1, -1, -1, -1, -1]))
         a, sa = generate_mdm(enc, 8, 6, T, Sampling(vocab_size=11, generator=gen(T)), **kw)
         b, sb = generate_mdm(enc, 8, 6, T, Sampling(vocab_size=11, generator=gen(T)), stepper=st, **kw)
         assert torch.equal(a, b) and sa['forward_calls'] == sb['forward_calls']
@@ -1117,7 +1149,7 @@ def test_non_finite_probabilities_are_refused_never_drawn(where):
     """NaN logits once drew the first id past the vocabulary (sample.py printed padding characters, exit 0):
     every draw goes through inverse_cdf, which refuses a row whose mass is not a positive finite number."""
     from aogpt.errors import UserError
-    from aogpt.speculative import generate_speculative
+    from aogpt.speculative import Speculation, generate_speculative
     with pytest.raises(UserError, match='NaN or inf'):
         if where in ('sample_tokens', 'top_p'):
             sample_tokens(torch.full((3, 7), float('nan')), torch.rand(3), vocab_size=5,
@@ -1130,7 +1162,7 @@ def test_non_finite_probabilities_are_refused_never_drawn(where):
             if where == 'generate_ao':
                 generate_ao(model, 8, 2, 4, Sampling(vocab_size=11, generator=g))
             else:
-                generate_speculative(model, 8, 2, Sampling(vocab_size=11, generator=g), k=3)
+                generate_speculative(model, 8, 2, Sampling(vocab_size=11, generator=g), speculation=Speculation(3))
 
 
 class _Evil:

@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
-from helpers import exact_law, seq_law, split_settings, tiny
+from helpers import exact_law, seq_law, speculate, split_settings, tiny
 
 from aogpt import engine, generate, speculative
 from aogpt.generate import Sampling, logits_to_probs
-from aogpt.speculative import generate_speculative
+from aogpt.speculative import Speculation, generate_speculative
 from model import parallel_mask
 
 ALPHA = 1e-4
@@ -71,7 +71,7 @@ L2R4 = [(0, 1, 2, 3)]
 def run(model, n=4, V=3, seed=0, **kw):
     kw.setdefault('batch_commit', 'min')
     s, kw = split_settings(kw, vocab_size=V, generator=gen(seed))
-    x, st = generate_speculative(model, n, N, s, **kw)
+    x, st = speculate(model, n, N, s, **kw)
     assert x.max() < V
     assert st['forward_calls'] <= st['tokens_generated']  # the batch's calls, so every sample's too
     return x, st
@@ -167,11 +167,11 @@ def test_temperature_and_top_p_transform_both_laws(m4, tf):
 def test_rows_of_a_batch_accept_different_counts(m4):
     """One batch: under per-sample commits rows commit different counts in the same round, and under the
     batch minimum they all commit the fewest (2 a round at this batch size); both exact (the tests above)."""
-    _, st = generate_speculative(m4, 4, 256, Sampling(vocab_size=3, generator=gen(1)), k=4, order='l2r',
+    _, st = speculate(m4, 4, 256, Sampling(vocab_size=3, generator=gen(1)), k=4, order='l2r',
                                  batch_commit='per_row', trace=True)
     t = st['events'][0][2]
     assert len(set(t.tolist())) > 1
-    _, st = generate_speculative(m4, 4, 256, Sampling(vocab_size=3, generator=gen(1)), k=4, order='l2r',
+    _, st = speculate(m4, 4, 256, Sampling(vocab_size=3, generator=gen(1)), k=4, order='l2r',
                                  batch_commit='min')
     assert st['committed'] == [2, 2]
 
@@ -181,9 +181,9 @@ def test_one_sample_per_row_equals_batch_minimum(m4):
     """With B = 1 the two commit rules are the same algorithm with the same draws: same samples."""
     for seed in range(20):
         for k in (2, 3, 'auto'):
-            a, sa = generate_speculative(m4, 4, 1, Sampling(vocab_size=3, generator=gen(seed)), k=k,
+            a, sa = speculate(m4, 4, 1, Sampling(vocab_size=3, generator=gen(seed)), k=k,
                                          batch_commit='min')
-            b, sb = generate_speculative(m4, 4, 1, Sampling(vocab_size=3, generator=gen(seed)), k=k,
+            b, sb = speculate(m4, 4, 1, Sampling(vocab_size=3, generator=gen(seed)), k=k,
                                          batch_commit='per_row')
             assert torch.equal(a, b) and sa['forward_calls'] == sb['forward_calls']
 
@@ -314,9 +314,9 @@ def test_cache_equals_a_cache_free_recomputation(kw, cond):
     given[[0, 1, 9]] = torch.tensor([4, 9, 1])
     settings = lambda: split_settings(kw, generator=gen(3))[0]  # noqa: E731
     kw = split_settings(kw)[1]
-    b, sb = generate_speculative(model, n, B, settings(), given=given, stepper=Uncached(model, B), batch_commit='min',
+    b, sb = speculate(model, n, B, settings(), given=given, stepper=Uncached(model, B), batch_commit='min',
                                  **kw)
-    a, sa = generate_speculative(model, n, B, settings(), given=given, batch_commit='min', **kw)
+    a, sa = speculate(model, n, B, settings(), given=given, batch_commit='min', **kw)
     assert torch.equal(a, b) and sa['committed'] == sb['committed'] and sa['forward_calls'] < n
 
 
@@ -324,9 +324,9 @@ def test_the_cache_free_check_catches_a_rejected_row_kept(monkeypatch):
     """The check above has power: keeping the rejected draft's row changes the samples."""
     model = mixy(seed=5, block_size=32, vocab_size=11)
     n, B = 24, 16
-    a, _ = generate_speculative(model, n, B, Sampling(generator=gen(3)), k=3, batch_commit='min')
+    a, _ = speculate(model, n, B, Sampling(generator=gen(3)), k=3, batch_commit='min')
     keep_rejected(monkeypatch)
-    b, _ = generate_speculative(model, n, B, Sampling(generator=gen(3)), k=3, batch_commit='min')
+    b, _ = speculate(model, n, B, Sampling(generator=gen(3)), k=3, batch_commit='min')
     assert not torch.equal(a, b)
 
 
@@ -345,12 +345,12 @@ def test_static_stepper_gives_the_dynamic_samples(kw, commit):
     kw = dict(kw, batch_commit='per_row' if fused else commit, fused=fused)
     settings = lambda: split_settings(kw, generator=gen(4))[0]  # noqa: E731
     kw = split_settings(kw)[1]
-    a, sa = generate_speculative(model, n, B, settings(), given=given, **kw)
+    a, sa = speculate(model, n, B, settings(), given=given, **kw)
     step = (engine.SlotStepper(model, B, 'static', kv_bucket=16) if commit == 'min' else
-            speculative.row_stepper(model, B, 'static', n, kw['k'], 3, kv_bucket=16, fused=fused))
-    b, sb = generate_speculative(model, n, B, settings(), given=given, stepper=step, **kw)
+            speculative.row_stepper(model, B, 'static', n, Speculation(kw['k'], fused=fused), 3, kv_bucket=16))
+    b, sb = speculate(model, n, B, settings(), given=given, stepper=step, **kw)
     assert torch.equal(a, b) and sa['committed'] == sb['committed']
-    c, _ = generate_speculative(model, n, B, settings(), given=given, stepper=step, **kw)  # reused
+    c, _ = speculate(model, n, B, settings(), given=given, stepper=step, **kw)  # reused
     assert torch.equal(a, c)
 
 
@@ -359,7 +359,7 @@ def test_calls_per_token_and_passes():
     model = mixy(seed=5, block_size=32, vocab_size=11)
     for k in (1, 3, 'auto'):
         for commit in ('min', 'per_row'):
-            _, st = generate_speculative(model, 32, 8, Sampling(generator=gen(0)), k=k, batch_commit=commit)
+            _, st = speculate(model, 32, 8, Sampling(generator=gen(0)), k=k, batch_commit=commit)
             assert st['forward_calls'] <= 32 and st['tokens_generated'] == 32
             if k == 1:
                 assert st['forward_calls'] == st['token_passes'] == 32
@@ -370,16 +370,20 @@ def test_calls_per_token_and_passes():
 ])
 def test_bad_arguments_are_one_clear_error(m4, bad, msg):
     with pytest.raises(ValueError, match=msg):
-        generate_speculative(m4, 4, 2, **bad)
+        speculate(m4, 4, 2, **bad)
     with pytest.raises(ValueError, match='RowStepper'):
-        generate_speculative(m4, 4, 2, batch_commit='per_row', stepper=engine.SlotStepper(m4, 2, 'static'))
+        speculate(m4, 4, 2, batch_commit='per_row', stepper=engine.SlotStepper(m4, 2, 'static'))
+    with pytest.raises(ValueError, match='speculation must be a speculative.Speculation'):
+        generate_speculative(m4, 4, 2, speculation=dict(k=4))
+    with pytest.raises(ValueError, match='fused must be True or False'):
+        Speculation(fused='yes')
 
 
 @pytest.mark.parametrize('kw', [dict(cond='none'), dict(causal=False, cond='none', mask_token_id=7)])
 def test_gpt_and_encoder_are_refused(kw):
     model = tiny(vocab_size=8, block_size=8, **kw)
     with pytest.raises(ValueError, match='any-order decoder'):
-        generate_speculative(model, 4, 2)
+        speculate(model, 4, 2)
 
 
 # --------------------------------------------------------------------------- the CLI
@@ -427,7 +431,7 @@ def test_trace_steps_cover_every_position_once(m4):
     from aogpt import tracepage
     given = torch.tensor([-1, 2, -1, -1])
     for commit in ('min', 'per_row', 'fused'):
-        x, st = generate_speculative(m4, 4, 64, Sampling(vocab_size=3, generator=gen(0)), k=3, given=given,
+        x, st = speculate(m4, 4, 64, Sampling(vocab_size=3, generator=gen(0)), k=3, given=given,
                                      batch_commit='per_row' if commit == 'fused' else commit,
                                      fused=commit == 'fused', trace=True)
         for b, steps in enumerate(tracepage.steps_of(st, 4, 1, 64)):
@@ -448,7 +452,7 @@ def test_greedy_is_greedy_sequential_decoding():
         ref, st = generate.generate_ao(model, 24, 8, 24,
                                        Sampling(fixed_counts=True, temperature=0.0, generator=gen(2)), order=order)
         for commit in ('min', 'per_row'):
-            x, _ = generate_speculative(model, 24, 8, Sampling(temperature=0.0, generator=gen(2)), k=4,
+            x, _ = speculate(model, 24, 8, Sampling(temperature=0.0, generator=gen(2)), k=4,
                                         order=st['order'], batch_commit=commit)  # generate_ao's orders, per sample
             assert torch.equal(x, ref)
 
@@ -466,14 +470,14 @@ def test_every_round_loop_has_one_accept_test_and_one_transform(monkeypatch):
         mp.setattr(speculative, 'accept', lambda run, p, q, d, n_tests, bonus: real_accept(
             run, p, q, d, n_tests.clamp(max=0), bonus & False))
         for kw in loops:
-            _, st = generate_speculative(model, 24, 8, Sampling(generator=gen(2)), k=4, **kw)
+            _, st = speculate(model, 24, 8, Sampling(generator=gen(2)), k=4, **kw)
             assert max(st['committed']) == (1 if kw.get('fused') else 2) and st['accept_rate'] != st['accept_rate']
     ref, st = generate.generate_ao(model, 24, 8, 24,
                                    Sampling(fixed_counts=True, temperature=0.0, generator=gen(2)), order='random')
     monkeypatch.setattr(speculative, 'logits_to_probs',
                         lambda logits, **tf: real_probs(logits, **dict(tf, temperature=0)))
     for kw in loops:
-        x, _ = generate_speculative(model, 24, 8, Sampling(generator=gen(3)), k=4, order=st['order'], **kw)
+        x, _ = speculate(model, 24, 8, Sampling(generator=gen(3)), k=4, order=st['order'], **kw)
         assert torch.equal(x, ref)
 
 
@@ -484,7 +488,7 @@ def test_compacting_the_per_sample_cache_changes_nothing(monkeypatch, mode):
     often gives the same samples as the roomy default."""
     model = mixy(seed=5, block_size=32, vocab_size=11)
     kw = dict(k=6, batch_commit='per_row', given=torch.tensor([3] + [-1] * 23))
-    a, _ = generate_speculative(model, 24, 16, Sampling(vocab_size=11, generator=gen(7)), **kw)
+    a, _ = speculate(model, 24, 16, Sampling(vocab_size=11, generator=gen(7)), **kw)
     real, seen = engine.RowCache.room, []
 
     def spy(cache, r):
@@ -492,8 +496,8 @@ def test_compacting_the_per_sample_cache_changes_nothing(monkeypatch, mode):
         return real(cache, r)
     monkeypatch.setattr(engine.RowCache, 'room', spy)
     # about n + 1 slots for the kept ones + the widest call (static: 32 with the scratch row)
-    monkeypatch.setattr(speculative, 'row_slots', lambda n, k, g=0, fused=False: 32 if mode == 'dynamic' else 31)
-    b, _ = generate_speculative(model, 24, 16, Sampling(vocab_size=11, generator=gen(7)), stepper=mode, **kw)
+    monkeypatch.setattr(speculative, 'row_slots', lambda n, sp=None, g=0: 32 if mode == 'dynamic' else 31)
+    b, _ = speculate(model, 24, 16, Sampling(vocab_size=11, generator=gen(7)), stepper=mode, **kw)
     assert sum(seen) >= 2 and torch.equal(a, b)
 
 
@@ -553,10 +557,10 @@ def test_per_sample_cache_equals_a_cache_free_recomputation(monkeypatch, kw, con
     n, B = 24, 4
     given = torch.full((n,), -1)
     given[[0, 1, 9]] = torch.tensor([4, 9, 1])
-    monkeypatch.setattr(speculative, 'row_slots', lambda n, k, g=0, fused=False: 96)   # compacts now and then
+    monkeypatch.setattr(speculative, 'row_slots', lambda n, sp=None, g=0: 96)   # compacts now and then
     diffs = checked_calls(model, monkeypatch)
     s, kw = split_settings(kw, generator=gen(3))
-    generate_speculative(model, n, B, s, given=given, batch_commit='per_row', **kw)
+    speculate(model, n, B, s, given=given, batch_commit='per_row', **kw)
     assert len(diffs) > 4
     assert (max(diffs) > 1e-3) if holes else (max(diffs) < 1e-9)
 
@@ -599,7 +603,7 @@ def test_fused_negative_controls_are_rejected(bug, monkeypatch):
 
 
 def test_fused_rows_commit_different_counts_and_one_call_a_round(m4):
-    _, st = generate_speculative(m4, 4, 256, Sampling(vocab_size=3, generator=gen(1)), k=2, order='l2r',
+    _, st = speculate(m4, 4, 256, Sampling(vocab_size=3, generator=gen(1)), k=2, order='l2r',
                                  fused=True, trace=True)
     assert len(set(st['events'][1][2].tolist())) > 1
     assert st['forward_calls'] == st['rounds'] and st['calls_per_sample'] <= st['rounds']
@@ -608,7 +612,7 @@ def test_fused_rows_commit_different_counts_and_one_call_a_round(m4):
 def test_fused_needs_per_row_commits_and_the_bonus(m4):
     for bad in (dict(batch_commit='min'), dict(bonus=False)):
         with pytest.raises(ValueError, match='fused'):
-            generate_speculative(m4, 4, 2, fused=True, **bad)
+            speculate(m4, 4, 2, fused=True, **bad)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU (bench/gpu_suite.sh graphs)')
@@ -623,8 +627,8 @@ def test_cuda_graph_speculative_equals_static_on_gpu(fused):
     kw = dict(k=3, fused=fused, given=given)
     out = {}
     for mode in ('static', 'cuda_graph'):
-        step = speculative.row_stepper(model, B, mode, n, 3, 3, kv_bucket=16, fused=fused)
-        out[mode] = [generate_speculative(model, n, B, Sampling(generator=gen(s)), stepper=step, **kw)[0]
+        step = speculative.row_stepper(model, B, mode, n, Speculation(3, fused=fused), 3, kv_bucket=16)
+        out[mode] = [speculate(model, n, B, Sampling(generator=gen(s)), stepper=step, **kw)[0]
                      for s in (4, 5)]
     assert all(torch.equal(a, b) for a, b in zip(out['static'], out['cuda_graph']))
 
@@ -667,5 +671,5 @@ def test_the_samplers_name_the_order_grammar_of_orders_py(m4):
     for f in (generate.generate_ao, generate_speculative, generate.free_order, generate.check_order):
         assert 'orders.GRAMMAR' in f.__doc__ and 'blocks:K' not in f.__doc__, f.__name__
     with pytest.raises(ValueError) as e:
-        generate_speculative(m4, 4, 2, order='margin')
+        speculate(m4, 4, 2, order='margin')
     assert GRAMMAR in str(e.value) and 'nearl2r:W' in str(e.value) and 'mix:' in str(e.value)
