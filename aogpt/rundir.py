@@ -35,7 +35,7 @@ from tqdm import tqdm
 from aogpt.checkpoint import CKPT_NAME, is_export
 from aogpt.configurator import ignore_signals
 from aogpt.errors import UserError, die, tell_torchrun
-from aogpt.paths import atomic_write, read_jsonl
+from aogpt.paths import atomic_write, is_temp, read_jsonl
 
 Lock = namedtuple('Lock', 'fd out_dir made')  # made: this run created out_dir (a failed start removes it again)
 
@@ -97,12 +97,13 @@ def release_out_dir(lock, failed=False):
 
 
 def rewind_out_dir(out_dir, log_path, start_iter, eval_only, say=print):
-    """out_dir as the checkpoint being resumed left it: temp files of a save that was killed mid-write go, and
-    log.jsonl keeps only the evals up to start_iter (a run from scratch starts it empty), less a last line a
-    kill cut short (said). The log is rewritten whole (atomic_write), never through a symbolic link: a run copied
-    with `cp -as` gets a log of its own instead of rewriting the original's."""
+    """out_dir as the checkpoint being resumed left it: the temp files of a checkpoint save or a log rewrite that
+    was killed mid-write go, and log.jsonl keeps only the evals up to start_iter (a run from scratch starts it
+    empty), less a last line a kill cut short (said). The log is rewritten whole (atomic_write), never through
+    a symbolic link: a run copied with `cp -as` gets a log of its own instead of rewriting the original's."""
+    ours = (CKPT_NAME, os.path.basename(log_path))  # another writer's temp in out_dir (an eval record) stays
     for f in os.listdir(out_dir):
-        if f.startswith(f'.{CKPT_NAME}.tmp.'):
+        if is_temp(f) and f[1:].rpartition('.tmp.')[0] in ours:
             os.remove(os.path.join(out_dir, f))
     if start_iter > 0 and os.path.exists(log_path):  # drop evals logged after the checkpoint we resumed
         records, cut = read_jsonl(log_path)

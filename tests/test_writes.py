@@ -202,3 +202,21 @@ def test_a_shard_cut_short_leaves_nothing_and_a_killed_ones_temps_are_cleaned(tm
     assert p.returncode == -9 and len(os.listdir(tmp_path)) == 5
     ps.clean_temporaries(str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ['s1.ids', 's1.json', 's1.lens', 's2.ids']
+
+
+def test_a_resume_cleans_the_temps_its_own_writes_left_and_no_others(tmp_path):
+    """A run killed mid-write leaves a temp of its checkpoint or of its log's rewrite; the resume removes both
+    (paths.is_temp's names for the files train.py writes), and leaves another writer's temp in the folder (an
+    eval record being written beside the checkpoint) alone."""
+    from aogpt.rundir import rewind_out_dir
+    own = [paths.temp_path(tmp_path / 'ckpt.pt'), paths.temp_path(tmp_path / 'log.jsonl'),
+           str(tmp_path / '.log.jsonl.tmp.99999')]
+    other = [str(tmp_path / '.eval.json.tmp.123'), str(tmp_path / '.ckpt.pt.tmp.notapid')]
+    for p in own + other:
+        open(p, 'w').close()
+    log = tmp_path / 'log.jsonl'
+    log.write_text(json.dumps(dict(iter=0)) + '\n' + json.dumps(dict(iter=5)) + '\n')
+    rewind_out_dir(str(tmp_path), str(log), 2, False, say=lambda s: None)
+    assert not any(os.path.exists(p) for p in own)
+    assert all(os.path.exists(p) for p in other)
+    assert [json.loads(x)['iter'] for x in log.read_text().splitlines()] == [0]
