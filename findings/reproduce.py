@@ -95,8 +95,8 @@ from findings.sampling import (  # noqa: E402
     generation_study,
     judge_speculative,
     speculative_study,
+    speculative_table,
     time_samplers,
-    write_speculative,
 )
 
 DATASET = 'ptb_char'
@@ -408,8 +408,7 @@ def main(argv=None):
     findings = judge_findings(c, names, logs, ens, ema, samp, gen, figs)
     f8 = judge_speculative(c, spec, draw_speculative(c, spec))
     findings.append(f8 if not c.quick else (*f8[:3], ('not judged (--quick)', f8[3][1])))
-    write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, timing, time.time() - t_all)
-    write_speculative(c, spec)
+    write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, spec, findings, timing, time.time() - t_all)
 
 
 def read_config(argv):
@@ -613,7 +612,7 @@ def judge_findings(c, names, logs, ens, ema, samp, gen, figs):
     return findings
 
 
-def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, timing, total):
+def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, spec, findings, timing, total):
     res = c.results_dir
     L = lambda k, key: end(curve(logs[k], key)[1])  # noqa: E731
     md = [f"{report.TITLE}{' (QUICK: smoke test, nothing judged)' if c.quick else ''}", '',
@@ -663,7 +662,7 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, tim
             md.append(f"| {label} | {setting[0]} / {setting[1]} | " + ' | '.join(
                 f"{cells[T]['per_sequence']:.2f} / {cells[T]['token']:.2f}, {cells[T]['unigram_entropy']:.2f}, "
                 f"{cells[T]['token_passes']:.0f}" for T in steps) + ' |')
-    md += ['', ' '.join(f"![f{i}]({f})" for i, f in FIGS.items()), '']
+    md += ['', ' '.join(f"![f{i}]({f})" for i, f in FIGS.items())] + speculative_table(c, spec) + ['']
     atomic_write(os.path.join(res, 'README.md'), lambda f: f.write('\n'.join(md)), 'w')
     for n, name in report.SECTIONS.items():  # the findings that other commands write stay in the report
         if os.path.exists(os.path.join(res, name)):
@@ -672,7 +671,7 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, findings, tim
     atomic_json(os.path.join(res, 'results.json'),
                 dict(config=c.config, command=cmd, logs=logs, ensemble=ens, ema=ema, sampling=samp, generation=gen,
                      timing=timing, findings=[dict(id=i, claim=cl, verdict=v, evidence=ev)
-                                              for i, cl, _, (v, ev) in findings]))
+                                              for i, cl, _, (v, ev) in findings], speculative=spec))
     print()
     for i, claim, _, (v, ev) in findings:
         print(f"[{i}] {claim}\n     {v}: {ev}")

@@ -12,13 +12,10 @@ if __name__ == '__main__':  # run as a script (python findings/sampling.py): one
     raise SystemExit('error: findings/sampling.py is part of the findings pipeline, with nothing to run: run '
                      'findings/reproduce.py, optimizers.py or orders.py')
 
-import json
 import math
 import os
 import time
 from dataclasses import replace
-
-from aogpt.paths import atomic_json
 
 GEN_SETTINGS = ((1.0, 1.0), (0.95, 0.9), (0.95, 0.7))  # finding 7: (top-p, temperature), the paper's three
 GEN_STEPS = (2, 4, 8, 16, 32, 64)                      # the paper's claim is judged at T = 8 .. 64
@@ -267,20 +264,14 @@ def judge_speculative(c, spec, fig):
             fig, ('confirmed' if ok else 'not confirmed', ev))
 
 
-def write_speculative(c, spec):
-    """Finding 8's table, appended to the report, and its rows in results.json (key 'speculative')."""
+def speculative_table(c, spec):
+    """Finding 8's table, as the report's lines (reproduce.write_report puts it after finding 7's)."""
     md = ['', f"Finding 8 ({c.gen_samples} samples of {c.block_size} characters per row, judged by `judge`; "
           f"calls = forward calls per sample (each sample's own, the speculative sampler committing per "
           f"sample); T = n runs one token per call):", '',
           '| model | sampler | top-p / T | gen PPL seq / tok | judge NLL per token ± se | H | calls | passes | '
           'tokens per round by fraction revealed |', '|---|---|---|---|---|---|---|---|---|']
-    md += [f"| {r['model']} | {r['sampler']} | {r['top_p']} / {r['temperature']} | {r['per_sequence']:.3f} / "
-           f"{r['token']:.3f} | {r['nll']:.4f} ± {r['nll_se']:.4f} | {r['unigram_entropy']:.3f} | {r['calls']:.1f} | "
-           f"{r['token_passes']:.0f} | "
-           + ' '.join('-' if v is None else f"{v:.2f}" for v in r['by_frac']) + ' |' for r in spec]
-    with open(os.path.join(c.results_dir, 'README.md'), 'a') as f:
-        f.write('\n'.join(md) + '\n')
-    path = os.path.join(c.results_dir, 'results.json')
-    d = json.load(open(path))
-    d['speculative'] = spec
-    atomic_json(path, d)
+    return md + [f"| {r['model']} | {r['sampler']} | {r['top_p']} / {r['temperature']} | {r['per_sequence']:.3f} / "
+                 f"{r['token']:.3f} | {r['nll']:.4f} ± {r['nll_se']:.4f} | {r['unigram_entropy']:.3f} | "
+                 f"{r['calls']:.1f} | {r['token_passes']:.0f} | "
+                 + ' '.join('-' if v is None else f"{v:.2f}" for v in r['by_frac']) + ' |' for r in spec]

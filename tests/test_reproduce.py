@@ -176,15 +176,22 @@ def test_a_report_rewrite_that_fails_keeps_the_old_report(tmp_path, monkeypatch)
 
 @pytest.mark.slow
 def test_quick_pipeline_runs_end_to_end(tmp_path):
-    """`reproduce.py --quick`: every run trains, every finding gets a row, every plot is written."""
+    """`reproduce.py --quick`: every run trains, every finding gets a row, every plot is written; finding 8's table
+    is part of the report it writes (atomically, before the sections other commands wrote, merged after it)."""
     runs, res = tmp_path / 'runs', tmp_path / 'res'
+    res.mkdir()
+    (res / report.SECTIONS[10]).write_text("| 10 | a claim | **confirmed** | evidence |\n\nthe section\n")
     p = subprocess.run([sys.executable, 'findings/reproduce.py', '--quick', f'--runs_dir={runs}', f'--results_dir={res}'],
                        cwd=R.ROOT, capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, HF_DATASETS_OFFLINE='1', WANDB_MODE='disabled'))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     md = (res / 'README.md').read_text()
-    for i in ('1', '2', '3', '4', '5a', '5a+', '5b', '6', '7'):
+    for i in ('1', '2', '3', '4', '5a', '5a+', '5b', '6', '7', '8', '10'):
         assert f"| {i} | " in md and 'not judged (--quick)' in md
+    assert md.index('Finding 7 (') < md.index('Finding 8 (') < md.index('<!-- finding 10 -->')
+    spec = json.loads((res / 'results.json').read_text())['speculative']
+    table = md[md.index('Finding 8 ('):md.index('<!-- finding 10 -->')]
+    assert spec and all(f"| {r['model']} | {r['sampler']} | {r['top_p']} / " in table for r in spec)
     assert sorted(f.name for f in res.glob('*.png')) == sorted(R.FIGS.values())
     assert sorted(d.name for d in runs.iterdir()) == sorted(k for k in R.RUNS if k != 'ao_seed2')
     gen = json.loads((res / 'results.json').read_text())['generation']
