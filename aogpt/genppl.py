@@ -135,10 +135,10 @@ def unigram_entropy(tokens):
 
 def load_judge(path, device):
     """A judge model, its codec, and whether it is an HF GPT-2 folder (local or hf:; else a checkpoint of ours)."""
-    from aogpt.checkpoint import checkpoint_codec, is_export, load_model, read_hf_weights, resolve_path
+    from aogpt.checkpoint import is_export, load_model, read_hf_weights, resolve_path
     from aogpt.tokenizer import gpt2_codec
     where = resolve_path(path)
     if os.path.isdir(where) and not is_export(where):
         return GPT.from_pretrained(where, read_hf_weights(where)).to(device).eval(), gpt2_codec(), True
-    model, ck, _ = load_model(where, device)
-    return model, checkpoint_codec(ck), False
+    model, _, _, codec = load_model(where, device, dataset='')  # the codec it was trained with, checked to fit
+    return model, codec, False

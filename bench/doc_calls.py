@@ -26,7 +26,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
-from aogpt.checkpoint import checkpoint_codec, load_model  # noqa: E402
+from aogpt.checkpoint import load_model  # noqa: E402
 from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
 from aogpt.evalsets import doc_end  # noqa: E402
@@ -52,8 +52,7 @@ for o in order_list:
 if samples < 1 or batch_size < 1 or samples % batch_size:
     raise UserError(f"--samples ({samples}) must be a positive multiple of --batch_size ({batch_size})")
 
-model, ck, _ = load_model(ckpt, device)
-codec = checkpoint_codec(ck)
+model, _, _, codec = load_model(ckpt, device, dataset='')  # its codec, checked to fit
 try:
     end = doc_end(codec)[0]
 except UserError:

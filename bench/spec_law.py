@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
-from aogpt.checkpoint import checkpoint_codec, load_model  # noqa: E402
+from aogpt.checkpoint import load_model  # noqa: E402
 from aogpt.configurator import configure, print_config  # noqa: E402
 from aogpt.errors import exit_in_one_line  # noqa: E402
 from aogpt.generate import Sampling, generate_ao  # noqa: E402
@@ -29,9 +29,9 @@ exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
 print_config(config)
 
-model = load_model(os.path.join(runs_dir, 'ao'), 'cpu')[0]
-judge, ck, _ = load_model(os.path.join(runs_dir, 'judge'), 'cpu')
-V = checkpoint_codec(ck).vocab_size
+model, _, _, codec = load_model(os.path.join(runs_dir, 'ao'), 'cpu', dataset='')  # its codec, checked to fit
+judge = load_model(os.path.join(runs_dir, 'judge'), 'cpu')[0]
+V = codec.vocab_size
 SAMPLERS = {
     'T = n, random': lambda g: generate_ao(model, n, batch_size, n, Sampling(vocab_size=V, generator=g,
                                                                              fixed_counts=True)),

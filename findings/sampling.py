@@ -115,9 +115,9 @@ def generation_study(c, names):
 def load_judge(c):
     """reproduce.py's `judge` run (an L2R GPT, not a compared model) and its codec: the yardstick of the
     generation findings."""
-    from aogpt.checkpoint import checkpoint_codec, load_model
-    judge, ck, _ = load_model(os.path.join(c.runs_dir, 'judge'), c.device)
-    return judge, checkpoint_codec(ck)
+    from aogpt.checkpoint import load_model
+    judge, _, _, codec = load_model(os.path.join(c.runs_dir, 'judge'), c.device, dataset='')
+    return judge, codec
 
 
 def judged(judge, codec, samples):

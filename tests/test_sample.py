@@ -1000,6 +1000,27 @@ def test_bad_destinations_and_judges_fail_before_any_sampling(tmp_path, cli, mon
         assert code != 0 and len(err.strip().splitlines()) == 1 and says in err and calls == [], err
 
 
+def test_a_judge_whose_data_codec_does_not_fit_it_is_refused(tmp_path, cli):
+    """A judge checkpoint without a stored codec reads its ids by the codec of the data it names (checkpoint_codec).
+    Where that codec cannot be the one it trained with (5 characters for a vocabulary of 50304 that train.py
+    derived from its codec), the judge would score the samples' characters as ids of another vocabulary: one
+    line, as load_model refuses such a model everywhere else, not a confident gen PPL."""
+    data = tmp_path / 'chars5'
+    data.mkdir()
+    (data / 'meta.json').write_text(json.dumps({'tokenizer': 'char', 'chars': list('\n abc')}))
+    write_ckpt(tmp_path / 'ckpt.pt')
+    char = load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    char['codec'] = {'tokenizer': 'char', 'vocab_size': 5, 'chars': '\n abc', 'eot': None}  # the judge's data's
+    save_checkpoint(char, str(tmp_path / 'char.pt'))
+    write_ckpt(tmp_path / 'judge.pt', cond='none')
+    judge = load_checkpoint(str(tmp_path / 'judge.pt'))
+    judge['config'] = {'dataset': str(data), 'vocab_size': None}  # train.py's: the vocabulary from the codec
+    save_checkpoint(judge, str(tmp_path / 'judge.pt'))
+    code, out, err = cli('--ckpt', str(tmp_path / 'char.pt'), '--length', '8', '--batch_size', '2',
+                         '--gen_ppl', str(tmp_path / 'judge.pt'))
+    assert code != 0 and len(err.strip().splitlines()) == 1 and 'char codec has 5 symbols, far fewer' in err, err
+
+
 @pytest.mark.parametrize('args, family', [
     (['--speculative', '3', '--steps', '8'], 'ao'), (['--speculative', 'auto', '--schedule', 'cosine'], 'ao'),
     (['--speculative', '3', '--fixed_counts'], 'ao'), (['--speculative', '3', '--mdm_counts', 'shared'], 'ao'),
