@@ -150,6 +150,9 @@ def read_config(argv):
         if not ok:
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
     c.law = None  # the parsed --order, once
+    if str(c.order).isdigit():  # the old --orders was this count: never read a number as a distribution
+        die(f"--order names the order distribution (e.g. semiar:{c.order}); the orders drawn per chunk are "
+            f"--eval_orders {c.order}")
     if c.order:
         try:
             c.law = parse_order(c.order)

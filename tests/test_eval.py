@@ -404,7 +404,8 @@ def test_cli_errors_are_one_line(tmp_path, text_file, capsys):
     (['--orders', '8'], "--orders (a count) is now --eval_orders, the orders drawn per chunk: use --eval_orders 8; "
                         "--order names the order distribution"),
     (['--order_mode', 'semiar:8'], "--order_mode is now --order (the order distribution): use --order semiar:8"),
-    (['--order', '8'], "unknown order '8'"),
+    (['--order', '8'], "--order names the order distribution (e.g. semiar:8); the orders drawn per chunk are "
+                       "--eval_orders 8"),
     (['--use_ema', 'no_thanks'], 'use_ema must be True or False'),
     (['--device', 'cuda'], 'CUDA is not available'),
     (['--device', 'tpu'], '--device must be'),
