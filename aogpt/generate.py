@@ -469,6 +469,7 @@ def slot_tables(gtok, reveal, n, device, room=0):
     slot_pos[:, 1:m + 1] = reveal.cpu()
     return slot_tok.to(device), slot_pos.to(device)
 
+
 def draw_plan(n, batch_size, steps, settings=None, *, order='random', given=None):
     """Everything generate_ao decides before its first forward pass, in its fixed order of draws: one
     float64 uniform per token (consumed in reveal order by the token draws), the order, the counts (the
