@@ -117,7 +117,7 @@ class _Run:
     slot_tok: torch.Tensor    # (B, n + 1 + room) slot j: the j-th revealed token (room past n for done rows)
     slot_pos: torch.Tensor    # (B, n + 1) its position; slot 0 is [None] at -1
     settings: Sampling        # one transform for q and p alike, the generator, until
-    trace: bool
+    sp: 'Speculation'         # the draft length, the bonus slot, the trace
     start: int = 0            # where a document may end (generate.doc_start)
     calls: int = 0            # forward calls of the batch
     passes: int = 0           # rows through the network per sample
@@ -140,8 +140,10 @@ class _Run:
         """The positions that the slots idx (B, ...) reveal (clamped for done samples)."""
         return self.reveal.gather(1, idx.clamp(max=self.n - 1))
 
-    def next_k(self, k, k_max=K_MAX):
-        return auto_k(sum(self.committed), len(self.committed), k_max) if k == 'auto' else k
+    def next_k(self):
+        """The draft length of the next round: k, or under 'auto' auto_k's, at most the Speculation's k_max."""
+        k = self.sp.k
+        return auto_k(sum(self.committed), len(self.committed), self.sp.k_max) if k == 'auto' else k
 
     def forward(self, step, tok, pos, tgt, k, **kw):
         """One forward call, counted: its probabilities under the transform (B, n_logits, V')."""
@@ -161,7 +163,7 @@ class _Run:
             self.committed.append(float(t[live].float().mean()))
             self.frac.append(float(m[live].float().mean()) / self.n)
         self.drafted.append(drafts.size(1))
-        if self.trace:
+        if self.sp.trace:
             k = k.cpu() if torch.is_tensor(k) else k
             self.events.append((m.cpu(), k, t.cpu(), a.cpu(), drafts.cpu(), new.cpu()))
 
@@ -302,13 +304,13 @@ def generate_speculative(model, n, batch_size, settings=None, *, speculation=Non
     reveal = torch.cat([gpos.expand(B, g), free_order(order, free, B, settings.generator, n)], 1)  # (B, n)
     room = sp.k_max + 2 if per_row else 0                                   # past n, for the done samples
     slot_tok, slot_pos = slot_tables(gtok, reveal, n, dev, room)            # the j-th revealed token, its position
-    run = _Run(n, g, reveal.to(dev), slot_tok, slot_pos, settings, sp.trace,
+    run = _Run(n, g, reveal.to(dev), slot_tok, slot_pos, settings, sp,
                doc_start(given, n) if until is not None else 0)
     if per_row:
         step = RowStepper.make(model, B, stepper, slots=row_slots(n, sp, g))
-        stats = _fused(run, step, sp.k) if sp.fused else _per_row(run, step, sp.k, sp.bonus)
+        stats = _fused(run, step) if sp.fused else _per_row(run, step)
     else:
-        stats = _batch_min(run, SlotStepper.make(model, B, stepper), sp.k, sp.bonus)
+        stats = _batch_min(run, SlotStepper.make(model, B, stepper))
     tokens = torch.empty(B, n, dtype=torch.long, device=dev).scatter_(1, run.reveal, run.slot_tok[:, 1:n + 1])
     stats = dict(stats, steps=stats['rounds'], tokens_generated=n - g, order=run.reveal)
     if until is not None:
@@ -318,13 +320,13 @@ def generate_speculative(model, n, batch_size, settings=None, *, speculation=Non
     return tokens, stats
 
 
-def _batch_min(run, step, k, bonus):
+def _batch_min(run, step):
     """generate_speculative with batch_commit='min': every sample commits the batch's fewest (any
     SlotStepper)."""
     n, B, reveal, slot_tok, slot_pos = run.n, run.B, run.reveal, run.slot_tok, run.slot_pos
     m = run.g
     while m < n:
-        kk = min(run.next_k(k), n - m)
+        kk = min(run.next_k(), n - m)
         c = step.cache.len
         # draft: the pending slots c..m-1 (the given tokens at the first round, else none), then kk copies
         # of slot m, copy j with target reveal[m + j]
@@ -341,7 +343,7 @@ def _batch_min(run, step, k, bonus):
                 break
             continue
         # verify: d_0..d_{kk-2} in slots m+1..m+kk-1, targets chained; + the bonus slot when there is room
-        nb = int(bonus and m + kk < n)
+        nb = int(run.sp.bonus and m + kk < n)
         nv = kk - 1 + nb
         p = run.forward(step, d[:, :nv], reveal[:, m:m + nv], reveal[:, m + 1:m + 1 + nv], 1, n_logits=nv)
         a, y = accept(run, p, q[:, 1:], d[:, 1:], torch.full_like(d[:, 0], kk - 1),  # tests d_1..d_{kk-1}
@@ -372,11 +374,10 @@ def row_slots(n, speculation=None, n_given=0):
 def row_stepper(model, batch_size, mode, n, speculation=None, n_given=0, kv_bucket=KV_BUCKET):
     """A RowStepper (engine.py) for runs of n tokens under speculation (a Speculation, None: the defaults),
     reusable across runs: its graphs are kept."""
-    sp = Speculation() if speculation is None else speculation
-    return RowStepper(model, batch_size, mode, row_slots(n, sp, n_given), kv_bucket)
+    return RowStepper(model, batch_size, mode, row_slots(n, speculation, n_given), kv_bucket)
 
 
-def _per_row(run, step, k, bonus):
+def _per_row(run, step):
     """generate_speculative with batch_commit='per_row': each sample commits what it accepted (a
     RowStepper). Same draws, in the same order, as the batch-minimum path."""
     n, B, g, reveal, slot_tok, slot_pos = run.n, run.B, run.g, run.reveal, run.slot_tok, run.slot_pos
@@ -385,7 +386,7 @@ def _per_row(run, step, k, bonus):
     own_calls = 0
     while bool((m < n).any()):
         active = m < n
-        kk = min(run.next_k(k), int((n - m).max()))
+        kk = min(run.next_k(), int((n - m).max()))
         kb = torch.clamp(n - m, max=kk)                                          # (B,) drafts that fit
         own_calls += int(active.sum()) + int((active & (kb > 1)).sum())          # a lone last token: 1 call
         P = g if run.calls == 0 else 0                                           # the given slots, once
@@ -399,7 +400,7 @@ def _per_row(run, step, k, bonus):
         if kk == 1:
             t, a, new = active.long(), torch.zeros(B, dtype=torch.long, device=dev), d
         else:
-            nb = int(bonus and bool((m + kk < n).any()))
+            nb = int(run.sp.bonus and bool((m + kk < n).any()))
             nv = kk - 1 + nb
             jv = torch.arange(nv, device=dev)
             p = run.forward(step, d[:, :nv], run.at(m[:, None] + jv), run.at(m[:, None] + 1 + jv), 1, n_logits=nv)
@@ -441,7 +442,7 @@ def _draft(qn, a, u):
     return draw(qd, u), qd
 
 
-def _fused(run, step, k):
+def _fused(run, step):
     """Per-sample commits at one forward call a round. A round at m revealed tokens carries drafts
     e_0..e_{K-1} for sigma(m..m+K-1), drawn last round from proposals qd. Its one call runs the chain
     (slot m, target sigma(m); then e_i in slot m+1+i, target sigma(m+1+i)), giving the true conditionals
@@ -460,7 +461,7 @@ def _fused(run, step, k):
     while bool((m < n).any()):
         active = m < n
         C = e.size(1) + 1                                                        # chain rows: slot m, then the drafts
-        K2 = max(0, min(run.next_k(k, K_FUSED), int((n - m - 2)[active].max())))  # drafts the next round can use
+        K2 = max(0, min(run.next_k(), int((n - m - 2)[active].max())))  # drafts the next round can use
         P = g if run.calls == 0 else 0                                           # the given slots, once
         i = torch.arange(C, device=dev)
         c_tok = torch.cat([slot_tok.gather(1, m[:, None]), e], 1)               # (B, C) the chain
