@@ -202,7 +202,7 @@ def read_config(argv=None):
                                     threshold=c.threshold)  # the settings' own rules
     if bad:
         die(f"invalid --{bad[0]}={getattr(c, bad[0])!r}: {bad[1]} (see --help)")
-    for key, ok in (('mdm_counts', c.mdm_counts in ('shared', 'independent')),
+    for key, ok in (('mdm_counts', c.mdm_counts in generate.MDM_COUNTS),
                     ('gen_ppl_mode', c.gen_ppl_mode in ('auto', 'none', 'hf')), ('steps', c.steps >= 1),
                     ('batch_size', c.batch_size >= 1), ('num_batches', c.num_batches >= 1),
                     ('stepper', c.stepper in engine.STEPPERS), ('blank_len', c.blank_len >= 1),

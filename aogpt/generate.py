@@ -666,6 +666,9 @@ def generate_ar(model, n, batch_size, settings=None, *, prompt=None, stepper='dy
     return tok[:, 1:], stats
 
 
+MDM_COUNTS = ('shared', 'independent')  # EncoderPlan.counts: one count per step for the batch, or MDLM's per position
+
+
 @dataclass(frozen=True)
 class EncoderPlan:
     """The encoder MDM's own settings (generate_mdm), checked when made; the token draw and the schedule are
@@ -684,7 +687,7 @@ class EncoderPlan:
     cache_trick: bool = False
 
     def __post_init__(self):
-        if self.counts not in ('shared', 'independent'):
+        if self.counts not in MDM_COUNTS:
             raise ValueError(f"counts must be 'shared' or 'independent', got {self.counts!r}")
         if not isinstance(self.cache_trick, bool):
             raise ValueError(f"cache_trick must be True or False, got {self.cache_trick!r}")
