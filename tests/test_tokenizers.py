@@ -44,6 +44,21 @@ def tiny_bpe(folder, config=None, tok_config=None):
     return str(folder)
 
 
+def offset_bpe(folder, offset=70_000):
+    """tiny_bpe with every id moved up by offset: a byte-level BPE over any text whose ids are all past 65,535
+    (its end of document, <|endoftext|>, is offset itself)."""
+    tiny_bpe(folder, config={}, tok_config={"eos_token": "<|endoftext|>"})
+    path = os.path.join(folder, "tokenizer.json")
+    with open(path) as f:
+        tj = json.load(f)
+    tj["model"]["vocab"] = {t: i + offset for t, i in tj["model"]["vocab"].items()}
+    for t in tj["added_tokens"]:
+        t["id"] += offset
+    with open(path, "w") as f:
+        json.dump(tj, f)
+    return str(folder)
+
+
 def wide_vocab(folder, n=70_000):
     """A word-level tokenizer of n words (ids 0..n-1) and [UNK]: ids past 65,535 with a tiny file."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -207,3 +222,25 @@ def test_eval_sets_are_encoded_with_the_source_codec(tmp_path):
     gpt2 = evalsets.load_eval_chunks("owt", get_codec(None), 4, path=str(tmp_path / "owt"), record=read)
     assert gpt2.flatten().tolist() == bins.load_bin(str(tmp_path / "owt"), "val").tolist()[:gpt2.numel()]
     assert tokenizer.gpt2_codec().record() == get_codec(str(tmp_path / "owt")).record()
+
+
+def test_train_reads_uint32_windows_and_its_checkpoint_rebuilds_the_codec(tmp_path, monkeypatch):
+    """train.py on a dataset of ids past 65,535: the windows it trains on are the ids written (a uint16 reader would
+    see each id's two halves, all inside the vocabulary, so no check would fire), and the checkpoint's codec is
+    the source's, rebuilt by load_model from the checkpoint alone."""
+    from test_train import TINY, run_inprocess
+
+    from aogpt.checkpoint import load_model
+    codec, _ = source_codec(wide_vocab(tmp_path / "wide"))
+    rng = np.random.default_rng(0)
+    docs = {s: [" ".join(f"w{i}" for i in rng.integers(65_530, 65_546, 50)) for _ in range(n)]
+            for s, n in (("train", 40), ("val", 8))}
+    data = tmp_path / "data" / "wide"
+    pc.prepare(str(data), {k: pc.as_dataset(v) for k, v in docs.items()}, "test", codec=codec)
+    (tmp_path / "tiny.py").write_text(TINY.replace("dataset = 'runs'", "dataset = 'wide'"))
+    ns = run_inprocess(monkeypatch, [str(tmp_path / "tiny.py"), f"--data_root={tmp_path / 'data'}",
+                                     f"--out_dir={tmp_path / 'out'}", "--max_iters=1", "--eval_interval=1"])
+    x = ns["read_windows"]("train", [3])[0].tolist()
+    assert x == bins.load_bin(str(data), "train")[3:3 + len(x)].tolist() and min(x) >= 65_530
+    _, _, _, got = load_model(str(tmp_path / "out"), dataset="")
+    assert got.record() == codec.record()
