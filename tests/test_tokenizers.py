@@ -244,3 +244,10 @@ def test_train_reads_uint32_windows_and_its_checkpoint_rebuilds_the_codec(tmp_pa
     assert x == bins.load_bin(str(data), "train")[3:3 + len(x)].tolist() and min(x) >= 65_530
     _, _, _, got = load_model(str(tmp_path / "out"), dataset="")
     assert got.record() == codec.record()
+    # an export carries it too (inside config.json's codec), and its card names it instead of "character level"
+    r = subprocess.run([sys.executable, "export.py", f"--ckpt={tmp_path / 'out'}", f"--dest={tmp_path / 'exp'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert load_model(str(tmp_path / "exp"), dataset="")[3].record() == codec.record()
+    card = (tmp_path / "exp" / "README.md").read_text()
+    assert f"tokenizer.json (70001 ids, sha256 {codec.sha256[:12]}" in card and "character level" not in card
