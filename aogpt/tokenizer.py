@@ -22,7 +22,8 @@ A source model's own tokenizer (Llama, Qwen, SmolLM: a tokenizer.json) is a code
     codec = source_codec('path/to/folder')          # tokenizer.json + config.json / tokenizer_config.json
     codec = source_codec('hf:HuggingFaceTB/SmolLM2-135M@main')   # the same files, through the HF cache
 Its end of document (eot) is the source's eos: config.json's eos_token_id (the first, where it is a list),
-else tokenizer_config.json's eos_token; its bos likewise (None where the source has none). A dataset
+else tokenizer_config.json's eos_token, or the token given as eot_token; its bos is read like its eos
+(None where the source has none). A dataset
 prepared with it holds a copy of tokenizer.json beside meta.json, which records its sha256; a checkpoint
 stores the whole file in its codec record, hashed again when rebuilt, so the bytes checked are the bytes
 parsed, and a model never needs the folder it was prepared from.
@@ -223,9 +224,11 @@ def _special_id(config, tok_config, tokenize, key):
     return tokenize(t) if isinstance(t, str) else None
 
 
-def folder_codec(folder):
+def folder_codec(folder, eot_token=""):
     """The codec of a source model's folder: its tokenizer.json, with eot and bos from its config.json and
-    tokenizer_config.json (special_tokens_map.json for what that lacks)."""
+    tokenizer_config.json (special_tokens_map.json for what that lacks). eot_token: the token that ends a
+    document instead of the source's eos (Qwen3-0.6B's config.json names <|im_end|>, a chat turn's end, while
+    its pretraining documents end with <|endoftext|>)."""
     path = os.path.join(folder, TOKENIZER_FILE)
     if not os.path.isfile(path):
         raise UserError(f"{folder} holds no {TOKENIZER_FILE}: a source's tokenizer is read from its fast-tokenizer "
@@ -241,6 +244,10 @@ def folder_codec(folder):
     except Exception as e:
         raise UserError(f"{path} is not a readable {TOKENIZER_FILE} ({first_line(e, 150)})")
     eot, bos = (_special_id(config, tok_config, lookup, k) for k in ("eos", "bos"))
+    if eot_token:
+        eot = lookup(eot_token)
+        if eot is None:
+            raise UserError(f"--eot_token {eot_token!r} is not a token of {path}")
     try:
         return tokenizers_codec(text, eot, bos)
     except UserError as e:
@@ -286,13 +293,16 @@ def source_folder(spec):
     return got, f"hf:{repo}@{commit}"
 
 
-def source_codec(spec):
+def source_codec(spec, eot_token=""):
     """The codec a prepare script's --tokenizer names: '' or 'gpt2' for GPT-2 BPE, else a source model's
-    tokenizer (source_folder: a folder or hf:owner/name[@rev]). Returns (codec, where it came from)."""
+    tokenizer (source_folder: a folder or hf:owner/name[@rev]; eot_token: see folder_codec). Returns (codec,
+    where it came from)."""
     if spec in ("", "gpt2"):
+        if eot_token:
+            raise UserError("--eot_token picks the end of a document of a --tokenizer; GPT-2's is <|endoftext|>")
         return gpt2_codec(), "gpt2"
     folder, origin = source_folder(spec)
-    return folder_codec(folder), origin
+    return folder_codec(folder, eot_token), origin
 
 
 def codec_from_record(rec):

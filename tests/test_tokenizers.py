@@ -5,6 +5,7 @@ again with the source's codec. Nothing here touches the network: the sources are
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -98,6 +99,12 @@ def test_eot_from_tokenizer_config_and_no_bos(tmp_path):
     (Qwen prepends nothing)."""
     codec, _ = source_codec(tiny_bpe(tmp_path / "q", config={}, tok_config={"eos_token": "<|im_end|>"}))
     assert (codec.eot, codec.bos) == (1, None)
+    # Qwen3-0.6B's case: its eos ends a chat turn; --eot_token names the token its documents end with
+    assert source_codec(str(tmp_path / "q"), "<|endoftext|>")[0].eot == 0
+    with pytest.raises(UserError, match=re.escape("'<|eos|>' is not a token of")):
+        source_codec(str(tmp_path / "q"), "<|eos|>")
+    with pytest.raises(UserError, match="end of a document of a --tokenizer"):
+        source_codec("", "<|endoftext|>")
     with pytest.raises(UserError, match="holds no tokenizer.json"):
         source_codec(str(tmp_path))
     with pytest.raises(UserError, match="no such folder"):

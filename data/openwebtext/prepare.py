@@ -49,8 +49,8 @@ val_fraction = 0.0005              # fraction of documents held out as val.bin
 seed = 2357                        # seed of the held-out draw (nanoGPT's)
 num_proc = min(8, os.cpu_count() or 1)  # tokenizer processes (archives in parallel)
 out_dir = ''                       # '' = data/openwebtext (data/openwebtext_<name> with a tokenizer)
-tokenizer = ''                     # a source model's tokenizer instead of GPT-2: a folder holding tokenizer.json,
-                                   # or hf:owner/name[@revision]
+tokenizer = ''                     # a source model's tokenizer, not GPT-2: a folder or hf:owner/name[@rev]
+eot_token = ''                     # with --tokenizer: the token ending a document, not the source's eos
 force = False                      # rebuild even if out_dir is already prepared
 exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 print_config(configure(globals()))
@@ -70,7 +70,8 @@ if not 0 < val_fraction < 1:
     die(f"val_fraction must be in (0, 1), got {val_fraction}")
 if num_proc < 1:
     die(f"num_proc must be at least 1, got {num_proc}")
-codec, codec_source = source_codec(tokenizer)  # GPT-2 without --tokenizer; a bad one is one line now, not per worker
+# GPT-2 without --tokenizer; a bad one is one line now, not one per worker
+codec, codec_source = source_codec(tokenizer, eot_token)
 dtype = bin_dtype(codec.vocab_size)
 width = np.dtype(DTYPES[dtype]).itemsize
 out_dir = out_dir or os.path.join(pc.ROOT, "data", f"openwebtext_{pc.tokenizer_name(tokenizer)}" if tokenizer

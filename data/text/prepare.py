@@ -30,8 +30,8 @@ out_dir = ''          # '' = data/<input file name without extension> (+ '_char'
 val_fraction = 0.1    # the last fraction of lines held out as val.bin
 doc_unit = 'file'     # what one document is: 'file', 'paragraph' or 'line'
 char = False          # character-level codec (vocabulary = the file's characters + '\n') instead of GPT-2
-tokenizer = ''        # a source model's tokenizer instead of GPT-2: a folder holding tokenizer.json, or
-                      # hf:owner/name[@revision]
+tokenizer = ''        # a source model's tokenizer, not GPT-2: a folder with tokenizer.json, or hf:owner/name[@rev]
+eot_token = ''        # with --tokenizer: the token that ends a document instead of the source's eos
 num_proc = 1          # tokenizer processes (only helps with many documents)
 force = False         # rebuild even if out_dir is already prepared
 exit_in_one_line()  # from here on a UserError is its one line, not a traceback
@@ -69,7 +69,7 @@ def documents(part):
     return [ln.rstrip("\n") for ln in part.splitlines() if ln.strip()]
 
 
-codec, codec_source = pc.source_codec(tokenizer) if tokenizer else (None, None)
+codec, codec_source = pc.source_codec(tokenizer, eot_token) if tokenizer or eot_token else (None, None)
 suffix = "_char" if char else f"_{pc.tokenizer_name(tokenizer)}" if tokenizer else ""
 name = os.path.splitext(os.path.basename(input))[0] + suffix
 out_dir = out_dir or os.path.join(pc.ROOT, "data", name)
