@@ -233,8 +233,11 @@ def folder_codec(folder, eot_token=""):
     if not os.path.isfile(path):
         raise UserError(f"{folder} holds no {TOKENIZER_FILE}: a source's tokenizer is read from its fast-tokenizer "
                         f"file (tokenizer.json, as Llama, Qwen and SmolLM ship it)")
-    with open(path, "rb") as f:
-        text = f.read().decode("utf-8", errors="strict")
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8")  # UTF-8 round trips: text.encode() is the file's bytes, sha256 and all
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {path} ({first_line(e, 150)})")
     config = _read_json(os.path.join(folder, "config.json"))
     tok_config = {**_read_json(os.path.join(folder, "special_tokens_map.json")),
                   **_read_json(os.path.join(folder, "tokenizer_config.json"))}
@@ -248,6 +251,9 @@ def folder_codec(folder, eot_token=""):
         eot = lookup(eot_token)
         if eot is None:
             raise UserError(f"--eot_token {eot_token!r} is not a token of {path}")
+    if eot is None:  # documents need an end the model can learn and sample.py --until_eot can stop at
+        raise UserError(f"{folder} names no eos (config.json eos_token_id, tokenizer_config.json eos_token): pass "
+                        f"--eot_token, the token that ends a document")
     try:
         return tokenizers_codec(text, eot, bos)
     except UserError as e:

@@ -105,6 +105,10 @@ def test_eot_from_tokenizer_config_and_no_bos(tmp_path):
         source_codec(str(tmp_path / "q"), "<|eos|>")
     with pytest.raises(UserError, match="end of a document of a --tokenizer"):
         source_codec("", "<|endoftext|>")
+    tiny_bpe(tmp_path / "none", config={}, tok_config={})
+    with pytest.raises(UserError, match="names no eos"):
+        source_codec(str(tmp_path / "none"))
+    assert source_codec(str(tmp_path / "none"), "<|im_end|>")[0].eot == 1
     with pytest.raises(UserError, match="holds no tokenizer.json"):
         source_codec(str(tmp_path))
     with pytest.raises(UserError, match="no such folder"):
