@@ -27,8 +27,8 @@ import torch
 
 from aogpt import checkpoint
 from aogpt.errors import UserError, command
-from aogpt.tokenizer import TOKENIZERS
 from aogpt.orders import order_of_config
+from aogpt.tokenizer import TOKENIZERS
 
 EXPORT_FILES = {checkpoint.EXPORT_CONFIG, checkpoint.EXPORT_WEIGHTS, 'README.md'}  # what an export writes
 

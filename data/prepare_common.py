@@ -35,11 +35,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from aogpt.bins import DTYPES, bin_dtype  # noqa: E402  (the one rule for the bins' dtype)
 from aogpt.configurator import die_with_parent  # noqa: E402
 from aogpt.errors import UserError  # noqa: E402
 from aogpt.evalsets import doc_end  # noqa: E402  (the ids that end a document: [EOT], or '\n' for char level)
 from aogpt.paths import atomic_json, atomic_write, make_folder  # noqa: E402  (atomic_json: the scripts' too)
-from aogpt.bins import DTYPES, bin_dtype  # noqa: E402  (the one rule for the bins' dtype)
 from aogpt.tokenizer import (TOKENIZER_FILE, TOKENIZERS, char_codec, codec_from_record, gpt2_codec,  # noqa: E402
                              source_codec)  # noqa: F401  (the scripts' --tokenizer)
 
@@ -147,8 +147,8 @@ def human_bytes(n):
 
 def _write_split(ds, column, path, state, key, detok, codec, num_proc, batch_docs, save_state):
     """Tokenize ds into path (resuming from state[key]); returns (docs, tokens)."""
-    width = np.dtype(DTYPES[bin_dtype(codec.vocab_size)]).itemsize
     from tqdm import tqdm
+    width = np.dtype(DTYPES[bin_dtype(codec.vocab_size)]).itemsize
     n = len(ds)
     st = state.setdefault(key, {"docs": 0, "tokens": 0, "done": False})
     partial = path + ".partial"

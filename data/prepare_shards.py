@@ -28,10 +28,10 @@ import signal
 import numpy as np
 from prepare_common import disk_full
 
+from aogpt.bins import DTYPES, bin_dtype
 from aogpt.configurator import die_with_parent
 from aogpt.errors import UserError
 from aogpt.paths import atomic_json, atomic_write, is_temp
-from aogpt.bins import DTYPES, bin_dtype
 from aogpt.tokenizer import gpt2_codec
 
 STATE = ".assemble.json"
