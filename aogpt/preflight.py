@@ -111,7 +111,7 @@ def check_data(cfg, say=print):
         problem = bin_problem(os.path.join(data_dir, f'{split}.bin'), dtype, tokens)
         if problem:
             raise UserError(f"{problem}; {fix[split]} again")
-    if not meta and not os.path.exists(os.path.join(data_dir, 'meta.pkl')):
+    if not any(os.path.exists(os.path.join(data_dir, f)) for f in ('meta.json', 'meta.pkl')):
         say(f"no {data_dir}/meta.json: assuming GPT-2 BPE token ids (vocab 50257)")
     codec = get_codec(data_dir)  # saved in every checkpoint: what the model's ids mean
     n_train = len(open_bin(os.path.join(data_dir, 'train.bin'), dtype))
