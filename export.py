@@ -28,6 +28,7 @@ import torch
 from aogpt import checkpoint
 from aogpt.errors import UserError, command
 from aogpt.orders import order_of_config
+from aogpt.tokenizer import TOKENIZERS
 
 EXPORT_FILES = {checkpoint.EXPORT_CONFIG, checkpoint.EXPORT_WEIGHTS, 'README.md'}  # what an export writes
 
@@ -302,8 +303,9 @@ def use_commands(spec, ma, codec, cfg):
     fit its context, a prompt only in an alphabet that has it."""
     n = min(64, ma['block_size'])
     gpt2 = codec['tokenizer'] == 'gpt2'
+    bpe = codec['tokenizer'] != 'char'  # any BPE reads any prompt; a char alphabet may lack its letters
     if ma['causal'] and ma['cond'] == 'none':
-        return [f'python sample.py --ckpt {spec}' + (' --prompt "The"' if gpt2 else '') + f' --length {n}']
+        return [f'python sample.py --ckpt {spec}' + (' --prompt "The"' if bpe else '') + f' --length {n}']
     out = [f"python sample.py --ckpt {spec} --steps {n} --batch_size 4 --length {n}"]
     if gpt2 and ma['block_size'] >= 24:  # the template is 20 tokens
         out.append(f'python sample.py --ckpt {spec} --template "The [BLANK] rose [BLANK:3] in October."')
@@ -358,6 +360,8 @@ def model_card(config, results, repo, license, folder, title=''):
     weights = ('EMA weights' + (f" (decay {config['ema_decay']})" if config.get('ema_decay') else '')
                if config['weights'] == 'ema' else 'raw (non-EMA) weights')
     vocab = (f"GPT-2 BPE ({codec['vocab_size']} tokens)" if codec['tokenizer'] == 'gpt2' else
+             f"a source model's tokenizer.json ({codec['vocab_size']} ids, sha256 {codec['sha256'][:12]}...; the "
+             f"file is inside config.json's codec)" if codec['tokenizer'] == TOKENIZERS else
              f"character level ({codec['vocab_size']} symbols)")
     adapted = (config.get('started_from') or {}).get('adapted')
     lines = front + ['', f"# {title or folder}", '',
@@ -374,7 +378,7 @@ def model_card(config, results, repo, license, folder, title=''):
     lines += use_commands(spec, ma, codec, cfg)
     if results:
         lines += [eval_command(spec, rec, ma['block_size']) for _, rec in results]
-    elif codec['tokenizer'] == 'gpt2':
+    elif codec['tokenizer'] != 'char':  # any BPE: the eval sets are encoded with the model's own codec
         lines += [f"python eval_ppl.py --ckpt {spec} --datasets ptb --max_chunks 20   # a quick check, offline",
                   f"python eval_ppl.py --ckpt {spec}" + (" --ensemble 8" if ma['cond'] != 'none' else "") +
                   "   # LAMBADA, WikiText2, PTB, WikiText103, 1BW"]

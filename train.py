@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from aogpt.bins import meta_dtype, open_bin, read_meta
 from aogpt.checkpoint import CKPT_NAME, save_checkpoint
 from aogpt.configurator import configure, print_config, stop_at_safe_points, stop_requested
 from aogpt.ema import EMA
@@ -186,6 +187,7 @@ log_path = os.path.join(out_dir, 'log.jsonl')
 # ------------------------------------------------------------------ data
 with run.failing():
     data_dir, codec, n_train, n_val = check_data(cfg, say)  # codec: saved in every checkpoint
+    data_dtype = meta_dtype(read_meta(data_dir))  # the bins' dtype (aogpt/bins.py), checked by check_data
 data_vocab = codec.vocab_size
 
 
@@ -193,7 +195,7 @@ def read_windows(split, starts):
     """Token windows [s, s + block_size) as a (B, n) LongTensor on the device."""
     # re-open the memmap every call: a long-lived one keeps growing the page cache (nanoGPT #428)
     path = os.path.join(data_dir, f'{split}.bin')
-    data = np.memmap(path, dtype=np.uint16, mode='r')
+    data = open_bin(path, data_dtype)
     if len(data) < (n_train if split == 'train' else n_val):  # replaced mid-run: windows would run off its end
         fail(f"{path} now holds {len(data):,} tokens, fewer than the {n_train if split == 'train' else n_val:,} it "
              f"held when the run started: it was replaced or cut mid-run; put the full file back and continue with "

@@ -23,7 +23,8 @@ Where the data comes from (name: HF dataset, or local copy via path=):
            runs read. Or pass a local copy with path=: a text file (one document per line), .jsonl/.json,
            .parquet, a save_to_disk folder, or a folder holding one file per split (e.g. wikitext-103-raw/
            with wiki.test.raw), e.g. lambada_test.jsonl for lambada.
-  owt      data/openwebtext/val.bin written by data/openwebtext/prepare.py (or path= to a .bin / dir).
+  owt      data/openwebtext/val.bin written by data/openwebtext/prepare.py (or path= to a .bin / dir); its
+           documents are decoded and encoded again when the model's codec is not the bin's.
 Without network and without a local copy, loading raises UserError: one line naming the path= option,
 at once (we ask huggingface_hub whether its endpoint answers within ~1.5 s and switch the HF libraries to
 offline mode if not, instead of letting them retry for ~20 s).
@@ -351,6 +352,26 @@ def _owt_bin(path):
     return p if p.endswith(".bin") and os.path.isfile(p) else None
 
 
+def _bin_ids(path, codec, record):
+    """The ids of a prepared .bin (read in the dtype, and with the codec, of the meta.json beside it; GPT-2
+    without one) in `codec`: as they are where the codecs are the same, else each document decoded and encoded
+    again with `codec` (the bin's documents end at its codec's end symbol), as every other set is."""
+    import numpy as np
+
+    from aogpt.bins import load_bin
+    from aogpt.tokenizer import get_codec
+    folder = os.path.dirname(path) or "."
+    ids, held = load_bin(folder, os.path.basename(path)[:-len(".bin")]), get_codec(folder)
+    if held.record() == codec.record():
+        return np.asarray(ids, dtype=np.int64)
+    end = doc_end(held)[0]
+    cuts = np.flatnonzero(np.asarray(ids) == end)
+    starts = np.concatenate([[0], cuts[:-1] + 1]) if len(cuts) else np.zeros(0, np.int64)
+    docs = [held.decode(ids[a:b].tolist()) for a, b in zip(starts, cuts)]
+    record.update(retokenized_from=held.name)
+    return encode_documents(docs, codec)
+
+
 def load_eval_chunks(name, codec, block_size, split=None, path=None, keep_partial=False, paper_split=False,
                      revision=None, record=None):
     """LongTensor (N, block_size) of an eval set, by the protocol in the module docstring. revision: the hub
@@ -358,12 +379,8 @@ def load_eval_chunks(name, codec, block_size, split=None, path=None, keep_partia
     split, revision, commit; or path), for a results file."""
     record = {} if record is None else record
     if name == "owt" and split in (None, "val", "validation") and _owt_bin(path):
-        import numpy as np
-        if codec.name != "gpt2":
-            raise UserError(f"owt: {_owt_bin(path)} holds GPT-2 ids, but the codec is {codec.name!r}")
         record.update(path=os.path.abspath(_owt_bin(path)))
-        ids = np.memmap(_owt_bin(path), dtype=np.uint16, mode="r").astype(np.int64)
-        return chunk_ids(ids, block_size, keep_partial)
+        return chunk_ids(_bin_ids(_owt_bin(path), codec, record), block_size, keep_partial)
     docs = eval_documents(name, split, path, paper_split, revision, record)
     return chunk_ids(encode_documents(docs, codec, EVAL_SETS[name].detok), block_size, keep_partial)
 

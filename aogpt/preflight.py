@@ -22,10 +22,10 @@ import os
 import re
 import time
 
-import numpy as np
 import torch
 
 from aogpt import ROOT
+from aogpt.bins import bin_problem, meta_dtype, open_bin, read_meta
 from aogpt.checkpoint import parse_hub_spec
 from aogpt.errors import UserError
 from aogpt.orders import parse_order
@@ -91,28 +91,31 @@ def check_config(cfg, given=()):
 
 
 def check_data(cfg, say=print):
-    """The dataset's token files (train.bin, val.bin: uint16 ids) and codec, checked before the model is built:
-    returns (its directory, its codec, train tokens, val tokens)."""
+    """The dataset's token files (train.bin, val.bin: ids in the dtype meta.json records, aogpt/bins.py) and codec,
+    checked before the model is built: returns (its directory, its codec, train tokens, val tokens)."""
     data_dir, block_size = os.path.join(cfg['data_root'], cfg['dataset']), cfg['block_size']
     script = os.path.join('data', cfg['dataset'], 'prepare.py')
+    fix = {split: (f"run `python {script}`" if os.path.exists(os.path.join(ROOT, script))
+                   else f"write {split}.bin (token ids) and meta.json into {data_dir}") for split in ('train', 'val')}
     for split in ('train', 'val'):
         f = os.path.join(data_dir, f'{split}.bin')
-        fix = (f"run `python {script}`" if os.path.exists(os.path.join(ROOT, script))
-               else f"write {split}.bin (uint16 token ids) and meta.json into {data_dir}")
         if not os.path.exists(f):
-            raise UserError(f"{f} not found: {fix} first")
-        size = os.path.getsize(f)
-        if size == 0:
-            raise UserError(f"{f} is empty: {fix} again")
-        if size % 2:
-            raise UserError(f"{f} has {size:,} bytes, an odd number, so it is not a whole number of uint16 token ids "
-                            f"(2 bytes each): it is truncated or not a token file; {fix} again")
-    if not os.path.exists(os.path.join(data_dir, 'meta.json')) and not os.path.exists(os.path.join(data_dir,
-                                                                                                   'meta.pkl')):
+            raise UserError(f"{f} not found: {fix[split]} first")
+        if os.path.getsize(f) == 0:
+            raise UserError(f"{f} is empty: {fix[split]} again")
+    meta = read_meta(data_dir)
+    dtype = meta_dtype(meta, os.path.join(data_dir, 'meta.json'))
+    for split in ('train', 'val'):
+        tokens = meta.get(f'{split}_tokens')
+        tokens = tokens if isinstance(tokens, int) else None
+        problem = bin_problem(os.path.join(data_dir, f'{split}.bin'), dtype, tokens)
+        if problem:
+            raise UserError(f"{problem}; {fix[split]} again")
+    if not any(os.path.exists(os.path.join(data_dir, f)) for f in ('meta.json', 'meta.pkl')):
         say(f"no {data_dir}/meta.json: assuming GPT-2 BPE token ids (vocab 50257)")
     codec = get_codec(data_dir)  # saved in every checkpoint: what the model's ids mean
-    n_train = len(np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r'))
-    n_val = len(np.memmap(os.path.join(data_dir, 'val.bin'), dtype=np.uint16, mode='r'))
+    n_train = len(open_bin(os.path.join(data_dir, 'train.bin'), dtype))
+    n_val = len(open_bin(os.path.join(data_dir, 'val.bin'), dtype))
     if n_train < block_size or n_val < block_size:
         raise UserError(f"{data_dir}: train ({n_train}) and val ({n_val}) must each hold at least block_size "
                         f"({block_size}) tokens")

@@ -16,6 +16,17 @@ If the package is missing we fall back to tiktoken's own download/cache, which y
 
 Codec.encode treats its input as plain text: a literal "<|endoftext|>" inside a document is encoded
 as ordinary characters (as nanoGPT's prepare.py does). Insert codec.eot yourself where a document ends.
+
+A source model's own tokenizer (Llama, Qwen, SmolLM: a tokenizer.json) is a codec too, read with the
+`tokenizers` library (it comes with transformers; no BPE is written here):
+    codec = source_codec('path/to/folder')          # tokenizer.json + config.json / tokenizer_config.json
+    codec = source_codec('hf:HuggingFaceTB/SmolLM2-135M@main')   # the same files, through the HF cache
+Its end of document (eot) is the source's eos: config.json's eos_token_id (the first, where it is a list),
+else tokenizer_config.json's eos_token, or the token given as eot_token; its bos is read like its eos
+(None where the source has none). A dataset
+prepared with it holds a copy of tokenizer.json beside meta.json, which records its sha256; a checkpoint
+stores the whole file in its codec record, hashed again when rebuilt, so the bytes checked are the bytes
+parsed, and a model never needs the folder it was prepared from.
 """
 
 if __name__ == '__main__':  # run as a script (python aogpt/tokenizer.py): one line, not an ImportError
@@ -28,11 +39,16 @@ import hashlib
 import json
 import os
 import pickle
+import re
 
-from aogpt.errors import UserError
+from aogpt.bins import read_meta
+from aogpt.errors import UserError, first_line
 
 GPT2_EOT = 50256
 GPT2_VOCAB = 50257  # real vocabulary; models pad it to 50304 for fast matmuls
+TOKENIZERS = "tokenizers"  # the name of a codec read from a tokenizer.json (meta.json's "tokenizer")
+TOKENIZER_FILE = "tokenizer.json"
+SOURCE_FILES = (TOKENIZER_FILE, "config.json", "tokenizer_config.json", "special_tokens_map.json")
 # tiktoken's r50k_base / gpt2 pre-tokenisation regex (tiktoken_ext/openai_public.py, tiktoken 0.14).
 GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 # sha256 tiktoken itself expects for r50k_base.tiktoken; whisper's gpt2.tiktoken is that file.
@@ -80,11 +96,13 @@ def gpt2_encoding():
 
 
 class Codec:
-    """text <-> token ids. name: 'gpt2' or 'char'; eot: end-of-document id or None; vocab_size: real
-    vocabulary size (a model may use a larger, padded embedding)."""
+    """text <-> token ids. name: 'gpt2', 'char' or 'tokenizers' (a tokenizer.json); eot: end-of-document id or
+    None; bos: the source's beginning-of-sequence id or None (tokenizers codecs only); vocab_size: real
+    vocabulary size, the largest id + 1 (a model may use a larger, padded embedding)."""
 
-    def __init__(self, name, vocab_size, eot, encode, decode, chars=None):
-        self.name, self.vocab_size, self.eot, self.chars = name, vocab_size, eot, chars
+    def __init__(self, name, vocab_size, eot, encode, decode, chars=None, bos=None, tokenizer_json=None):
+        self.name, self.vocab_size, self.eot, self.chars, self.bos = name, vocab_size, eot, chars, bos
+        self.tokenizer_json = tokenizer_json  # the text of tokenizer.json, for name 'tokenizers'
         self._encode, self._decode = encode, decode
 
     def record(self):
@@ -93,9 +111,16 @@ class Codec:
         rec = {"tokenizer": self.name, "vocab_size": self.vocab_size, "eot": self.eot}
         if self.name == "gpt2":
             rec["ranks_sha256"] = R50K_SHA256
+        elif self.name == TOKENIZERS:
+            rec.update(bos=self.bos, sha256=self.sha256, json=self.tokenizer_json)
         else:
             rec["chars"] = "".join(self.chars)
         return rec
+
+    @property
+    def sha256(self):
+        """sha256 of the tokenizer.json a 'tokenizers' codec was parsed from (its UTF-8 bytes), else None."""
+        return None if self.tokenizer_json is None else hashlib.sha256(self.tokenizer_json.encode()).hexdigest()
 
     def encode(self, text):
         return self._encode(text)
@@ -108,23 +133,27 @@ class Codec:
         return f"Codec({self.name!r}, vocab_size={self.vocab_size}, eot={self.eot})"
 
 
+def _decode_runs(decode, vocab_size):
+    """decode, with every id outside 0..vocab_size-1 shown as U+FFFD between the decoded runs of valid ids
+    (tiktoken would raise on them, tokenizers would drop them without a trace)."""
+    def run_decode(ids):
+        if all(0 <= i < vocab_size for i in ids):
+            return decode(ids)  # the common case
+        out, run = [], []
+        for i in ids:
+            if 0 <= i < vocab_size:
+                run.append(i)
+            else:
+                out += [decode(run), "\ufffd"]
+                run = []
+        return "".join(out) + decode(run)
+    return run_decode
+
+
 @functools.lru_cache(maxsize=None)
 def gpt2_codec():
     enc = gpt2_encoding()
-
-    def decode(ids):
-        if all(0 <= i < GPT2_VOCAB for i in ids):
-            return enc.decode(ids)  # the common case; invalid UTF-8 byte runs become U+FFFD
-        out, run = [], []
-        for i in ids:
-            if 0 <= i < GPT2_VOCAB:
-                run.append(i)
-            else:
-                out += [enc.decode(run), "\ufffd"]
-                run = []
-        return "".join(out) + enc.decode(run)
-
-    return Codec("gpt2", GPT2_VOCAB, GPT2_EOT, enc.encode_ordinary, decode)
+    return Codec("gpt2", GPT2_VOCAB, GPT2_EOT, enc.encode_ordinary, _decode_runs(enc.decode, GPT2_VOCAB))
 
 
 def char_codec(chars):
@@ -145,6 +174,143 @@ def char_codec(chars):
     return Codec("char", len(chars), None, encode, decode, chars=chars)
 
 
+def tokenizers_codec(text, eot=None, bos=None):
+    """The codec of a tokenizer.json, given as its text (so the bytes a caller hashed are the bytes parsed).
+    Text is plain text: the source's special tokens spelled inside a document are characters, and nothing is
+    added around it (no BOS); eot and bos are the ids the source names (source_codec reads them)."""
+    from tokenizers import Tokenizer
+    try:
+        tok = Tokenizer.from_str(text)
+    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+        raise UserError(f"not a readable {TOKENIZER_FILE} ({first_line(e, 150)})")
+    tok.encode_special_tokens = True  # a literal '<|endoftext|>' in a document is characters, as in GPT-2's codec
+    vocab = max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+    for what, i in (("eot", eot), ("bos", bos)):
+        if i is not None and not (isinstance(i, int) and 0 <= i < vocab):
+            raise UserError(f"the source's {what} id {i!r} is not one of its {TOKENIZER_FILE}'s {vocab} ids")
+
+    def encode(t):
+        return tok.encode(t, add_special_tokens=False).ids
+
+    def decode(ids):
+        return tok.decode(ids, skip_special_tokens=False)
+
+    return Codec(TOKENIZERS, vocab, eot, encode, _decode_runs(decode, vocab), bos=bos, tokenizer_json=text)
+
+
+def _read_json(path):
+    """A small JSON file of a source folder as a dict ({} when absent); one line when unreadable."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            out = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path} ({first_line(e, 150)})")
+    return out if isinstance(out, dict) else {}
+
+
+def _special_id(config, tok_config, tokenize, key):
+    """The source's `key` ('eos' or 'bos') id: config.json's {key}_token_id (the first of a list, the order in
+    which the source lists them), else tokenizer_config.json / special_tokens_map.json's {key}_token
+    looked up in the vocabulary; None where neither names one."""
+    i = config.get(f"{key}_token_id")
+    if isinstance(i, list):
+        i = i[0] if i else None
+    if i is not None:
+        return i
+    t = tok_config.get(f"{key}_token")
+    t = t.get("content") if isinstance(t, dict) else t
+    return tokenize(t) if isinstance(t, str) else None
+
+
+def folder_codec(folder, eot_token=""):
+    """The codec of a source model's folder: its tokenizer.json, with eot and bos from its config.json and
+    tokenizer_config.json (special_tokens_map.json for what that lacks). eot_token: the token that ends a
+    document instead of the source's eos (Qwen3-0.6B's config.json names <|im_end|>, a chat turn's end, while
+    its pretraining documents end with <|endoftext|>)."""
+    path = os.path.join(folder, TOKENIZER_FILE)
+    if not os.path.isfile(path):
+        raise UserError(f"{folder} holds no {TOKENIZER_FILE}: a source's tokenizer is read from its fast-tokenizer "
+                        f"file (tokenizer.json, as Llama, Qwen and SmolLM ship it)")
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8")  # UTF-8 round trips: text.encode() is the file's bytes, sha256 and all
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {path} ({first_line(e, 150)})")
+    config = _read_json(os.path.join(folder, "config.json"))
+    tok_config = {**_read_json(os.path.join(folder, "special_tokens_map.json")),
+                  **_read_json(os.path.join(folder, "tokenizer_config.json"))}
+    from tokenizers import Tokenizer
+    try:
+        lookup = Tokenizer.from_str(text).token_to_id
+    except Exception as e:
+        raise UserError(f"{path} is not a readable {TOKENIZER_FILE} ({first_line(e, 150)})")
+    eot, bos = (_special_id(config, tok_config, lookup, k) for k in ("eos", "bos"))
+    if eot_token:
+        eot = lookup(eot_token)
+        if eot is None:
+            raise UserError(f"--eot_token {eot_token!r} is not a token of {path}")
+    if eot is None:  # documents need an end the model can learn and sample.py --until_eot can stop at
+        raise UserError(f"{folder} names no eos (config.json eos_token_id, tokenizer_config.json eos_token): pass "
+                        f"--eot_token, the token that ends a document")
+    try:
+        return tokenizers_codec(text, eot, bos)
+    except UserError as e:
+        raise UserError(f"{path}: {e.msg}")
+
+
+def source_folder(spec):
+    """(local folder, where it came from) of a --tokenizer spec: a folder, or hf:owner/name[@revision], whose
+    tokenizer files are fetched into the HF cache (offline: read from it) and named by the commit read."""
+    if not spec.startswith("hf:"):
+        if not os.path.isdir(spec):
+            raise UserError(f"--tokenizer {spec}: no such folder (give a model folder holding {TOKENIZER_FILE}, "
+                            f"or hf:owner/name[@revision])")
+        return spec, os.path.abspath(spec)
+    m = re.fullmatch(r"hf:([\w.-]+/[\w.-]+)(?:@([\w./-]+))?", spec)
+    if not m:
+        raise UserError(f"--tokenizer {spec}: write hf:owner/name or hf:owner/name@revision")
+    repo, rev = m.groups()
+    from huggingface_hub import errors, hf_hub_download
+
+    from aogpt.hub import go_offline, hub_reachable
+    if not hub_reachable():
+        go_offline()  # the cache only, failing at once instead of after retries
+    got = None
+    for name in SOURCE_FILES:
+        try:
+            path = hf_hub_download(repo, name, revision=rev)
+        except errors.LocalEntryNotFoundError:  # (before its base class EntryNotFoundError) not cached, offline
+            if name != TOKENIZER_FILE:
+                continue
+            raise UserError(f"--tokenizer {spec}: {name} is not in the Hugging Face cache and the hub cannot be "
+                            f"reached; on a machine with internet run `hf download {repo} {' '.join(SOURCE_FILES)}"
+                            f"{f' --revision {rev}' if rev else ''} --local-dir DIR`, copy DIR here and pass "
+                            f"--tokenizer DIR")
+        except errors.EntryNotFoundError:  # a file this repo does not have (only tokenizer.json is needed)
+            continue
+        except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError, errors.GatedRepoError) as e:
+            raise UserError(f"--tokenizer {spec}: {first_line(e, 150)}")
+        got = got or os.path.dirname(path)
+    if got is None:
+        raise UserError(f"--tokenizer {spec}: {repo} has no {TOKENIZER_FILE}")
+    commit = os.path.basename(got)  # the cache keeps each commit's files in snapshots/<commit>/
+    return got, f"hf:{repo}@{commit}"
+
+
+def source_codec(spec, eot_token=""):
+    """The codec a prepare script's --tokenizer names: '' or 'gpt2' for GPT-2 BPE, else a source model's
+    tokenizer (source_folder: a folder or hf:owner/name[@rev]; eot_token: see folder_codec). Returns (codec,
+    where it came from)."""
+    if spec in ("", "gpt2"):
+        if eot_token:
+            raise UserError("--eot_token picks the end of a document of a --tokenizer; GPT-2's is <|endoftext|>")
+        return gpt2_codec(), "gpt2"
+    folder, origin = source_folder(spec)
+    return folder_codec(folder, eot_token), origin
+
+
 def codec_from_record(rec):
     """The codec a Codec.record() describes; one line (UserError) if the record is not one we can rebuild."""
     kind = rec.get("tokenizer") if isinstance(rec, dict) else None
@@ -154,36 +320,39 @@ def codec_from_record(rec):
         return gpt2_codec()
     if kind == "char" and isinstance(rec.get("chars"), str) and len(rec["chars"]) == rec.get("vocab_size"):
         return char_codec(rec["chars"])
-    raise UserError(f"unreadable codec record {str(rec)[:200]}: expected {{'tokenizer': 'gpt2' | 'char', ...}}")
+    if kind == TOKENIZERS and isinstance(rec.get("json"), str):
+        codec = tokenizers_codec(rec["json"], rec.get("eot"), rec.get("bos"))
+        if codec.sha256 != rec.get("sha256") or codec.vocab_size != rec.get("vocab_size"):
+            raise UserError(f"the codec record's {TOKENIZER_FILE} has sha256 {codec.sha256[:12]}... and "
+                            f"{codec.vocab_size} ids, but the record says {str(rec.get('sha256'))[:12]}... and "
+                            f"{rec.get('vocab_size')}: it was changed after it was recorded")
+        return codec
+    shown = {k: v for k, v in rec.items() if k != "json"} if isinstance(rec, dict) else rec
+    raise UserError(f"unreadable codec record {str(shown)[:200]}: expected {{'tokenizer': 'gpt2' | 'char' | "
+                    f"'{TOKENIZERS}', ...}}")
 
 
 def get_codec(path=None):
     """The codec of a dataset. path: a data dir (data/<name>), its meta.json or meta.pkl, or None.
-    meta.json {"tokenizer": "gpt2" | "char", ...} decides; a dir with only nanoGPT's meta.pkl is char
-    level; None, or a dir without metadata, means GPT-2 (nanoGPT's convention)."""
+    meta.json {"tokenizer": "gpt2" | "char" | "tokenizers", ...} decides; a dir with only nanoGPT's meta.pkl
+    is char level; None, or a dir without metadata, means GPT-2 (nanoGPT's convention). A 'tokenizers'
+    dataset's codec is its own copy of tokenizer.json, whose sha256 must be the one meta.json records."""
     if path is None:
         return gpt2_codec()
     path = str(path)
     if path.endswith((".json", ".pkl")):  # a metadata file rather than its directory
         path = os.path.dirname(path) or "."
     meta_json, meta_pkl = os.path.join(path, "meta.json"), os.path.join(path, "meta.pkl")
-    meta = {}
-    if os.path.exists(meta_json):
-        try:
-            with open(meta_json) as f:
-                meta = json.load(f)
-        except (OSError, ValueError) as e:
-            raise UserError(f"cannot read {meta_json} ({e}); re-run the dataset's prepare.py")
-        if not isinstance(meta, dict):
-            raise UserError(f"{meta_json} holds a JSON {type(meta).__name__}, not an object; re-run the "
-                            f"dataset's prepare.py")
-    elif os.path.exists(meta_pkl):
+    meta = read_meta(path)
+    if not meta and os.path.exists(meta_pkl):
         meta = {"tokenizer": "char"}
     name = meta.get("tokenizer", "gpt2")
     if name == "gpt2":
         codec = gpt2_codec()
+    elif name == TOKENIZERS:
+        codec = _dataset_tokenizer(path, meta)
     elif name != "char":
-        raise UserError(f"{meta_json}: unknown tokenizer {name!r} (expected 'gpt2' or 'char')")
+        raise UserError(f"{meta_json}: unknown tokenizer {name!r} (expected 'gpt2', 'char' or '{TOKENIZERS}')")
     elif "chars" in meta:  # our char datasets keep the vocabulary in meta.json too: no pickle needed
         codec = char_codec(meta["chars"])
     elif not os.path.exists(meta_pkl):
@@ -194,6 +363,25 @@ def get_codec(path=None):
         raise UserError(f"{meta_json} says vocab_size {meta['vocab_size']!r}, but its {codec.name} codec has "
                         f"{codec.vocab_size} symbols; re-run the dataset's prepare.py")
     return codec
+
+
+def _dataset_tokenizer(path, meta):
+    """A 'tokenizers' dataset's codec: path/tokenizer.json checked against meta.json's sha256, eot and bos."""
+    tj = os.path.join(path, TOKENIZER_FILE)
+    if not os.path.isfile(tj):
+        raise UserError(f"{path}/meta.json names a {TOKENIZERS} codec but {tj} is missing; re-run the dataset's "
+                        f"prepare.py")
+    with open(tj, "rb") as f:
+        raw = f.read()
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != meta.get("tokenizer_sha256"):
+        raise UserError(f"{tj} has sha256 {digest[:12]}..., but {path}/meta.json records "
+                        f"{str(meta.get('tokenizer_sha256'))[:12]}...: it is not the tokenizer the bins were made "
+                        f"with; re-run the dataset's prepare.py")
+    try:
+        return tokenizers_codec(raw.decode("utf-8"), meta.get("eot"), meta.get("bos"))
+    except (UserError, UnicodeDecodeError) as e:
+        raise UserError(f"{tj}: {getattr(e, 'msg', e)}")
 
 
 class _PlainUnpickler(pickle.Unpickler):

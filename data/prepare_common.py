@@ -1,10 +1,13 @@
 """
-What every data/<name>/prepare.py shares: documents -> token ids -> uint16 {split}.bin + meta.json.
+What every data/<name>/prepare.py shares: documents -> token ids -> {split}.bin + meta.json.
 
 Each document is tokenized (after an optional detokenizer) and followed by the codec's EOT id (GPT-2:
-50256; char codecs have no EOT and use a newline instead), and the splits are written as
-flat uint16 arrays, nanoGPT's format: np.memmap('train.bin', dtype=np.uint16, mode='r') reads them back.
-meta.json beside the bins records tokenizer, vocab_size, eot, {split}_tokens, {split}_docs and source.
+50256; char codecs have no EOT and use a newline instead), and the splits are written as flat arrays
+in the dtype aogpt/bins.py picks from the vocabulary: uint16 (nanoGPT's format) while every id fits,
+uint32 for larger vocabularies (Llama 3, Qwen); aogpt.bins.load_bin reads them back.
+meta.json beside the bins records tokenizer, vocab_size, eot, dtype, {split}_tokens, {split}_docs and
+source; a source model's tokenizer (--tokenizer) also its bos, the sha256 of its tokenizer.json, a copy
+of which is written beside meta.json, and where it came from.
 
 Resumable and idempotent:
   * a finished directory (meta.json with the same fingerprint, bins of the recorded sizes) is skipped;
@@ -32,14 +35,23 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from aogpt.bins import DTYPES, bin_dtype  # noqa: E402  (the one rule for the bins' dtype)
 from aogpt.configurator import die_with_parent  # noqa: E402
 from aogpt.errors import UserError  # noqa: E402
 from aogpt.evalsets import doc_end  # noqa: E402  (the ids that end a document: [EOT], or '\n' for char level)
 from aogpt.paths import atomic_json, atomic_write, make_folder  # noqa: E402  (atomic_json: the scripts' too)
-from aogpt.tokenizer import char_codec, gpt2_codec  # noqa: E402
+from aogpt.tokenizer import (TOKENIZER_FILE, TOKENIZERS, char_codec, codec_from_record, gpt2_codec,  # noqa: E402
+                             source_codec)  # noqa: F401  (the scripts' --tokenizer)
 
 STATE = ".prepare_state.json"
 FLUSH_EVERY_S = 30  # seconds between resume records: at most this much work is redone after a crash
+
+
+def tokenizer_name(spec):
+    """A --tokenizer spec's short name, for a default out_dir: hf:owner/name@rev -> name, a folder -> its name."""
+    if spec.startswith("hf:"):
+        return spec[3:].split("@")[0].split("/")[-1]
+    return os.path.basename(os.path.abspath(spec))
 
 
 def as_dataset(docs):
@@ -58,8 +70,10 @@ def _init_pool_worker(parent, *args):
     _init_worker(*args)
 
 
-def _init_worker(ds, column, detok, chars):
-    _W.update(ds=ds, column=column, detok=detok, codec=char_codec(chars) if chars else gpt2_codec())
+def _init_worker(ds, column, detok, record):
+    # the codec travels as its record (plain values, unlike the codec's functions) and is rebuilt here
+    codec = codec_from_record(record)
+    _W.update(ds=ds, column=column, detok=detok, codec=codec, dtype=DTYPES[bin_dtype(codec.vocab_size)])
 
 
 def _tokenize_range(ab):
@@ -69,7 +83,7 @@ def _tokenize_range(ab):
     for text in _W["ds"][a:b][_W["column"]]:
         ids.extend(codec.encode(detok(text) if detok else text))
         ids.extend(doc_end(codec))
-    return np.array(ids, dtype=np.uint16)
+    return np.array(ids, dtype=_W["dtype"])
 
 
 # ------------------------------------------------------------------------------------------ main side
@@ -131,24 +145,25 @@ def human_bytes(n):
     return f"{int(n)} bytes"
 
 
-def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_docs, save_state):
+def _write_split(ds, column, path, state, key, detok, codec, num_proc, batch_docs, save_state):
     """Tokenize ds into path (resuming from state[key]); returns (docs, tokens)."""
     from tqdm import tqdm
+    width = np.dtype(DTYPES[bin_dtype(codec.vocab_size)]).itemsize
     n = len(ds)
     st = state.setdefault(key, {"docs": 0, "tokens": 0, "done": False})
     partial = path + ".partial"
-    if st["docs"] and os.path.exists(partial) and os.path.getsize(partial) >= 2 * st["tokens"]:
+    if st["docs"] and os.path.exists(partial) and os.path.getsize(partial) >= width * st["tokens"]:
         print(f"resuming {os.path.basename(path)} at document {st['docs']:,}/{n:,}")
     else:
         st.update(docs=0, tokens=0)
-    # ~2 bytes per 4 bytes of text (GPT-2 averages ~4 chars/token); char level writes 2 bytes per char
-    per_byte = 2.0 if chars else 0.5
+    # ~1 id per 4 bytes of text (GPT-2 averages ~4 chars/token); char level writes 1 id per char
+    per_byte = width * (1.0 if codec.name == "char" else 0.25)
     check_disk(os.path.dirname(path), int(_text_bytes(ds) * (n - st["docs"]) / max(n, 1) * per_byte),
                 os.path.basename(path))
     if num_proc > 1:  # small inputs: enough tasks to keep every process busy
         batch_docs = max(1, min(batch_docs, (n - st["docs"]) // (8 * num_proc)))
     tasks = [(a, min(a + batch_docs, n)) for a in range(st["docs"], n, batch_docs)]
-    args = (ds, column, detok, chars)
+    args = (ds, column, detok, codec.record())
     pool = None
     if num_proc > 1 and len(tasks) > 1:
         import multiprocessing as mp
@@ -161,8 +176,8 @@ def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_doc
     last = time.time()
     try:
         with open(partial, "r+b" if st["docs"] else "wb") as f:
-            f.truncate(2 * st["tokens"])  # drop anything written after the last resume record
-            f.seek(2 * st["tokens"])
+            f.truncate(width * st["tokens"])  # drop anything written after the last resume record
+            f.seek(width * st["tokens"])
             for (a, b), ids in zip(tasks, results):
                 f.write(ids.tobytes())
                 st["docs"], st["tokens"] = b, st["tokens"] + len(ids)
@@ -192,28 +207,33 @@ def _write_split(ds, column, path, state, key, detok, chars, num_proc, batch_doc
 
 
 def prepare(out_dir, splits, source, chars=None, detok=None, num_proc=1, batch_docs=1024, force=False,
-            column="text", extra=None):
+            column="text", extra=None, codec=None, codec_source=None):
     """Write out_dir/{split}.bin for each (split name -> HF Dataset) in splits, then meta.json.
     source: where the documents came from (str); extra: more facts for meta.json (dict). Both are part of
     the fingerprint that decides whether existing bins can be reused.
     chars: None for GPT-2 BPE, else the ordered char-level vocabulary (also written to meta.pkl).
+    codec: a source model's codec instead (tokenizer.source_codec), codec_source: where it came from.
     detok: optional str -> str applied to each document before tokenizing. Returns the meta dict."""
     if num_proc < 1:  # was taken as 1 without a word
         raise UserError(f"num_proc must be at least 1, got {num_proc}")
     make_folder(out_dir, "out_dir")  # a file in the way: one line, not a FileExistsError
     meta_path, state_path = os.path.join(out_dir, "meta.json"), os.path.join(out_dir, STATE)
-    codec = char_codec(chars) if chars else gpt2_codec()
-    assert codec.vocab_size <= 65536, "uint16 bins hold ids < 65536"
+    codec = codec or (char_codec(chars) if chars else gpt2_codec())
+    dtype = bin_dtype(codec.vocab_size)
+    width = np.dtype(DTYPES[dtype]).itemsize
     fingerprint = {"source": source, "tokenizer": codec.name, "chars": "".join(chars) if chars else None,
                    "detokenizer": detok.__name__ if detok else None,
                    "docs": {k: len(v) for k, v in splits.items()}, "extra": extra}
+    if codec.name == TOKENIZERS:  # the tokenizer file and the ids it names decide the bins
+        fingerprint.update(tokenizer_sha256=codec.sha256, eot=codec.eot)
     bins = {k: os.path.join(out_dir, f"{k}.bin") for k in splits}
     if not force and os.path.exists(meta_path):
         with open(meta_path) as f:
             meta = json.load(f)
         if meta.get("fingerprint") == fingerprint and all(
-                os.path.exists(p) and os.path.getsize(p) == 2 * meta.get(f"{k}_tokens", -1)
-                for k, p in bins.items()):
+                os.path.exists(p) and os.path.getsize(p) == width * meta.get(f"{k}_tokens", -1)
+                for k, p in bins.items()) and (codec.name != TOKENIZERS or os.path.exists(
+                os.path.join(out_dir, TOKENIZER_FILE))):
             sizes = ", ".join(f"{k}: {meta[k + '_tokens']:,} tokens" for k in splits)
             print(f"{out_dir} is already prepared ({sizes}); nothing to do (--force=True redoes it)")
             return meta
@@ -238,14 +258,17 @@ def prepare(out_dir, splits, source, chars=None, detok=None, num_proc=1, batch_d
     counts = {}
     for k, ds in splits.items():
         st = state["splits"].get(k, {})
-        if st.get("done") and os.path.exists(bins[k]) and os.path.getsize(bins[k]) == 2 * st["tokens"]:
+        if st.get("done") and os.path.exists(bins[k]) and os.path.getsize(bins[k]) == width * st["tokens"]:
             print(f"{k}.bin already complete ({st['tokens']:,} tokens)")
         else:
-            _write_split(ds, column, bins[k], state["splits"], k, detok, chars, num_proc, batch_docs,
+            _write_split(ds, column, bins[k], state["splits"], k, detok, codec, num_proc, batch_docs,
                          save_state)
         counts[k] = state["splits"][k]
 
-    meta = {"tokenizer": codec.name, "vocab_size": codec.vocab_size, "eot": codec.eot, "dtype": "uint16"}
+    meta = {"tokenizer": codec.name, "vocab_size": codec.vocab_size, "eot": codec.eot, "dtype": dtype}
+    if codec.name == TOKENIZERS:  # the dataset carries its tokenizer: get_codec checks it against this sha256
+        meta.update(bos=codec.bos, tokenizer_sha256=codec.sha256, tokenizer_source=codec_source)
+        atomic_write(os.path.join(out_dir, TOKENIZER_FILE), lambda f: f.write(codec.tokenizer_json.encode()))
     for k in splits:
         meta[f"{k}_tokens"] = counts[k]["tokens"]
     for k in splits:

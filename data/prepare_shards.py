@@ -2,7 +2,7 @@
 A corpus too big to hold in one process: one token shard per source archive, then the train/val bins.
 
 Each archive is tokenized by a worker process into a shard under <out_dir>/shards/:
-    <name>.ids   uint16 token ids, EOT (50256) after every document: the bins' own format
+    <name>.ids   token ids, EOT (GPT-2: 50256) after every document: the bins' own format and dtype
     <name>.lens  uint32 tokens of each document, its EOT included
     <name>.json  documents, tokens and the key the shard was made with (tokenizer, text rule, archive size)
 The .ids and .lens files are written under names unique to the writing process, then renamed, and the
@@ -28,6 +28,7 @@ import signal
 import numpy as np
 from prepare_common import disk_full
 
+from aogpt.bins import DTYPES, bin_dtype
 from aogpt.configurator import die_with_parent
 from aogpt.errors import UserError
 from aogpt.paths import atomic_json, atomic_write, is_temp
@@ -46,7 +47,8 @@ def read_shard(shard_dir, name, key):
     try:
         with open(p["json"]) as f:
             rec = json.load(f)
-        ok = (rec.get("key") == key and os.path.getsize(p["ids"]) == 2 * rec["tokens"]
+        width = np.dtype(DTYPES[rec.get("dtype", "uint16")]).itemsize
+        ok = (rec.get("key") == key and os.path.getsize(p["ids"]) == width * rec["tokens"]
               and os.path.getsize(p["lens"]) == 4 * rec["docs"])
     except (OSError, ValueError, KeyError):
         return None
@@ -62,13 +64,13 @@ def clean_temporaries(shard_dir):
 
 
 # ------------------------------------------------------------------------ worker side (one per process)
-_W = {"progress": None, "stop": None, "parent": None}
+_W = {"progress": None, "stop": None, "parent": None, "codec": None}
 
 
-def _init_worker(progress, stop, parent):
+def _init_worker(progress, stop, parent, codec=None):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
     die_with_parent(parent)  # an idle worker never reaches advance()'s check of the parent
-    _W.update(progress=progress, stop=stop, parent=parent)
+    _W.update(progress=progress, stop=stop, parent=parent, codec=codec)  # forked: the codec is inherited as is
 
 
 def advance(nbytes):
@@ -81,10 +83,12 @@ def advance(nbytes):
             _W["progress"].value += nbytes
 
 
-def write_shard(shard_dir, name, key, texts, stats=None):
+def write_shard(shard_dir, name, key, texts, stats=None, codec=None):
     """Tokenize texts (an iterable of str, in order) into the shard `name`; returns its record. stats: a
-    dict the caller fills while texts is consumed; it is stored in the record."""
-    enc, eot = gpt2_codec().encode, gpt2_codec().eot
+    dict the caller fills while texts is consumed; it is stored in the record. codec: the pool's (make_shards),
+    else GPT-2."""
+    codec = codec or _W["codec"] or gpt2_codec()
+    enc, eot, dtype = codec.encode, codec.eot, bin_dtype(codec.vocab_size)
     p = _paths(shard_dir, name)
     lens, tokens = [], 0
 
@@ -97,26 +101,27 @@ def write_shard(shard_dir, name, key, texts, stats=None):
             buf += ids
             lens.append(len(ids))
             if len(buf) >= 1 << 20:
-                f.write(np.array(buf, dtype=np.uint16).tobytes())
+                f.write(np.array(buf, dtype=DTYPES[dtype]).tobytes())
                 tokens += len(buf)
                 buf = []
-        f.write(np.array(buf, dtype=np.uint16).tobytes())
+        f.write(np.array(buf, dtype=DTYPES[dtype]).tobytes())
         tokens += len(buf)
 
     # each file whole or not at all; the shard counts only once its json (written last) is there
     atomic_write(p["ids"], write_ids)
     atomic_write(p["lens"], lambda f: f.write(np.array(lens, dtype=np.uint32).tobytes()))
-    rec = {"name": name, "key": key, "docs": len(lens), "tokens": tokens, **(stats or {})}
+    rec = {"name": name, "key": key, "docs": len(lens), "tokens": tokens, "dtype": dtype, **(stats or {})}
     atomic_json(p["json"], rec)
     return rec
 
 
 # ------------------------------------------------------------------------------------------ main side
 
-def make_shards(jobs, work, num_proc, total_bytes, done_bytes=0, desc="tokenizing"):
+def make_shards(jobs, work, num_proc, total_bytes, done_bytes=0, desc="tokenizing", codec=None):
     """Run work(*job) for every job on num_proc worker processes; each returns a shard record, or
     {"error": msg} for bad input, which stops everything with that one line. A progress bar counts the
-    compressed bytes read (workers call advance()). Returns the records, in the order of jobs."""
+    compressed bytes read (workers call advance()). codec: what write_shard encodes with (None: GPT-2). Returns
+    the records, in the order of jobs."""
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
@@ -127,7 +132,7 @@ def make_shards(jobs, work, num_proc, total_bytes, done_bytes=0, desc="tokenizin
     progress, stop = ctx.Value("q", 0), ctx.Value("b", 0)
     # not multiprocessing.Pool: it replaces a worker that dies (out of memory, kill -9) and waits forever
     # for that worker's archive; the executor reports it
-    pool = ProcessPoolExecutor(min(num_proc, len(jobs)), ctx, _init_worker, (progress, stop, os.getpid()))
+    pool = ProcessPoolExecutor(min(num_proc, len(jobs)), ctx, _init_worker, (progress, stop, os.getpid(), codec))
     bar = tqdm(total=total_bytes, initial=done_bytes, unit="B", unit_scale=True, desc=desc, mininterval=1.0)
     try:
         futures = {pool.submit(work, *job): i for i, job in enumerate(jobs)}
@@ -152,23 +157,27 @@ def make_shards(jobs, work, num_proc, total_bytes, done_bytes=0, desc="tokenizin
     return [recs[i] for i in range(len(jobs))]
 
 
-def _resumable(out_dir, state, split):
+def _width(dtype):
+    return np.dtype(DTYPES[dtype]).itemsize
+
+
+def _resumable(out_dir, state, split, dtype):
     """Does the split's file hold at least what state records? (.partial, or the bin once renamed)"""
-    path, need = os.path.join(out_dir, f"{split}.bin"), 2 * state[split][1]
+    path, need = os.path.join(out_dir, f"{split}.bin"), _width(dtype) * state[split][1]
     if os.path.exists(path + ".partial"):
         return os.path.getsize(path + ".partial") >= need
     return state["next"] == len(state["records"]) and os.path.exists(path) and os.path.getsize(path) == need
 
 
-def load_state(out_dir, fingerprint):
+def load_state(out_dir, fingerprint, dtype="uint16"):
     """The assembly record of an interrupted run with this fingerprint, else None (and then any partial
-    bins of another run are removed)."""
+    bins of another run are removed). dtype: the bins' (bins.bin_dtype of the codec)."""
     try:
         with open(os.path.join(out_dir, STATE)) as f:
             state = json.load(f)
     except (OSError, ValueError):
         state = {}
-    if state.get("fingerprint") == fingerprint and all(_resumable(out_dir, state, s) for s in ("train", "val")):
+    if state.get("fingerprint") == fingerprint and all(_resumable(out_dir, state, s, dtype) for s in ("train", "val")):
         return state
     for f in (STATE, "train.bin.partial", "val.bin.partial"):
         if os.path.exists(os.path.join(out_dir, f)):
@@ -188,9 +197,11 @@ def _copy(f, ids, a, b, step=1 << 24):
         f.write(ids[i:min(b, i + step)].tobytes())
 
 
-def assemble(out_dir, shard_dir, state, is_val):
+def assemble(out_dir, shard_dir, state, is_val, dtype="uint16"):
     """Write train.bin (documents with is_val False, in order) and val.bin (the others, in order) from the
-    shards named in state, resuming where state says. Returns {split: (docs, tokens)}."""
+    shards named in state, resuming where state says; dtype: the shards' and bins'. Returns {split: (docs,
+    tokens)}."""
+    width = _width(dtype)
     from tqdm import tqdm
     recs, k0 = state["records"], state["next"]
     starts = np.concatenate([[0], np.cumsum([r["docs"] for r in recs])])
@@ -201,13 +212,14 @@ def assemble(out_dir, shard_dir, state, is_val):
         if k0 and not os.path.exists(path[s] + ".partial"):
             continue  # renamed already: the run was killed between the last record and meta.json
         files[s] = open(path[s] + ".partial", "r+b" if k0 else "wb")
-        files[s].truncate(2 * state[s][1])  # drop anything written after the last record
-        files[s].seek(2 * state[s][1])
+        files[s].truncate(width * state[s][1])  # drop anything written after the last record
+        files[s].seek(width * state[s][1])
     bar = tqdm(total=len(recs), initial=k0, unit="shard", desc="train.bin / val.bin")
     try:
         for k in range(k0, len(recs)):
             p = _paths(shard_dir, recs[k]["name"])
-            ids = np.memmap(p["ids"], dtype=np.uint16, mode="r") if recs[k]["tokens"] else np.zeros(0, np.uint16)
+            ids = (np.memmap(p["ids"], dtype=DTYPES[dtype], mode="r") if recs[k]["tokens"]
+                   else np.zeros(0, DTYPES[dtype]))
             lens = np.fromfile(p["lens"], dtype=np.uint32).astype(np.int64)
             ends = np.cumsum(lens)
             begins = ends - lens

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: aogpt/, model.py
+from aogpt.bins import load_bin  # noqa: E402
 from aogpt.checkpoint import checkpoint_codec, find_dataset, load_checkpoint  # noqa: E402
 from aogpt.configurator import namespace, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die  # noqa: E402
@@ -45,7 +46,7 @@ def unigram_nll(counts, alpha, x):
 def unigram_baseline(data_dir, codec, name, block_size, n_rows):
     """(alpha, nats per symbol) of the add-alpha unigram of data_dir/train.bin on the first n_rows test
     rows of eval set `name`, cut as eval_ppl.py cuts them; alpha is chosen on the validation rows."""
-    train = np.memmap(os.path.join(data_dir, 'train.bin'), dtype=np.uint16, mode='r')
+    train = load_bin(data_dir, 'train')  # in the dtype its meta.json records
     counts = np.bincount(train, minlength=codec.vocab_size).astype(np.float64)
     val = load_eval_chunks(name, codec, block_size, split='validation').numpy()
     alpha = min(ALPHAS, key=lambda a: unigram_nll(counts, a, val))

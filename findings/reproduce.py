@@ -335,7 +335,9 @@ def judge_annealing(ppl, noise):
 def val_chunks(n_chunks, n):
     """The first n_chunks non-overlapping windows of n tokens of data/ptb_char/val.bin: (N, n) LongTensor."""
     import torch
-    data = np.memmap(os.path.join(ROOT, 'data', DATASET, 'val.bin'), dtype=np.uint16, mode='r')
+
+    from aogpt.bins import load_bin
+    data = load_bin(os.path.join(ROOT, 'data', DATASET), 'val')  # in the dtype its meta.json records
     N = min(n_chunks, len(data) // n)
     return torch.from_numpy(data[:N * n].astype(np.int64)).view(N, n)
 

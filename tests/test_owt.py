@@ -108,15 +108,15 @@ def documented_docs(layout):
     return docs
 
 
-def documented_bins(docs, val_fraction, seed=2357):
-    enc = gpt2_codec()
+def documented_bins(docs, val_fraction, seed=2357, codec=None, dtype=np.uint16):
+    enc = codec or gpt2_codec()
     n = len(docs)
     n_val = min(n - 1, max(1, round(n * val_fraction)))
     held = set(np.random.default_rng(seed).choice(n, n_val, replace=False).tolist())
     out = {"train": [], "val": []}
     for i, d in enumerate(docs):
-        out["val" if i in held else "train"] += enc.encode(d) + [50256]
-    return {s: np.array(v, dtype=np.uint16).tobytes() for s, v in out.items()}
+        out["val" if i in held else "train"] += enc.encode(d) + [enc.eot]
+    return {s: np.array(v, dtype=dtype).tobytes() for s, v in out.items()}
 
 
 def run(*args, env=None, timeout=120, hub_reachable=False):
@@ -167,6 +167,30 @@ def test_bins_are_the_documents_in_the_documented_order(small):
     assert "0010000-latin1.txt" in r.stdout
     assert not (root / "out" / "shards").exists() and not (root / "out" / ps.STATE).exists()
     r = run(f"--source={root / 'tars'}", f"--out_dir={root / 'out'}", "--val_fraction=0.1")
+    assert r.returncode == 0 and "already prepared" in r.stdout
+
+
+def test_a_source_tokenizer_past_65535_gives_uint32_bins_of_the_same_documents(tmp_path):
+    """--tokenizer on the archives path: the shards and bins are uint32 (every id of this BPE is past 65,535), the
+    documents in the documented order, each followed by the source's end of document, for two processes; the
+    tokenizer.json is kept beside meta.json, which records it and the dtype."""
+    from test_tokenizers import offset_bpe
+
+    from aogpt.tokenizer import get_codec, source_codec
+    layout = small_layout()
+    write_tars(tmp_path / "tars", layout)
+    src = offset_bpe(tmp_path / "tok")
+    r = run(f"--source={tmp_path / 'tars'}", f"--out_dir={tmp_path / 'out'}", "--val_fraction=0.1", "--num_proc=2",
+            f"--tokenizer={src}")
+    assert r.returncode == 0, r.stderr
+    codec = source_codec(src)[0]
+    assert bins(tmp_path / "out") == documented_bins(documented_docs(layout), 0.1, codec=codec, dtype=np.uint32)
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert (meta["dtype"], meta["eot"], meta["tokenizer_source"]) == ("uint32", 70_000, src)
+    assert meta["train_tokens"] == os.path.getsize(tmp_path / "out" / "train.bin") // 4
+    assert get_codec(tmp_path / "out").record() == codec.record()
+    r = run(f"--source={tmp_path / 'tars'}", f"--out_dir={tmp_path / 'out'}", "--val_fraction=0.1",
+            f"--tokenizer={src}")
     assert r.returncode == 0 and "already prepared" in r.stdout
 
 

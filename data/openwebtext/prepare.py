@@ -1,6 +1,8 @@
 """
 OpenWebText -> data/openwebtext/{train,val}.bin + meta.json: GPT-2 BPE, EOT (50256) after every document,
-uint16 token ids (nanoGPT's format: np.memmap(path, dtype=np.uint16, mode='r')).
+uint16 token ids (nanoGPT's format: np.memmap(path, dtype=np.uint16, mode='r')). --tokenizer=<folder | hf:ID>
+takes a source model's tokenizer instead (its end of document after each one, uint32 ids past 65,535,
+meta.json records the dtype and the tokenizer, a copy of whose tokenizer.json goes beside it).
 
     python data/openwebtext/prepare.py                       # the hub's archives, via the HF cache
     python data/openwebtext/prepare.py --source=/data/owt    # the same archives fetched before (hf download,
@@ -46,7 +48,9 @@ text_unit = 'line'                 # local plain text files: a document per 'lin
 val_fraction = 0.0005              # fraction of documents held out as val.bin
 seed = 2357                        # seed of the held-out draw (nanoGPT's)
 num_proc = min(8, os.cpu_count() or 1)  # tokenizer processes (archives in parallel)
-out_dir = ''                       # '' = data/openwebtext
+out_dir = ''                       # '' = data/openwebtext (data/openwebtext_<name> with a tokenizer)
+tokenizer = ''                     # a source model's tokenizer, not GPT-2: a folder or hf:owner/name[@rev]
+eot_token = ''                     # with --tokenizer: the token ending a document, not the source's eos
 force = False                      # rebuild even if out_dir is already prepared
 exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 print_config(configure(globals()))
@@ -59,13 +63,19 @@ import numpy as np  # noqa: E402
 import owt_archives as owt  # noqa: E402
 import prepare_shards as ps  # noqa: E402
 
-from aogpt.tokenizer import GPT2_EOT, GPT2_VOCAB, gpt2_codec  # noqa: E402
+from aogpt.bins import DTYPES, bin_dtype  # noqa: E402
+from aogpt.tokenizer import TOKENIZER_FILE, source_codec  # noqa: E402
 
 if not 0 < val_fraction < 1:
     die(f"val_fraction must be in (0, 1), got {val_fraction}")
 if num_proc < 1:
     die(f"num_proc must be at least 1, got {num_proc}")
-out_dir = out_dir or os.path.join(pc.ROOT, "data", "openwebtext")
+# GPT-2 without --tokenizer; a bad one is one line now, not one per worker
+codec, codec_source = source_codec(tokenizer, eot_token)
+dtype = bin_dtype(codec.vocab_size)
+width = np.dtype(DTYPES[dtype]).itemsize
+out_dir = out_dir or os.path.join(pc.ROOT, "data", f"openwebtext_{pc.tokenizer_name(tokenizer)}" if tokenizer
+                                  else "openwebtext")
 hint = "pass a local copy: --source=/path/to/folder of the urlsf_subsetNN.tar files (or of documents)"
 from_hub = source.lower() == owt.HUB_REPO.lower() and not os.path.exists(source)
 archives = [] if from_hub or not os.path.exists(source) else owt.find_archives(source)
@@ -90,14 +100,17 @@ if not from_hub and not archives:  # documents in any other form: the general pa
     extra = {"source_split": split, "source_documents": n, "val_fraction": val_fraction, "seed": seed,
              "source_fingerprint": getattr(ds, "_fingerprint", None)}
     print(f"{origin}: {n:,} documents -> train {n - n_val:,} / val {n_val:,}")
-    pc.prepare(out_dir, splits, origin, num_proc=num_proc, force=force, column=column, extra=extra)
+    pc.prepare(out_dir, splits, origin, num_proc=num_proc, force=force, column=column, extra=extra,
+               codec=None if codec.name == "gpt2" else codec, codec_source=codec_source)
     sys.exit(0)
 
 # ------------------------------------------------------------------------- OpenWebText's own archives
 origin = owt.HUB_REPO if from_hub else os.path.abspath(source)
 shard_dir = os.path.join(out_dir, "shards")
 meta_path = os.path.join(out_dir, "meta.json")
-rule = {"tokenizer": "gpt2", "text": owt.TEXT, "val_fraction": val_fraction, "seed": seed}
+# GPT-2's rule is spelled as before --tokenizer existed, so a prepared data/openwebtext stays prepared
+tok_id = "gpt2" if codec.name == "gpt2" else f"{codec.name}:{codec.sha256}:eot={codec.eot}"
+rule = {"tokenizer": tok_id, "text": owt.TEXT, "val_fraction": val_fraction, "seed": seed}
 # what decides "already prepared": known before any download, so a prepared dir needs neither network
 # nor the HF cache
 done_fp = dict(rule, source=origin, revision=revision if from_hub else None,
@@ -112,8 +125,9 @@ if os.path.exists(meta_path):
         meta = json.load(f)
     if meta.get("fingerprint") == done_fp and all(
             os.path.exists(os.path.join(out_dir, f"{s}.bin"))
-            and os.path.getsize(os.path.join(out_dir, f"{s}.bin")) == 2 * meta.get(f"{s}_tokens", -1)
-            for s in ("train", "val")):
+            and os.path.getsize(os.path.join(out_dir, f"{s}.bin")) == width * meta.get(f"{s}_tokens", -1)
+            for s in ("train", "val")) and (codec.name == "gpt2" or os.path.exists(os.path.join(out_dir,
+                                                                                             TOKENIZER_FILE))):
         print(f"{out_dir} is already prepared (train: {meta['train_tokens']:,} tokens, val: "
               f"{meta['val_tokens']:,} tokens); nothing to do (--force=True redoes it)")
         shutil.rmtree(shard_dir, ignore_errors=True)  # left over if a run was killed at its very end
@@ -129,18 +143,18 @@ print(f"{origin}: {len(archives)} archive(s), {sum(a.size for a in archives) / 1
 
 # shards are reused when made from an archive of the same name and size with the same tokenizer and text
 # rule; the assembly record when the whole list and the held-out draw are the same
-key = {a.name: {"tokenizer": "gpt2", "text": owt.TEXT, "size": a.size} for a in archives}
+key = {a.name: {"tokenizer": tok_id, "text": owt.TEXT, "size": a.size} for a in archives}
 fingerprint = dict(rule, archives=[[a.name, a.size] for a in archives])
 ps.clean_temporaries(shard_dir)
-state = ps.load_state(out_dir, fingerprint)
+state = ps.load_state(out_dir, fingerprint, dtype)
 consumed = state["next"] if state else 0  # shards already in the bins (and deleted)
 todo = [a for a in archives[consumed:] if ps.read_shard(shard_dir, a.name, key[a.name]) is None]
 if consumed or len(todo) < len(archives):
     print(f"resuming: {len(archives) - len(todo)} of {len(archives)} archives already tokenized")
 
 # disk: shards take ~1.4x the archives' bytes (nanoGPT's 9.04e9 tokens, 18.1 GB as uint16, from the hub's
-# 12.9 GB), and one more shard while the bins are assembled; 1.5x leaves some room
-need = {out_dir: int(1.5 * (sum(a.size for a in todo) + max(a.size for a in archives)))}
+# 12.9 GB; twice that as uint32), and one more shard while the bins are assembled; 1.5x leaves some room
+need = {out_dir: int(1.5 * width / 2 * (sum(a.size for a in todo) + max(a.size for a in archives)))}
 if from_hub:
     from huggingface_hub import constants
     need[constants.HF_HUB_CACHE] = sum(a.size for a in todo if a.files[0] is None)
@@ -149,7 +163,6 @@ if len(need) == 2 and pc.same_disk(*need):
 for folder, nbytes in need.items():
     pc.check_disk(folder, nbytes, "the token shards and bins" if folder == out_dir else "the HF cache downloads")
 
-gpt2_codec()  # a missing BPE is one line now, not one per worker later (and the workers inherit it)
 pc.make_folder(out_dir, "out_dir")  # a file in the way: one line
 os.makedirs(shard_dir, exist_ok=True)
 if from_hub and any(a.files[0] is None for a in todo):
@@ -161,7 +174,7 @@ if todo:
 todo_names = {a.name for a in todo}
 ps.make_shards([(a, shard_dir, key[a.name]) for a in todo], owt.tokenize, num_proc,
                total_bytes=sum(a.size for a in archives[consumed:]),
-               done_bytes=sum(a.size for a in archives[consumed:] if a.name not in todo_names))
+               done_bytes=sum(a.size for a in archives[consumed:] if a.name not in todo_names), codec=codec)
 
 if state is None:
     state = ps.new_state(out_dir, fingerprint, [ps.read_shard(shard_dir, a.name, key[a.name])
@@ -173,10 +186,13 @@ n_val = min(n - 1, max(1, round(n * val_fraction)))
 is_val = np.zeros(n, dtype=bool)
 is_val[np.random.default_rng(seed).choice(n, n_val, replace=False)] = True
 print(f"{n:,} documents -> train {n - n_val:,} / val {n_val:,}")
-counts = ps.assemble(out_dir, shard_dir, state, is_val)
+counts = ps.assemble(out_dir, shard_dir, state, is_val, dtype)
 
 bad = sum(r.get("non_utf8", 0) for r in state["records"])
-meta = {"tokenizer": "gpt2", "vocab_size": GPT2_VOCAB, "eot": GPT2_EOT, "dtype": "uint16"}
+meta = {"tokenizer": codec.name, "vocab_size": codec.vocab_size, "eot": codec.eot, "dtype": dtype}
+if codec.name != "gpt2":  # the dataset carries its tokenizer: get_codec checks it against this sha256
+    meta.update(bos=codec.bos, tokenizer_sha256=codec.sha256, tokenizer_source=codec_source)
+    pc.atomic_write(os.path.join(out_dir, TOKENIZER_FILE), lambda f: f.write(codec.tokenizer_json.encode()))
 for s in ("train", "val"):
     meta[f"{s}_tokens"] = counts[s][1]
 for s in ("train", "val"):
@@ -192,4 +208,4 @@ for s in ("train", "val"):
 example = next((r["first_non_utf8"] for r in state["records"] if r.get("first_non_utf8")), None)
 print(f"in all: {n:,} documents, {meta['train_tokens'] + meta['val_tokens']:,} tokens; {bad:,} document(s) "
       f"not valid UTF-8 (kept, invalid bytes replaced by U+FFFD)" + (f", e.g. {example}" if example else ""))
-print(f"wrote {meta_path} (gpt2, vocab {GPT2_VOCAB})")
+print(f"wrote {meta_path} ({codec.name}, vocab {codec.vocab_size}, {dtype})")
