@@ -187,11 +187,8 @@ def parse_order(spec):
     comps = []
     for part in parts:
         w, star, what = part.partition('*')
-        try:
-            w = float(w)
-        except ValueError:
-            w = None
-        if not star or w is None or not 0 <= w <= 1:
+        w = _real(w, 0, 1)
+        if not star or w is None:
             raise UserError(f"order {spec!r}: each part of a mix is weight*order with a weight in [0, 1], "
                             f"not {part!r}; an order is {GRAMMAR}")
         if what.startswith('mix:'):
@@ -206,6 +203,30 @@ def parse_order(spec):
     return Order(comps, s)
 
 
+INT_MAX = 2 ** 63 - 1  # every integer of a spec (K, S) is used as a torch int64: a seed, or a divisor of positions
+_BELOW = " (at most 2**63 - 1)"
+
+
+def _int(text, lo):
+    """An integer field of a spec (a block length, a seed): plain ASCII digits, in [lo, INT_MAX], else None. The one
+    check of every integer field: a larger one overflows torch's int64 (an OverflowError deep in a draw, or a
+    quietly wrong block index), and str.isdigit alone takes digits such as '²' that int() refuses."""
+    if not re.fullmatch(r'[0-9]+', text):
+        return None
+    v = int(text)
+    return v if lo <= v <= INT_MAX else None
+
+
+def _real(text, lo, hi):
+    """A real field of a spec (a window W, a mixture weight): a finite float in [lo, hi], else None (nan, inf and
+    1e999, which float() reads as inf, included). The one check of every real field."""
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) and lo <= v <= hi else None
+
+
 def _component(s, spec):
     """One non-mix spec s -> (kind, param)."""
     if s in ('random', 'l2r'):
@@ -214,30 +235,27 @@ def _component(s, spec):
     if name == 'blocks':  # the old name: one name per law
         new = spec.replace(' ', '').replace('blocks:', 'semiar:')
         raise UserError(f"order {spec!r}: blocks:K is spelled semiar:K now (the same law)" +
-                        (f": use {new!r}" if arg.isdigit() and int(arg) >= 1 else
+                        (f": use {new!r}" if _int(arg, 1) is not None else
                          f"; semiar:K takes an integer K >= 1, not {arg!r}; an order is {GRAMMAR}"))
     if name == 'semiar':
-        if arg.isdigit() and int(arg) >= 1:
-            return 'semiar', int(arg)
-        raise UserError(f"order {spec!r}: semiar:K takes an integer K >= 1, not {arg!r}; an order is {GRAMMAR}")
+        if _int(arg, 1) is not None:
+            return 'semiar', _int(arg, 1)
+        raise UserError(f"order {spec!r}: semiar:K takes an integer K >= 1{_BELOW}, not {arg!r}; an order is {GRAMMAR}")
     if name == 'nearl2r':
-        try:
-            W = float(arg)
-        except ValueError:
-            W = -1.0
-        if 0 <= W < math.inf:
-            return 'nearl2r', W
-        raise UserError(f"order {spec!r}: nearl2r:W takes a number W >= 0, not {arg!r}; an order is {GRAMMAR}")
+        if _real(arg, 0, math.inf) is not None:
+            return 'nearl2r', _real(arg, 0, math.inf)
+        raise UserError(f"order {spec!r}: nearl2r:W takes a number W >= 0 (finite), not {arg!r}; an order is {GRAMMAR}")
     if name == 'fixed':
-        if arg.isdigit():
-            return 'fixed', int(arg)
-        raise UserError(f"order {spec!r}: fixed:S takes an integer seed S >= 0, not {arg!r}; an order is {GRAMMAR}")
+        if _int(arg, 0) is not None:
+            return 'fixed', _int(arg, 0)
+        raise UserError(f"order {spec!r}: fixed:S takes an integer seed S >= 0{_BELOW}, not {arg!r}; an order is "
+                        f"{GRAMMAR}")
     if name == 'fixedblocks':
         k, _, seed = arg.partition(':')
-        if k.isdigit() and int(k) >= 1 and seed.isdigit():
-            return 'fixedblocks', (int(k), int(seed))
-        raise UserError(f"order {spec!r}: fixedblocks:K:S takes a block length K >= 1 and a seed S >= 0, not "
-                        f"{arg!r}; an order is {GRAMMAR}")
+        if _int(k, 1) is not None and _int(seed, 0) is not None:
+            return 'fixedblocks', (_int(k, 1), _int(seed, 0))
+        raise UserError(f"order {spec!r}: fixedblocks:K:S takes a block length K >= 1 and a seed S >= 0 "
+                        f"(each{_BELOW}), not {arg!r}; an order is {GRAMMAR}")
     raise UserError(f"unknown order {s!r}" + (f" in {spec!r}" if s != spec else "") + f": an order is {GRAMMAR}")
 
 
