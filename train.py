@@ -441,7 +441,7 @@ while True:
             tl = f", train {rec['train_loss']:.4f}" if rec['train_loss'] is not None else ""
             say(f"eval {iter_num}: {shown}{tl}{' (EMA)' if rec['ema'] else ''}")
             try:
-                append_jsonl(log_path, rec)  # the whole line or nothing
+                append_jsonl(log_path, rec, say)  # the whole line or nothing
             except OSError as e:
                 fail(f"could not append the iteration-{iter_num} eval to {log_path} ({e.strerror or e}); "
                      + (f"{last_saved[0]} (iteration {last_saved[1]}) is intact" if last_saved else

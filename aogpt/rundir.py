@@ -35,7 +35,8 @@ from tqdm import tqdm
 from aogpt.checkpoint import CKPT_NAME, is_export
 from aogpt.configurator import ignore_signals
 from aogpt.errors import UserError, die, tell_torchrun
-from aogpt.paths import atomic_write, is_temp, read_jsonl
+from aogpt.paths import atomic_write, cut_note, is_temp, read_jsonl
+from aogpt.plot import LOG_FIELDS
 
 Lock = namedtuple('Lock', 'fd out_dir made')  # made: this run created out_dir (a failed start removes it again)
 
@@ -106,9 +107,9 @@ def rewind_out_dir(out_dir, log_path, start_iter, eval_only, say=print):
         if is_temp(f) and f[1:].rpartition('.tmp.')[0] in ours:
             os.remove(os.path.join(out_dir, f))
     if start_iter > 0 and os.path.exists(log_path):  # drop evals logged after the checkpoint we resumed
-        records, cut = read_jsonl(log_path)
+        records, cut = read_jsonl(log_path, LOG_FIELDS)
         if cut:
-            say(f"{log_path} ended in a line cut short (a write that did not finish): dropped it")
+            say(cut_note(log_path))
         kept = ''.join(json.dumps(r) + '\n' for r in records if r['iter'] <= start_iter)
         atomic_write(log_path, lambda f: f.write(kept), 'w')
     elif start_iter == 0 and not eval_only:
