@@ -37,11 +37,7 @@ def model_source(cfg, given, codec, data_dir, say=print):
     resume_path = held[0] if held else os.path.join(out_dir, CKPT_NAME)
     if init_from == 'auto':
         init_from = 'resume' if held else 'scratch'
-    if init_from == 'scratch' and held:
-        raise UserError(f"{out_dir} already holds checkpoints ({', '.join(os.path.basename(h) for h in held[:3])}"
-                        f"{', ...' if len(held) > 3 else ''}): continue with init_from=resume (or auto), or pick "
-                        f"another out_dir; starting from scratch here would overwrite them (to start over, delete them "
-                        "first)")
+    # a start that would overwrite a run held there (scratch, a fine-tune) was refused before this (claim_out_dir)
     if init_from == 'scratch':
         args = {k: cfg[k] for k in config_fields() if k in cfg}
         if args['vocab_size'] is None:  # pad for fast matmuls; the MDM needs one id for [MASK]

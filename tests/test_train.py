@@ -1168,6 +1168,42 @@ def test_errors_from_the_command_line_have_no_traceback(env):
     assert p.returncode != 0 and p.stderr.strip().count('\n') == 0 and 'Traceback' not in p.stderr
 
 
+def test_no_start_but_a_resume_writes_into_a_folder_that_holds_a_run(env, monkeypatch, capsys, tmp_path):
+    """Issue #48 A: only scratch was refused in an occupied out_dir. A fine-tune or adaptation into it
+    (init_from=<another run> --cond=adaln), a fine-tune of the run into itself, and an eval_only of another model
+    went on: the log emptied and ckpt.pt replaced, or another model's record appended and the plot redrawn. Each is
+    refused in one line naming the folder, before any write; a log without checkpoints counts as a run too."""
+    x, g = tmp_path / 'x', tmp_path / 'g'
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={x}', '--max_iters=2', '--eval_interval=2'))
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={g}', '--max_iters=2', '--eval_interval=2', '--cond=none',
+                                    '--order=l2r'))
+    kept = {p.name: p.read_bytes() for p in x.iterdir()}
+    assert {'ckpt.pt', 'log.jsonl', 'loss.png'} <= set(kept)
+    capsys.readouterr()
+    for extra, says in [
+            ([f'--init_from={g}', '--cond=adaln'], f"fine-tuning from {g} here would overwrite it"),
+            ([f'--init_from={g / "ckpt.pt"}'], f"fine-tuning from {g / 'ckpt.pt'} here would overwrite it"),
+            ([f'--init_from={x}'], f"fine-tuning from {x} here would overwrite it"),  # the run into itself
+            ([f'--init_from={g}', '--eval_only=True'], f"evaluating {g} here (eval_only) would add its record"),
+            (['--init_from=scratch', '--eval_only=True'], "evaluating a new model here (eval_only)")]:
+        with pytest.raises(SystemExit) as e:
+            run_inprocess(monkeypatch, args(env, '', f'--out_dir={x}', '--max_iters=4', *extra))
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 1 and len(err.splitlines()) == 1 and err.startswith(
+            f"error: {x} already holds checkpoints (ckpt.pt): continue with init_from=resume (or auto), or "
+            f"pick a fresh --out_dir; {says}"), err
+        assert {p.name: p.read_bytes() for p in x.iterdir()} == kept  # not a byte written, not even the lock's pid
+    os.remove(x / 'ckpt.pt')  # a run killed before its first checkpoint, or an eval_only run, leaves a log alone
+    kept.pop('ckpt.pt')
+    for extra in (['--init_from=auto'], [f'--init_from={g}']):
+        with pytest.raises(SystemExit) as e:
+            run_inprocess(monkeypatch, args(env, '', f'--out_dir={x}', '--max_iters=4', *extra))
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 1 and len(err.splitlines()) == 1 and f"{x} already holds a run's log " \
+            f"({x / 'log.jsonl'}, 2 evals, no checkpoint to resume): pick a fresh --out_dir;" in err, err
+        assert {p.name: p.read_bytes() for p in x.iterdir()} == kept
+
+
 def test_scratch_never_overwrites_a_run_and_help_works(env, monkeypatch, capsys, tmp_path):
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=4', '--eval_interval=1',
                                     '--keep_ckpt_every=2'))
