@@ -38,7 +38,7 @@ A fixed order draws nothing from the generator.
 
 Old spellings. Specs and configs written before the Order (train.py's order_mode, l2r_frac, block_size_order,
 order_seed; the alias blocks:K) are refused with one line that names the new form (old_keys_line,
-parse_order); a checkpoint's config that holds them is read as its new form (spec_of_config).
+parse_order); a checkpoint's config that holds them is read as its new form (new_spelling, spec_of_config).
 """
 
 if __name__ == '__main__':  # run as a script (python aogpt/orders.py): one line, not an ImportError
@@ -303,13 +303,26 @@ OLD_KEYS = ('order_mode', 'l2r_frac', 'block_size_order', 'order_seed')  # train
 OLD_DEFAULTS = dict(order_mode='random', l2r_frac=0.1, block_size_order=4, order_seed=0)
 
 
+def new_spelling(cfg):
+    """A train.py config (a checkpoint's, an export's) in today's keys, the one translation of an old one: the old
+    order keys it holds (OLD_KEYS) give way to `order`, their new spec (their defaults where absent, as train.py had
+    them), unless it holds `order` already (which wins). The start's spec, as train.py's `order` key is: the
+    l2r_frac_end schedule stays its own key. An empty config stays empty."""
+    if not cfg:
+        return cfg
+    new = {k: v for k, v in cfg.items() if k not in OLD_KEYS}
+    new['order'] = cfg['order'] if 'order' in cfg else _old_spec(cfg)
+    return new
+
+
 def order_of_config(cfg):
-    """The Order a train.py config (a checkpoint's, an export's) trained on at its end: its `order` (or the new
-    form of the old keys it holds, their defaults where absent, as train.py had them), at l2r_frac_end's L2R
-    weight when the schedule is set. None for an empty config; UserError (parse_order's) for an unreadable one."""
+    """The Order a train.py config (a checkpoint's, an export's) trained on at its end: its `order` (new_spelling's
+    for an old one), at l2r_frac_end's L2R weight when the schedule is set. None for an empty config; UserError
+    (parse_order's) for an unreadable one."""
     if not cfg:
         return None
-    order = parse_order(cfg['order'] if 'order' in cfg else _old_spec(cfg))
+    cfg = new_spelling(cfg)
+    order = parse_order(cfg['order'])
     end = cfg.get('l2r_frac_end')
     return l2r_mix(end) if end is not None and order.l2r_weight is not None else order
 
@@ -319,7 +332,7 @@ def spec_of_config(cfg):
     try:
         order = order_of_config(cfg)
     except UserError:
-        return cfg.get('order', _old_spec(cfg))
+        return new_spelling(cfg)['order']
     return None if order is None else order.spec
 
 

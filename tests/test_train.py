@@ -1204,6 +1204,27 @@ def test_no_start_but_a_resume_writes_into_a_folder_that_holds_a_run(env, monkey
         assert {p.name: p.read_bytes() for p in x.iterdir()} == kept
 
 
+@pytest.mark.parametrize('saved', [dict(order='semiar:4'), dict(order_mode='semiar:4'),
+                                   dict(order_mode='block_random', block_size_order=4, order_seed=3)])
+def test_a_resume_lists_a_change_of_order_whichever_spelling_its_checkpoint_holds(env, monkeypatch, capsys, tmp_path,
+                                                                                 saved):
+    """Issue #48 F: a checkpoint whose config holds order_mode='semiar:4' and no `order`, resumed with
+    --init_from=auto and no --order, trained on the default mix without a word: the changed-keys line compared
+    `order` only where the checkpoint held that key. It reads the old keys through orders.new_spelling now, so the
+    change is listed as a new-spelling checkpoint's is (and no old key is listed as a change of its own)."""
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=1', '--eval_interval=1'))
+    ck = load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    ck['config'] = dict({k: v for k, v in ck['config'].items() if k != 'order'}, **saved)
+    save_checkpoint(ck, str(tmp_path / 'ckpt.pt'))
+    capsys.readouterr()
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--init_from=auto', '--max_iters=2',
+                                    '--eval_interval=1'))
+    changed = [l for l in capsys.readouterr().out.splitlines() if 'changed keys' in l]
+    was = 'semiar:4' if 'semiar:4' in saved.values() else 'fixedblocks:4:3'
+    assert changed == [f"resuming with changed keys (checkpoint -> now): order {was!r} -> "
+                       f"'mix:0.1*l2r+0.9*random', max_iters 1 -> 2"], changed
+
+
 def test_scratch_never_overwrites_a_run_and_help_works(env, monkeypatch, capsys, tmp_path):
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=4', '--eval_interval=1',
                                     '--keep_ckpt_every=2'))
