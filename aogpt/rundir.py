@@ -66,14 +66,14 @@ def check_room(out_dir, init_from, eval_only):
         return
     scratch = init_from in ('scratch', 'auto')
     doing = (f"evaluating {'a new model' if scratch else init_from} here (eval_only) would add its record to that "
-             f"run's log and plot" if eval_only else "starting from scratch here would overwrite it" if scratch else
-             f"fine-tuning from {init_from} here would overwrite it (a fine-tune is a new run)")
+             f"run's log and plot" if eval_only else "starting from scratch here would overwrite that run" if scratch
+             else f"fine-tuning from {init_from} here would overwrite that run")
     if held:
         names = ', '.join(os.path.basename(h) for h in held[:3]) + (', ...' if len(held) > 3 else '')
-        raise UserError(f"{out_dir} already holds checkpoints ({names}): continue with init_from=resume (or "
-                        f"auto), or pick a fresh --out_dir; {doing} (to start over, delete them first)")
+        raise UserError(f"{out_dir} already holds checkpoints ({names}): {doing}; pick a fresh --out_dir, or continue "
+                        f"that run with init_from=resume (or auto) (to start over here, delete them first)")
     raise UserError(f"{out_dir} already holds a run's log ({log}, {evals} eval{'s' * (evals != 1)}, no checkpoint "
-                    f"to resume): pick a fresh --out_dir; {doing} (to start over, delete that log first)")
+                    f"to resume): {doing}; pick a fresh --out_dir (to start over here, delete that log first)")
 
 
 def forget_run(out_dir):

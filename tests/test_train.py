@@ -1181,17 +1181,18 @@ def test_no_start_but_a_resume_writes_into_a_folder_that_holds_a_run(env, monkey
     assert {'ckpt.pt', 'log.jsonl', 'loss.png'} <= set(kept)
     capsys.readouterr()
     for extra, says in [
-            ([f'--init_from={g}', '--cond=adaln'], f"fine-tuning from {g} here would overwrite it"),
-            ([f'--init_from={g / "ckpt.pt"}'], f"fine-tuning from {g / 'ckpt.pt'} here would overwrite it"),
-            ([f'--init_from={x}'], f"fine-tuning from {x} here would overwrite it"),  # the run into itself
+            ([f'--init_from={g}', '--cond=adaln'], f"fine-tuning from {g} here would overwrite that run"),
+            ([f'--init_from={g / "ckpt.pt"}'], f"fine-tuning from {g / 'ckpt.pt'} here would overwrite that run"),
+            ([f'--init_from={x}'], f"fine-tuning from {x} here would overwrite that run"),  # the run into itself
             ([f'--init_from={g}', '--eval_only=True'], f"evaluating {g} here (eval_only) would add its record"),
             (['--init_from=scratch', '--eval_only=True'], "evaluating a new model here (eval_only)")]:
         with pytest.raises(SystemExit) as e:
             run_inprocess(monkeypatch, args(env, '', f'--out_dir={x}', '--max_iters=4', *extra))
         err = capsys.readouterr().err.strip()
         assert e.value.code == 1 and len(err.splitlines()) == 1 and err.startswith(
-            f"error: {x} already holds checkpoints (ckpt.pt): continue with init_from=resume (or auto), or "
-            f"pick a fresh --out_dir; {says}"), err
+            f"error: {x} already holds checkpoints (ckpt.pt): {says}") and err.endswith(
+            "; pick a fresh --out_dir, or continue that run with init_from=resume (or auto) (to start over here, "
+            "delete them first)"), err
         assert {p.name: p.read_bytes() for p in x.iterdir()} == kept  # not a byte written, not even the lock's pid
     os.remove(x / 'ckpt.pt')  # a run killed before its first checkpoint, or an eval_only run, leaves a log alone
     kept.pop('ckpt.pt')
@@ -1200,7 +1201,8 @@ def test_no_start_but_a_resume_writes_into_a_folder_that_holds_a_run(env, monkey
             run_inprocess(monkeypatch, args(env, '', f'--out_dir={x}', '--max_iters=4', *extra))
         err = capsys.readouterr().err.strip()
         assert e.value.code == 1 and len(err.splitlines()) == 1 and f"{x} already holds a run's log " \
-            f"({x / 'log.jsonl'}, 2 evals, no checkpoint to resume): pick a fresh --out_dir;" in err, err
+            f"({x / 'log.jsonl'}, 2 evals, no checkpoint to resume): " in err and "; pick a fresh --out_dir (to start " \
+            "over here, delete that log first)" in err, err
         assert {p.name: p.read_bytes() for p in x.iterdir()} == kept
 
 
@@ -1503,7 +1505,8 @@ def test_a_run_dir_with_only_periodic_copies_resumes_from_the_newest_and_scratch
         run_inprocess(monkeypatch, argv + ['--max_iters=6'])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 1 and len(err.splitlines()) == 1 and 'already holds checkpoints (ckpt_0000004.pt, ' \
-        'ckpt_0000002.pt): continue with init_from=resume (or auto)' in err and 'delete them first' in err, err
+        'ckpt_0000002.pt): ' in err and 'continue that run with init_from=resume (or auto)' in err and \
+        'delete them first' in err, err
     assert {p.name: p.read_bytes() for p in tmp_path.glob('ckpt_*.pt')} == copies
     assert (tmp_path / 'log.jsonl').read_text() == logged
     with pytest.raises(UserError) as e:
