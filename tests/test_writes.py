@@ -119,6 +119,19 @@ def test_a_json_line_that_is_no_record_of_the_log_is_one_line(tmp_path, line, wh
     assert json.loads(log.read_text().splitlines()[1]) == json.loads(line)  # nothing rewritten
 
 
+def test_forget_run_is_the_one_way_past_check_room_and_takes_only_the_runs_files(tmp_path):
+    """findings' train_runs starts an interrupted fine-tune (or a run with only a log) over with forget_run: the
+    run's checkpoints, log and plot go, what the findings script keeps beside them stays."""
+    from aogpt.rundir import check_room, forget_run
+    for name in ('ckpt.pt', 'ckpt_0000002.pt', 'log.jsonl', 'loss.png', 'train.log', 'command.json'):
+        (tmp_path / name).write_text('{"iter": 0, "tokens": 0}\n')
+    with pytest.raises(UserError, match="already holds checkpoints"):
+        check_room(str(tmp_path), '/elsewhere/ckpt.pt', False)
+    forget_run(str(tmp_path))
+    check_room(str(tmp_path), '/elsewhere/ckpt.pt', False)
+    assert sorted(os.listdir(tmp_path)) == ['command.json', 'train.log']
+
+
 def test_a_png_on_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path):
     d = tmp_path / 'fs'
     with small_fs(d):
