@@ -46,7 +46,7 @@ from aogpt.orders import OLD_KEYS, l2r_mix, old_keys_line, one_block
 from aogpt.paths import append_jsonl
 from aogpt.plot import plot_log
 from aogpt.preflight import check_config, check_data, check_model, check_step_sizes, cost_warnings, lr_warnings
-from aogpt.rundir import Run, claim_out_dir, keep_copy, release_out_dir, rewind_out_dir
+from aogpt.rundir import LOG_NAME, PLOT_NAME, Run, claim_out_dir, keep_copy, release_out_dir, rewind_out_dir
 from aogpt.runtime import autocast, fast_math, gpu_peak_flops, resolve_device, start_ranks
 from aogpt.startup import model_source, resume_state
 from aogpt.valloss import progress_of, val_losses, val_passes, val_windows
@@ -178,11 +178,11 @@ ctx, dtype = autocast(device, dtype)
 fast_math(device)  # TF32 on CUDA; on the CPU, denormals flushed to zero
 
 if master:
-    with run.failing():
-        run.lock = claim_out_dir(out_dir)  # made, locked and proven writable before the first step
+    with run.failing():  # made, locked and proven writable before the first step; and no other run's (check_room)
+        run.lock = claim_out_dir(out_dir, init_from, eval_only)
     print_config(cfg)
 ckpt_path = os.path.join(out_dir, CKPT_NAME)
-log_path = os.path.join(out_dir, 'log.jsonl')
+log_path = os.path.join(out_dir, LOG_NAME)
 
 # ------------------------------------------------------------------ data
 with run.failing():
@@ -443,13 +443,13 @@ while True:
             tl = f", train {rec['train_loss']:.4f}" if rec['train_loss'] is not None else ""
             say(f"eval {iter_num}: {shown}{tl}{' (EMA)' if rec['ema'] else ''}")
             try:
-                append_jsonl(log_path, rec)  # the whole line or nothing
+                append_jsonl(log_path, rec, say)  # the whole line or nothing
             except OSError as e:
                 fail(f"could not append the iteration-{iter_num} eval to {log_path} ({e.strerror or e}); "
                      + (f"{last_saved[0]} (iteration {last_saved[1]}) is intact" if last_saved else
                         "no checkpoint was written"))
             with run.failing():
-                plot_log(log_path, os.path.join(out_dir, 'loss.png'))
+                plot_log(log_path, os.path.join(out_dir, PLOT_NAME))
             if wandb_log:
                 wandb.log({k: v for k, v in rec.items() if v is not None}, step=iter_num)
         improved = res['val_loss'] is not None and res['val_loss'] < best_val_loss

@@ -56,16 +56,17 @@ HUB_PREFIX = 'hf:'
 TORCH_SUFFIXES = ('.pt', '.pth', '.ckpt', '.bin')  # what names a torch file inside a hub repo
 
 
-def save_record(path, record):
+def save_record(path, record, say=print):
     """An eval record as JSON at path (atomically), and appended to the .jsonl history beside it, where every run
-    is kept: a run of other sets or tasks replaces the JSON, never an earlier run's numbers. Returns the
-    history's path; a failed write raises OSError, its filename the file that failed."""
+    is kept: a run of other sets or tasks replaces the JSON, never an earlier run's numbers (say: how the
+    history's cut last line is reported, append_jsonl). Returns the history's path; a failed write raises
+    OSError, its filename the file that failed."""
     history = os.path.splitext(path)[0] + '.jsonl'
     try:
         atomic_write(path, lambda f: json.dump(record, f, indent=2), 'w')
     except OSError as e:  # named, as append_jsonl names the history: the caller's line says which file failed
         raise OSError(e.errno, e.strerror or str(e), e.filename or path) from e
-    append_jsonl(history, record)
+    append_jsonl(history, record, say)
     return history
 
 

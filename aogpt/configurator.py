@@ -252,6 +252,17 @@ def split_list(key, text, typ=str, ok=lambda v: True, what=None):
     return values
 
 
+def seed_list(key, text):
+    """A findings script's seeds (--seeds=1337,2): distinct integers in [0, 2**32). The one check every script
+    that trains a run per seed uses: a seed given twice is one run counted twice, a seed spread of zero reported
+    as the spread of two seeds (a UserError naming the key)."""
+    seeds = split_list(key, text, int, lambda s: 0 <= s < SEED_LIMIT, 'seeds in [0, 2**32)')
+    if len(set(seeds)) < len(seeds):
+        raise UserError(f"--{key} must be different seeds, got {text!r}: a seed given twice is one run counted twice",
+                        2)
+    return seeds
+
+
 def print_config(cfg, file=None):
     """The resolved config, one key per line, so a log records exactly what ran."""
     width = max(len(k) for k in cfg) if cfg else 0

@@ -38,7 +38,7 @@ A fixed order draws nothing from the generator.
 
 Old spellings. Specs and configs written before the Order (train.py's order_mode, l2r_frac, block_size_order,
 order_seed; the alias blocks:K) are refused with one line that names the new form (old_keys_line,
-parse_order); a checkpoint's config that holds them is read as its new form (spec_of_config).
+parse_order); a checkpoint's config that holds them is read as its new form (new_spelling, spec_of_config).
 """
 
 if __name__ == '__main__':  # run as a script (python aogpt/orders.py): one line, not an ImportError
@@ -187,11 +187,8 @@ def parse_order(spec):
     comps = []
     for part in parts:
         w, star, what = part.partition('*')
-        try:
-            w = float(w)
-        except ValueError:
-            w = None
-        if not star or w is None or not 0 <= w <= 1:
+        w = _real(w, 0, 1)
+        if not star or w is None:
             raise UserError(f"order {spec!r}: each part of a mix is weight*order with a weight in [0, 1], "
                             f"not {part!r}; an order is {GRAMMAR}")
         if what.startswith('mix:'):
@@ -206,6 +203,30 @@ def parse_order(spec):
     return Order(comps, s)
 
 
+INT_MAX = 2 ** 63 - 1  # every integer of a spec (K, S) is used as a torch int64: a seed, or a divisor of positions
+_BELOW = " (at most 2**63 - 1)"
+
+
+def _int(text, lo):
+    """An integer field of a spec (a block length, a seed): plain ASCII digits, in [lo, INT_MAX], else None. The one
+    check of every integer field: a larger one overflows torch's int64 (an OverflowError deep in a draw, or a
+    quietly wrong block index), and str.isdigit alone takes digits such as '²' that int() refuses."""
+    if not re.fullmatch(r'[0-9]+', text):
+        return None
+    v = int(text)
+    return v if lo <= v <= INT_MAX else None
+
+
+def _real(text, lo, hi):
+    """A real field of a spec (a window W, a mixture weight): a finite float in [lo, hi], else None (nan, inf and
+    1e999, which float() reads as inf, included). The one check of every real field."""
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) and lo <= v <= hi else None
+
+
 def _component(s, spec):
     """One non-mix spec s -> (kind, param)."""
     if s in ('random', 'l2r'):
@@ -214,30 +235,27 @@ def _component(s, spec):
     if name == 'blocks':  # the old name: one name per law
         new = spec.replace(' ', '').replace('blocks:', 'semiar:')
         raise UserError(f"order {spec!r}: blocks:K is spelled semiar:K now (the same law)" +
-                        (f": use {new!r}" if arg.isdigit() and int(arg) >= 1 else
+                        (f": use {new!r}" if _int(arg, 1) is not None else
                          f"; semiar:K takes an integer K >= 1, not {arg!r}; an order is {GRAMMAR}"))
     if name == 'semiar':
-        if arg.isdigit() and int(arg) >= 1:
-            return 'semiar', int(arg)
-        raise UserError(f"order {spec!r}: semiar:K takes an integer K >= 1, not {arg!r}; an order is {GRAMMAR}")
+        if _int(arg, 1) is not None:
+            return 'semiar', _int(arg, 1)
+        raise UserError(f"order {spec!r}: semiar:K takes an integer K >= 1{_BELOW}, not {arg!r}; an order is {GRAMMAR}")
     if name == 'nearl2r':
-        try:
-            W = float(arg)
-        except ValueError:
-            W = -1.0
-        if 0 <= W < math.inf:
-            return 'nearl2r', W
-        raise UserError(f"order {spec!r}: nearl2r:W takes a number W >= 0, not {arg!r}; an order is {GRAMMAR}")
+        if _real(arg, 0, math.inf) is not None:
+            return 'nearl2r', _real(arg, 0, math.inf)
+        raise UserError(f"order {spec!r}: nearl2r:W takes a number W >= 0 (finite), not {arg!r}; an order is {GRAMMAR}")
     if name == 'fixed':
-        if arg.isdigit():
-            return 'fixed', int(arg)
-        raise UserError(f"order {spec!r}: fixed:S takes an integer seed S >= 0, not {arg!r}; an order is {GRAMMAR}")
+        if _int(arg, 0) is not None:
+            return 'fixed', _int(arg, 0)
+        raise UserError(f"order {spec!r}: fixed:S takes an integer seed S >= 0{_BELOW}, not {arg!r}; an order is "
+                        f"{GRAMMAR}")
     if name == 'fixedblocks':
         k, _, seed = arg.partition(':')
-        if k.isdigit() and int(k) >= 1 and seed.isdigit():
-            return 'fixedblocks', (int(k), int(seed))
-        raise UserError(f"order {spec!r}: fixedblocks:K:S takes a block length K >= 1 and a seed S >= 0, not "
-                        f"{arg!r}; an order is {GRAMMAR}")
+        if _int(k, 1) is not None and _int(seed, 0) is not None:
+            return 'fixedblocks', (_int(k, 1), _int(seed, 0))
+        raise UserError(f"order {spec!r}: fixedblocks:K:S takes a block length K >= 1 and a seed S >= 0 "
+                        f"(each{_BELOW}), not {arg!r}; an order is {GRAMMAR}")
     raise UserError(f"unknown order {s!r}" + (f" in {spec!r}" if s != spec else "") + f": an order is {GRAMMAR}")
 
 
@@ -285,13 +303,26 @@ OLD_KEYS = ('order_mode', 'l2r_frac', 'block_size_order', 'order_seed')  # train
 OLD_DEFAULTS = dict(order_mode='random', l2r_frac=0.1, block_size_order=4, order_seed=0)
 
 
+def new_spelling(cfg):
+    """A train.py config (a checkpoint's, an export's) in today's keys, the one translation of an old one: the old
+    order keys it holds (OLD_KEYS) give way to `order`, their new spec (their defaults where absent, as train.py had
+    them), unless it holds `order` already (which wins). The start's spec, as train.py's `order` key is: the
+    l2r_frac_end schedule stays its own key. An empty config stays empty."""
+    if not cfg:
+        return cfg
+    new = {k: v for k, v in cfg.items() if k not in OLD_KEYS}
+    new['order'] = cfg['order'] if 'order' in cfg else _old_spec(cfg)
+    return new
+
+
 def order_of_config(cfg):
-    """The Order a train.py config (a checkpoint's, an export's) trained on at its end: its `order` (or the new
-    form of the old keys it holds, their defaults where absent, as train.py had them), at l2r_frac_end's L2R
-    weight when the schedule is set. None for an empty config; UserError (parse_order's) for an unreadable one."""
+    """The Order a train.py config (a checkpoint's, an export's) trained on at its end: its `order` (new_spelling's
+    for an old one), at l2r_frac_end's L2R weight when the schedule is set. None for an empty config; UserError
+    (parse_order's) for an unreadable one."""
     if not cfg:
         return None
-    order = parse_order(cfg['order'] if 'order' in cfg else _old_spec(cfg))
+    cfg = new_spelling(cfg)
+    order = parse_order(cfg['order'])
     end = cfg.get('l2r_frac_end')
     return l2r_mix(end) if end is not None and order.l2r_weight is not None else order
 
@@ -301,7 +332,7 @@ def spec_of_config(cfg):
     try:
         order = order_of_config(cfg)
     except UserError:
-        return cfg.get('order', _old_spec(cfg))
+        return new_spelling(cfg)['order']
     return None if order is None else order.spec
 
 

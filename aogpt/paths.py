@@ -148,12 +148,14 @@ def atomic_folder(path, fill, carry=None):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def append_jsonl(path, record):
+def append_jsonl(path, record, say=print):
     """Append record to a .jsonl history as one whole line or not at all: the line goes in one os.write, and a
     short or failed write (a full disk) is cut back off, so the file never ends mid-line and the next append
-    is not glued onto a fragment. A cut last line left by a kill is dropped first (read_jsonl says so on
-    reading). A history that is a symbolic link (a run copied with `cp -as`) becomes a file of its own first:
-    the copy's records must not grow the original's. A failed write raises OSError naming path."""
+    is not glued onto a fragment. A last line without its newline is read by read_jsonl's rule: a whole record
+    (an editor or `truncate` took only the newline) is kept and the newline written before the new line; a line
+    cut short by a kill is dropped, and say() says so. A history that is a symbolic link (a run copied with
+    `cp -as`) becomes a file of its own first: the copy's records must not grow the original's. A failed write
+    raises OSError naming path."""
     line = (json.dumps(record) + '\n').encode()
     try:
         if os.path.islink(path):
@@ -165,9 +167,15 @@ def append_jsonl(path, record):
         raise OSError(e.errno, e.strerror or str(e), path) from e
     try:
         end = os.fstat(fd).st_size
-        if end and os.pread(fd, 1, end - 1) != b'\n':  # a cut last line: back to the last whole one
-            end = os.pread(fd, end, 0).rfind(b'\n') + 1
-            os.ftruncate(fd, end)
+        if end and os.pread(fd, 1, end - 1) != b'\n':  # a last line without its newline
+            data = os.pread(fd, end, 0)
+            start = data.rfind(b'\n') + 1
+            if not _whole(data[start:]):  # cut short: back to the last whole line
+                os.ftruncate(fd, start)
+                end = start
+                say(cut_note(path))
+            else:  # a whole record: it gets its newline in the same write as the new record
+                line = b'\n' + line
         n = os.write(fd, line)
         if n != len(line):
             raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({n} of {len(line)} bytes written)")
@@ -181,9 +189,28 @@ def append_jsonl(path, record):
         os.close(fd)
 
 
-def read_jsonl(path):
+def _whole(line):
+    """Does a history's last line parse (read_jsonl keeps it then)? A line a kill cut short never does: a record
+    is a JSON object, and its closing brace is its last byte."""
+    try:
+        json.loads(line)
+        return True
+    except ValueError:
+        return False
+
+
+def cut_note(path):
+    """The one line said when a history's cut last line is dropped (read_jsonl's cut, append_jsonl)."""
+    return f"{path} ended in a line cut short (a write that did not finish): dropped it"
+
+
+def read_jsonl(path, needs=()):
     """The records of a .jsonl history, and whether its last line was cut short (a write a kill or a full disk
-    interrupted; that line is left out). A bad line before the last is not a cut: a UserError naming it."""
+    interrupted; that line is left out, and the caller says cut_note). A last record without its newline is
+    whole, and kept. The one reader of every history (train.py's log, the eval records), with one rule for a line
+    that is no record: a bad line before the last is not a cut, and a line that is JSON but not an object holding
+    the history's `needs` keys (a note added by hand) is not one of its records; either is a UserError naming the
+    file and the line."""
     with open(path, 'rb') as f:
         lines = f.read().split(b'\n')
     out, cut = [], False
@@ -191,10 +218,19 @@ def read_jsonl(path):
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
         except ValueError as e:
             if i < len(lines) - 1 and any(l.strip() for l in lines[i + 1:]):
                 raise UserError(f"{path}, line {i + 1}, is not a JSON record ({first_line(e, 80)}): the file was "
                                 f"edited or damaged; remove that line, or the file")
             cut = True
+            continue
+        missing = [k for k in needs if k not in rec] if isinstance(rec, dict) else None
+        if missing is None or missing:
+            what = (f"has no {', '.join(repr(k) for k in missing)}" if missing else
+                    f"is a JSON {type(rec).__name__}, not an object")
+            raise UserError(f"{path}, line {i + 1}, is JSON but not a record of this history (it {what}): the file "
+                            f"was edited; remove that line")
+        out.append(rec)
     return out, cut
+

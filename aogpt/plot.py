@@ -136,10 +136,14 @@ def lines(path, title, panels, ylabel, logy=False, sharey=True):
     _save(plt, fig, path)
 
 
+LOG_FIELDS = ('iter', 'tokens')  # what every eval record of train.py's log.jsonl holds, and its readers index
+
+
 def read_log(path):
-    """train.py's log.jsonl as a list of dicts (a line cut short by a kill is left out: paths.read_jsonl)."""
+    """train.py's log.jsonl as a list of dicts (a line cut short by a kill is left out, a line that is no eval
+    record refused: paths.read_jsonl)."""
     from aogpt.paths import read_jsonl
-    return read_jsonl(path)[0]
+    return read_jsonl(path, LOG_FIELDS)[0]
 
 
 def plot_log(log_path, png, title=None):

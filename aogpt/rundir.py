@@ -3,7 +3,7 @@ A training run's hold on its out_dir (train.py, rank 0), and its way out from an
 
     run = Run(master)                            # run.say, run.fail, run.stop; run.bar, run.lock
     with run.failing():                          # a UserError inside is run.fail's line
-        run.lock = claim_out_dir(out_dir)        # made, locked and proven writable before the first step
+        run.lock = claim_out_dir(out_dir, init_from, eval_only)   # made, locked, proven writable, not another run's
     rewind_out_dir(out_dir, log_path, start_iter, eval_only)   # as the checkpoint being resumed left it
     keep_copy(ckpt_path, iter_num)               # keep_ckpt_every: ckpt_<iter>.pt beside ckpt.pt, a hard link
     run.stop(line, stop_requested())             # at a safe point: after a Ctrl-C or SIGTERM, one line and exit
@@ -32,17 +32,62 @@ except ImportError:
 
 from tqdm import tqdm
 
-from aogpt.checkpoint import CKPT_NAME, is_export
+from aogpt.checkpoint import CKPT_NAME, is_export, run_checkpoints
 from aogpt.configurator import ignore_signals
 from aogpt.errors import UserError, die, tell_torchrun
-from aogpt.paths import atomic_write, is_temp, read_jsonl
+from aogpt.paths import atomic_write, cut_note, is_temp, read_jsonl
+from aogpt.plot import LOG_FIELDS
 
 Lock = namedtuple('Lock', 'fd out_dir made')  # made: this run created out_dir (a failed start removes it again)
 
 
-def claim_out_dir(out_dir):
+LOG_NAME, PLOT_NAME = 'log.jsonl', 'loss.png'  # beside CKPT_NAME: what a run writes in its out_dir
+
+
+def check_room(out_dir, init_from, eval_only):
+    """Refuse, before anything is written, a start that would destroy or mix into another run in out_dir: its
+    checkpoints (ckpt.pt, the periodic copies) or the evals its log.jsonl holds (a run killed before its first
+    checkpoint, an eval_only run). Only a resume (init_from=resume, or auto where checkpoints are held) may start
+    there: the run it continues is the one already there. Every other start writes a new run (scratch, a
+    fine-tune or adaptation from a checkpoint, an export, the paper's, GPT-2, or out_dir's own checkpoint, which
+    would replace the file it came from), and train.py would empty the log and replace ckpt.pt; an eval_only run
+    of another model would add its record to this run's log and redraw its plot. A UserError naming the folder and
+    the way on. claim_out_dir's, under the out_dir lock."""
+    held = run_checkpoints(out_dir)
+    if init_from == 'resume' or (held and init_from == 'auto'):  # resume, nothing to resume: model_source's line
+        return
+    log = os.path.join(out_dir, LOG_NAME)
+    try:
+        with open(log, 'rb') as f:
+            evals = sum(1 for line in f if line.strip())
+    except OSError:  # no log (or out_dir is no folder: claim_out_dir's line)
+        evals = 0
+    if not held and not evals:
+        return
+    scratch = init_from in ('scratch', 'auto')
+    doing = (f"evaluating {'a new model' if scratch else init_from} here (eval_only) would add its record to that "
+             f"run's log and plot" if eval_only else "starting from scratch here would overwrite that run" if scratch
+             else f"fine-tuning from {init_from} here would overwrite that run")
+    if held:
+        names = ', '.join(os.path.basename(h) for h in held[:3]) + (', ...' if len(held) > 3 else '')
+        raise UserError(f"{out_dir} already holds checkpoints ({names}): {doing}; pick a fresh --out_dir, or continue "
+                        f"that run with init_from=resume (or auto) (to start over here, delete them first)")
+    raise UserError(f"{out_dir} already holds a run's log ({log}, {evals} eval{'s' * (evals != 1)}, no checkpoint "
+                    f"to resume): {doing}; pick a fresh --out_dir (to start over here, delete that log first)")
+
+
+def forget_run(out_dir):
+    """Delete what a train.py run wrote in out_dir (its checkpoints, log and plot), for a caller that has decided
+    to start that run over (findings' interrupted fine-tunes): the one way past check_room, said explicitly."""
+    for path in run_checkpoints(out_dir) + [os.path.join(out_dir, LOG_NAME), os.path.join(out_dir, PLOT_NAME)]:
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def claim_out_dir(out_dir, init_from, eval_only):
     """Make out_dir, lock it, and prove it writable, all before the first step: a run must not learn at its
-    first checkpoint that it cannot save one, nor share its directory with another live run (a UserError)."""
+    first checkpoint that it cannot save one, nor share its directory with another live run, nor start over another
+    run that is held there (check_room, under the lock, before the lock file is written) (a UserError)."""
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UserError(f"out_dir {out_dir} is a file, not a directory: pick another out_dir")
     if is_export(out_dir) and not os.path.exists(os.path.join(out_dir, CKPT_NAME)):
@@ -56,6 +101,7 @@ def claim_out_dir(out_dir):
         os.makedirs(out_dir, exist_ok=True)
         if os.path.islink(os.path.join(out_dir, '.lock')):  # a run copied with `cp -as`: lock the copy, not the original
             os.remove(os.path.join(out_dir, '.lock'))
+        new_lock = not os.path.exists(os.path.join(out_dir, '.lock'))
         fd = os.open(os.path.join(out_dir, '.lock'), os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         raise UserError(f"cannot write in out_dir {out_dir} ({e.strerror}): pick a directory you can write to")
@@ -67,6 +113,13 @@ def claim_out_dir(out_dir):
             os.close(fd)
             raise UserError(f"out_dir {out_dir} is in use by another training run ({holder}): wait for it to end, or "
                             f"pick another out_dir")
+    try:
+        check_room(out_dir, init_from, eval_only)  # under the lock: a live run there is the line above, not this one
+    except UserError:
+        os.close(fd)
+        if new_lock:
+            os.remove(os.path.join(out_dir, '.lock'))
+        raise
     lock = Lock(fd, out_dir, made)
     probe = os.path.join(out_dir, f'.write_test.{os.getpid()}')
     try:
@@ -106,9 +159,9 @@ def rewind_out_dir(out_dir, log_path, start_iter, eval_only, say=print):
         if is_temp(f) and f[1:].rpartition('.tmp.')[0] in ours:
             os.remove(os.path.join(out_dir, f))
     if start_iter > 0 and os.path.exists(log_path):  # drop evals logged after the checkpoint we resumed
-        records, cut = read_jsonl(log_path)
+        records, cut = read_jsonl(log_path, LOG_FIELDS)
         if cut:
-            say(f"{log_path} ended in a line cut short (a write that did not finish): dropped it")
+            say(cut_note(log_path))
         kept = ''.join(json.dumps(r) + '\n' for r in records if r['iter'] <= start_iter)
         atomic_write(log_path, lambda f: f.write(kept), 'w')
     elif start_iter == 0 and not eval_only:

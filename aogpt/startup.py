@@ -20,6 +20,7 @@ from dataclasses import asdict
 from aogpt.checkpoint import (CKPT_NAME, checkpoint_codec, load_checkpoint, load_model, read_hf_weights, resolve_path,
                               run_checkpoints, weights_sha256)
 from aogpt.errors import UserError
+from aogpt.orders import new_spelling
 from aogpt.tokenizer import gpt2_codec
 from model import GPT, GPTConfig, adapt, config_fields, strip_prefixes
 
@@ -37,11 +38,7 @@ def model_source(cfg, given, codec, data_dir, say=print):
     resume_path = held[0] if held else os.path.join(out_dir, CKPT_NAME)
     if init_from == 'auto':
         init_from = 'resume' if held else 'scratch'
-    if init_from == 'scratch' and held:
-        raise UserError(f"{out_dir} already holds checkpoints ({', '.join(os.path.basename(h) for h in held[:3])}"
-                        f"{', ...' if len(held) > 3 else ''}): continue with init_from=resume (or auto), or pick "
-                        f"another out_dir; starting from scratch here would overwrite them (to start over, delete them "
-                        "first)")
+    # a start that would overwrite a run held there (scratch, a fine-tune) was refused before this (claim_out_dir)
     if init_from == 'scratch':
         args = {k: cfg[k] for k in config_fields() if k in cfg}
         if args['vocab_size'] is None:  # pad for fast matmuls; the MDM needs one id for [MASK]
@@ -58,13 +55,14 @@ def model_source(cfg, given, codec, data_dir, say=print):
                             f"with init_from={resume_path}")
         check_codec(checkpoint_codec(ck), codec, data_dir, resume_path)
         trained = asdict(GPTConfig(**ck['model_args']))  # keys older checkpoints lack take their defaults
+        saved = new_spelling(ck['config'])  # an old checkpoint's order_mode etc. as the `order` it trained on
         # A value given on purpose is accepted if it is the model's, or the one the run was started with; a default
         # is not asked for (a fine-tune takes its shape from the source, and its saved config says so: train.py).
-        asked = {k: v for k, v in shape_keys(cfg, trained, given).items() if v != ck['config'].get(k, trained[k])}
+        asked = {k: v for k, v in shape_keys(cfg, trained, given).items() if v != saved.get(k, trained[k])}
         refuse_other_model(trained, asked, cfg, resume_path, "a resumed run keeps its model. Resume with the config "
                            "it was trained with, or train the new model in another out_dir")
-        changed = {k: (ck['config'].get(k), v) for k, v in cfg.items() if k in ck['config'] and
-                   ck['config'][k] != v and k != 'init_from' and (k in given or k not in trained)}
+        changed = {k: (saved.get(k), v) for k, v in cfg.items() if k in saved and
+                   saved[k] != v and k != 'init_from' and (k in given or k not in trained)}
         if changed:
             say("resuming with changed keys (checkpoint -> now): " +
                 ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))

@@ -37,7 +37,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
-from aogpt.configurator import SEED_LIMIT, namespace, split_list, stop_on_ctrl_c  # noqa: E402
+from aogpt.configurator import namespace, seed_list, split_list, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die, first_line  # noqa: E402
 from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from findings import optimizers as O  # noqa: E402
@@ -341,7 +341,7 @@ def main(argv=None):
     for key in ('learning_rate', 'muon_lr'):
         if not 0 < getattr(c, key) < math.inf:
             die(f"--{key} must be a learning rate > 0, got {getattr(c, key)}")
-    c.seed_list = split_list('seeds', c.seeds, int, lambda s: 0 <= s < SEED_LIMIT, 'seeds in [0, 2**32)')
+    c.seed_list = seed_list('seeds', c.seeds)
     # reproduce.py's settings for everything this study does not change
     c.rc = namespace(vars(R), [])
     if c.quick:

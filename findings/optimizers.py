@@ -41,7 +41,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
-from aogpt.configurator import SEED_LIMIT, namespace, split_list, stop_on_ctrl_c  # noqa: E402
+from aogpt.configurator import namespace, seed_list, split_list, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die, first_line  # noqa: E402
 from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from findings import reproduce as R  # noqa: E402
@@ -416,9 +416,7 @@ def main(argv=None):
     for key in ('max_iters', 'sweep_iters', 'eval_interval', 'time_iters'):  # else the runs start, and fail one by one
         if getattr(c, key) < 1:
             die(f"--{key} must be at least 1, got {getattr(c, key)}")
-    c.seed_list = split_list('seeds', c.seeds, int, lambda s: 0 <= s < SEED_LIMIT, 'seeds in [0, 2**32)')
-    if len(set(c.seed_list)) < len(c.seed_list):  # one run twice: a spread of zero, reported as two seeds
-        die(f"--seeds must be different seeds, got {c.seeds!r}")
+    c.seed_list = seed_list('seeds', c.seeds)
     c.lrs = {opt: split_list(f'lrs_{opt}', getattr(c, f'lrs_{opt}'), float, lambda v: v > 0, 'learning rates > 0')
              for opt in ('adamw', 'muon')}
     # reproduce.py's settings for everything this study does not change

@@ -83,9 +83,11 @@ seed = 1337
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
+from aogpt.checkpoint import run_checkpoints  # noqa: E402
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die, first_line  # noqa: E402
 from aogpt.paths import atomic_json, atomic_write, make_folder  # noqa: E402
+from aogpt.rundir import forget_run  # noqa: E402
 from findings import report  # noqa: E402
 from findings.sampling import (  # noqa: E402
     GEN_SETTINGS,
@@ -161,6 +163,10 @@ def train_runs(c, names, runs=RUNS):
         if log and log[-1]['iter'] >= c.max_iters and os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
             print(f"  {name}: done already ({out_dir}, {log[-1]['iter']} iterations), reusing it")
         else:
+            if '--init_from=auto' not in args or not run_checkpoints(out_dir):
+                # nothing to resume (a fine-tune, adapt.py's, starts over; a run stopped before its first checkpoint
+                # left only a log): train.py refuses a folder another attempt left (rundir.check_room)
+                forget_run(out_dir)
             os.makedirs(out_dir, exist_ok=True)
             atomic_json(cmd_file, args, indent=None)
             todo.append((name, args, out_dir))

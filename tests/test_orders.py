@@ -80,7 +80,8 @@ def test_draws_follow_the_generator_and_the_device_batch():
 
 
 @pytest.mark.parametrize('bad,why', [
-    ('sideways', "unknown order 'sideways'"), ('semiar:0', "semiar:K takes an integer K >= 1, not '0'"),
+    ('sideways', "unknown order 'sideways'"),
+    ('semiar:0', "semiar:K takes an integer K >= 1 (at most 2**63 - 1), not '0'"),
     ('semiar:2.5', "semiar:K takes an integer K >= 1"), ('nearl2r:-1', "nearl2r:W takes a number W >= 0"),
     ('nearl2r:inf', "nearl2r:W takes a number W >= 0"), ('mix:0.5*l2r+0.4*random', "sum to 0.9"),
     ('mix:l2r+random', "each part of a mix is weight*order"), ('mix:0.5*l2r+0.5*mix:1*random', "cannot hold a mix"),
@@ -90,6 +91,38 @@ def test_a_bad_spec_is_one_line_naming_the_grammar(bad, why):
     with pytest.raises(UserError) as e:
         parse_order(bad)
     assert why in e.value.msg and 'semiar:K' in e.value.msg and '\n' not in e.value.msg, e.value.msg
+
+
+BIG = '100000000000000000000'  # > 2**64: int() reads it, torch's int64 does not
+
+
+@pytest.mark.parametrize('bad,why', [
+    (f'semiar:{BIG}', "semiar:K takes an integer K >= 1 (at most 2**63 - 1)"),
+    (f'semiar:{2 ** 63}', "semiar:K takes an integer K >= 1 (at most 2**63 - 1)"),  # pos // K: silently negative
+    ('semiar:\u00b2', "semiar:K takes an integer K >= 1"),  # '²'.isdigit(), but int('²') raises
+    (f'fixed:{BIG}', "fixed:S takes an integer seed S >= 0 (at most 2**63 - 1)"),
+    (f'fixedblocks:4:{BIG}', "fixedblocks:K:S takes a block length K >= 1 and a seed S >= 0"),
+    (f'fixedblocks:{BIG}:1', "fixedblocks:K:S takes a block length K >= 1 and a seed S >= 0"),
+    ('nearl2r:1e999', "nearl2r:W takes a number W >= 0"), ('nearl2r:nan', "nearl2r:W takes a number W >= 0"),
+    (f'mix:0.5*semiar:{BIG}+0.5*random', "semiar:K takes an integer K >= 1 (at most 2**63 - 1)"),
+    ('mix:nan*l2r+1*random', "each part of a mix is weight*order with a weight in [0, 1]"),
+    ('mix:1e999*l2r+0*random', "each part of a mix is weight*order with a weight in [0, 1]"),
+])
+def test_every_number_of_a_spec_is_checked_in_the_parser(bad, why):
+    """Issue #48 C: semiar:1e20 or fixed:1e20 parsed, then overflowed torch's int64 in a draw (an OverflowError
+    traceback in train.py, sample.py, eval_ppl.py). Every numeric field goes through one check (_int, _real)."""
+    with pytest.raises(UserError) as e:
+        parse_order(bad)
+    assert why in e.value.msg and '\n' not in e.value.msg, e.value.msg
+
+
+def test_the_largest_numbers_a_spec_takes_draw():
+    """The bound is where torch stops: the largest K and S draw (K beyond n is the uniform order)."""
+    top = 2 ** 63 - 1
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(draw_orders(f'semiar:{top}', 2, 6, generator=g).sort(1).values, torch.arange(6).expand(2, 6))
+    assert sorted(parse_order(f'fixed:{top}').permutation(6).tolist()) == list(range(6))
+    assert sorted(parse_order(f'fixedblocks:3:{top}').permutation(6).tolist()) == list(range(6))
 
 
 @pytest.mark.parametrize('spec', ['l2r', 'random', 'semiar:1', 'semiar:2', 'semiar:3', 'nearl2r:0.5', 'nearl2r:2.5',

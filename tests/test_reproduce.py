@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from findings import adapt as AD
 from findings import optimizers as OPT
 from findings import orders as O
 from findings import report
@@ -296,12 +297,16 @@ def test_sigterm_ends_the_training_runs_with_it(tmp_path):
 
 def test_seeds_that_must_differ_are_refused_before_any_run(tmp_path, capsys):
     """reproduce.py --seed=2 trained `ao` and `ao_seed2` with one command, so findings 3, 5 and 7 were judged
-    against a spread of 0; orders.py paired its seeds the same way; optimizers.py took --seeds=1,1 as two seeds."""
+    against a spread of 0; orders.py paired its seeds the same way; optimizers.py took --seeds=1,1 as two seeds, and
+    adapt.py --seeds=5,5 too."""
     dirs = ['--runs_dir', str(tmp_path / 'runs'), '--results_dir', str(tmp_path / 'res')]
     for main, argv, says in [
             (R.main, [f'--seed={R.SEED2}', *dirs], f"--seed={R.SEED2} is the second seed's"),
             (O.main, [f'--seed={R.SEED2}', *dirs], f"--seed={R.SEED2} is the second seed's"),
-            (OPT.main, ['--quick', '--seeds=1,1', *dirs], "--seeds must be different seeds, got '1,1'")]:
+            (OPT.main, ['--quick', '--seeds=1,1', *dirs], "--seeds must be different seeds, got '1,1'"),
+            # issue #48 E: adapt.py reported '± 0.00' from one run counted twice; every --seeds is configurator.seed_list
+            (AD.main, ['--quick', '--seeds=5,5', '--budget=40', '--splits=20', '--sunk=20', '--eval_interval=10',
+                       *dirs], "--seeds must be different seeds, got '5,5'")]:
         with pytest.raises(SystemExit) as e:
             main(argv)
         err = capsys.readouterr().err.strip().splitlines()

@@ -1168,6 +1168,65 @@ def test_errors_from_the_command_line_have_no_traceback(env):
     assert p.returncode != 0 and p.stderr.strip().count('\n') == 0 and 'Traceback' not in p.stderr
 
 
+def test_no_start_but_a_resume_writes_into_a_folder_that_holds_a_run(env, monkeypatch, capsys, tmp_path):
+    """Issue #48 A: only scratch was refused in an occupied out_dir. A fine-tune or adaptation into it
+    (init_from=<another run> --cond=adaln), a fine-tune of the run into itself, and an eval_only of another model
+    went on: the log emptied and ckpt.pt replaced, or another model's record appended and the plot redrawn. Each is
+    refused in one line naming the folder, before any write; a log without checkpoints counts as a run too."""
+    x, g = tmp_path / 'x', tmp_path / 'g'
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={x}', '--max_iters=2', '--eval_interval=2'))
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={g}', '--max_iters=2', '--eval_interval=2', '--cond=none',
+                                    '--order=l2r'))
+    kept = {p.name: p.read_bytes() for p in x.iterdir()}
+    assert {'ckpt.pt', 'log.jsonl', 'loss.png'} <= set(kept)
+    capsys.readouterr()
+    for extra, says in [
+            ([f'--init_from={g}', '--cond=adaln'], f"fine-tuning from {g} here would overwrite that run"),
+            ([f'--init_from={g / "ckpt.pt"}'], f"fine-tuning from {g / 'ckpt.pt'} here would overwrite that run"),
+            ([f'--init_from={x}'], f"fine-tuning from {x} here would overwrite that run"),  # the run into itself
+            ([f'--init_from={g}', '--eval_only=True'], f"evaluating {g} here (eval_only) would add its record"),
+            (['--init_from=scratch', '--eval_only=True'], "evaluating a new model here (eval_only)")]:
+        with pytest.raises(SystemExit) as e:
+            run_inprocess(monkeypatch, args(env, '', f'--out_dir={x}', '--max_iters=4', *extra))
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 1 and len(err.splitlines()) == 1 and err.startswith(
+            f"error: {x} already holds checkpoints (ckpt.pt): {says}") and err.endswith(
+            "; pick a fresh --out_dir, or continue that run with init_from=resume (or auto) (to start over here, "
+            "delete them first)"), err
+        assert {p.name: p.read_bytes() for p in x.iterdir()} == kept  # not a byte written, not even the lock's pid
+    os.remove(x / 'ckpt.pt')  # a run killed before its first checkpoint, or an eval_only run, leaves a log alone
+    kept.pop('ckpt.pt')
+    for extra in (['--init_from=auto'], [f'--init_from={g}']):
+        with pytest.raises(SystemExit) as e:
+            run_inprocess(monkeypatch, args(env, '', f'--out_dir={x}', '--max_iters=4', *extra))
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 1 and len(err.splitlines()) == 1 and f"{x} already holds a run's log " \
+            f"({x / 'log.jsonl'}, 2 evals, no checkpoint to resume): " in err and "; pick a fresh --out_dir (to start " \
+            "over here, delete that log first)" in err, err
+        assert {p.name: p.read_bytes() for p in x.iterdir()} == kept
+
+
+@pytest.mark.parametrize('saved', [dict(order='semiar:4'), dict(order_mode='semiar:4'),
+                                   dict(order_mode='block_random', block_size_order=4, order_seed=3)])
+def test_a_resume_lists_a_change_of_order_whichever_spelling_its_checkpoint_holds(env, monkeypatch, capsys, tmp_path,
+                                                                                 saved):
+    """Issue #48 F: a checkpoint whose config holds order_mode='semiar:4' and no `order`, resumed with
+    --init_from=auto and no --order, trained on the default mix without a word: the changed-keys line compared
+    `order` only where the checkpoint held that key. It reads the old keys through orders.new_spelling now, so the
+    change is listed as a new-spelling checkpoint's is (and no old key is listed as a change of its own)."""
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=1', '--eval_interval=1'))
+    ck = load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    ck['config'] = dict({k: v for k, v in ck['config'].items() if k != 'order'}, **saved)
+    save_checkpoint(ck, str(tmp_path / 'ckpt.pt'))
+    capsys.readouterr()
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--init_from=auto', '--max_iters=2',
+                                    '--eval_interval=1'))
+    changed = [l for l in capsys.readouterr().out.splitlines() if 'changed keys' in l]
+    was = 'semiar:4' if 'semiar:4' in saved.values() else 'fixedblocks:4:3'
+    assert changed == [f"resuming with changed keys (checkpoint -> now): order {was!r} -> "
+                       f"'mix:0.1*l2r+0.9*random', max_iters 1 -> 2"], changed
+
+
 def test_scratch_never_overwrites_a_run_and_help_works(env, monkeypatch, capsys, tmp_path):
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path}', '--max_iters=4', '--eval_interval=1',
                                     '--keep_ckpt_every=2'))
@@ -1446,7 +1505,8 @@ def test_a_run_dir_with_only_periodic_copies_resumes_from_the_newest_and_scratch
         run_inprocess(monkeypatch, argv + ['--max_iters=6'])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 1 and len(err.splitlines()) == 1 and 'already holds checkpoints (ckpt_0000004.pt, ' \
-        'ckpt_0000002.pt): continue with init_from=resume (or auto)' in err and 'delete them first' in err, err
+        'ckpt_0000002.pt): ' in err and 'continue that run with init_from=resume (or auto)' in err and \
+        'delete them first' in err, err
     assert {p.name: p.read_bytes() for p in tmp_path.glob('ckpt_*.pt')} == copies
     assert (tmp_path / 'log.jsonl').read_text() == logged
     with pytest.raises(UserError) as e:

@@ -16,6 +16,7 @@ from test_hub import make_run, one_line, run_export
 from aogpt import paths, plot
 from aogpt.checkpoint import save_record
 from aogpt.errors import UserError
+from aogpt.rundir import rewind_out_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,6 +78,58 @@ def test_a_cut_last_line_is_reported_and_repaired(tmp_path):
     hist.write_text('{"iter": 0}\n{"iter": 1, "no\n{"iter": 2}\n')
     with pytest.raises(UserError, match=r"log.jsonl, line 2, is not a JSON record"):
         paths.read_jsonl(str(hist))
+
+
+def test_a_whole_last_record_without_its_newline_is_kept(tmp_path):
+    """Issue #48 G: two eval_ppl.py runs, `truncate -s -1` on the history (only its newline goes), a third run:
+    the append took the whole last record for a cut one and dropped it without a word (2 records, not 3)."""
+    said = []
+    d = tmp_path / 'h'
+    for i in range(2):
+        save_record(str(d / 'e.json'), dict(iter=i), said.append)
+    hist = d / 'e.jsonl'
+    hist.write_bytes(hist.read_bytes()[:-1])
+    assert paths.read_jsonl(str(hist)) == ([dict(iter=0), dict(iter=1)], False)
+    save_record(str(d / 'e.json'), dict(iter=2), said.append)
+    assert paths.read_jsonl(str(hist)) == ([dict(iter=i) for i in range(3)], False) and not said
+    assert hist.read_bytes().endswith(b'}\n') and hist.read_bytes().count(b'\n') == 3
+
+
+def test_a_truly_cut_last_line_is_dropped_with_one_note(tmp_path):
+    said = []
+    hist = tmp_path / 'e.jsonl'
+    hist.write_text(json.dumps(dict(iter=0)) + '\n{"iter": 1, "val')
+    paths.append_jsonl(str(hist), dict(iter=2), said.append)
+    assert paths.read_jsonl(str(hist)) == ([dict(iter=0), dict(iter=2)], False)
+    assert said == [f"{hist} ended in a line cut short (a write that did not finish): dropped it"]
+
+
+@pytest.mark.parametrize('line,what', [('{"note": "x"}', "has no 'iter', 'tokens'"), ('[1, 2]', "is a JSON list")])
+def test_a_json_line_that_is_no_record_of_the_log_is_one_line(tmp_path, line, what):
+    """Issue #48 G: `{"note": "x"}` appended to log.jsonl made the resume fail with a KeyError traceback (the
+    rewind indexed r['iter']); the plot of the log and any other reader took it too. Refused, naming the line."""
+    log = tmp_path / 'log.jsonl'
+    log.write_text(json.dumps(dict(iter=0, tokens=0)) + '\n' + line + '\n')
+    for read in (lambda: rewind_out_dir(str(tmp_path), str(log), 10, False, lambda *a: None),
+                 lambda: plot.read_log(str(log))):
+        with pytest.raises(UserError) as e:
+            read()
+        assert e.value.msg.startswith(f"{log}, line 2, is JSON but not a record of this history (it {what}"), \
+            e.value.msg
+    assert json.loads(log.read_text().splitlines()[1]) == json.loads(line)  # nothing rewritten
+
+
+def test_forget_run_is_the_one_way_past_check_room_and_takes_only_the_runs_files(tmp_path):
+    """findings' train_runs starts an interrupted fine-tune (or a run with only a log) over with forget_run: the
+    run's checkpoints, log and plot go, what the findings script keeps beside them stays."""
+    from aogpt.rundir import check_room, forget_run
+    for name in ('ckpt.pt', 'ckpt_0000002.pt', 'log.jsonl', 'loss.png', 'train.log', 'command.json'):
+        (tmp_path / name).write_text('{"iter": 0, "tokens": 0}\n')
+    with pytest.raises(UserError, match="already holds checkpoints"):
+        check_room(str(tmp_path), '/elsewhere/ckpt.pt', False)
+    forget_run(str(tmp_path))
+    check_room(str(tmp_path), '/elsewhere/ckpt.pt', False)
+    assert sorted(os.listdir(tmp_path)) == ['command.json', 'train.log']
 
 
 def test_a_png_on_a_full_disk_is_one_line_and_leaves_no_temp_file(tmp_path):
@@ -215,7 +268,7 @@ def test_a_resume_cleans_the_temps_its_own_writes_left_and_no_others(tmp_path):
     for p in own + other:
         open(p, 'w').close()
     log = tmp_path / 'log.jsonl'
-    log.write_text(json.dumps(dict(iter=0)) + '\n' + json.dumps(dict(iter=5)) + '\n')
+    log.write_text(json.dumps(dict(iter=0, tokens=0)) + '\n' + json.dumps(dict(iter=5, tokens=50)) + '\n')
     rewind_out_dir(str(tmp_path), str(log), 2, False, say=lambda s: None)
     assert not any(os.path.exists(p) for p in own)
     assert all(os.path.exists(p) for p in other)
