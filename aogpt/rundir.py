@@ -58,12 +58,14 @@ def check_room(out_dir, init_from, eval_only):
         return
     log = os.path.join(out_dir, LOG_NAME)
     try:
-        with open(log, 'rb') as f:
-            evals = sum(1 for line in f if line.strip())
-    except OSError:  # no log (or out_dir is no folder: claim_out_dir's line)
-        evals = 0
-    if not held and not evals:
-        return
+        records, _ = read_jsonl(log, LOG_FIELDS)
+    except FileNotFoundError:  # no log
+        records = []
+    except (OSError, UserError):  # unreadable or not a log of ours: keep it, and say so below
+        records = [None]
+    evals = len(records)
+    if not held and all(r is not None and r['iter'] == 0 for r in records) and not eval_only:
+        return  # nothing but the step-0 eval of a run stopped before its first checkpoint: training redoes it
     scratch = init_from in ('scratch', 'auto')
     doing = (f"evaluating {'a new model' if scratch else init_from} here (eval_only) would add its record to that "
              f"run's log and plot" if eval_only else "starting from scratch here would overwrite that run" if scratch

@@ -1204,6 +1204,14 @@ def test_no_start_but_a_resume_writes_into_a_folder_that_holds_a_run(env, monkey
             f"({x / 'log.jsonl'}, 2 evals, no checkpoint to resume): " in err and "; pick a fresh --out_dir (to start " \
             "over here, delete that log first)" in err, err
         assert {p.name: p.read_bytes() for p in x.iterdir()} == kept
+    # a run stopped before its first checkpoint logged its step-0 eval only, which training redoes: it starts over
+    first = (x / 'log.jsonl').read_text().splitlines()[0]
+    assert json.loads(first)['iter'] == 0
+    (x / 'log.jsonl').write_text(first + '\n')
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={x}', '--max_iters=2', '--eval_interval=2',
+                                    '--init_from=auto'))
+    assert [r['iter'] for r in map(json.loads, (x / 'log.jsonl').read_text().splitlines())] == [0, 2]
+    assert (x / 'ckpt.pt').exists()
 
 
 @pytest.mark.parametrize('saved', [dict(order='semiar:4'), dict(order_mode='semiar:4'),
