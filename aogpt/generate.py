@@ -52,96 +52,16 @@ if __name__ == '__main__':  # run as a script (python aogpt/generate.py): one li
                      "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import torch
 
 from aogpt.engine import EncoderStepper, SlotStepper
 from aogpt.errors import UserError
 from aogpt.orders import GRAMMAR, Order, parse_order
+from aogpt.samplers import DRAW, MDM_COUNTS, NOT_READ, RULES, SAMPLERS, EncoderPlan, Sampling  # noqa: F401 (re-exported)
 
 _CHUNK = 1 << 25  # float64 elements per sampling chunk (256 MiB): bounds memory when a step reveals a lot
-
-
-# ----------------------------------------------------------------------------- the settings
-
-def _number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _whole(v):
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-# Each setting: whether a value is valid, and what a valid one is (the line a bad one gets)
-RULES = dict(temperature=(lambda v: _number(v) and v >= 0, "a number >= 0 (0: greedy)"),
-             top_p=(lambda v: _number(v) and 0 < v <= 1, "the nucleus mass, in (0, 1]"),
-             vocab_size=(lambda v: v is None or _whole(v) and v >= 1, "None or an integer >= 1"),
-             generator=(lambda v: v is None or isinstance(v, torch.Generator), "None or a torch.Generator"),
-             schedule=(lambda v: v in ('linear', 'cosine'), "'linear' or 'cosine'"),
-             fixed_counts=(lambda v: isinstance(v, bool), "True or False"),
-             threshold=(lambda v: _number(v) and 0 <= v <= 1, "a probability in [0, 1] (0: the counts)"),
-             until=(lambda v: v is None or _whole(v) and v >= 0, "None or a token id >= 0"))
-DRAW = ('temperature', 'top_p', 'vocab_size', 'generator')  # the token draw: every sampler reads these
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How every sampler here and the speculative sampler draw: one object, checked once, passed whole.
-
-    temperature   softmax temperature, >= 0; 0 is greedy (a one-hot on the argmax)
-    top_p         the nucleus, in (0, 1]: keep the most likely tokens until their mass reaches top_p (1: all)
-    vocab_size    draw only ids below this (the codec's vocabulary; the head may have padding rows); None: all
-    generator     the CPU torch.Generator every uniform is drawn from, in each sampler's fixed order (None:
-                  torch's global one); one generator fixes the samples on any device
-    schedule      the Lemma-1 time grid: 'linear', or 'cosine' (reveals slowly at first)
-    fixed_counts  the paper code's deterministic per-step counts instead of the Binomial draws
-    threshold     confidence orders: each step reveals every masked position whose top probability is at
-                  least this (and at least one); 0 takes the counts from the schedule
-    until         an end-of-document id, or None: a sample stops once its first document is settled
-                  (see settled and each sampler's docstring), -1 where nothing was drawn
-
-    The first four are every sampler's (the token draw, DRAW); the others are read only by the samplers
-    SAMPLERS names, and a sampler given one it does not read refuses it rather than ignore it. Change one
-    with dataclasses.replace(settings, top_p=0.9).
-    """
-    temperature: float = 1.0
-    top_p: float = 1.0
-    vocab_size: int = None
-    generator: torch.Generator = None
-    schedule: str = 'linear'
-    fixed_counts: bool = False
-    threshold: float = 0.0
-    until: int = None
-
-    def __post_init__(self):
-        Sampling.check(**{f.name: getattr(self, f.name) for f in fields(self)})
-
-    @staticmethod
-    def invalid(**values):
-        """The first of values (field=value) that is not a valid setting, as (field, what a valid one is), or
-        None. sample.py asks this of its flags, so that they are checked by these very rules (RULES)."""
-        for name, v in values.items():
-            ok, rule = RULES[name]
-            if not ok(v):
-                return name, rule
-        return None
-
-    @staticmethod
-    def check(**values):
-        """Raise UserError, in one line, for the first of values (field=value) that is not a valid setting."""
-        bad = Sampling.invalid(**values)
-        if bad:
-            raise UserError(f"invalid {bad[0]}={values[bad[0]]!r}: {bad[1]}")
-
-    @property
-    def transform(self):
-        """logits_to_probs' and sample_tokens' keywords: the one transform every draw goes through."""
-        return dict(temperature=self.temperature, top_p=self.top_p, vocab_size=self.vocab_size)
-
-    def rand(self, *shape):
-        """Float64 uniforms (*shape) from the generator, on the CPU: the draws every sampler consumes."""
-        return torch.rand(*shape, dtype=torch.float64, generator=self.generator)
 
 
 # ----------------------------------------------------------------------------- the schedule
@@ -412,26 +332,6 @@ def settled(x, end, start=0):
 
 # ----------------------------------------------------------------------------- the samplers
 
-# Each sampler's prologue: the model it needs, the line that says so otherwise, and the settings it
-# reads besides the token draw's (temperature, top_p, vocab_size, generator: every sampler's). A setting it
-# does not read, left away from its default, is refused with the reason NOT_READ gives.
-SAMPLERS = dict(
-    ao=(lambda m: m.any_order, "generate_ao needs an any-order decoder (cond='adaln' or 'sigma'); use generate_ar "
-        "for a GPT and generate_mdm for an encoder", ('schedule', 'fixed_counts', 'until')),
-    confident=(lambda m: m.any_order, "generate_confident needs an any-order decoder (cond='adaln' or 'sigma')",
-               ('schedule', 'fixed_counts', 'threshold')),
-    ar=(lambda m: m.config.causal, "generate_ar needs a decoder; use generate_mdm for an encoder MDM", ('until',)),
-    mdm=(lambda m: not m.config.causal, "generate_mdm needs an encoder MDM (causal=False)",
-         ('schedule', 'fixed_counts')),
-    speculative=(lambda m: m.config.causal and m.any_order, "speculative sampling needs an any-order decoder "
-                 "(AO-GPT or sigma-GPT); an encoder MDM or an L2R GPT cannot score a drafted sequence in one pass",
-                 ('until',)),
-)
-NOT_READ = dict(schedule="it has no step schedule", fixed_counts="it has no step schedule",
-                threshold="it applies to the confidence orders (confidence, margin, entropy) only",
-                until="it draws the whole window (no early stop); cut its samples with doc_lengths")
-
-
 def prologue(model, n, batch_size, steps, settings, sampler, given=None):
     """Every sampler's prologue, before its first draw (it draws nothing): the model kind, the settings
     (None: the defaults) against what `sampler` reads (SAMPLERS), n, batch_size, steps and the given
@@ -664,33 +564,6 @@ def generate_ar(model, n, batch_size, settings=None, *, prompt=None, stepper='dy
     if until is not None:
         stats.update(calls_full=n - g, stop_call=stop_call.tolist(), generated=stop_call.tolist())
     return tok[:, 1:], stats
-
-
-MDM_COUNTS = ('shared', 'independent')  # EncoderPlan.counts: one count per step for the batch, or MDLM's per position
-
-
-@dataclass(frozen=True)
-class EncoderPlan:
-    """The encoder MDM's own settings (generate_mdm), checked when made; the token draw and the schedule are
-    the Sampling's, as for every sampler.
-
-    counts       'shared': one Binomial count per step for the whole batch and a random order per sample,
-                 exactly generate_ao's plan (same seed, same revealed positions and uniforms). 'independent':
-                 MDLM's sampler, every position of every sample draws its own reveal time (only with the
-                 random order and random counts). Both are the exact reverse process per sample; with
-                 'independent' a step reveals nothing only if it does so for every sample, so the caching
-                 trick saves far fewer passes at large batch sizes.
-    cache_trick  MDLM's ddpm_cache: a step whose input did not change since the last pass reuses it. The
-                 pass is deterministic, so this changes the cost, never the samples.
-    """
-    counts: str = 'shared'
-    cache_trick: bool = False
-
-    def __post_init__(self):
-        if self.counts not in MDM_COUNTS:
-            raise ValueError(f"counts must be 'shared' or 'independent', got {self.counts!r}")
-        if not isinstance(self.cache_trick, bool):
-            raise ValueError(f"cache_trick must be True or False, got {self.cache_trick!r}")
 
 
 @torch.no_grad()
