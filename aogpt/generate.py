@@ -28,14 +28,16 @@ steps but the last of (k - 1) token-passes: n when every step reveals one token,
 Orders. random is the MDM reverse process above. The other order distributions of orders.py (l2r,
 semiar:K: blocks of K positions left to right, a uniform order inside each; nearl2r:W; mixtures; a fixed
 order fixed:S) and a file of positions change only the order, so the sampler stays exact for the mixture
-over the orders they allow. confidence / margin / entropy
-(LLaDA's and Dream's) choose the positions from the model's own scores: each step queries every masked
-position (one copy each) and reveals the k surest, or every one whose top probability reaches
---threshold; the cache stays exact, at about n T / 2 token-passes (generate_confident).
+over the orders they allow. The confidence samplers (confidence / margin / entropy, LLaDA's and
+Dream's; generate_confident) are samplers of their own, not orders: they choose the positions from the
+model's own scores, each step querying every masked position (one copy each) and revealing the k surest,
+or every one whose top probability reaches the threshold; the cache stays exact, at about n T / 2
+token-passes.
 
-Settings. Every sampler, the speculative one too, takes one Sampling (the token draw: temperature, top_p,
-vocab_size, the generator; the schedule and fixed_counts; threshold; until), checked when it is made, and
-begins with one prologue (prologue: the model kind, the settings it reads, sizes and given tokens):
+Settings. Every sampler, the speculative one too, takes one Sampling (samplers.py: the token draw,
+temperature, top_p, vocab_size, the generator; the schedule and fixed_counts; threshold; until), checked
+when it is made, and begins with one prologue (prologue: the model kind and the settings it reads, by the
+one table samplers.SAMPLERS; sizes and given tokens):
 
     s = Sampling(temperature=0.9, top_p=0.95, vocab_size=50257, generator=torch.Generator().manual_seed(0))
     x, stats = generate_ao(model, 256, 4, 64, s, order='semiar:16')
@@ -59,7 +61,7 @@ import torch
 from aogpt.engine import EncoderStepper, SlotStepper
 from aogpt.errors import UserError
 from aogpt.orders import GRAMMAR, Order, parse_order
-from aogpt.samplers import DRAW, MDM_COUNTS, NOT_READ, RULES, SAMPLERS, EncoderPlan, Sampling  # noqa: F401 (re-exported)
+from aogpt.samplers import MDM_COUNTS, RULES, SAMPLERS, SCORES, EncoderPlan, Sampling, unread  # noqa: F401
 
 _CHUNK = 1 << 25  # float64 elements per sampling chunk (256 MiB): bounds memory when a step reveals a lot
 
@@ -252,20 +254,18 @@ def split_given(given, n):
     return pos, given[pos], free
 
 
-ORDERS = ('random', 'l2r', 'semiar:K', 'nearl2r:W', 'mix:...', 'confidence', 'margin', 'entropy')
-ADAPTIVE = ('confidence', 'margin', 'entropy')  # chosen step by step from the model's own scores
-
-
 def check_order(order):
     """A generation order, checked: an order distribution (orders.GRAMMAR, defined in orders.py; a spec string
-    comes back parsed, the orders.Order the sampler carries), a confidence order (ADAPTIVE), or a permutation
-    tensor. Raises ValueError (UserError) naming what is wrong and what is accepted."""
-    if not isinstance(order, str) or order in ADAPTIVE:
+    comes back parsed, the orders.Order the sampler carries) or a permutation tensor. Raises ValueError
+    (UserError) naming what is wrong and what is accepted. The confidence rules are samplers of their own
+    (generate_confident), not orders: they pick positions from the drawn values."""
+    if not isinstance(order, str):
         return order
-    try:
-        return parse_order(order)
-    except UserError as e:
-        raise UserError(f"{e.msg}; or confidence, margin or entropy") from None
+    if order in SCORES:
+        raise UserError(f"{order!r} is a sampler of its own (generate_confident(score={order!r})), which picks the "
+                        f"positions from the drawn values, not an order fixed before the draws: an order is "
+                        f"{GRAMMAR}, or a permutation")
+    return parse_order(order)
 
 
 def free_order(order, free, batch_size, generator=None, n=None):
@@ -274,8 +274,6 @@ def free_order(order, free, batch_size, generator=None, n=None):
     in its order (n: the sequence's length, which the permutation must have; by default one past the last
     free position at least)."""
     B, nf = batch_size, free.numel()
-    if isinstance(order, str) and order in ADAPTIVE:
-        raise ValueError(f"free_order takes an order distribution or a permutation, not {order!r}")
     order = check_order(order)
     n = int(free.max()) + 1 if n is None and nf else n
     if isinstance(order, Order):
@@ -337,17 +335,17 @@ def prologue(model, n, batch_size, steps, settings, sampler, given=None):
     (None: the defaults) against what `sampler` reads (SAMPLERS), n, batch_size, steps and the given
     tokens against the model (check_run). given: as generate_ao's; for 'ar' the prompt, a prefix.
     Returns (settings, device, the given positions ascending, their tokens, the free positions)."""
-    needs, what, reads = SAMPLERS[sampler]
-    if not needs(model):
-        raise UserError(what)
+    if not SAMPLERS[sampler].needs(model):
+        raise UserError(SAMPLERS[sampler].lacks)
     settings = Sampling() if settings is None else settings
     if not isinstance(settings, Sampling):
         raise UserError(f"settings must be a generate.Sampling (or None for the defaults), got "
                         f"{type(settings).__name__}")
-    for f in fields(Sampling):
-        if f.name not in DRAW + reads and getattr(settings, f.name) != f.default:
-            raise UserError(f"the {sampler} sampler does not read {f.name}={getattr(settings, f.name)!r}: "
-                            f"{NOT_READ[f.name]}")
+    chosen = {} if steps is None else dict(steps=steps)  # steps and the settings away from their defaults
+    chosen.update((f.name, getattr(settings, f.name)) for f in fields(Sampling) if getattr(settings, f.name) != f.default)
+    bad = unread(sampler, **chosen)
+    if bad:
+        raise UserError(f"the {sampler} sampler does not read {bad[0]}={chosen[bad[0]]!r}: {bad[1]}")
     check_run(model, n, batch_size, steps, given)
     if sampler == 'ar':  # the prompt: the first tokens given, the rest free
         prompt = torch.as_tensor([] if given is None else given, dtype=torch.long).reshape(-1)
@@ -404,8 +402,8 @@ def generate_ao(model, n, batch_size, steps, settings=None, *, order='random', g
     settings: a Sampling (None: the defaults): the token draw, the schedule, and until (below).
 
     order: an order distribution (orders.GRAMMAR, defined in aogpt/orders.py: 'random' is the MDM reverse
-    process) or a permutation, fixed before the first pass; or 'confidence' / 'margin' / 'entropy', chosen
-    step by step from the model's scores (generate_confident; the settings' threshold applies there).
+    process) or a permutation, fixed before the first pass (positions chosen step by step from the model's
+    scores are the confidence samplers, generate_confident).
     given: LongTensor (n,) with -1 at the positions to generate; the given tokens enter the cache first
     (ascending positions, in the first pass), the rest follow `order`. stats: steps (those that revealed a
     token, at most min(steps, tokens generated): a step that reveals none makes no call), forward_calls,
@@ -423,8 +421,6 @@ def generate_ao(model, n, batch_size, steps, settings=None, *, order='random', g
     draw's calls), and per sample stop_call (the calls it needed) and generated (tokens drawn by then).
     """
     order = check_order(order)  # a spec string parsed once, here
-    if isinstance(order, str) and order in ADAPTIVE:
-        return generate_confident(model, n, batch_size, steps, settings, score=order, given=given, stepper=stepper)
     settings, dev, gpos, gtok, _ = prologue(model, n, batch_size, steps, settings, 'ao', given)
     B, g, until = batch_size, gpos.numel(), settings.until
     u, reveal, counts, _, _ = draw_plan(n, B, steps, settings, order=order, given=given)
@@ -471,10 +467,11 @@ def generate_ao(model, n, batch_size, steps, settings=None, *, order='random', g
 def generate_confident(model, n, batch_size, steps, settings=None, *, score='confidence', given=None,
                        stepper='dynamic'):
     """Confidence-ordered decoding (LLaDA's low-confidence remasking, Dream's margin and entropy) on the
-    exact KV cache. Each step scores every still-masked position in one pass (one query copy per masked
+    exact KV cache: the samplers SCORES names (score: 'confidence', 'margin' or 'entropy', how sure a position
+    is, see sample_tokens). Each step scores every still-masked position in one pass (one query copy per masked
     position, the parallel block), draws a candidate token for each, and reveals the k surest: k from
-    the Lemma-1 counts (as generate_ao), or with settings.threshold > 0 every position whose top probability is
-    at least threshold (and at least one). The revealed tokens enter the cache in that order, surest
+    the Lemma-1 counts over `steps` (as generate_ao), or with settings.threshold > 0 every position whose top
+    probability is at least threshold (and at least one); steps is then None (there is no step schedule). The revealed tokens enter the cache in that order, surest
     first, so the cache holds exactly what a cache-free pass over the same order would compute. A step
     costs its pending slots plus one row per masked position: about n T / 2 token-passes for T equal
     steps, against under 2n for the fixed orders (stats token_passes).
@@ -483,7 +480,9 @@ def generate_confident(model, n, batch_size, steps, settings=None, *, score='con
     (batch 1, one after another, on one batch-1 stepper: the caller's stepper's sibling, kept with it, so
     its graphs are captured once); stats then give the mean calls and token-passes per sample.
     """
-    settings, dev, gpos, gtok, free = prologue(model, n, batch_size, steps, settings, 'confident', given)
+    if score not in SCORES:
+        raise UserError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+    settings, dev, gpos, gtok, free = prologue(model, n, batch_size, steps, settings, score, given)
     threshold = settings.threshold
     if threshold and batch_size > 1:
         solo = stepper.for_batch(1) if isinstance(stepper, SlotStepper) else SlotStepper(model, 1, stepper)
@@ -577,6 +576,7 @@ def generate_mdm(model, n, batch_size, steps, settings=None, *, order='random', 
     The head runs only on the positions revealed at a step (the others' logits are never used).
     stepper: 'dynamic', 'static' or 'cuda_graph' (the one pass captured once), or an EncoderStepper to reuse.
     """
+    order = check_order(order)  # a spec string parsed once, here
     settings, dev, gpos, gtok, free = prologue(model, n, batch_size, steps, settings, 'mdm', given)
     cfg, s, B = model.config, settings, batch_size
     g, nf = gpos.numel(), free.numel()
@@ -590,7 +590,7 @@ def generate_mdm(model, n, batch_size, steps, settings=None, *, order='random', 
         step_of_rank = torch.repeat_interleave(torch.arange(steps), k)      # (nf,) step of the j-th reveal
         step = torch.empty(B, n, dtype=torch.long).scatter_(1, forder, step_of_rank.expand(B, nf))
     else:  # independent
-        if s.fixed_counts or not (isinstance(order, (str, Order)) and str(order) == 'random'):
+        if s.fixed_counts or not (isinstance(order, Order) and order.spec == 'random'):
             raise ValueError("counts='independent' draws per-position reveal times: no fixed_counts/order")
         U = s.rand(B, nf)
         t = reveal_step(U, time_grid(steps, s.schedule))                   # (B, nf)

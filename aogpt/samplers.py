@@ -49,7 +49,7 @@ class Sampling:
                   torch's global one); one generator fixes the samples on any device
     schedule      the Lemma-1 time grid: 'linear', or 'cosine' (reveals slowly at first)
     fixed_counts  the paper code's deterministic per-step counts instead of the Binomial draws
-    threshold     confidence orders: each step reveals every masked position whose top probability is at
+    threshold     the confidence samplers: each step reveals every masked position whose top probability is at
                   least this (and at least one); 0 takes the counts from the schedule
     until         an end-of-document id, or None: a sample stops once its first document is settled
                   (see settled and each sampler's docstring), -1 where nothing was drawn
@@ -126,23 +126,65 @@ class EncoderPlan:
 
 # ----------------------------------------------------------------------------- the table
 
-# ----------------------------------------------------------------------------- the samplers
+SCORES = ('confidence', 'margin', 'entropy')  # the confidence samplers (LLaDA's, Dream's): how sure of a drawn token
+COUNTS = ('steps', 'schedule', 'fixed_counts')  # the Lemma-1 counts, which a confidence sampler's threshold replaces
 
-# Each sampler's prologue: the model it needs, the line that says so otherwise, and the settings it
-# reads besides the token draw's (temperature, top_p, vocab_size, generator: every sampler's). A setting it
-# does not read, left away from its default, is refused with the reason NOT_READ gives.
+
+@dataclass(frozen=True)
+class Sampler:
+    """One row of SAMPLERS: the model a sampler needs, the line when it has another, the settings it reads
+    besides the token draw's (DRAW, every sampler's), and in words what it does (why a setting it does not
+    read has no use there)."""
+    needs: object
+    lacks: str
+    reads: tuple
+    does: str
+
+
+def _any_order(m):
+    return m.config.causal and m.any_order
+
+
+_CONFIDENT = "needs an any-order decoder (AO-GPT or sigma-GPT): it scores every masked position on the exact KV cache"
+
+# The one table of the samplers (generate.py's, speculative.py's): each sampler's prologue refuses a setting it does
+# not read (unread), and sample.py each such flag given on its command line, so no run looks as if it used a
+# setting it never read. The settings: steps (an argument), Sampling's fields, the encoder's EncoderPlan fields
+# (counts, cache_trick), and the speculative sampler's Speculation (speculation).
 SAMPLERS = dict(
-    ao=(lambda m: m.any_order, "generate_ao needs an any-order decoder (cond='adaln' or 'sigma'); use generate_ar "
-        "for a GPT and generate_mdm for an encoder", ('schedule', 'fixed_counts', 'until')),
-    confident=(lambda m: m.any_order, "generate_confident needs an any-order decoder (cond='adaln' or 'sigma')",
-               ('schedule', 'fixed_counts', 'threshold')),
-    ar=(lambda m: m.config.causal, "generate_ar needs a decoder; use generate_mdm for an encoder MDM", ('until',)),
-    mdm=(lambda m: not m.config.causal, "generate_mdm needs an encoder MDM (causal=False)",
-         ('schedule', 'fixed_counts')),
-    speculative=(lambda m: m.config.causal and m.any_order, "speculative sampling needs an any-order decoder "
-                 "(AO-GPT or sigma-GPT); an encoder MDM or an L2R GPT cannot score a drafted sequence in one pass",
-                 ('until',)),
+    ao=Sampler(_any_order, "generate_ao needs an any-order decoder (cond='adaln' or 'sigma'); use generate_ar for a "
+               "GPT and generate_mdm for an encoder", COUNTS + ('until',),
+               "reveals the Lemma-1 counts along an order drawn before its first pass"),
+    **{score: Sampler(_any_order, f"the {score} sampler {_CONFIDENT}", COUNTS + ('threshold',),
+                      f"reveals the masked positions it is surest of ({score}) and draws the whole window")
+       for score in SCORES},
+    ar=Sampler(lambda m: m.config.causal, "generate_ar needs a decoder; use generate_mdm for an encoder MDM",
+               ('until',), "decodes one token per forward call, with no step schedule"),
+    mdm=Sampler(lambda m: not m.config.causal, "generate_mdm needs an encoder MDM (causal=False)",
+                COUNTS + ('counts', 'cache_trick'), "runs the encoder's full pass per step and draws the whole window"),
+    speculative=Sampler(_any_order, "speculative sampling needs an any-order decoder (AO-GPT or sigma-GPT): an encoder "
+                        "MDM or an L2R GPT cannot verify drafts in one pass", ('until', 'speculation'),
+                        "commits as many tokens per forward call as its drafts earn, with no step schedule"),
 )
-NOT_READ = dict(schedule="it has no step schedule", fixed_counts="it has no step schedule",
-                threshold="it applies to the confidence orders (confidence, margin, entropy) only",
-                until="it draws the whole window (no early stop); cut its samples with doc_lengths")
+_WHAT = dict(steps="it sets the Lemma-1 counts", schedule="it sets the Lemma-1 counts",
+             fixed_counts="it sets the Lemma-1 counts",
+             threshold="it is the confidence samplers' (confidence, margin, entropy) rule for a step's reveals",
+             until="it stops a sample early (cut the samples with generate.doc_lengths instead)",
+             counts="it is the encoder MDM's", cache_trick="it is the encoder MDM's",
+             speculation="it is the speculative sampler's (sample.py --speculative K or auto)")
+
+
+def unread(sampler, **given):
+    """The first of the settings given on purpose (name=value) that `sampler` (a key of SAMPLERS) does not read,
+    as (name, why in words), or None. With a threshold a confidence sampler takes no counts: each step reveals
+    every position whose top probability reaches it."""
+    row = SAMPLERS[sampler]
+    for name in given:
+        if name in DRAW:
+            continue
+        if name not in row.reads:
+            return name, f"{_WHAT[name]}, and the {sampler} sampler {row.does}"
+        if name in COUNTS and 'threshold' in row.reads and given.get('threshold'):
+            return name, (f"{_WHAT[name]}, and with threshold {given['threshold']} each step of the {sampler} sampler "
+                          f"reveals every masked position whose top probability reaches it (no step schedule)")
+    return None
