@@ -144,7 +144,7 @@ def main(argv=None):
     given, n = layout(c, codec, model.config.block_size, family)
     order = generation_order(c, ck, family, n, sampler)
     end = document_end(c, codec, given, family, sampler)
-    judge = load_judge_for(c, codec) if c.gen_ppl else None  # before sampling: a bad judge costs seconds
+    judge = load_judge_for(c, codec, n) if c.gen_ppl else None  # before sampling: a bad judge costs seconds
     samples, stats, wall = draw(c, model, sampler, n, given, order, codec, end if c.until_eot else None)
     docs = documents(c, samples, given, end, stats)
     texts = [codec.decode(row.tolist()) for row in samples] if docs is None else \
@@ -429,8 +429,9 @@ def documents(c, samples, given, end, stats):
                 forward_calls=calls, end_in_blank=in_blank)
 
 
-def load_judge_for(c, codec):
-    """The judge for --gen_ppl, checked against the samples' codec: (model, its codec, scoring mode)."""
+def load_judge_for(c, codec, n):
+    """The judge for --gen_ppl, checked against the samples' codec and their length n: (model, its codec, scoring
+    mode)."""
     judge, judge_codec, is_hf = genppl.load_judge(c.gen_ppl, c.device)
     if judge.config.vocab_size < judge_codec.vocab_size:
         die(f"judge {c.gen_ppl}: its {judge_codec.name} codec has {judge_codec.vocab_size} symbols, the model "
@@ -448,6 +449,9 @@ def load_judge_for(c, codec):
     mode = c.gen_ppl_mode if c.gen_ppl_mode != 'auto' else ('hf' if is_hf else 'none')
     if mode == 'hf' and not is_hf:
         die("--gen_ppl_mode hf is the HF GPT-2 recipe (no BOS); our checkpoints score from [None] (none)")
+    if mode == 'hf' and n < 2:
+        die(f"--gen_ppl: the HF judge scores each token after a sample's first, which is only context (mode hf), and "
+            f"--length {n} leaves nothing to score: use --length 2 or more")
     if judge_codec.record() != codec.record():
         print(f"note: the judge reads {judge_codec.name}, the samples are {codec.name}: both perplexities are "
               f"computed on the re-tokenized text")
@@ -493,8 +497,11 @@ def score(c, judge, samples, codec, per_document=False):
                                   per_document=per_document)
     except ValueError as e:
         die(f"--gen_ppl: {e}")
-    print(f"gen ppl ({c.gen_ppl}, mode {mode}{', per document' if per_document else ''}): per-sequence mean {r['per_sequence']:.3f} (the paper's "
-          f"code, SEDD), token-weighted {r['token']:.3f} after re-tokenizing and cutting at the first end of "
+    unit = 'document' if per_document else 'sample'
+    left = (f" over the {len(samples) - len(r['unscored'])} {unit}s with a token to score ({len(r['unscored'])} of "
+            f"one token, only context in mode hf, have no perplexity)" if r['unscored'] else "")
+    print(f"gen ppl ({c.gen_ppl}, mode {mode}{', per document' if per_document else ''}): per-sequence mean "
+          f"{r['per_sequence']:.3f}{left} (the paper's code, SEDD), token-weighted {r['token']:.3f} after re-tokenizing and cutting at the first end of "
           f"document (MDLM, DUO; {r['tokens_scored']} tokens, {r['ended_early']} samples ended early); "
           f"unigram entropy {r['unigram_entropy']:.3f} nats per sample")
     return dict(judge=c.gen_ppl, **r)

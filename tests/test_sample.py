@@ -891,6 +891,41 @@ def test_generative_ppl_both_averages_against_direct_sums():
     assert r['unigram_entropy'] == pytest.approx(unigram_entropy(samples).mean().item())
 
 
+def test_a_sequence_with_nothing_to_score_is_counted_never_dropped_unsaid():
+    """In mode hf a sequence's first token is only context: a one-token document (here the empty ones, their
+    end symbol alone) has no perplexity. It is left out of the per-sequence mean and named in `unscored`, once
+    dropped without a word; where nothing at all is scored, one line (once torch.stack's 'non-empty TensorList')."""
+    judge, codec = char_judge()
+    docs = [[0, 1, 2, 4], [4], [3, 0, 3], [4]]             # 'abc\n', an empty document (its newline), 'cac', another
+    r = genppl.generative_ppl(judge, codec, docs, codec, 'hf', per_document=True)
+    per = genppl.judge_token_nll(judge, docs, 'hf')
+    assert r['unscored'] == [1, 3] and len(r['per_sample']) == 2 and [len(t) for t in per] == [3, 0, 2, 0]
+    assert r['per_sequence'] == pytest.approx((per[0].double().mean().exp() + per[2].double().mean().exp()).item() / 2,
+                                              rel=1e-6)
+    assert 'listed in unscored' in r['protocol']
+    assert genppl.generative_ppl(judge, codec, torch.tensor([[0, 1, 2]]), codec, 'none')['unscored'] == []
+    for samples in (torch.tensor([[0], [3]]), [[4], [4]]):
+        with pytest.raises(UserError, match=r"^nothing to score: in mode 'hf' the first token of a sequence is only "
+                                            r"context") as e:
+            genppl.generative_ppl(judge, codec, samples, codec, 'hf', per_document=isinstance(samples, list))
+        assert '\n' not in str(e.value)
+
+
+def test_an_hf_judge_on_one_token_samples_is_refused_before_sampling(tmp_path, cli, monkeypatch):
+    """sample.py --length 1 --gen_ppl <HF GPT-2 folder> once ended in a RuntimeError after the sampling: the HF
+    recipe scores each token after the first, so a 1-token sample has nothing to score."""
+    transformers = pytest.importorskip('transformers')
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50257,
+                                                         n_positions=16)).save_pretrained(tmp_path / 'gpt2')
+    write_ckpt(tmp_path / 'ckpt.pt')
+    calls = []
+    monkeypatch.setattr(generate, 'generate_ao', lambda *a, **k: calls.append(1))
+    code, out, err = cli('--out_dir', str(tmp_path), '--length', '1', '--steps', '1', '--gen_ppl', str(tmp_path / 'gpt2'))
+    err = err.strip().splitlines()[-1]  # after save_pretrained's progress bar
+    assert code == 1 and err.startswith('error: --gen_ppl: ') and calls == [], err
+    assert "--length 1 leaves nothing to score: use --length 2 or more" in err
+
+
 def test_generative_ppl_re_tokenizes_for_another_codec_and_windows_long_text():
     """GPT-2 samples under a char-level judge: the text is re-tokenized into characters, and a sample
     longer than the judge's context is scored in consecutive windows, each from scratch."""
