@@ -30,7 +30,7 @@ from aogpt import engine, generate, genppl
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import command, die
 from aogpt.errors import UserError
-from aogpt.orders import GRAMMAR, L2R, UNIFORM, Order, one_block, order_of_config
+from aogpt.orders import GRAMMAR, L2R, UNIFORM, Order, one_block, order_of_config, spec_of_config
 from aogpt.paths import check_writable
 from aogpt.runtime import script_device
 from aogpt.samplers import SAMPLERS, SCORES, unread
@@ -142,7 +142,7 @@ def main(argv=None):
     model, ck, used_ema, codec, family = load_for_sampling(c)
     sampler = choose_sampler(c, model, family)
     given, n = layout(c, codec, model.config.block_size, family)
-    order = generation_order(c, ck, family, n, sampler)
+    order = gpt_order(c, ck, n, given) if family == 'ar' else generation_order(c, ck, family, n, sampler)
     end = document_end(c, codec, given, family, sampler)
     judge = load_judge_for(c, codec, n) if c.gen_ppl else None  # before sampling: a bad judge costs seconds
     samples, stats, wall = draw(c, model, sampler, n, given, order, codec, end if c.until_eot else None)
@@ -233,7 +233,8 @@ def load_for_sampling(c):
     model, ck, used_ema, codec = load_model(c.ckpt or c.out_dir, c.device, c.use_ema, dataset=c.dataset)
     mc = model.config
     family = 'mdm' if not mc.causal else ('ao' if model.any_order else 'ar')
-    print(f"model: {dict(mdm='encoder MDM', ao='any-order decoder', ar='L2R GPT')[family]} "
+    ar = 'L2R GPT' if ck.get('order') is None else 'fixed-order GPT'
+    print(f"model: {dict(mdm='encoder MDM', ao='any-order decoder', ar=ar)[family]} "
           f"(cond={mc.cond!r}), {model.get_num_params() / 1e6:.2f}M params, "
           f"{'EMA' if used_ema else 'raw'} weights; codec {codec.name} (vocab {codec.vocab_size})")
     return model, ck, used_ema, codec, family
@@ -330,12 +331,41 @@ def generation_order(c, ck, family, n, sampler):
             die(f"--order: {e}")
     if isinstance(o, Order) and one_block(o, n):
         print(f"note: {one_block(o, n)}")
-    if family == 'ar' and not (isinstance(o, Order) and o.is_l2r):
-        die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")
     if sampler == 'mdm' and c.mdm_counts == 'independent' and (c.fixed_counts or not isinstance(o, Order) or
                                                              o.spec != 'random'):
         die("--mdm_counts independent draws a reveal time per position: no --fixed_counts or --order")
     return o
+
+
+def gpt_order(c, ck, n, given):
+    """A GPT's order (cond='none'): L2R, or for one trained on a fixed order (train.py --order=fixed:S) that order,
+    saved in its checkpoint, as a (n,) permutation. A GPT is never told which position comes next, so it samples
+    right only along the order it was trained on: any other --order, a shorter window and given tokens anywhere
+    but at that order's first positions are refused."""
+    saved = ck.get('order')
+    if saved is None:
+        if c.order not in ('auto', 'l2r'):
+            die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")
+        return L2R
+    perm = torch.as_tensor(saved).view(-1)
+    spec = spec_of_config(ck.get('config')) or 'its fixed order'
+    why = f"this GPT (cond='none') was trained on the fixed order {spec} alone and is never told which position comes next"
+    if c.order != 'auto':
+        try:
+            o = generate.check_order(c.order)
+            same = o.fixed and torch.equal(o.permutation(perm.numel()), perm)
+        except (ValueError, AttributeError):
+            same = False
+        if not same:
+            die(f"--order {c.order}: {why}, so it samples along that order: use --order auto")
+    if n != perm.numel():
+        die(f"--length {n}: {why} over all {perm.numel()} positions, so it samples whole windows only: drop --length")
+    g = int((given >= 0).sum())
+    if g and set(perm[:g].tolist()) != set((given >= 0).nonzero().view(-1).tolist()):
+        die(f"{why}: given tokens must sit at that order's first positions ({', '.join(map(str, perm[:min(g, 8)].tolist()))}"
+            f"{', ...' if g > 8 else ''}), so it cannot continue this prompt: sample without one")
+    print(f"order: the checkpoint's fixed training order ({spec}), along which this GPT decodes")
+    return perm
 
 
 def speculation(c):
@@ -364,8 +394,10 @@ def draw_batch(c, sampler, model, n, given, order, s, stp):
     if sampler == 'mdm':
         return generate.generate_mdm(model, n, c.batch_size, steps, s, order=order, given=given, stepper=stp,
                                      plan=generate.EncoderPlan(c.mdm_counts, c.cache_trick))
-    if sampler == 'ar':
-        return generate.generate_ar(model, n, c.batch_size, s, prompt=given[:int((given >= 0).sum())], stepper=stp)
+    if sampler == 'ar':  # left to right, or a fixed-order GPT's own order (gpt_order); the prompt at its first positions
+        first = torch.arange(n) if isinstance(order, Order) else order
+        return generate.generate_ar(model, n, c.batch_size, s, prompt=given[first[:int((given >= 0).sum())]],
+                                    order=order, stepper=stp)
     return generate_speculative(model, n, c.batch_size, s, speculation=speculation(c), order=order, given=given,
                                 stepper=stp)
 

@@ -527,42 +527,57 @@ def generate_confident(model, n, batch_size, steps, settings=None, *, score='con
 
 
 @torch.no_grad()
-def generate_ar(model, n, batch_size, settings=None, *, prompt=None, stepper='dynamic'):
-    """Plain left-to-right KV-cache decoding, one token per forward call (the AR baseline).
+def generate_ar(model, n, batch_size, settings=None, *, prompt=None, order=None, stepper='dynamic'):
+    """Plain KV-cache decoding, one token per forward call, left to right (the AR baseline) or along one fixed
+    order (a GPT trained on it: train.py --cond=none --order=fixed:S).
 
-    Works for any decoder (a GPT, or an AO-GPT in L2R order). prompt: a list/LongTensor of ids that the
-    samples start with (fed in the first call). Returns (tokens (B, n), stats) like generate_ao.
+    Works for any decoder (a GPT, or an AO-GPT in that order). order: None or 'l2r' (left to right), or one fixed
+    order of all n positions: a fixed order spec (fixed:S, fixedblocks:K:S) or a permutation (n,); a GPT is never
+    told which position comes next, so it samples right only along the order it was trained on. prompt: a
+    list/LongTensor of the ids at the order's first positions (left to right: a prefix), fed in the first call.
+    Returns (tokens (B, n) by position, stats) like generate_ao.
     stepper: as in generate_ao (a call here is the prompt, then one row at a time).
     settings: a Sampling (None: the defaults): the token draw, and until: an end-of-document id, or None:
-    as in generate_ao, a sample stops at its first one after the prompt (later positions -1), the batch
-    once every sample has.
+    as in generate_ao, a sample stops once its first document after the prompt is settled (left to right: at its
+    first end symbol; later positions -1), the batch once every sample has.
     """
     settings, dev, _, gtok, _ = prologue(model, n, batch_size, None, settings, 'ar', prompt)
     B, g, until = batch_size, gtok.numel(), settings.until
+    order = check_order('l2r' if order is None else order)
+    if isinstance(order, Order) and not (order.is_l2r or order.fixed):
+        raise UserError(f"generate_ar decodes along one fixed order (l2r, fixed:S, fixedblocks:K:S or a permutation "
+                        f"of the n positions), not the distribution {order}: use generate_ao for an any-order decoder")
+    perm = torch.arange(n) if isinstance(order, Order) and order.is_l2r else \
+        free_order(order, torch.arange(n), 1, n=n)[0]                        # (n,) the positions in decoding order
     u = settings.rand(B, n).to(dev)                                          # same stream as generate_ao
-    tok, pos = slot_tables(gtok, torch.arange(n).expand(B, n), n, dev)       # slot j: x_{j-1} at position j-1
-    tgt = pos + 1                                                            # and predicts position j
+    tok, pos = slot_tables(gtok, perm.expand(B, n), n, dev)                  # slot j: the token at position perm[j-1]
+    tgt = torch.cat([pos[:, 1:], pos[:, -1:]], 1)                            # and predicts position perm[j]
     step = SlotStepper.make(model, B, stepper)
     logits = step(tok[:, :g + 1], pos[:, :g + 1], tgt[:, :g + 1], 1)         # the prompt: a causal block
     step.cache.keep(g + 1)
-    stop_call = torch.full((B,), n - g)
+    stop_call, perm_dev = torch.full((B,), n - g), perm.to(dev)
+    if until is not None:  # each sample's tokens by position (-1: not drawn yet), for the stop rule
+        x, start = torch.full((B, n), -1, dtype=torch.long, device=dev), int(perm[:g].max()) + 1 if g else 0
+        x[:, perm_dev[:g]] = gtok.to(dev)
     for i in range(g, n):
         if i > g:
             logits = step(tok[:, i:i + 1], pos[:, i:i + 1], tgt[:, i:i + 1], 1)
             step.cache.keep(1)
         tok[:, i + 1] = sample_tokens(logits[:, -1], u[:, i], **settings.transform)
         if until is not None and i + 1 < n:
-            now = (tok[:, i + 1] == until).cpu() & (stop_call == n - g)
+            x[:, perm_dev[i]] = tok[:, i + 1]
+            now = settled(x, until, start).cpu() & (stop_call == n - g)   # left to right: the end symbol just drawn
             stop_call[now] = i + 1 - g
             if bool((stop_call < n - g).all()):
                 break
     made = i + 1 - g
     if until is not None:
         tok[:, 1:][(torch.arange(n)[None] >= g + stop_call[:, None]).to(dev)] = -1
-    stats = dict(steps=made, forward_calls=made, token_passes=g + made, tokens_generated=n - g)
+    stats = dict(steps=made, forward_calls=made, token_passes=g + made, tokens_generated=n - g,
+                 order=perm_dev.expand(B, n))
     if until is not None:
         stats.update(calls_full=n - g, stop_call=stop_call.tolist(), generated=stop_call.tolist())
-    return tok[:, 1:], stats
+    return torch.empty_like(tok[:, 1:]).scatter_(1, perm_dev.expand(B, n), tok[:, 1:]), stats
 
 
 @torch.no_grad()

@@ -647,6 +647,53 @@ def test_generate_ar_for_a_gpt_equals_uncached_loop():
     assert torch.equal(x, ref) and st['token_passes'] == 8 and st['forward_calls'] == 8
 
 
+def test_a_gpt_trained_on_a_fixed_order_decodes_along_it():
+    """A GPT (cond='none') trained on one fixed order (train.py --cond=none --order=fixed:S) is never told which
+    position comes next: generate_ar(order=) decodes along that order, token for token the plainest loop along
+    it (no cache; each slot predicting the next position of the order), with a prompt at the order's first
+    positions and the stop rule of a settled document; a distribution it cannot decode along is one line."""
+    from aogpt.orders import parse_order
+    model = sharp(tiny(cond='none', seed=6), 3.0).double()
+    n, B = 8, 3
+    perm = parse_order('fixed:3').permutation(n)
+    u = torch.rand(B, n, dtype=torch.float64, generator=gen(11))
+    ref = torch.zeros(B, n, dtype=torch.long)
+    with torch.no_grad():
+        for j in range(n):
+            ref[:, perm[j]] = sample_tokens(model(ref, order=perm.expand(B, n))[0][:, j], u[:, j])
+    for order in (perm, 'fixed:3'):
+        x, st = generate_ar(model, n, B, Sampling(generator=gen(11)), order=order)
+        assert torch.equal(x, ref) and torch.equal(st['order'][0], perm) and st['forward_calls'] == n
+    assert not torch.equal(ref, generate_ar(model, n, B, Sampling(generator=gen(11)))[0])  # not the identity
+    x, _ = generate_ar(model, n, B, Sampling(generator=gen(11)), order=perm, prompt=ref[0, perm[:2]].tolist())
+    assert (x[:, perm[:2]] == ref[0, perm[:2]]).all()
+    with pytest.raises(UserError, match="generate_ar decodes along one fixed order"):
+        generate_ar(model, n, B, order='semiar:2')
+
+
+def test_sample_py_samples_a_fixed_order_gpt_along_its_saved_order(tmp_path, cli):
+    """sample.py once sampled a GPT trained on fixed:3 along the identity without a word (and refused --order
+    fixed:3). It decodes along the checkpoint's order now, and refuses in one line what would not be that order."""
+    from aogpt.checkpoint import load_model
+    from aogpt.orders import parse_order
+    write_ckpt(tmp_path / 'ckpt.pt', cond='none', seed=2)
+    ck = load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    perm = parse_order('fixed:3').permutation(16)
+    save_checkpoint(dict(ck, config={'dataset': 'no-such-dataset', 'order': 'fixed:3'}, order=perm),
+                    str(tmp_path / 'ckpt.pt'))
+    model = load_model(str(tmp_path / 'ckpt.pt'), 'cpu')[0]
+    want = generate_ar(model, 16, 2, Sampling(vocab_size=50257, generator=gen(1)), order=perm)[0]
+    for order in ([], ['--order', 'fixed:3']):
+        code, out, err = cli('--ckpt', str(tmp_path / 'ckpt.pt'), '--batch_size', '2', *order,
+                             '--save', str(tmp_path / 's.json'))
+        assert code == 0, err
+        assert json.load(open(tmp_path / 's.json'))['samples'] == want.tolist() and 'fixed:3' in out
+    for args, says in ((['--order', 'l2r'], '--order l2r: this GPT'), (['--length', '8'], 'whole windows only'),
+                       (['--prompt', 'Hi'], "given tokens must sit at that order's first positions")):
+        code, out, err = cli('--ckpt', str(tmp_path / 'ckpt.pt'), *args)
+        assert code == 1 and len(err.strip().splitlines()) == 1 and says in err, err
+
+
 def test_encoder_plan_is_checked_once_and_refuses_what_it_cannot_draw():
     """The encoder's own settings: a bad value is refused when the EncoderPlan is made, a plan of another type
     and MDLM's per-position counts with an order or fixed counts (whose per-position times they cannot keep)
