@@ -274,7 +274,8 @@ def layout(c, codec, block_size, family):
 # of which sampler reads what): such a flag given to a sampler that does not read it is refused, never recorded
 # and ignored. --until_eot is every sampler's (one that cannot stop early cuts after the full draw).
 FLAGS = dict(steps='steps', schedule='schedule', fixed_counts='fixed_counts', threshold='threshold',
-             mdm_counts='counts', cache_trick='cache_trick', fused='speculation')
+             mdm_counts='counts', cache_trick='cache_trick', fused='speculation', temperature='temperature',
+             top_p='top_p')
 
 
 def choose_sampler(c, model, family):

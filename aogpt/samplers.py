@@ -177,9 +177,11 @@ _WHAT = dict(steps="it sets the Lemma-1 counts", schedule="it sets the Lemma-1 c
 def unread(sampler, **given):
     """The first of the settings given on purpose (name=value) that `sampler` (a key of SAMPLERS) does not read,
     as (name, why in words), or None. With a threshold a confidence sampler takes no counts: each step reveals
-    every position whose top probability reaches it."""
+    every position whose top probability reaches it; at temperature 0 no sampler reads top_p."""
     row = SAMPLERS[sampler]
     for name in given:
+        if name == 'top_p' and given.get('temperature') == 0:  # the token draw itself, every sampler's
+            return name, "at temperature 0 every draw is the argmax, which any nucleus keeps"
         if name in DRAW:
             continue
         if name not in row.reads:

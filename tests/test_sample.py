@@ -369,7 +369,8 @@ def test_samplers_take_their_settings_as_objects_not_loose_keywords():
 @pytest.mark.parametrize('sampler, setting', [('ar', dict(schedule='cosine')), ('ar', dict(fixed_counts=True)),
                                               ('mdm', dict(until=2)), ('confidence', dict(until=2)),
                                               ('ao', dict(threshold=0.5)), ('speculative', dict(fixed_counts=True)),
-                                              ('speculative', dict(threshold=0.5))])
+                                              ('speculative', dict(threshold=0.5)),
+                                              ('ao', dict(top_p=0.9, temperature=0))])
 def test_a_sampler_refuses_a_setting_it_does_not_read_before_any_draw(sampler, setting):
     """One settings object serves every sampler, so a sampler can be handed a setting it has no use for:
     it refuses it (one line, before a single draw) rather than run as if it had used it."""
@@ -1150,7 +1151,8 @@ def test_a_judge_whose_data_codec_does_not_fit_it_is_refused(tmp_path, cli):
     (['--threshold', '0.5'], 'ar', 'threshold'), (['--mdm_counts', 'shared'], 'ar', 'mdm_counts'),
     (['--threshold', '0.5'], 'mdm', 'threshold'), (['--fused', 'True'], 'mdm', 'fused'),
     (['--blank_len', '3'], 'ao', 'blank_len'), (['--gen_ppl_mode', 'hf'], 'ao', 'gen_ppl_mode'),
-    (['--judge_batch_size', '4'], 'ar', 'judge_batch_size')])
+    (['--judge_batch_size', '4'], 'ar', 'judge_batch_size'), (['--temperature', '0', '--top_p', '0.9'], 'ao', 'top_p'),
+    (['--top_p', '0.5', '--temperature', '0', '--speculative', '2'], 'ao', 'top_p')])
 def test_an_option_the_sampler_ignores_is_refused_not_silently_dropped(tmp_path, cli, monkeypatch, args, family, key):
     """Given on purpose, a setting the chosen sampler does not read is one line before any sampling, the first
     such flag named (the speculative sampler once ran with --steps, --schedule, --fixed_counts and --mdm_counts
