@@ -33,7 +33,7 @@ from aogpt.errors import UserError
 from aogpt.orders import GRAMMAR, L2R, UNIFORM, Order, one_block, order_of_config, spec_of_config
 from aogpt.paths import check_writable
 from aogpt.runtime import script_device
-from aogpt.samplers import SAMPLERS, SCORES, unread
+from aogpt.samplers import SAMPLERS, SCORES, EncoderPlan, Sampling, unread
 from aogpt.speculative import Speculation, generate_speculative, row_stepper
 
 # -----------------------------------------------------------------------------
@@ -199,8 +199,8 @@ def read_config(argv=None):
     """The resolved config (a namespace; the module's defaults stay untouched), every value and every
     destination checked before anything loads or samples."""
     c = namespace(globals(), argv)
-    bad = generate.Sampling.invalid(schedule=c.schedule, top_p=c.top_p, temperature=c.temperature,
-                                    threshold=c.threshold)  # the settings' own rules
+    bad = Sampling.invalid(schedule=c.schedule, top_p=c.top_p, temperature=c.temperature,
+                           threshold=c.threshold)  # the settings' own rules
     if bad:
         die(f"invalid --{bad[0]}={getattr(c, bad[0])!r}: {bad[1]} (see --help)")
     for key, ok in (('mdm_counts', c.mdm_counts in generate.MDM_COUNTS),
@@ -385,7 +385,7 @@ def make_stepper(c, sampler, model, n, given):
 
 
 def draw_batch(c, sampler, model, n, given, order, s, stp):
-    """One batch (tokens, stats) from `sampler` under the settings s (generate.Sampling). The flags a sampler does
+    """One batch (tokens, stats) from `sampler` under the settings s (samplers.Sampling). The flags a sampler does
     not read were refused (choose_sampler), so those not passed here are at their defaults."""
     steps = None if c.threshold else c.steps  # a threshold replaces the counts (samplers.unread)
     if sampler == 'ao':
@@ -394,7 +394,7 @@ def draw_batch(c, sampler, model, n, given, order, s, stp):
         return generate.generate_confident(model, n, c.batch_size, steps, s, score=sampler, given=given, stepper=stp)
     if sampler == 'mdm':
         return generate.generate_mdm(model, n, c.batch_size, steps, s, order=order, given=given, stepper=stp,
-                                     plan=generate.EncoderPlan(c.mdm_counts, c.cache_trick))
+                                     plan=EncoderPlan(c.mdm_counts, c.cache_trick))
     if sampler == 'ar':  # left to right, or a fixed-order GPT's own order (gpt_order); the prompt at its first positions
         first = torch.arange(n) if isinstance(order, Order) else order
         return generate.generate_ar(model, n, c.batch_size, s, prompt=given[first[:int((given >= 0).sum())]],
@@ -500,9 +500,9 @@ def draw(c, model, sampler, n, given, order, codec, until=None):
     samples, stats, gen_all, calls_all, full_all = [], None, [], [], []
     stops = until is not None and 'until' in SAMPLERS[sampler].reads
     # the options a sampler does not read were refused (choose_sampler), so they are at their defaults here
-    settings = generate.Sampling(temperature=c.temperature, top_p=c.top_p, vocab_size=codec.vocab_size,
-                                 generator=torch.Generator().manual_seed(c.seed), schedule=c.schedule,
-                                 fixed_counts=c.fixed_counts, threshold=c.threshold, until=until if stops else None)
+    settings = Sampling(temperature=c.temperature, top_p=c.top_p, vocab_size=codec.vocab_size,
+                        generator=torch.Generator().manual_seed(c.seed), schedule=c.schedule,
+                        fixed_counts=c.fixed_counts, threshold=c.threshold, until=until if stops else None)
     sync = torch.cuda.synchronize if c.device.startswith('cuda') else (lambda: None)
     sync()
     t0 = time.time()

@@ -146,7 +146,7 @@ def logits_to_probs(logits, temperature=1.0, top_p=1.0, vocab_size=None, ban=Non
 def sample_tokens(logits, u, temperature=1.0, top_p=1.0, vocab_size=None, ban=None, score=None):
     """One token per row of logits (..., V), by inverse-CDF sampling with the uniforms u (...) from the
     distribution logits_to_probs gives (temperature 0 is greedy).
-    score: None, or how sure the model is of each row, for the confidence orders; then returns
+    score: None, or how sure the model is of each row, for the confidence samplers; then returns
     (tokens, scores, top probabilities), each (...). Scores are computed on the distribution the token
     was drawn from (after temperature and top_p; at temperature 0 the plain softmax): 'confidence' the
     probability of the drawn token, 'margin' the top probability minus the second, 'entropy' the
@@ -342,7 +342,8 @@ def prologue(model, n, batch_size, steps, settings, sampler, given=None):
         raise UserError(f"settings must be a generate.Sampling (or None for the defaults), got "
                         f"{type(settings).__name__}")
     chosen = {} if steps is None else dict(steps=steps)  # steps and the settings away from their defaults
-    chosen.update((f.name, getattr(settings, f.name)) for f in fields(Sampling) if getattr(settings, f.name) != f.default)
+    chosen.update((f.name, getattr(settings, f.name)) for f in fields(Sampling)
+                  if getattr(settings, f.name) != f.default)
     bad = unread(sampler, **chosen)
     if bad:
         raise UserError(f"the {sampler} sampler does not read {bad[0]}={chosen[bad[0]]!r}: {bad[1]}")
@@ -471,10 +472,11 @@ def generate_confident(model, n, batch_size, steps, settings=None, *, score='con
     is, see sample_tokens). Each step scores every still-masked position in one pass (one query copy per masked
     position, the parallel block), draws a candidate token for each, and reveals the k surest: k from
     the Lemma-1 counts over `steps` (as generate_ao), or with settings.threshold > 0 every position whose top
-    probability is at least threshold (and at least one); steps is then None (there is no step schedule). The revealed tokens enter the cache in that order, surest
-    first, so the cache holds exactly what a cache-free pass over the same order would compute. A step
-    costs its pending slots plus one row per masked position: about n T / 2 token-passes for T equal
-    steps, against under 2n for the fixed orders (stats token_passes).
+    probability is at least threshold (and at least one); steps is then None (there is no step schedule).
+    The revealed tokens enter the cache in that order, surest first, so the cache holds exactly what a
+    cache-free pass over the same order would compute. A step costs its pending slots plus one row per masked
+    position: about n T / 2 token-passes for T equal steps, against under 2n for the fixed orders (stats
+    token_passes).
     Randomness: the counts first (when used), then per step one float64 uniform per masked position.
     With a threshold the number of steps differs between samples, so each sample is decoded on its own
     (batch 1, one after another, on one batch-1 stepper: the caller's stepper's sibling, kept with it, so
