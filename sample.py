@@ -248,6 +248,9 @@ def layout(c, codec, block_size, family):
         lay = encode_template(c.template, codec, c.blank_len) if c.template else []
     except ValueError as e:
         die(f"--template: {e}")
+    if 'blank_len' in c.given and c.template and all(m.group(1) is not None for m in _BLANK.finditer(c.template)):
+        die("--blank_len is not used here: it is the length of a bare [BLANK], and every blank of this template says "
+            "its own ([BLANK:k]); drop --blank_len")
     n = (len(lay) if c.template else block_size) if c.length == -1 else c.length
     if n > block_size:
         die(f"length {n} exceeds the model's block_size {block_size}" + (": the template is too long"

@@ -1150,7 +1150,8 @@ def test_a_judge_whose_data_codec_does_not_fit_it_is_refused(tmp_path, cli):
     (['--schedule', 'cosine'], 'ar', 'schedule'), (['--cache_trick', 'False'], 'ar', 'cache_trick'),
     (['--threshold', '0.5'], 'ar', 'threshold'), (['--mdm_counts', 'shared'], 'ar', 'mdm_counts'),
     (['--threshold', '0.5'], 'mdm', 'threshold'), (['--fused', 'True'], 'mdm', 'fused'),
-    (['--blank_len', '3'], 'ao', 'blank_len'), (['--gen_ppl_mode', 'hf'], 'ao', 'gen_ppl_mode'),
+    (['--blank_len', '3'], 'ao', 'blank_len'), (['--blank_len', '3', '--template', 'a [BLANK:2] b'], 'ao', 'blank_len'),
+    (['--gen_ppl_mode', 'hf'], 'ao', 'gen_ppl_mode'),
     (['--judge_batch_size', '4'], 'ar', 'judge_batch_size'), (['--temperature', '0', '--top_p', '0.9'], 'ao', 'top_p'),
     (['--top_p', '0.5', '--temperature', '0', '--speculative', '2'], 'ao', 'top_p')])
 def test_an_option_the_sampler_ignores_is_refused_not_silently_dropped(tmp_path, cli, monkeypatch, args, family, key):
