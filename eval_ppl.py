@@ -58,8 +58,8 @@ from aogpt.checkpoint import check_record_path, fingerprint, load_model, record_
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die
 from aogpt.evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
-from aogpt.likelihood import nll_any_order, nll_ensemble, nll_l2r, nll_order
-from aogpt.orders import one_block, parse_order
+from aogpt.likelihood import nll_any_order, nll_ensemble, nll_fixed, nll_l2r, nll_order
+from aogpt.orders import one_block, order_of_config, parse_order
 from aogpt.plot import plot_eval
 from aogpt.runtime import autocast, script_device, start_ranks
 
@@ -117,9 +117,9 @@ def main(argv=None):
                for name, chunks in data.items()}
     if master:
         print_table(model, c, results, skipped, used_ema, codec, n, world)
-        record = dict(checkpoint=c.ckpt or c.out_dir, model=_kind(model), ema=used_ema, codec=codec.name,
+        record = dict(checkpoint=c.ckpt or c.out_dir, model=_kind(model, c.own), ema=used_ema, codec=codec.name,
                       block_size=n, precision=precision, world_size=world, seed=c.seed,
-                      eval_orders=c.eval_orders, order=c.order if model.any_order else '',
+                      eval_orders=c.eval_orders, order=c.order if model.any_order else c.own[0] if c.own else '',
                       ensemble=c.ensemble if model.any_order else 0, ensemble_mode=c.ensemble_mode,
                       ensemble_draws=c.ensemble_draws, paper_split=c.paper_split, max_chunks=c.max_chunks,
                       iter_num=ck.get('iter_num'), weights=fingerprint(model), datasets=results, skipped=skipped,
@@ -200,9 +200,30 @@ def load_for_eval(c, dev):
     n = c.block_size or cfg.block_size
     if n > cfg.block_size:
         die(f"--block_size {n} exceeds the model's block_size {cfg.block_size}")
+    c.own = own_order(c, model, ck, n)
     if c.compile:
         model = torch.compile(model)
     return model, ck, used_ema, codec, n
+
+
+def own_order(c, model, ck, n):
+    """(spec, permutation (n,)) for a GPT (cond='none') trained on one fixed order (train.py --order=fixed:S): it is
+    never told which position comes next, so its exact likelihood is along that order, its own, never L2R. None
+    for any other model."""
+    if not (model.config.causal and not model.any_order and ck.get('order') is not None):
+        return None
+    saved = torch.as_tensor(ck['order']).view(-1)
+    try:
+        spec = order_of_config(ck.get('config')).spec
+    except (UserError, AttributeError):
+        spec = 'its fixed order'
+    if n != saved.numel():
+        die(f"this GPT was trained on one fixed order of all {saved.numel()} positions ({spec}), so it scores whole "
+            f"windows of {saved.numel()} tokens only: drop --block_size")
+    if c.law is not None and not (c.law.fixed and torch.equal(c.law.permutation(n), saved)):
+        die(f"--order {c.law}: this GPT (cond='none') was trained on the fixed order {spec} alone and is never told "
+            f"which position comes next, so it is scored exactly in that order: drop --order")
+    return spec, saved
 
 
 def load_sets(c, codec, n, master):
@@ -239,12 +260,13 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
     from tqdm import tqdm
     cfg = model.config
     decoder, any_order = cfg.causal, model.any_order
-    do_l2r, do_ao, M = decoder or c.mdm_l2r, any_order or not decoder, c.ensemble if any_order else 0
-    spec = c.law if any_order else None
+    do_l2r, do_ao, M = (decoder or c.mdm_l2r) and not c.own, any_order or not decoder, c.ensemble if any_order else 0
+    spec = c.law if any_order else None  # a fixed-order GPT's own order (c.own) is scored exactly instead
     if len(chunks) < world and rank == 0:
         print(f"warning: {name} has {len(chunks)} chunks for {world} ranks; some ranks get none")
     mine = chunks[rank_slice(len(chunks), rank, world)]
-    cols = [k for k, on in (('l2r', do_l2r), ('any_order', do_ao), ('order', spec is not None), ('ensemble', M > 0)) if on]
+    cols = [k for k, on in (('l2r', do_l2r), ('any_order', do_ao), ('order', spec is not None or bool(c.own)),
+                            ('ensemble', M > 0)) if on]
     # On a terminal the bar is wiped when done; elsewhere (a log, a pipe) it ends its line, so that what follows,
     # an error above all, starts a line of its own. Closed on the way out of an exception too.
     bar = tqdm(total=len(mine) * len(cols), desc=name, unit='chunk', leave=not sys.stderr.isatty(),
@@ -262,6 +284,9 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
         if spec is not None:
             bar.set_description(f"{name} {spec}")
             sums['order'] = nll_order(model, mine, spec, c.eval_orders, gen(), c.batch_size, bar)
+        if c.own:
+            bar.set_description(f"{name} {c.own[0]}")
+            sums['order'] = nll_fixed(model, mine, c.own[1], c.batch_size, bar)
         if M:
             bar.set_description(f"{name} ens x{M}")
             # the ensemble's sums, plus the mean member on the *same* draws: a paired, low-noise
@@ -281,6 +306,8 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
         row[k] = {'nll': mean[k], 'ppl': math.exp(mean[k])} if k in cols and k != 'ensemble' else None
     if spec is not None:
         row['order']['spec'] = spec.spec
+    if c.own:  # exact: the one order this GPT was trained on
+        row['order'].update(spec=c.own[0], exact=True)
     if M:
         # Reported as a control variate: the any-order column (full orders, low noise) minus the
         # ensemble's gain measured on identical draws. Same expectation as the direct estimate
@@ -296,11 +323,11 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
     return row
 
 
-def _kind(model):
+def _kind(model, own=None):
     c = model.config
     if not c.causal:
         return 'encoder MDM'
-    return {'adaln': 'AO-GPT', 'sigma': 'sigma-GPT', 'none': 'GPT (L2R)'}[c.cond]
+    return {'adaln': 'AO-GPT', 'sigma': 'sigma-GPT', 'none': f"GPT ({own[0] if own else 'L2R'})"}[c.cond]
 
 
 def _parse_paths(spec):
@@ -319,6 +346,8 @@ def _columns(model, c, char):
     heads = [('L2R PPL', 'l2r', False), (ao_head, 'any_order', False)]
     if c.law and model.any_order:
         heads.append((f"{c.law} PPL (<=)", 'order', False))
+    if c.own:
+        heads.append((f"{c.own[0]} PPL (exact)", 'order', False))
     if c.ensemble:
         heads.append((f"ens x{c.ensemble} PPL (<=)", 'ensemble', False))
     if char:
@@ -337,9 +366,12 @@ def _notes(model, c, results):
     if not model.config.causal:
         notes.append("encoder MDM: the any-order column is its ELBO; ensemble n/a (an encoder is order-invariant)"
                      + ("" if c.mdm_l2r else "; L2R costs n passes per chunk: --mdm_l2r True computes it"))
+    elif c.own:
+        notes.append(f"GPT trained on the fixed order {c.own[0]}: its exact likelihood is along that order, its own "
+                     f"(the {c.own[0]} column); L2R would read it in an order it never saw, so it is not computed")
     elif not model.any_order:
         notes.append("L2R GPT: only the L2R column is meaningful (no target-position conditioning)")
-    if c.law and not model.any_order:
+    if c.law and not model.any_order and not c.own:
         notes.append(f"--order {c.law}: not scored, the model cannot condition on an order")
     if 'wikitext2' in results:  # a skipped set has no numbers to explain
         notes.append("wikitext2: " + ("the paper's train split (--paper_split True)" if c.paper_split else
@@ -348,7 +380,7 @@ def _notes(model, c, results):
 
 
 def print_table(model, c, results, skipped, used_ema, codec, n, world):
-    print(f"\n{_kind(model)} {c.ckpt or c.out_dir} ({'EMA' if used_ema else 'raw'} weights), {codec.name} codec, "
+    print(f"\n{_kind(model, c.own)} {c.ckpt or c.out_dir} ({'EMA' if used_ema else 'raw'} weights), {codec.name} codec, "
           f"block_size {n}, {world} rank(s)")
     heads = _columns(model, c, codec.name == 'char')
     w = max(8, max(len(s) for s in c.names))

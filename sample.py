@@ -23,7 +23,6 @@ import re
 import sys
 import time
 import unicodedata
-from collections import namedtuple
 
 import torch
 
@@ -31,9 +30,10 @@ from aogpt import engine, generate, genppl
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import command, die
 from aogpt.errors import UserError
-from aogpt.orders import L2R, UNIFORM, Order, one_block, order_of_config
+from aogpt.orders import GRAMMAR, L2R, UNIFORM, Order, one_block, order_of_config, spec_of_config
 from aogpt.paths import check_writable
 from aogpt.runtime import script_device
+from aogpt.samplers import SAMPLERS, SCORES, EncoderPlan, Sampling, unread
 from aogpt.speculative import Speculation, generate_speculative, row_stepper
 
 # -----------------------------------------------------------------------------
@@ -44,10 +44,10 @@ use_ema: bool = None       # None: the EMA weights if the checkpoint has them; T
 dataset = ''               # a data dir or name to check the codec against; '' = the checkpoint's codec
 batch_size = 4             # samples per batch (they share the per-step counts, see the docstring)
 num_batches = 1            # batches to draw (more samples for --gen_ppl)
-steps = 256                # T: diffusion steps (a GPT ignores it: one token per step)
+steps = 256                # T: diffusion steps (not for a GPT, --speculative or --threshold: refused there)
 length = -1                # total length n; -1: block_size (with --template: the template's length)
-order = 'auto'             # auto | an order spec (aogpt/orders.py) | confidence | margin | entropy | FILE
-threshold = 0.0            # confidence orders: reveal every position whose top probability is >= this (0: counts)
+order = 'auto'             # auto | an order spec (aogpt/orders.py) | FILE | confidence | margin | entropy (a sampler)
+threshold = 0.0            # confidence samplers: reveal every position whose top probability is >= this (0: counts)
 fixed_counts = False       # the paper code's deterministic counts instead of Binomial draws
 schedule = 'linear'        # linear | cosine (t = cos(pi/2 (1 - u))): fraction still masked per step
 temperature = 1.0          # softmax temperature, >= 0; 0 = greedy
@@ -140,11 +140,12 @@ def main(argv=None):
     c = read_config(argv)
     print_config(c.config)
     model, ck, used_ema, codec, family = load_for_sampling(c)
+    sampler = choose_sampler(c, model, family)
     given, n = layout(c, codec, model.config.block_size, family)
-    order = generation_order(c, ck, family, n)
-    end = document_end(c, codec, given, family, order)
-    judge = load_judge_for(c, codec) if c.gen_ppl else None  # before sampling: a bad judge costs seconds
-    samples, stats, wall = draw(c, model, family, n, given, order, codec, end if c.until_eot else None)
+    order = gpt_order(c, ck, n, given) if family == 'ar' else generation_order(c, ck, family, n, sampler)
+    end = document_end(c, codec, given, family, sampler)
+    judge = load_judge_for(c, codec, n) if c.gen_ppl else None  # before sampling: a bad judge costs seconds
+    samples, stats, wall = draw(c, model, sampler, n, given, order, codec, end if c.until_eot else None)
     docs = documents(c, samples, given, end, stats)
     texts = [codec.decode(row.tolist()) for row in samples] if docs is None else \
         [codec.decode(d) for d in docs['ids']]
@@ -154,7 +155,7 @@ def main(argv=None):
         print("----------")
     N = samples.size(0)
     steps = f"{'threshold-chosen' if stats['steps'] is None else stats['steps']} steps"  # that revealed a token
-    if family in ('ao', 'mdm') and not c.speculative and stats['steps'] is not None and stats['steps'] < c.steps:
+    if 'steps' in SAMPLERS[sampler].reads and stats['steps'] is not None and stats['steps'] < c.steps:
         steps += f" (of --steps {c.steps}: the others revealed no token)"
     print(f"{N} samples x {n} tokens ({stats['tokens_generated']} generated each), {steps}: "
           f"{wall:.2f} s wall, {N * stats['tokens_generated'] / wall:.1f} tokens/s; per sample "
@@ -198,8 +199,8 @@ def read_config(argv=None):
     """The resolved config (a namespace; the module's defaults stay untouched), every value and every
     destination checked before anything loads or samples."""
     c = namespace(globals(), argv)
-    bad = generate.Sampling.invalid(schedule=c.schedule, top_p=c.top_p, temperature=c.temperature,
-                                    threshold=c.threshold)  # the settings' own rules
+    bad = Sampling.invalid(schedule=c.schedule, top_p=c.top_p, temperature=c.temperature,
+                           threshold=c.threshold)  # the settings' own rules
     if bad:
         die(f"invalid --{bad[0]}={getattr(c, bad[0])!r}: {bad[1]} (see --help)")
     for key, ok in (('mdm_counts', c.mdm_counts in generate.MDM_COUNTS),
@@ -216,6 +217,9 @@ def read_config(argv=None):
         die(f"--stepper cuda_graph needs a CUDA device (got --device {c.device}); use static or dynamic")
     if c.until_eot and c.trace:
         die("--trace draws how the whole window filled in; with --until_eot a sample stops part way: drop one")
+    for flag, owner in (('gen_ppl_mode', 'gen_ppl'), ('judge_batch_size', 'gen_ppl'), ('blank_len', 'template')):
+        if flag in c.given and not getattr(c, owner):  # the judge's and the template's own settings
+            die(f"--{flag} is not used here: it is --{owner}'s setting, and there is no --{owner}; drop --{flag}")
     for flag, example in (('save', 'samples.json'), ('trace', 'trace.html')):
         if getattr(c, flag):
             check_writable(getattr(c, flag), flag, example)
@@ -229,7 +233,8 @@ def load_for_sampling(c):
     model, ck, used_ema, codec = load_model(c.ckpt or c.out_dir, c.device, c.use_ema, dataset=c.dataset)
     mc = model.config
     family = 'mdm' if not mc.causal else ('ao' if model.any_order else 'ar')
-    print(f"model: {dict(mdm='encoder MDM', ao='any-order decoder', ar='L2R GPT')[family]} "
+    ar = 'L2R GPT' if ck.get('order') is None else 'fixed-order GPT'
+    print(f"model: {dict(mdm='encoder MDM', ao='any-order decoder', ar=ar)[family]} "
           f"(cond={mc.cond!r}), {model.get_num_params() / 1e6:.2f}M params, "
           f"{'EMA' if used_ema else 'raw'} weights; codec {codec.name} (vocab {codec.vocab_size})")
     return model, ck, used_ema, codec, family
@@ -243,6 +248,9 @@ def layout(c, codec, block_size, family):
         lay = encode_template(c.template, codec, c.blank_len) if c.template else []
     except ValueError as e:
         die(f"--template: {e}")
+    if 'blank_len' in c.given and c.template and all(m.group(1) is not None for m in _BLANK.finditer(c.template)):
+        die("--blank_len is not used here: it is the length of a bare [BLANK], and every blank of this template says "
+            "its own ([BLANK:k]); drop --blank_len")
     n = (len(lay) if c.template else block_size) if c.length == -1 else c.length
     if n > block_size:
         die(f"length {n} exceeds the model's block_size {block_size}" + (": the template is too long"
@@ -265,11 +273,39 @@ def layout(c, codec, block_size, family):
     return torch.tensor(lay), n
 
 
-def generation_order(c, ck, family, n):
-    """The order, parsed once: an orders.Order, a confidence order (generate.ADAPTIVE) or a (n,) permutation.
-    auto: the order the model was trained on, when it was trained on one (a fixed order saved in the checkpoint,
-    L2R, or an order distribution; a checkpoint's config in the old spelling read as its spec), else random."""
+# Each flag of a setting that only some samplers read, and the setting's name in samplers.SAMPLERS (the one table
+# of which sampler reads what): such a flag given to a sampler that does not read it is refused, never recorded
+# and ignored. --until_eot is every sampler's (one that cannot stop early cuts after the full draw).
+FLAGS = dict(steps='steps', schedule='schedule', fixed_counts='fixed_counts', threshold='threshold',
+             mdm_counts='counts', cache_trick='cache_trick', fused='speculation', temperature='temperature',
+             top_p='top_p')
+
+
+def choose_sampler(c, model, family):
+    """The sampler that draws, a key of samplers.SAMPLERS: 'speculative' (--speculative), a confidence sampler
+    (--order confidence, margin or entropy), else the model's family ('ao', 'mdm' or 'ar'). One line if the model
+    cannot take it, or for the first flag given that it does not read."""
+    if c.speculative and c.order in SCORES:
+        die(f"--speculative needs an order fixed before the draws ({GRAMMAR}, or a file): --order {c.order} picks "
+            f"the positions from the drawn values, so it would not be exact")
+    sampler = 'speculative' if c.speculative else c.order if c.order in SCORES else family
+    if not SAMPLERS[sampler].needs(model):
+        die(f"--order {sampler}: {SAMPLERS[sampler].lacks}" if sampler in SCORES else SAMPLERS[sampler].lacks)
+    flag_of = {setting: flag for flag, setting in FLAGS.items()}
+    bad = unread(sampler, **{setting: getattr(c, flag) for flag, setting in FLAGS.items() if flag in c.given})
+    if bad:
+        die(f"--{flag_of[bad[0]]} is not used here: {bad[1]}; drop --{flag_of[bad[0]]}")
+    return sampler
+
+
+def generation_order(c, ck, family, n, sampler):
+    """The order, parsed once: an orders.Order or a (n,) permutation; None for a confidence sampler, which picks
+    the positions as it draws. auto: the order the model was trained on, when it was trained on one (a fixed
+    order saved in the checkpoint, L2R, or an order distribution; a checkpoint's config in the old spelling read
+    as its spec), else random."""
     o = c.order
+    if sampler in SCORES:
+        return None
     if o == 'auto':
         fixed = ck.get('order')
         try:
@@ -292,7 +328,6 @@ def generation_order(c, ck, family, n):
             o = generate.check_order(o)  # a spec: its Order, parsed here once
         except ValueError as e:
             die(f"--order: {e}; or a file of positions")
-    adaptive = isinstance(o, str) and o in generate.ADAPTIVE
     if isinstance(o, Order) and o.fixed:
         try:
             o = o.permutation(n)
@@ -300,36 +335,41 @@ def generation_order(c, ck, family, n):
             die(f"--order: {e}")
     if isinstance(o, Order) and one_block(o, n):
         print(f"note: {one_block(o, n)}")
-    if c.threshold and not adaptive:
-        die(f"invalid --threshold={c.threshold!r}: a probability in (0, 1], for --order confidence, margin or "
-            f"entropy (0: take the counts from the Lemma-1 schedule)")
-    if family == 'mdm' and adaptive:
-        die(f"--order {o} is the any-order decoder's (it scores every masked position on the exact KV cache); "
-            f"the encoder MDM takes an order distribution (random, l2r, semiar:K, nearl2r:W, mix:...) or a file")
-    if c.speculative and (family != 'ao' or adaptive):
-        die("--speculative needs an any-order decoder (AO-GPT or sigma-GPT) and an order fixed before the draws "
-            "(random, l2r, semiar:K, nearl2r:W, mix:... or a file): " + (f"--order {o} is chosen from the drawn "
-            "values, so it would not be exact" if adaptive else "an encoder MDM or an L2R GPT cannot verify drafts "
-            "in one pass"))
-    if c.fused and not c.speculative:
-        die("--fused is a speculative sampler's option: add --speculative K (or auto)")
-    refuse_unused(c, sampler_of(c, family))
-    if family == 'ar':
-        if not (isinstance(o, Order) and o.is_l2r):
-            die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")
-        print("note: a GPT decodes one token per forward call; --steps is not used")
-    if family == 'mdm' and c.mdm_counts == 'independent' and (c.fixed_counts or not isinstance(o, Order) or
-                                                            o.spec != 'random'):
+    if sampler == 'mdm' and c.mdm_counts == 'independent' and (c.fixed_counts or not isinstance(o, Order) or
+                                                             o.spec != 'random'):
         die("--mdm_counts independent draws a reveal time per position: no --fixed_counts or --order")
     return o
 
 
-# The samplers, as one table: for each, the options it reads of those only some samplers read (OPTIONAL), what
-# it does instead of the others, the stepper it keeps for all batches (so its graphs are captured once), and
-# one batch's draw (tokens, stats) under the settings s (generate.Sampling). An option given on purpose to a
-# sampler that would ignore it is refused: a run must never look as if it used a setting it did not.
-OPTIONAL = ('steps', 'fixed_counts', 'schedule', 'mdm_counts', 'cache_trick')
-Sampler = namedtuple('Sampler', 'reads instead stepper draw')
+def gpt_order(c, ck, n, given):
+    """A GPT's order (cond='none'): L2R, or for one trained on a fixed order (train.py --order=fixed:S) that order,
+    saved in its checkpoint, as a (n,) permutation. A GPT is never told which position comes next, so it samples
+    right only along the order it was trained on: any other --order, a shorter window and given tokens anywhere
+    but at that order's first positions are refused."""
+    saved = ck.get('order')
+    if saved is None:
+        if c.order not in ('auto', 'l2r'):
+            die("a GPT (cond='none') generates left to right only: use --order l2r (or auto)")
+        return L2R
+    perm = torch.as_tensor(saved).view(-1)
+    spec = spec_of_config(ck.get('config')) or 'its fixed order'
+    why = f"this GPT (cond='none') was trained on the fixed order {spec} alone and is never told which position comes next"
+    if c.order != 'auto':
+        try:
+            o = generate.check_order(c.order)
+            same = o.fixed and torch.equal(o.permutation(perm.numel()), perm)
+        except (ValueError, AttributeError):
+            same = False
+        if not same:
+            die(f"--order {c.order}: {why}, so it samples along that order: use --order auto")
+    if n != perm.numel():
+        die(f"--length {n}: {why} over all {perm.numel()} positions, so it samples whole windows only: drop --length")
+    g = int((given >= 0).sum())
+    if g and set(perm[:g].tolist()) != set((given >= 0).nonzero().view(-1).tolist()):
+        die(f"{why}: given tokens must sit at that order's first positions ({', '.join(map(str, perm[:min(g, 8)].tolist()))}"
+            f"{', ...' if g > 8 else ''}), so it cannot continue this prompt: sample without one")
+    print(f"order: the checkpoint's fixed training order ({spec}), along which this GPT decodes")
+    return perm
 
 
 def speculation(c):
@@ -338,58 +378,35 @@ def speculation(c):
                        trace=bool(c.trace))
 
 
-SAMPLERS = dict(
-    ao=Sampler(('steps', 'fixed_counts', 'schedule'),
-               "the any-order decoder's KV cache has no such setting (it is the encoder MDM's)",
-               lambda c, model, n, given: engine.SlotStepper(model, c.batch_size, c.stepper),
-               lambda c, model, n, given, order, s, stp: generate.generate_ao(
-                   model, n, c.batch_size, c.steps, s, order=order, given=given, stepper=stp)),
-    mdm=Sampler(OPTIONAL, None,
-                lambda c, model, n, given: engine.EncoderStepper(model, c.batch_size, n, c.stepper),
-                lambda c, model, n, given, order, s, stp: generate.generate_mdm(
-                    model, n, c.batch_size, c.steps, s, order=order, given=given, stepper=stp,
-                    plan=generate.EncoderPlan(c.mdm_counts, c.cache_trick))),
-    ar=Sampler((), "a GPT decodes one token per forward call",
-               lambda c, model, n, given: engine.SlotStepper(model, c.batch_size, c.stepper),
-               lambda c, model, n, given, order, s, stp: generate.generate_ar(
-                   model, n, c.batch_size, s, prompt=given[:int((given >= 0).sum())], stepper=stp)),
-    speculative=Sampler((), "--speculative commits as many tokens per forward call as its drafts earn, with no "
-                            "step schedule",
-                        lambda c, model, n, given: row_stepper(
-                            model, c.batch_size, c.stepper, n, speculation(c), int((given >= 0).sum())),
-                        lambda c, model, n, given, order, s, stp: generate_speculative(
-                            model, n, c.batch_size, s, speculation=speculation(c), order=order, given=given,
-                            stepper=stp)),
-)
+def make_stepper(c, sampler, model, n, given):
+    """The stepper `sampler` keeps for all batches, so that its graphs are captured once."""
+    if sampler == 'mdm':
+        return engine.EncoderStepper(model, c.batch_size, n, c.stepper)
+    if sampler == 'speculative':
+        return row_stepper(model, c.batch_size, c.stepper, n, speculation(c), int((given >= 0).sum()))
+    return engine.SlotStepper(model, c.batch_size, c.stepper)
 
 
-def sampler_of(c, family):
-    """The row of SAMPLERS that draws: the model's family ('ao', 'mdm' or 'ar'), or 'speculative'."""
-    return 'speculative' if c.speculative else family
+def draw_batch(c, sampler, model, n, given, order, s, stp):
+    """One batch (tokens, stats) from `sampler` under the settings s (samplers.Sampling). The flags a sampler does
+    not read were refused (choose_sampler), so those not passed here are at their defaults."""
+    steps = None if c.threshold else c.steps  # a threshold replaces the counts (samplers.unread)
+    if sampler == 'ao':
+        return generate.generate_ao(model, n, c.batch_size, steps, s, order=order, given=given, stepper=stp)
+    if sampler in SCORES:
+        return generate.generate_confident(model, n, c.batch_size, steps, s, score=sampler, given=given, stepper=stp)
+    if sampler == 'mdm':
+        return generate.generate_mdm(model, n, c.batch_size, steps, s, order=order, given=given, stepper=stp,
+                                     plan=EncoderPlan(c.mdm_counts, c.cache_trick))
+    if sampler == 'ar':  # left to right, or a fixed-order GPT's own order (gpt_order); the prompt at its first positions
+        first = torch.arange(n) if isinstance(order, Order) else order
+        return generate.generate_ar(model, n, c.batch_size, s, prompt=given[first[:int((given >= 0).sum())]],
+                                    order=order, stepper=stp)
+    return generate_speculative(model, n, c.batch_size, s, speculation=speculation(c), order=order, given=given,
+                                stepper=stp)
 
 
-def stops_early(c, family, order):
-    """Whether the sampler stops a sample once its document is settled (it reads the settings' until), or
-    draws the whole window (the encoder MDM, the confidence orders: generate.SAMPLERS says which)."""
-    sampler = 'confident' if family == 'ao' and not c.speculative and adaptive(order) else sampler_of(c, family)
-    _, _, reads = generate.SAMPLERS[sampler]  # (the model it needs, the line if not, the settings it reads)
-    return 'until' in reads
-
-
-def refuse_unused(c, sampler):
-    """One line for the first option in c.given that `sampler` (a key of SAMPLERS) does not read."""
-    for key in OPTIONAL:
-        if key in c.given and key not in SAMPLERS[sampler].reads:
-            if sampler == 'ar' and key == 'steps':
-                continue  # said below, as before: a GPT's --steps is the one harmless leftover of a copied command
-            die(f"--{key} is not used here: {SAMPLERS[sampler].instead}; drop --{key}")
-
-
-def adaptive(order):
-    return isinstance(order, str) and order in generate.ADAPTIVE
-
-
-def document_end(c, codec, given, family, order):
+def document_end(c, codec, given, family, sampler):
     """The id that ends a document (EOT; a char codec's newline, as its data were prepared), or None where
     the codec has none (then --until_eot is refused). With --until_eot the given text must lie inside one
     document, and a sampler that does not stop early says that it cuts after the full draw."""
@@ -408,8 +425,8 @@ def document_end(c, codec, given, family, order):
     if bool((given == end).any()):
         die(f"--until_eot: the given text holds the end symbol ({what}) at token {int((given == end).nonzero()[0])}: "
             f"a sample is one document, so its prompt, template and suffix must lie inside one; remove it")
-    if not stops_early(c, family, order):
-        print(f"note: --until_eot: {'the encoder MDM' if family == 'mdm' else f'--order {order}'} does not stop "
+    if 'until' not in SAMPLERS[sampler].reads:
+        print(f"note: --until_eot: {'the encoder MDM' if family == 'mdm' else f'--order {sampler}'} does not stop "
               f"early here: it draws the whole window, then each sample is cut at its first end symbol (no calls "
               f"saved)")
     return end
@@ -448,8 +465,9 @@ def documents(c, samples, given, end, stats):
                 forward_calls=calls, end_in_blank=in_blank)
 
 
-def load_judge_for(c, codec):
-    """The judge for --gen_ppl, checked against the samples' codec: (model, its codec, scoring mode)."""
+def load_judge_for(c, codec, n):
+    """The judge for --gen_ppl, checked against the samples' codec and their length n: (model, its codec, scoring
+    mode)."""
     judge, judge_codec, is_hf = genppl.load_judge(c.gen_ppl, c.device)
     if judge.config.vocab_size < judge_codec.vocab_size:
         die(f"judge {c.gen_ppl}: its {judge_codec.name} codec has {judge_codec.vocab_size} symbols, the model "
@@ -467,33 +485,35 @@ def load_judge_for(c, codec):
     mode = c.gen_ppl_mode if c.gen_ppl_mode != 'auto' else ('hf' if is_hf else 'none')
     if mode == 'hf' and not is_hf:
         die("--gen_ppl_mode hf is the HF GPT-2 recipe (no BOS); our checkpoints score from [None] (none)")
+    if mode == 'hf' and n < 2:
+        die(f"--gen_ppl: the HF judge scores each token after a sample's first, which is only context (mode hf), and "
+            f"--length {n} leaves nothing to score: use --length 2 or more")
     if judge_codec.record() != codec.record():
         print(f"note: the judge reads {judge_codec.name}, the samples are {codec.name}: both perplexities are "
               f"computed on the re-tokenized text")
     return judge, judge_codec, mode
 
 
-def draw(c, model, family, n, given, order, codec, until=None):
+def draw(c, model, sampler, n, given, order, codec, until=None):
     """num_batches batches of batch_size samples: (tokens (N, n) on the CPU, the last batch's stats,
     wall seconds). One CPU generator drives every draw, so a seed fixes the samples on any device.
     until: the end symbol where the sampler stops a sample once its document is settled (-1 past it);
     stats then hold every batch's per-sample generated tokens and calls (all_generated, all_calls)."""
     from tqdm import tqdm
     samples, stats, gen_all, calls_all, full_all = [], None, [], [], []
-    stops = until is not None and stops_early(c, family, order)
-    # the options a sampler does not read were refused (refuse_unused), so they are at their defaults here
-    settings = generate.Sampling(temperature=c.temperature, top_p=c.top_p, vocab_size=codec.vocab_size,
-                                 generator=torch.Generator().manual_seed(c.seed), schedule=c.schedule,
-                                 fixed_counts=c.fixed_counts, threshold=c.threshold, until=until if stops else None)
-    sampler = SAMPLERS[sampler_of(c, family)]
+    stops = until is not None and 'until' in SAMPLERS[sampler].reads
+    # the options a sampler does not read were refused (choose_sampler), so they are at their defaults here
+    settings = Sampling(temperature=c.temperature, top_p=c.top_p, vocab_size=codec.vocab_size,
+                        generator=torch.Generator().manual_seed(c.seed), schedule=c.schedule,
+                        fixed_counts=c.fixed_counts, threshold=c.threshold, until=until if stops else None)
     sync = torch.cuda.synchronize if c.device.startswith('cuda') else (lambda: None)
     sync()
     t0 = time.time()
     with c.ctx:
-        stp = sampler.stepper(c, model, n, given)  # one stepper for all batches: its graphs are kept
+        stp = make_stepper(c, sampler, model, n, given)  # one stepper for all batches: its graphs are kept
         for _ in tqdm(range(c.num_batches), desc='batches', unit='batch', disable=c.num_batches == 1,
                       file=sys.stderr):
-            x, stats = sampler.draw(c, model, n, given, order, settings, stp)
+            x, stats = draw_batch(c, sampler, model, n, given, order, settings, stp)
             samples.append(x.cpu())
             gen_all += stats.get('generated', [stats['tokens_generated']] * c.batch_size)
             calls_all += stats.get('stop_call', [stats.get('calls_per_sample', stats['forward_calls'])] * c.batch_size)
@@ -513,8 +533,11 @@ def score(c, judge, samples, codec, per_document=False):
                                   per_document=per_document)
     except ValueError as e:
         die(f"--gen_ppl: {e}")
-    print(f"gen ppl ({c.gen_ppl}, mode {mode}{', per document' if per_document else ''}): per-sequence mean {r['per_sequence']:.3f} (the paper's "
-          f"code, SEDD), token-weighted {r['token']:.3f} after re-tokenizing and cutting at the first end of "
+    unit = 'document' if per_document else 'sample'
+    left = (f" over the {len(samples) - len(r['unscored'])} {unit}s with a token to score ({len(r['unscored'])} of "
+            f"one token, only context in mode hf, have no perplexity)" if r['unscored'] else "")
+    print(f"gen ppl ({c.gen_ppl}, mode {mode}{', per document' if per_document else ''}): per-sequence mean "
+          f"{r['per_sequence']:.3f}{left} (the paper's code, SEDD), token-weighted {r['token']:.3f} after re-tokenizing and cutting at the first end of "
           f"document (MDLM, DUO; {r['tokens_scored']} tokens, {r['ended_early']} samples ended early); "
           f"unigram entropy {r['unigram_entropy']:.3f} nats per sample")
     return dict(judge=c.gen_ppl, **r)

@@ -16,9 +16,10 @@ eval_harness.py, export.py) and the model they share (model.py, also at the root
     engine        the KV caches (shared, per-sample) and how a forward call runs (dynamic, fixed shapes,
                   CUDA graphs)
     orders        the order distributions (semiar:K, nearl2r:W, mixtures) every command trains, samples, scores with
-    generate      the samplers (Lemma 1 on the KV cache, AR, confidence orders, the encoder MDM), the one
-                  settings object they all take (Sampling) and the one temperature / top-p transform every
-                  draw goes through (logits_to_probs)
+    generate      the samplers (Lemma 1 on the KV cache, AR, confidence samplers, the encoder MDM) and the one
+                  temperature / top-p transform every draw goes through (logits_to_probs)
+    samplers      the one settings object every sampler takes (Sampling), the encoder's EncoderPlan, and the
+                  table of which sampler reads which setting (SAMPLERS)
     speculative   exact parallel decoding; genppl: generative perplexity; tracepage: --trace's HTML page
     likelihood    the estimators every score comes from: exact L2R, the any-order bound, the context-order
                   ensemble, the encoder MDM's ELBO

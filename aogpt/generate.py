@@ -28,14 +28,16 @@ steps but the last of (k - 1) token-passes: n when every step reveals one token,
 Orders. random is the MDM reverse process above. The other order distributions of orders.py (l2r,
 semiar:K: blocks of K positions left to right, a uniform order inside each; nearl2r:W; mixtures; a fixed
 order fixed:S) and a file of positions change only the order, so the sampler stays exact for the mixture
-over the orders they allow. confidence / margin / entropy
-(LLaDA's and Dream's) choose the positions from the model's own scores: each step queries every masked
-position (one copy each) and reveals the k surest, or every one whose top probability reaches
---threshold; the cache stays exact, at about n T / 2 token-passes (generate_confident).
+over the orders they allow. The confidence samplers (confidence / margin / entropy, LLaDA's and
+Dream's; generate_confident) are samplers of their own, not orders: they choose the positions from the
+model's own scores, each step querying every masked position (one copy each) and revealing the k surest,
+or every one whose top probability reaches the threshold; the cache stays exact, at about n T / 2
+token-passes.
 
-Settings. Every sampler, the speculative one too, takes one Sampling (the token draw: temperature, top_p,
-vocab_size, the generator; the schedule and fixed_counts; threshold; until), checked when it is made, and
-begins with one prologue (prologue: the model kind, the settings it reads, sizes and given tokens):
+Settings. Every sampler, the speculative one too, takes one Sampling (samplers.py: the token draw,
+temperature, top_p, vocab_size, the generator; the schedule and fixed_counts; threshold; until), checked
+when it is made, and begins with one prologue (prologue: the model kind and the settings it reads, by the
+one table samplers.SAMPLERS; sizes and given tokens):
 
     s = Sampling(temperature=0.9, top_p=0.95, vocab_size=50257, generator=torch.Generator().manual_seed(0))
     x, stats = generate_ao(model, 256, 4, 64, s, order='semiar:16')
@@ -52,96 +54,16 @@ if __name__ == '__main__':  # run as a script (python aogpt/generate.py): one li
                      "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import torch
 
 from aogpt.engine import EncoderStepper, SlotStepper
 from aogpt.errors import UserError
 from aogpt.orders import GRAMMAR, Order, parse_order
+from aogpt.samplers import MDM_COUNTS, RULES, SAMPLERS, SCORES, EncoderPlan, Sampling, unread  # noqa: F401
 
 _CHUNK = 1 << 25  # float64 elements per sampling chunk (256 MiB): bounds memory when a step reveals a lot
-
-
-# ----------------------------------------------------------------------------- the settings
-
-def _number(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _whole(v):
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-# Each setting: whether a value is valid, and what a valid one is (the line a bad one gets)
-RULES = dict(temperature=(lambda v: _number(v) and v >= 0, "a number >= 0 (0: greedy)"),
-             top_p=(lambda v: _number(v) and 0 < v <= 1, "the nucleus mass, in (0, 1]"),
-             vocab_size=(lambda v: v is None or _whole(v) and v >= 1, "None or an integer >= 1"),
-             generator=(lambda v: v is None or isinstance(v, torch.Generator), "None or a torch.Generator"),
-             schedule=(lambda v: v in ('linear', 'cosine'), "'linear' or 'cosine'"),
-             fixed_counts=(lambda v: isinstance(v, bool), "True or False"),
-             threshold=(lambda v: _number(v) and 0 <= v <= 1, "a probability in [0, 1] (0: the counts)"),
-             until=(lambda v: v is None or _whole(v) and v >= 0, "None or a token id >= 0"))
-DRAW = ('temperature', 'top_p', 'vocab_size', 'generator')  # the token draw: every sampler reads these
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How every sampler here and the speculative sampler draw: one object, checked once, passed whole.
-
-    temperature   softmax temperature, >= 0; 0 is greedy (a one-hot on the argmax)
-    top_p         the nucleus, in (0, 1]: keep the most likely tokens until their mass reaches top_p (1: all)
-    vocab_size    draw only ids below this (the codec's vocabulary; the head may have padding rows); None: all
-    generator     the CPU torch.Generator every uniform is drawn from, in each sampler's fixed order (None:
-                  torch's global one); one generator fixes the samples on any device
-    schedule      the Lemma-1 time grid: 'linear', or 'cosine' (reveals slowly at first)
-    fixed_counts  the paper code's deterministic per-step counts instead of the Binomial draws
-    threshold     confidence orders: each step reveals every masked position whose top probability is at
-                  least this (and at least one); 0 takes the counts from the schedule
-    until         an end-of-document id, or None: a sample stops once its first document is settled
-                  (see settled and each sampler's docstring), -1 where nothing was drawn
-
-    The first four are every sampler's (the token draw, DRAW); the others are read only by the samplers
-    SAMPLERS names, and a sampler given one it does not read refuses it rather than ignore it. Change one
-    with dataclasses.replace(settings, top_p=0.9).
-    """
-    temperature: float = 1.0
-    top_p: float = 1.0
-    vocab_size: int = None
-    generator: torch.Generator = None
-    schedule: str = 'linear'
-    fixed_counts: bool = False
-    threshold: float = 0.0
-    until: int = None
-
-    def __post_init__(self):
-        Sampling.check(**{f.name: getattr(self, f.name) for f in fields(self)})
-
-    @staticmethod
-    def invalid(**values):
-        """The first of values (field=value) that is not a valid setting, as (field, what a valid one is), or
-        None. sample.py asks this of its flags, so that they are checked by these very rules (RULES)."""
-        for name, v in values.items():
-            ok, rule = RULES[name]
-            if not ok(v):
-                return name, rule
-        return None
-
-    @staticmethod
-    def check(**values):
-        """Raise UserError, in one line, for the first of values (field=value) that is not a valid setting."""
-        bad = Sampling.invalid(**values)
-        if bad:
-            raise UserError(f"invalid {bad[0]}={values[bad[0]]!r}: {bad[1]}")
-
-    @property
-    def transform(self):
-        """logits_to_probs' and sample_tokens' keywords: the one transform every draw goes through."""
-        return dict(temperature=self.temperature, top_p=self.top_p, vocab_size=self.vocab_size)
-
-    def rand(self, *shape):
-        """Float64 uniforms (*shape) from the generator, on the CPU: the draws every sampler consumes."""
-        return torch.rand(*shape, dtype=torch.float64, generator=self.generator)
 
 
 # ----------------------------------------------------------------------------- the schedule
@@ -224,7 +146,7 @@ def logits_to_probs(logits, temperature=1.0, top_p=1.0, vocab_size=None, ban=Non
 def sample_tokens(logits, u, temperature=1.0, top_p=1.0, vocab_size=None, ban=None, score=None):
     """One token per row of logits (..., V), by inverse-CDF sampling with the uniforms u (...) from the
     distribution logits_to_probs gives (temperature 0 is greedy).
-    score: None, or how sure the model is of each row, for the confidence orders; then returns
+    score: None, or how sure the model is of each row, for the confidence samplers; then returns
     (tokens, scores, top probabilities), each (...). Scores are computed on the distribution the token
     was drawn from (after temperature and top_p; at temperature 0 the plain softmax): 'confidence' the
     probability of the drawn token, 'margin' the top probability minus the second, 'entropy' the
@@ -332,20 +254,18 @@ def split_given(given, n):
     return pos, given[pos], free
 
 
-ORDERS = ('random', 'l2r', 'semiar:K', 'nearl2r:W', 'mix:...', 'confidence', 'margin', 'entropy')
-ADAPTIVE = ('confidence', 'margin', 'entropy')  # chosen step by step from the model's own scores
-
-
 def check_order(order):
     """A generation order, checked: an order distribution (orders.GRAMMAR, defined in orders.py; a spec string
-    comes back parsed, the orders.Order the sampler carries), a confidence order (ADAPTIVE), or a permutation
-    tensor. Raises ValueError (UserError) naming what is wrong and what is accepted."""
-    if not isinstance(order, str) or order in ADAPTIVE:
+    comes back parsed, the orders.Order the sampler carries) or a permutation tensor. Raises ValueError
+    (UserError) naming what is wrong and what is accepted. The confidence rules are samplers of their own
+    (generate_confident), not orders: they pick positions from the drawn values."""
+    if not isinstance(order, str):
         return order
-    try:
-        return parse_order(order)
-    except UserError as e:
-        raise UserError(f"{e.msg}; or confidence, margin or entropy") from None
+    if order in SCORES:
+        raise UserError(f"{order!r} is a sampler of its own (generate_confident(score={order!r})), which picks the "
+                        f"positions from the drawn values, not an order fixed before the draws: an order is "
+                        f"{GRAMMAR}, or a permutation")
+    return parse_order(order)
 
 
 def free_order(order, free, batch_size, generator=None, n=None):
@@ -354,8 +274,6 @@ def free_order(order, free, batch_size, generator=None, n=None):
     in its order (n: the sequence's length, which the permutation must have; by default one past the last
     free position at least)."""
     B, nf = batch_size, free.numel()
-    if isinstance(order, str) and order in ADAPTIVE:
-        raise ValueError(f"free_order takes an order distribution or a permutation, not {order!r}")
     order = check_order(order)
     n = int(free.max()) + 1 if n is None and nf else n
     if isinstance(order, Order):
@@ -412,42 +330,23 @@ def settled(x, end, start=0):
 
 # ----------------------------------------------------------------------------- the samplers
 
-# Each sampler's prologue: the model it needs, the line that says so otherwise, and the settings it
-# reads besides the token draw's (temperature, top_p, vocab_size, generator: every sampler's). A setting it
-# does not read, left away from its default, is refused with the reason NOT_READ gives.
-SAMPLERS = dict(
-    ao=(lambda m: m.any_order, "generate_ao needs an any-order decoder (cond='adaln' or 'sigma'); use generate_ar "
-        "for a GPT and generate_mdm for an encoder", ('schedule', 'fixed_counts', 'until')),
-    confident=(lambda m: m.any_order, "generate_confident needs an any-order decoder (cond='adaln' or 'sigma')",
-               ('schedule', 'fixed_counts', 'threshold')),
-    ar=(lambda m: m.config.causal, "generate_ar needs a decoder; use generate_mdm for an encoder MDM", ('until',)),
-    mdm=(lambda m: not m.config.causal, "generate_mdm needs an encoder MDM (causal=False)",
-         ('schedule', 'fixed_counts')),
-    speculative=(lambda m: m.config.causal and m.any_order, "speculative sampling needs an any-order decoder "
-                 "(AO-GPT or sigma-GPT); an encoder MDM or an L2R GPT cannot score a drafted sequence in one pass",
-                 ('until',)),
-)
-NOT_READ = dict(schedule="it has no step schedule", fixed_counts="it has no step schedule",
-                threshold="it applies to the confidence orders (confidence, margin, entropy) only",
-                until="it draws the whole window (no early stop); cut its samples with doc_lengths")
-
-
 def prologue(model, n, batch_size, steps, settings, sampler, given=None):
     """Every sampler's prologue, before its first draw (it draws nothing): the model kind, the settings
     (None: the defaults) against what `sampler` reads (SAMPLERS), n, batch_size, steps and the given
     tokens against the model (check_run). given: as generate_ao's; for 'ar' the prompt, a prefix.
     Returns (settings, device, the given positions ascending, their tokens, the free positions)."""
-    needs, what, reads = SAMPLERS[sampler]
-    if not needs(model):
-        raise UserError(what)
+    if not SAMPLERS[sampler].needs(model):
+        raise UserError(SAMPLERS[sampler].lacks)
     settings = Sampling() if settings is None else settings
     if not isinstance(settings, Sampling):
         raise UserError(f"settings must be a generate.Sampling (or None for the defaults), got "
                         f"{type(settings).__name__}")
-    for f in fields(Sampling):
-        if f.name not in DRAW + reads and getattr(settings, f.name) != f.default:
-            raise UserError(f"the {sampler} sampler does not read {f.name}={getattr(settings, f.name)!r}: "
-                            f"{NOT_READ[f.name]}")
+    chosen = {} if steps is None else dict(steps=steps)  # steps and the settings away from their defaults
+    chosen.update((f.name, getattr(settings, f.name)) for f in fields(Sampling)
+                  if getattr(settings, f.name) != f.default)
+    bad = unread(sampler, **chosen)
+    if bad:
+        raise UserError(f"the {sampler} sampler does not read {bad[0]}={chosen[bad[0]]!r}: {bad[1]}")
     check_run(model, n, batch_size, steps, given)
     if sampler == 'ar':  # the prompt: the first tokens given, the rest free
         prompt = torch.as_tensor([] if given is None else given, dtype=torch.long).reshape(-1)
@@ -504,8 +403,8 @@ def generate_ao(model, n, batch_size, steps, settings=None, *, order='random', g
     settings: a Sampling (None: the defaults): the token draw, the schedule, and until (below).
 
     order: an order distribution (orders.GRAMMAR, defined in aogpt/orders.py: 'random' is the MDM reverse
-    process) or a permutation, fixed before the first pass; or 'confidence' / 'margin' / 'entropy', chosen
-    step by step from the model's scores (generate_confident; the settings' threshold applies there).
+    process) or a permutation, fixed before the first pass (positions chosen step by step from the model's
+    scores are the confidence samplers, generate_confident).
     given: LongTensor (n,) with -1 at the positions to generate; the given tokens enter the cache first
     (ascending positions, in the first pass), the rest follow `order`. stats: steps (those that revealed a
     token, at most min(steps, tokens generated): a step that reveals none makes no call), forward_calls,
@@ -523,8 +422,6 @@ def generate_ao(model, n, batch_size, steps, settings=None, *, order='random', g
     draw's calls), and per sample stop_call (the calls it needed) and generated (tokens drawn by then).
     """
     order = check_order(order)  # a spec string parsed once, here
-    if isinstance(order, str) and order in ADAPTIVE:
-        return generate_confident(model, n, batch_size, steps, settings, score=order, given=given, stepper=stepper)
     settings, dev, gpos, gtok, _ = prologue(model, n, batch_size, steps, settings, 'ao', given)
     B, g, until = batch_size, gpos.numel(), settings.until
     u, reveal, counts, _, _ = draw_plan(n, B, steps, settings, order=order, given=given)
@@ -571,19 +468,23 @@ def generate_ao(model, n, batch_size, steps, settings=None, *, order='random', g
 def generate_confident(model, n, batch_size, steps, settings=None, *, score='confidence', given=None,
                        stepper='dynamic'):
     """Confidence-ordered decoding (LLaDA's low-confidence remasking, Dream's margin and entropy) on the
-    exact KV cache. Each step scores every still-masked position in one pass (one query copy per masked
+    exact KV cache: the samplers SCORES names (score: 'confidence', 'margin' or 'entropy', how sure a position
+    is, see sample_tokens). Each step scores every still-masked position in one pass (one query copy per masked
     position, the parallel block), draws a candidate token for each, and reveals the k surest: k from
-    the Lemma-1 counts (as generate_ao), or with settings.threshold > 0 every position whose top probability is
-    at least threshold (and at least one). The revealed tokens enter the cache in that order, surest
-    first, so the cache holds exactly what a cache-free pass over the same order would compute. A step
-    costs its pending slots plus one row per masked position: about n T / 2 token-passes for T equal
-    steps, against under 2n for the fixed orders (stats token_passes).
+    the Lemma-1 counts over `steps` (as generate_ao), or with settings.threshold > 0 every position whose top
+    probability is at least threshold (and at least one); steps is then None (there is no step schedule).
+    The revealed tokens enter the cache in that order, surest first, so the cache holds exactly what a
+    cache-free pass over the same order would compute. A step costs its pending slots plus one row per masked
+    position: about n T / 2 token-passes for T equal steps, against under 2n for the fixed orders (stats
+    token_passes).
     Randomness: the counts first (when used), then per step one float64 uniform per masked position.
     With a threshold the number of steps differs between samples, so each sample is decoded on its own
     (batch 1, one after another, on one batch-1 stepper: the caller's stepper's sibling, kept with it, so
     its graphs are captured once); stats then give the mean calls and token-passes per sample.
     """
-    settings, dev, gpos, gtok, free = prologue(model, n, batch_size, steps, settings, 'confident', given)
+    if score not in SCORES:
+        raise UserError(f"score must be one of {', '.join(SCORES)}, got {score!r}")
+    settings, dev, gpos, gtok, free = prologue(model, n, batch_size, steps, settings, score, given)
     threshold = settings.threshold
     if threshold and batch_size > 1:
         solo = stepper.for_batch(1) if isinstance(stepper, SlotStepper) else SlotStepper(model, 1, stepper)
@@ -628,69 +529,57 @@ def generate_confident(model, n, batch_size, steps, settings=None, *, score='con
 
 
 @torch.no_grad()
-def generate_ar(model, n, batch_size, settings=None, *, prompt=None, stepper='dynamic'):
-    """Plain left-to-right KV-cache decoding, one token per forward call (the AR baseline).
+def generate_ar(model, n, batch_size, settings=None, *, prompt=None, order=None, stepper='dynamic'):
+    """Plain KV-cache decoding, one token per forward call, left to right (the AR baseline) or along one fixed
+    order (a GPT trained on it: train.py --cond=none --order=fixed:S).
 
-    Works for any decoder (a GPT, or an AO-GPT in L2R order). prompt: a list/LongTensor of ids that the
-    samples start with (fed in the first call). Returns (tokens (B, n), stats) like generate_ao.
+    Works for any decoder (a GPT, or an AO-GPT in that order). order: None or 'l2r' (left to right), or one fixed
+    order of all n positions: a fixed order spec (fixed:S, fixedblocks:K:S) or a permutation (n,); a GPT is never
+    told which position comes next, so it samples right only along the order it was trained on. prompt: a
+    list/LongTensor of the ids at the order's first positions (left to right: a prefix), fed in the first call.
+    Returns (tokens (B, n) by position, stats) like generate_ao.
     stepper: as in generate_ao (a call here is the prompt, then one row at a time).
     settings: a Sampling (None: the defaults): the token draw, and until: an end-of-document id, or None:
-    as in generate_ao, a sample stops at its first one after the prompt (later positions -1), the batch
-    once every sample has.
+    as in generate_ao, a sample stops once its first document after the prompt is settled (left to right: at its
+    first end symbol; later positions -1), the batch once every sample has.
     """
     settings, dev, _, gtok, _ = prologue(model, n, batch_size, None, settings, 'ar', prompt)
     B, g, until = batch_size, gtok.numel(), settings.until
+    order = check_order('l2r' if order is None else order)
+    if isinstance(order, Order) and not (order.is_l2r or order.fixed):
+        raise UserError(f"generate_ar decodes along one fixed order (l2r, fixed:S, fixedblocks:K:S or a permutation "
+                        f"of the n positions), not the distribution {order}: use generate_ao for an any-order decoder")
+    perm = torch.arange(n) if isinstance(order, Order) and order.is_l2r else \
+        free_order(order, torch.arange(n), 1, n=n)[0]                        # (n,) the positions in decoding order
     u = settings.rand(B, n).to(dev)                                          # same stream as generate_ao
-    tok, pos = slot_tables(gtok, torch.arange(n).expand(B, n), n, dev)       # slot j: x_{j-1} at position j-1
-    tgt = pos + 1                                                            # and predicts position j
+    tok, pos = slot_tables(gtok, perm.expand(B, n), n, dev)                  # slot j: the token at position perm[j-1]
+    tgt = torch.cat([pos[:, 1:], pos[:, -1:]], 1)                            # and predicts position perm[j]
     step = SlotStepper.make(model, B, stepper)
     logits = step(tok[:, :g + 1], pos[:, :g + 1], tgt[:, :g + 1], 1)         # the prompt: a causal block
     step.cache.keep(g + 1)
-    stop_call = torch.full((B,), n - g)
+    stop_call, perm_dev = torch.full((B,), n - g), perm.to(dev)
+    if until is not None:  # each sample's tokens by position (-1: not drawn yet), for the stop rule
+        x, start = torch.full((B, n), -1, dtype=torch.long, device=dev), int(perm[:g].max()) + 1 if g else 0
+        x[:, perm_dev[:g]] = gtok.to(dev)
     for i in range(g, n):
         if i > g:
             logits = step(tok[:, i:i + 1], pos[:, i:i + 1], tgt[:, i:i + 1], 1)
             step.cache.keep(1)
         tok[:, i + 1] = sample_tokens(logits[:, -1], u[:, i], **settings.transform)
         if until is not None and i + 1 < n:
-            now = (tok[:, i + 1] == until).cpu() & (stop_call == n - g)
+            x[:, perm_dev[i]] = tok[:, i + 1]
+            now = settled(x, until, start).cpu() & (stop_call == n - g)   # left to right: the end symbol just drawn
             stop_call[now] = i + 1 - g
             if bool((stop_call < n - g).all()):
                 break
     made = i + 1 - g
     if until is not None:
         tok[:, 1:][(torch.arange(n)[None] >= g + stop_call[:, None]).to(dev)] = -1
-    stats = dict(steps=made, forward_calls=made, token_passes=g + made, tokens_generated=n - g)
+    stats = dict(steps=made, forward_calls=made, token_passes=g + made, tokens_generated=n - g,
+                 order=perm_dev.expand(B, n))
     if until is not None:
         stats.update(calls_full=n - g, stop_call=stop_call.tolist(), generated=stop_call.tolist())
-    return tok[:, 1:], stats
-
-
-MDM_COUNTS = ('shared', 'independent')  # EncoderPlan.counts: one count per step for the batch, or MDLM's per position
-
-
-@dataclass(frozen=True)
-class EncoderPlan:
-    """The encoder MDM's own settings (generate_mdm), checked when made; the token draw and the schedule are
-    the Sampling's, as for every sampler.
-
-    counts       'shared': one Binomial count per step for the whole batch and a random order per sample,
-                 exactly generate_ao's plan (same seed, same revealed positions and uniforms). 'independent':
-                 MDLM's sampler, every position of every sample draws its own reveal time (only with the
-                 random order and random counts). Both are the exact reverse process per sample; with
-                 'independent' a step reveals nothing only if it does so for every sample, so the caching
-                 trick saves far fewer passes at large batch sizes.
-    cache_trick  MDLM's ddpm_cache: a step whose input did not change since the last pass reuses it. The
-                 pass is deterministic, so this changes the cost, never the samples.
-    """
-    counts: str = 'shared'
-    cache_trick: bool = False
-
-    def __post_init__(self):
-        if self.counts not in MDM_COUNTS:
-            raise ValueError(f"counts must be 'shared' or 'independent', got {self.counts!r}")
-        if not isinstance(self.cache_trick, bool):
-            raise ValueError(f"cache_trick must be True or False, got {self.cache_trick!r}")
+    return torch.empty_like(tok[:, 1:]).scatter_(1, perm_dev.expand(B, n), tok[:, 1:]), stats
 
 
 @torch.no_grad()
@@ -704,6 +593,7 @@ def generate_mdm(model, n, batch_size, steps, settings=None, *, order='random', 
     The head runs only on the positions revealed at a step (the others' logits are never used).
     stepper: 'dynamic', 'static' or 'cuda_graph' (the one pass captured once), or an EncoderStepper to reuse.
     """
+    order = check_order(order)  # a spec string parsed once, here
     settings, dev, gpos, gtok, free = prologue(model, n, batch_size, steps, settings, 'mdm', given)
     cfg, s, B = model.config, settings, batch_size
     g, nf = gpos.numel(), free.numel()
@@ -717,7 +607,7 @@ def generate_mdm(model, n, batch_size, steps, settings=None, *, order='random', 
         step_of_rank = torch.repeat_interleave(torch.arange(steps), k)      # (nf,) step of the j-th reveal
         step = torch.empty(B, n, dtype=torch.long).scatter_(1, forder, step_of_rank.expand(B, nf))
     else:  # independent
-        if s.fixed_counts or not (isinstance(order, (str, Order)) and str(order) == 'random'):
+        if s.fixed_counts or not (isinstance(order, Order) and order.spec == 'random'):
             raise ValueError("counts='independent' draws per-position reveal times: no fixed_counts/order")
         U = s.rand(B, nf)
         t = reveal_step(U, time_grid(steps, s.schedule))                   # (B, nf)

@@ -82,7 +82,11 @@ def generative_ppl(judge, judge_codec, samples, codec, mode='none', batch_size=1
     per_document: samples is a list of documents instead (id lists of any length, each ending with the
     codec's end symbol where the document ended, sample.py --until_eot): the per-sequence mean is then
     over documents, each scored with its end symbol (predicting where it ends is part of its text);
-    `protocol` in the result says which was done."""
+    `protocol` in the result says which was done.
+    Nothing to score: in mode 'hf' a sequence's first token is only context, so a one-token sample or document
+    (an empty document is its end symbol alone) has no perplexity. It is left out of the per-sequence mean and
+    named in `unscored` (its index), never dropped unsaid; the token-weighted number counts only scored tokens
+    anyway. Where no sequence has a token to score, either average would be 0/0: a UserError, in one line."""
     from aogpt.errors import UserError
     from aogpt.evalsets import doc_end
     eos, texts = doc_end(codec)[0], []
@@ -99,9 +103,16 @@ def generative_ppl(judge, judge_codec, samples, codec, mode='none', batch_size=1
                               batch_size, windows=not same)
     tok = judge_token_nll(judge, retok, mode, batch_size, windows=True)
     n_tok = sum(len(t) for t in tok)
+    unscored = [i for i, t in enumerate(per_seq) if not len(t)]
+    if len(unscored) == len(per_seq) or not n_tok:
+        raise UserError(f"nothing to score: in mode {mode!r} " + ("the first token of a sequence is only context, and "
+                        "every " + ("document" if per_document else "sample") + " here is at most one token" if mode ==
+                        'hf' else "no sequence holds a token") + " (" + ("per sequence" if len(unscored) == len(per_seq)
+                        else "after cutting at the first end of document and re-tokenizing") + ")")
     seq_ppl = torch.stack([t.double().mean().exp() for t in per_seq if len(t)])
     H = unigram_entropy(rows)
     return dict(per_sequence=seq_ppl.mean().item(), per_sequence_std=seq_ppl.std().item() if len(seq_ppl) > 1 else 0.0,
+                unscored=unscored,
                 per_sequence_tokens='sample ids' if same else 're-tokenized',
                 token=math.exp(sum(t.double().sum().item() for t in tok) / max(1, n_tok)), tokens_scored=n_tok,
                 ended_early=sum(ended for _, ended in texts), unigram_entropy=H.mean().item(), mode=mode,
@@ -117,6 +128,8 @@ def protocol(per_document, same, mode):
             ("" if same else " re-tokenized (decode, then the judge's codec; an end symbol is re-encoded as the "
              "judge's)") + ("; mode hf: no BOS, the first token is only context" if mode == 'hf' else
                             "; mode none: every token scored, the first from [None]") +
+            ("; a sequence of one token has nothing to score and no perplexity: it is left out of the "
+             "per-sequence mean and listed in unscored (per_sample holds the others)" if mode == 'hf' else "") +
             ". token: exp(total NLL / total tokens) after decoding, dropping what follows the first end symbol "
             "(kept, as the judge's end symbol, where there is one) and re-tokenizing with the judge's codec")
 

@@ -61,6 +61,27 @@ def uniform_subsets(k, n, generator=None):
 # ----------------------------------------------------------------------------------------------- L2R
 
 @torch.no_grad()
+def nll_fixed(model, chunks, perm, batch_size=8, bar=None):
+    """Exact NLL along one fixed order perm (n,), a permutation of the positions: (sum over chunks of
+    -sum_i log p(x_perm_i | x_perm_<i), number of tokens), the first made from [None] alone. Any decoder reads
+    it; for a GPT trained on that one order (train.py --cond=none --order=fixed:S) it is the model's exact
+    likelihood, as nll_l2r is an L2R GPT's."""
+    if not model.config.causal:
+        raise ValueError("nll_fixed reads a decoder along an order; the encoder MDM has nll_l2r's L2R column")
+    _check_tokens(chunks)
+    dev, total = _device(model), 0.0
+    perm = torch.as_tensor(perm, dtype=torch.long).view(-1)
+    if not torch.equal(perm.sort().values, torch.arange(chunks.size(1))):
+        raise ValueError(f"perm must be a permutation of the {chunks.size(1)} positions of a chunk")
+    for s in range(0, len(chunks), batch_size):
+        x = chunks[s:s + batch_size].to(dev)
+        _, nll = model(x, order=perm.to(dev).expand_as(x), targets=x, reduction='none')  # (B, n)
+        total += nll.double().sum().item()
+        _tick(bar, len(x))
+    return total, chunks.numel()
+
+
+@torch.no_grad()
 def nll_l2r(model, chunks, batch_size=8, bar=None):
     """Exact NLL in the identity order: (sum over chunks of -log p(x), number of predicted tokens).
 

@@ -78,9 +78,8 @@ from dataclasses import dataclass, field
 import torch
 
 from aogpt.engine import KV_BUCKET, RowStepper, SlotStepper
-from aogpt.generate import ADAPTIVE, Sampling, check_order, doc_start, free_order, inverse_cdf, logits_to_probs, \
-    prologue, settled, slot_tables
-from aogpt.orders import GRAMMAR
+from aogpt.generate import Sampling, check_order, doc_start, free_order, inverse_cdf, logits_to_probs, prologue, \
+    settled, slot_tables
 
 K_MAX = 16   # the largest draft length k='auto' goes to
 K_FUSED = 8  # the same for fused rounds, whose calls carry (k + 1)^2 rows
@@ -269,8 +268,8 @@ def generate_speculative(model, n, batch_size, settings=None, *, speculation=Non
     speculation: a Speculation (None: the defaults, k=4 with per-sample commits): the draft length, the
     bonus slot, how a batch commits, fused rounds, the trace.
     order: an order distribution (orders.GRAMMAR, defined in aogpt/orders.py) or a permutation, fixed
-    before the first draw; the confidence orders are refused (not exact). given: as generate_ao (the given
-    tokens enter the cache first).
+    before the first draw (a confidence sampler picks positions from the drawn values: not exact). given: as
+    generate_ao (the given tokens enter the cache first).
     stepper: 'dynamic', 'static', 'cuda_graph' or a SlotStepper to reuse; under per-sample commits at fixed
     shapes a RowStepper (row_stepper).
     stats: forward_calls, token_passes (rows per sample through the network), tokens_generated, rounds
@@ -288,10 +287,7 @@ def generate_speculative(model, n, batch_size, settings=None, *, speculation=Non
     then also hold per sample generated (tokens drawn when it stopped).
     """
     settings, dev, gpos, gtok, free = prologue(model, n, batch_size, None, settings, 'speculative', given)
-    order = check_order(order)  # a spec string parsed once, here
-    if isinstance(order, str) and order in ADAPTIVE:
-        raise ValueError(f"order {order!r} is chosen from the drawn values, so speculative sampling would not "
-                         f"be exact: use an order fixed before the draws, {GRAMMAR}, or a permutation")
+    order = check_order(order)  # a spec string parsed once, here (a confidence sampler's name is refused there)
     sp = Speculation() if speculation is None else speculation
     if not isinstance(sp, Speculation):
         raise ValueError(f"speculation must be a speculative.Speculation (or None for the defaults), got "

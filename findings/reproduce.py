@@ -46,7 +46,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -85,8 +84,8 @@ sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
 from aogpt.checkpoint import run_checkpoints  # noqa: E402
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c  # noqa: E402
-from aogpt.errors import command, die, first_line  # noqa: E402
-from aogpt.paths import atomic_json, atomic_write, make_folder  # noqa: E402
+from aogpt.errors import UserError, command, die, first_line  # noqa: E402
+from aogpt.paths import atomic_folder, atomic_json, atomic_write, make_folder  # noqa: E402
 from aogpt.rundir import forget_run  # noqa: E402
 from findings import report  # noqa: E402
 from findings.sampling import (  # noqa: E402
@@ -509,21 +508,33 @@ def redraw(c):
     bad = report.nonfinite(d)
     if bad:
         die(f"{path} holds a non-finite number at {bad}, which no plot can show; {again}")
-    # Every plot is drawn into a scratch folder first and moved in only when all of them were drawn: a
-    # failure half way leaves the old plots as they were, never a mix of old and new.
-    results_dir, c.results_dir = c.results_dir, tempfile.mkdtemp(prefix='.replot-', dir=c.results_dir)
-    try:
+    # Every plot is drawn into a scratch folder, which replaces the results folder whole (paths.atomic_folder,
+    # the one home of such a swap) only when all of them were drawn, with the files it held that are not plots
+    # (the record, the report) carried over: a failure half way leaves the old plots, never a mix.
+    results_dir, figs = c.results_dir, {}
+
+    def fill(tmp):
+        c.results_dir = tmp
         for k in ('sample_batch', 'sample_n', 'device', 'block_size'):  # what the plots' titles say of that run
             setattr(c, k, d['config'][k])
-        figs = draw_plots(c, d['logs'], d['ensemble'], d['sampling'], d['generation'])
+        figs.update(draw_plots(c, d['logs'], d['ensemble'], d['sampling'], d['generation']))
         if 'speculative' in d:  # finding 8 (records written before it existed have none)
             figs[8] = draw_speculative(c, d['speculative'])
-        for f in os.listdir(c.results_dir):
-            os.replace(os.path.join(c.results_dir, f), os.path.join(results_dir, f))
+
+    def carry(old, tmp):
+        for f in os.listdir(old):
+            if not os.path.exists(os.path.join(tmp, f)):
+                (shutil.copytree if os.path.isdir(os.path.join(old, f)) else shutil.copy2)(
+                    os.path.join(old, f), os.path.join(tmp, f))
+    try:
+        atomic_folder(results_dir, fill, carry)
+    except UserError as e:  # a plot that could not be written (a full disk): not the record's fault
+        die(f"{e.msg}; the files in {results_dir} are as they were")
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:  # a field inside them
         die(f"{path} lacks or mangles what a plot needs ({type(e).__name__}: {first_line(e, 120)}); {again}")
+    except OSError as e:
+        die(f"cannot put the plots into {results_dir} ({e.strerror or e}); its files are as they were")
     finally:
-        shutil.rmtree(c.results_dir, ignore_errors=True)
         c.results_dir = results_dir
     print(f"redrew {len(figs)} plots in {c.results_dir} from {path}")
 

@@ -78,8 +78,9 @@ def generation_study(c, names):
     import torch
 
     from aogpt.checkpoint import load_model
-    from aogpt.generate import EncoderPlan, Sampling, generate_ao, generate_mdm
+    from aogpt.generate import EncoderPlan, Sampling, generate_ao, generate_confident, generate_mdm
     from aogpt.genppl import generative_ppl
+    from aogpt.samplers import SCORES
     judge, codec = load_judge(c)
     models = {k: load_model(os.path.join(c.runs_dir, k), c.device)[0] for k in ('ao', 'ao_seed2', 'mdm')
               if k in names}
@@ -98,6 +99,8 @@ def generation_study(c, names):
                     if key == 'mdm':
                         x, st = generate_mdm(model, n, c.gen_batch, T, s, order=order,
                                              plan=EncoderPlan(cache_trick=True))
+                    elif order in SCORES:  # a confidence rule is a sampler of its own, not an order
+                        x, st = generate_confident(model, n, c.gen_batch, T, s, score=order)
                     else:
                         x, st = generate_ao(model, n, c.gen_batch, T, s, order=order)
                     xs.append(x.cpu())

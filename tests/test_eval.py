@@ -365,6 +365,42 @@ def test_cli_gpt_shows_na_and_char_level_reports_bpc(tmp_path, text_file, capsys
     assert res['l2r']['bpc'] == pytest.approx(res['l2r']['nll'] / math.log(2))
 
 
+def test_a_gpt_trained_on_a_fixed_order_is_scored_exactly_in_it(tmp_path, text_file, capsys):
+    """A GPT (cond='none') trained on one fixed order (train.py --cond=none --order=fixed:S) is never told which
+    position comes next: its likelihood is along that order. eval_ppl once reported only L2R for it (3.06 nats
+    against 2.88 in its own order) and refused --order fixed:3; now the exact column of its own order, said so,
+    and no L2R column (an order it never saw)."""
+    from aogpt.checkpoint import load_checkpoint, load_model
+    from aogpt.evalsets import load_eval_chunks
+    from aogpt.orders import parse_order
+    from aogpt.tokenizer import get_codec
+    make_ckpt(tmp_path / 'gpt', cond='none')
+    path = str(tmp_path / 'gpt' / 'ckpt.pt')
+    perm = parse_order('fixed:3').permutation(16)
+    ck = load_checkpoint(path)
+    save_checkpoint(dict(ck, config={'dataset': 'none_such', 'order': 'fixed:3'}, order=perm), path)
+    args = ['--out_dir', str(tmp_path / 'gpt'), '--datasets', 'ptb', '--data_path', f'ptb={text_file}', '--max_chunks', '4']
+    for extra in ([], ['--order', 'fixed:3']):
+        out = run_cli(args + extra, capsys)
+        res = json.load(open(tmp_path / 'gpt' / 'eval_ppl.json'))
+        row = res['datasets']['ptb']
+        assert row['l2r'] is None and row['order']['spec'] == 'fixed:3' and row['order']['exact'] is True
+        assert 'fixed:3 PPL (exact)' in out and 'GPT trained on the fixed order fixed:3' in out
+        assert res['order'] == 'fixed:3' and res['model'] == 'GPT (fixed:3)'
+    model, _, _ = load_model(str(tmp_path / 'gpt'), 'cpu')
+    chunks = load_eval_chunks('ptb', get_codec(None), 16, path=text_file)[:4]
+    with torch.no_grad():  # the chain rule along perm, each conditional read off the forward in that order
+        nll = sum(-torch.log_softmax(model(chunks, order=perm.expand(4, 16))[0][:, j].double(), -1)
+                  .gather(1, chunks[:, perm[j]][:, None]).sum().item() for j in range(16))
+    assert row['order']['nll'] == pytest.approx(nll / chunks.numel(), rel=1e-6)
+    assert L.nll_fixed(model, chunks, perm)[0] == pytest.approx(nll, rel=1e-6)
+    for extra, says in ((['--order', 'l2r'], '--order l2r: this GPT'), (['--block_size', '8'], 'whole windows')):
+        with pytest.raises(SystemExit):
+            run_cli(args + extra, capsys)
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and says in err, err
+
+
 def test_cli_errors_are_one_line(tmp_path, text_file, capsys):
     with pytest.raises(SystemExit) as e:
         E.main(['--out_dir', str(tmp_path / 'nothing'), '--progress', 'False'])

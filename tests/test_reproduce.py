@@ -379,6 +379,40 @@ def test_replot_draws_all_or_nothing(tmp_path, capsys, spoil, says):
     assert sorted(os.listdir(tmp_path)) == sorted(list(R.FIGS.values()) + ['results.json'])  # no scratch left
 
 
+def test_replot_swaps_the_results_folder_whole(tmp_path, capsys, monkeypatch):
+    """--replot once moved its plots in file by file (os.replace each), so a failure between two moves left some
+    plots new and the rest old. It swaps the folder whole now (paths.atomic_folder): the second move failing
+    leaves every file as it was, the record and the report carried over on success, and no scratch either way."""
+    res = tmp_path / 'results'
+    res.mkdir()
+    _record_with(res, lambda d: None)
+    (res / 'README.md').write_text('the report')
+    moves, real = [], (os.replace, os.rename)
+
+    def second_fails(real_move):  # the second move into or out of the results folder fails
+        def move(a, b):
+            if any(str(x) == str(res) or os.path.dirname(str(x)) == str(res) for x in (a, b)):
+                moves.append(a)
+                if len(moves) == 2:
+                    raise OSError(28, 'No space left on device')
+            return real_move(a, b)
+        return move
+    monkeypatch.setattr(os, 'replace', second_fails(real[0]))
+    monkeypatch.setattr(os, 'rename', second_fails(real[1]))
+    with pytest.raises(SystemExit) as e:
+        R.main(['--replot', f'--results_dir={res}'])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1 and 'No space left on device' in err, err
+    assert all((res / f).read_bytes() == b'the old plot' for f in R.FIGS.values())
+    assert sorted(os.listdir(tmp_path)) == ['results']
+    monkeypatch.setattr(os, 'replace', real[0])
+    monkeypatch.setattr(os, 'rename', real[1])
+    R.main(['--replot', f'--results_dir={res}'])
+    assert all((res / f).read_bytes() != b'the old plot' for f in R.FIGS.values())
+    assert (res / 'README.md').read_text() == 'the report' and (res / 'results.json').exists()
+    assert sorted(os.listdir(tmp_path)) == ['results']
+
+
 def test_no_legend_lies_over_data(tmp_path, monkeypatch):
     """Every plot make findings draws (finding 8's legend of 25 entries once covered its data): no legend's
     box overlaps any axes' box."""

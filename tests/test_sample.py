@@ -13,7 +13,7 @@ import torch
 from helpers import tiny
 
 import sample
-from aogpt import engine, generate, genppl, speculative
+from aogpt import engine, generate, genppl, samplers, speculative
 from aogpt.checkpoint import load_checkpoint, save_checkpoint
 from aogpt.errors import UserError
 from aogpt.generate import EncoderPlan, Sampling, generate_ao, generate_ar, generate_mdm, reveal_counts, \
@@ -202,8 +202,8 @@ def test_confidence_orders_on_the_cache_equal_a_cache_free_recomputation(score, 
     monkeypatch.setattr(engine.SlotStepper, '__call__', spy)
     for T, giv in ((4, None), (5, given), (12, given)):
         seen.clear()
-        x, st = generate_ao(model, 12, 3, T, Sampling(generator=gen(T), top_p=0.9), order=score, given=giv,
-                            stepper=stepper)
+        x, st = generate.generate_confident(model, 12, 3, T, Sampling(generator=gen(T), top_p=0.9), score=score,
+                                            given=giv, stepper=stepper)
         ref, order, ref_logits = confident_without_cache(model, 12, 3, T, score, given=giv, generator=gen(T),
                                                          top_p=0.9)
         assert torch.equal(x, ref) and torch.equal(st['order'], order) and len(seen) == len(ref_logits)
@@ -253,8 +253,9 @@ def test_greedy_confidence_equals_brute_force(score):
         return seq, order
 
     for threshold in (0.0, 0.22):
-        out, st = generate_ao(model, n, 1, n, Sampling(fixed_counts=True, temperature=0, vocab_size=11,
-                                                       threshold=threshold, generator=gen(1)), order=score)
+        out, st = generate.generate_confident(  # a threshold replaces the counts: no steps, no fixed_counts
+            model, n, 1, None if threshold else n, Sampling(fixed_counts=not threshold, temperature=0, vocab_size=11,
+                                                            threshold=threshold, generator=gen(1)), score=score)
         ref, order = brute(threshold)
         assert torch.equal(out, ref) and st['order'][0].tolist() == order
         if threshold:
@@ -263,9 +264,9 @@ def test_greedy_confidence_equals_brute_force(score):
 
 def test_threshold_decodes_each_sample_on_its_own():
     model = sharp(tiny(block_size=10, seed=7), 3.0)
-    x, st = generate_ao(model, 10, 3, 99, Sampling(threshold=0.5, generator=gen(3)), order='confidence')
+    x, st = generate.generate_confident(model, 10, 3, None, Sampling(threshold=0.5, generator=gen(3)))
     g = gen(3)
-    ones = [generate_ao(model, 10, 1, 99, Sampling(threshold=0.5, generator=g), order='confidence')[0]
+    ones = [generate.generate_confident(model, 10, 1, None, Sampling(threshold=0.5, generator=g))[0]
             for _ in range(3)]
     assert torch.equal(x, torch.cat(ones)) and len(st['counts']) == 3
     assert st['forward_calls'] == sum(len(c) for c in st['counts']) / 3
@@ -276,7 +277,7 @@ def test_threshold_decoding_keeps_one_batch_1_stepper(monkeypatch):
     stepper kept beside the caller's, so a cuda_graph stepper captures its graphs once, not once per
     sample. Same samples as the default path."""
     model = sharp(tiny(block_size=10, seed=7), 3.0)
-    refs = [generate_ao(model, 10, 3, 99, Sampling(threshold=0.5, generator=gen(s)), order='confidence')[0]
+    refs = [generate.generate_confident(model, 10, 3, None, Sampling(threshold=0.5, generator=gen(s)))[0]
             for s in (1, 2)]
     made, real_init = [], engine.SlotStepper.__init__
 
@@ -286,8 +287,8 @@ def test_threshold_decoding_keeps_one_batch_1_stepper(monkeypatch):
     monkeypatch.setattr(engine.SlotStepper, '__init__', counting)
     st = engine.SlotStepper(model, 3, 'static')
     for s, ref in zip((1, 2), refs):  # two batches, as sample.py --num_batches 2 runs them
-        x, _ = generate_ao(model, 10, 3, 99, Sampling(threshold=0.5, generator=gen(s)), order='confidence',
-                           stepper=st)
+        x, _ = generate.generate_confident(model, 10, 3, None, Sampling(threshold=0.5, generator=gen(s)),
+                                           stepper=st)
         assert torch.equal(x, ref)
     assert made == [3, 1] and st.for_batch(1) is st.for_batch(1).for_batch(1)
 
@@ -297,7 +298,9 @@ def test_infilling_works_with_every_order(order):
     model = tiny(block_size=12, seed=8)
     given = torch.full((12,), -1)
     given[[0, 5, 11]] = torch.tensor([4, 9, 1])
-    x, st = generate_ao(model, 12, 3, 5, Sampling(generator=gen(0)), order=order, given=given)
+    s = Sampling(generator=gen(0))
+    x, st = generate.generate_confident(model, 12, 3, 5, s, score=order, given=given) if order in samplers.SCORES \
+        else generate_ao(model, 12, 3, 5, s, order=order, given=given)
     assert (x[:, [0, 5, 11]] == torch.tensor([4, 9, 1])).all() and (x >= 0).all()
     assert st['order'][:, :3].tolist() == [[0, 5, 11]] * 3  # the given tokens enter first
     if order == 'semiar:3':  # free positions block by block: {1, 2}, {3, 4}, {6, 7, 8}, {9, 10}
@@ -308,8 +311,32 @@ def test_infilling_works_with_every_order(order):
 def test_a_bad_order_spec_is_one_clear_error(spec):
     with pytest.raises(ValueError, match='an order is random, l2r, semiar:K'):
         generate_ao(tiny(), 8, 2, 4, order=spec)
-    with pytest.raises(ValueError, match='confidence orders'):
+    with pytest.raises(ValueError, match="the ao sampler does not read threshold=0.5: it is the confidence samplers'"):
         generate_ao(tiny(), 8, 2, 4, Sampling(threshold=0.5), order='random')
+
+
+@pytest.mark.parametrize('score', ['confidence', 'margin'])
+def test_a_confidence_rule_is_a_sampler_not_an_order(score):
+    """The confidence rules pick positions from the drawn values: they are samplers of their own (a row of
+    samplers.SAMPLERS, generate_confident), never an "order" beside the order distributions and permutations."""
+    for call in (lambda: generate_ao(tiny(), 8, 2, 4, order=score), lambda: generate.check_order(score),
+                 lambda: speculative.generate_speculative(tiny(), 8, 2, order=score)):
+        with pytest.raises(UserError, match=f"'{score}' is a sampler of its own") as e:
+            call()
+        assert '\n' not in str(e.value)
+    assert score in samplers.SAMPLERS and "threshold" in samplers.SAMPLERS[score].reads
+
+
+def test_a_threshold_replaces_the_counts_so_a_count_setting_beside_it_is_refused():
+    """With a threshold a confidence sampler reveals every position whose top probability reaches it: steps,
+    schedule and fixed_counts have no use there (sample.py once recorded them and drew the same samples)."""
+    model = tiny()
+    for steps, kw, name in ((4, {}, 'steps'), (None, dict(schedule='cosine'), 'schedule'),
+                            (None, dict(fixed_counts=True), 'fixed_counts')):
+        with pytest.raises(UserError, match=f"the confidence sampler does not read {name}=.*with threshold 0.5"):
+            generate.generate_confident(model, 8, 2, steps, Sampling(threshold=0.5, **kw))
+    x, _ = generate.generate_confident(model, 8, 2, None, Sampling(threshold=0.5))
+    assert x.shape == (2, 8)
 
 
 @pytest.mark.parametrize('bad', [dict(temperature=-1), dict(temperature=float('nan')), dict(top_p=0.0),
@@ -340,16 +367,17 @@ def test_samplers_take_their_settings_as_objects_not_loose_keywords():
 
 
 @pytest.mark.parametrize('sampler, setting', [('ar', dict(schedule='cosine')), ('ar', dict(fixed_counts=True)),
-                                              ('mdm', dict(until=2)), ('confident', dict(until=2)),
+                                              ('mdm', dict(until=2)), ('confidence', dict(until=2)),
                                               ('ao', dict(threshold=0.5)), ('speculative', dict(fixed_counts=True)),
-                                              ('speculative', dict(threshold=0.5))])
+                                              ('speculative', dict(threshold=0.5)),
+                                              ('ao', dict(top_p=0.9, temperature=0))])
 def test_a_sampler_refuses_a_setting_it_does_not_read_before_any_draw(sampler, setting):
     """One settings object serves every sampler, so a sampler can be handed a setting it has no use for:
     it refuses it (one line, before a single draw) rather than run as if it had used it."""
     model = dict(ar=tiny(cond='none'), mdm=tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11)).get(
         sampler, tiny())
     run = dict(ao=lambda s: generate_ao(model, 8, 2, 4, s), ar=lambda s: generate_ar(model, 8, 2, s),
-               confident=lambda s: generate_ao(model, 8, 2, 4, s, order='confidence'),
+               confidence=lambda s: generate.generate_confident(model, 8, 2, 4, s, score='confidence'),
                mdm=lambda s: generate_mdm(model, 8, 2, 4, s),
                speculative=lambda s: speculative.generate_speculative(model, 8, 2, s))[sampler]
     g = gen(0)
@@ -620,6 +648,53 @@ def test_generate_ar_for_a_gpt_equals_uncached_loop():
     assert torch.equal(x, ref) and st['token_passes'] == 8 and st['forward_calls'] == 8
 
 
+def test_a_gpt_trained_on_a_fixed_order_decodes_along_it():
+    """A GPT (cond='none') trained on one fixed order (train.py --cond=none --order=fixed:S) is never told which
+    position comes next: generate_ar(order=) decodes along that order, token for token the plainest loop along
+    it (no cache; each slot predicting the next position of the order), with a prompt at the order's first
+    positions and the stop rule of a settled document; a distribution it cannot decode along is one line."""
+    from aogpt.orders import parse_order
+    model = sharp(tiny(cond='none', seed=6), 3.0).double()
+    n, B = 8, 3
+    perm = parse_order('fixed:3').permutation(n)
+    u = torch.rand(B, n, dtype=torch.float64, generator=gen(11))
+    ref = torch.zeros(B, n, dtype=torch.long)
+    with torch.no_grad():
+        for j in range(n):
+            ref[:, perm[j]] = sample_tokens(model(ref, order=perm.expand(B, n))[0][:, j], u[:, j])
+    for order in (perm, 'fixed:3'):
+        x, st = generate_ar(model, n, B, Sampling(generator=gen(11)), order=order)
+        assert torch.equal(x, ref) and torch.equal(st['order'][0], perm) and st['forward_calls'] == n
+    assert not torch.equal(ref, generate_ar(model, n, B, Sampling(generator=gen(11)))[0])  # not the identity
+    x, _ = generate_ar(model, n, B, Sampling(generator=gen(11)), order=perm, prompt=ref[0, perm[:2]].tolist())
+    assert (x[:, perm[:2]] == ref[0, perm[:2]]).all()
+    with pytest.raises(UserError, match="generate_ar decodes along one fixed order"):
+        generate_ar(model, n, B, order='semiar:2')
+
+
+def test_sample_py_samples_a_fixed_order_gpt_along_its_saved_order(tmp_path, cli):
+    """sample.py once sampled a GPT trained on fixed:3 along the identity without a word (and refused --order
+    fixed:3). It decodes along the checkpoint's order now, and refuses in one line what would not be that order."""
+    from aogpt.checkpoint import load_model
+    from aogpt.orders import parse_order
+    write_ckpt(tmp_path / 'ckpt.pt', cond='none', seed=2)
+    ck = load_checkpoint(str(tmp_path / 'ckpt.pt'))
+    perm = parse_order('fixed:3').permutation(16)
+    save_checkpoint(dict(ck, config={'dataset': 'no-such-dataset', 'order': 'fixed:3'}, order=perm),
+                    str(tmp_path / 'ckpt.pt'))
+    model = load_model(str(tmp_path / 'ckpt.pt'), 'cpu')[0]
+    want = generate_ar(model, 16, 2, Sampling(vocab_size=50257, generator=gen(1)), order=perm)[0]
+    for order in ([], ['--order', 'fixed:3']):
+        code, out, err = cli('--ckpt', str(tmp_path / 'ckpt.pt'), '--batch_size', '2', *order,
+                             '--save', str(tmp_path / 's.json'))
+        assert code == 0, err
+        assert json.load(open(tmp_path / 's.json'))['samples'] == want.tolist() and 'fixed:3' in out
+    for args, says in ((['--order', 'l2r'], '--order l2r: this GPT'), (['--length', '8'], 'whole windows only'),
+                       (['--prompt', 'Hi'], "given tokens must sit at that order's first positions")):
+        code, out, err = cli('--ckpt', str(tmp_path / 'ckpt.pt'), *args)
+        assert code == 1 and len(err.strip().splitlines()) == 1 and says in err, err
+
+
 def test_encoder_plan_is_checked_once_and_refuses_what_it_cannot_draw():
     """The encoder's own settings: a bad value is refused when the EncoderPlan is made, a plan of another type
     and MDLM's per-position counts with an order or fixed counts (whose per-position times they cannot keep)
@@ -864,6 +939,41 @@ def test_generative_ppl_both_averages_against_direct_sums():
     assert r['unigram_entropy'] == pytest.approx(unigram_entropy(samples).mean().item())
 
 
+def test_a_sequence_with_nothing_to_score_is_counted_never_dropped_unsaid():
+    """In mode hf a sequence's first token is only context: a one-token document (here the empty ones, their
+    end symbol alone) has no perplexity. It is left out of the per-sequence mean and named in `unscored`, once
+    dropped without a word; where nothing at all is scored, one line (once torch.stack's 'non-empty TensorList')."""
+    judge, codec = char_judge()
+    docs = [[0, 1, 2, 4], [4], [3, 0, 3], [4]]             # 'abc\n', an empty document (its newline), 'cac', another
+    r = genppl.generative_ppl(judge, codec, docs, codec, 'hf', per_document=True)
+    per = genppl.judge_token_nll(judge, docs, 'hf')
+    assert r['unscored'] == [1, 3] and len(r['per_sample']) == 2 and [len(t) for t in per] == [3, 0, 2, 0]
+    assert r['per_sequence'] == pytest.approx((per[0].double().mean().exp() + per[2].double().mean().exp()).item() / 2,
+                                              rel=1e-6)
+    assert 'listed in unscored' in r['protocol']
+    assert genppl.generative_ppl(judge, codec, torch.tensor([[0, 1, 2]]), codec, 'none')['unscored'] == []
+    for samples in (torch.tensor([[0], [3]]), [[4], [4]]):
+        with pytest.raises(UserError, match=r"^nothing to score: in mode 'hf' the first token of a sequence is only "
+                                            r"context") as e:
+            genppl.generative_ppl(judge, codec, samples, codec, 'hf', per_document=isinstance(samples, list))
+        assert '\n' not in str(e.value)
+
+
+def test_an_hf_judge_on_one_token_samples_is_refused_before_sampling(tmp_path, cli, monkeypatch):
+    """sample.py --length 1 --gen_ppl <HF GPT-2 folder> once ended in a RuntimeError after the sampling: the HF
+    recipe scores each token after the first, so a 1-token sample has nothing to score."""
+    transformers = pytest.importorskip('transformers')
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50257,
+                                                         n_positions=16)).save_pretrained(tmp_path / 'gpt2')
+    write_ckpt(tmp_path / 'ckpt.pt')
+    calls = []
+    monkeypatch.setattr(generate, 'generate_ao', lambda *a, **k: calls.append(1))
+    code, out, err = cli('--out_dir', str(tmp_path), '--length', '1', '--steps', '1', '--gen_ppl', str(tmp_path / 'gpt2'))
+    err = err.strip().splitlines()[-1]  # after save_pretrained's progress bar
+    assert code == 1 and err.startswith('error: --gen_ppl: ') and calls == [], err
+    assert "--length 1 leaves nothing to score: use --length 2 or more" in err
+
+
 def test_generative_ppl_re_tokenizes_for_another_codec_and_windows_long_text():
     """GPT-2 samples under a char-level judge: the text is re-tokenized into characters, and a sample
     longer than the judge's context is scored in consecutive windows, each from scratch."""
@@ -925,7 +1035,8 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     write_ckpt(tmp_path / 'mdm.pt', cond='none', causal=False, seed=3)
     for ck in ('ao.pt', 'gpt.pt', 'mdm.pt'):
         for st in ('dynamic', 'static'):
-            code, out, err = cli('--ckpt', str(tmp_path / ck), '--length', '9', '--steps', '4', '--stepper', st,
+            code, out, err = cli('--ckpt', str(tmp_path / ck), '--length', '9', *(['--steps', '4'] if ck != 'gpt.pt'
+                                                                                  else []), '--stepper', st,
                                  '--save', str(tmp_path / f'{st}.json'))
             assert code == 0, err
         assert json.load(open(tmp_path / 'dynamic.json'))['samples'] == \
@@ -968,7 +1079,7 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     (['--order', 'sideways'], "--order: unknown order 'sideways': an order is random, l2r, semiar:K (K >= 1)"),
     (['--order', 'mix:0.5*l2r+0.6*random'], "the weights of a mix sum to 1, these sum to 1.1"),
     (['--order', 'nearl2r:-2', '--speculative', '4'], "nearl2r:W takes a number W >= 0"),
-    (['--threshold', '0.5'], 'invalid --threshold=0.5'),
+    (['--threshold', '0.5'], "--threshold is not used here: it is the confidence samplers'"),
     (['--order', 'confidence', '--threshold', '1.5'], 'invalid --threshold=1.5'),
 ])
 def test_cli_bad_input_is_one_line(tmp_path, cli, args, msg):
@@ -1021,21 +1132,39 @@ def test_a_judge_whose_data_codec_does_not_fit_it_is_refused(tmp_path, cli):
     assert code != 0 and len(err.strip().splitlines()) == 1 and 'char codec has 5 symbols, far fewer' in err, err
 
 
-@pytest.mark.parametrize('args, family', [
-    (['--speculative', '3', '--steps', '8'], 'ao'), (['--speculative', 'auto', '--schedule', 'cosine'], 'ao'),
-    (['--speculative', '3', '--fixed_counts'], 'ao'), (['--speculative', '3', '--mdm_counts', 'shared'], 'ao'),
-    (['--mdm_counts', 'independent'], 'ao'), (['--cache_trick', 'False'], 'ao'),
-    (['--fixed_counts'], 'ar'), (['--schedule', 'cosine'], 'ar'), (['--cache_trick', 'False'], 'ar')])
-def test_an_option_the_sampler_ignores_is_refused_not_silently_dropped(tmp_path, cli, monkeypatch, args, family):
-    """Given on purpose, a setting the chosen sampler does not read is one line before any sampling (the
-    speculative sampler once ran with --steps, --schedule, --fixed_counts and --mdm_counts silently ignored)."""
-    write_ckpt(tmp_path / 'ckpt.pt', **({} if family == 'ao' else dict(cond='none')))
+@pytest.mark.parametrize('args, family, key', [
+    (['--speculative', '3', '--steps', '8'], 'ao', 'steps'),
+    (['--speculative', 'auto', '--schedule', 'cosine'], 'ao', 'schedule'),
+    (['--speculative', '3', '--fixed_counts'], 'ao', 'fixed_counts'),
+    (['--speculative', '3', '--mdm_counts', 'shared'], 'ao', 'mdm_counts'),
+    (['--speculative', '3', '--threshold', '0.5'], 'ao', 'threshold'),
+    (['--speculative', '3', '--cache_trick', 'True'], 'ao', 'cache_trick'),
+    (['--mdm_counts', 'independent'], 'ao', 'mdm_counts'), (['--cache_trick', 'False'], 'ao', 'cache_trick'),
+    (['--fused', 'True'], 'ao', 'fused'), (['--threshold', '0.9'], 'ao', 'threshold'),
+    (['--order', 'margin', '--mdm_counts', 'shared'], 'ao', 'mdm_counts'),
+    (['--order', 'confidence', '--threshold', '0.9', '--steps', '64', '--schedule', 'cosine', '--fixed_counts',
+      'True'], 'ao', 'steps'),  # issue 48: recorded and ignored
+    (['--order', 'entropy', '--threshold', '0.5', '--schedule', 'cosine'], 'ao', 'schedule'),
+    (['--order', 'confidence', '--threshold', '0.5', '--fixed_counts'], 'ao', 'fixed_counts'),
+    (['--steps', '8'], 'ar', 'steps'), (['--fixed_counts'], 'ar', 'fixed_counts'),
+    (['--schedule', 'cosine'], 'ar', 'schedule'), (['--cache_trick', 'False'], 'ar', 'cache_trick'),
+    (['--threshold', '0.5'], 'ar', 'threshold'), (['--mdm_counts', 'shared'], 'ar', 'mdm_counts'),
+    (['--threshold', '0.5'], 'mdm', 'threshold'), (['--fused', 'True'], 'mdm', 'fused'),
+    (['--blank_len', '3'], 'ao', 'blank_len'), (['--blank_len', '3', '--template', 'a [BLANK:2] b'], 'ao', 'blank_len'),
+    (['--gen_ppl_mode', 'hf'], 'ao', 'gen_ppl_mode'),
+    (['--judge_batch_size', '4'], 'ar', 'judge_batch_size'), (['--temperature', '0', '--top_p', '0.9'], 'ao', 'top_p'),
+    (['--top_p', '0.5', '--temperature', '0', '--speculative', '2'], 'ao', 'top_p')])
+def test_an_option_the_sampler_ignores_is_refused_not_silently_dropped(tmp_path, cli, monkeypatch, args, family, key):
+    """Given on purpose, a setting the chosen sampler does not read is one line before any sampling, the first
+    such flag named (the speculative sampler once ran with --steps, --schedule, --fixed_counts and --mdm_counts
+    silently ignored; --order confidence --threshold with the counts' flags recorded them and drew the same
+    samples; a GPT's --steps was a note). samplers.SAMPLERS is the one table of which sampler reads what."""
+    write_ckpt(tmp_path / 'ckpt.pt', **dict(ao={}, ar=dict(cond='none'), mdm=dict(cond='none', causal=False))[family])
     calls = []
-    for name in ('generate_ao', 'generate_ar'):
+    for name in ('generate_ao', 'generate_ar', 'generate_confident', 'generate_mdm'):
         monkeypatch.setattr(generate, name, lambda *a, **k: calls.append(1))
     code, out, err = cli('--out_dir', str(tmp_path), '--length', '8', *args)
-    key = next(a for a in args if a.startswith('--') and a not in ('--speculative',))
-    assert code == 1 and err.strip().startswith(f"error: {key} is not used here") and calls == [], err
+    assert code == 1 and err.strip().startswith(f"error: --{key} is not used here") and calls == [], err
     assert len(err.strip().splitlines()) == 1
 
 
@@ -1094,7 +1223,7 @@ def test_samples_are_printed_with_control_characters_escaped():
                                   ['--order', 'entropy', '--stepper', 'static']])
 def test_cli_new_orders(tmp_path, cli, args):
     write_ckpt(tmp_path / 'ckpt.pt')
-    steps = [] if '--speculative' in args else ['--steps', '4']  # the speculative sampler refuses --steps
+    steps = [] if '--speculative' in args or '--threshold' in args else ['--steps', '4']  # both refuse --steps
     code, out, err = cli('--out_dir', str(tmp_path), *steps, '--batch_size', '2', '--length', '8', *args,
                          '--save', str(tmp_path / 's.json'))
     assert code == 0, err
