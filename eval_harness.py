@@ -386,7 +386,8 @@ class AOGPTLM(TemplateLM):
         """k more tokens after ids. Natively generate.generate_ar ([None] + ids, KV cache). With bos=hf the
         first token sits in [None]'s slot, which generate_ar does not do: a plain loop of full passes
         (what HF GPT-2 computes; this mode is for checking against the hf class, not for speed)."""
-        from aogpt.generate import Sampling, generate_ar, sample_tokens
+        from aogpt.generate import generate_ar, sample_tokens
+        from aogpt.samplers import Sampling
         s = Sampling(temperature=temperature, top_p=top_p, vocab_size=self.codec.vocab_size, generator=g)
         if not self.hf:
             toks, _ = generate_ar(self.model, len(ids) + k, 1, s, prompt=ids)

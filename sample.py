@@ -33,7 +33,7 @@ from aogpt.errors import UserError
 from aogpt.orders import GRAMMAR, L2R, UNIFORM, Order, one_block, order_of_config, spec_of_config
 from aogpt.paths import check_writable
 from aogpt.runtime import script_device
-from aogpt.samplers import SAMPLERS, SCORES, EncoderPlan, Sampling, unread
+from aogpt.samplers import MDM_COUNTS, SAMPLERS, SCORES, EncoderPlan, Sampling, unread
 from aogpt.speculative import Speculation, generate_speculative, row_stepper
 
 # -----------------------------------------------------------------------------
@@ -203,7 +203,7 @@ def read_config(argv=None):
                            threshold=c.threshold)  # the settings' own rules
     if bad:
         die(f"invalid --{bad[0]}={getattr(c, bad[0])!r}: {bad[1]} (see --help)")
-    for key, ok in (('mdm_counts', c.mdm_counts in generate.MDM_COUNTS),
+    for key, ok in (('mdm_counts', c.mdm_counts in MDM_COUNTS),
                     ('gen_ppl_mode', c.gen_ppl_mode in ('auto', 'none', 'hf')), ('steps', c.steps >= 1),
                     ('batch_size', c.batch_size >= 1), ('num_batches', c.num_batches >= 1),
                     ('stepper', c.stepper in engine.STEPPERS), ('blank_len', c.blank_len >= 1),

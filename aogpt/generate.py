@@ -61,7 +61,7 @@ import torch
 from aogpt.engine import EncoderStepper, SlotStepper
 from aogpt.errors import UserError
 from aogpt.orders import GRAMMAR, Order, parse_order
-from aogpt.samplers import MDM_COUNTS, RULES, SAMPLERS, SCORES, EncoderPlan, Sampling, unread  # noqa: F401
+from aogpt.samplers import SAMPLERS, SCORES, EncoderPlan, Sampling, unread
 
 _CHUNK = 1 << 25  # float64 elements per sampling chunk (256 MiB): bounds memory when a step reveals a lot
 
@@ -339,7 +339,7 @@ def prologue(model, n, batch_size, steps, settings, sampler, given=None):
         raise UserError(SAMPLERS[sampler].lacks)
     settings = Sampling() if settings is None else settings
     if not isinstance(settings, Sampling):
-        raise UserError(f"settings must be a generate.Sampling (or None for the defaults), got "
+        raise UserError(f"settings must be a samplers.Sampling (or None for the defaults), got "
                         f"{type(settings).__name__}")
     chosen = {} if steps is None else dict(steps=steps)  # steps and the settings away from their defaults
     chosen.update((f.name, getattr(settings, f.name)) for f in fields(Sampling)
@@ -599,7 +599,7 @@ def generate_mdm(model, n, batch_size, steps, settings=None, *, order='random', 
     g, nf = gpos.numel(), free.numel()
     plan = EncoderPlan() if plan is None else plan
     if not isinstance(plan, EncoderPlan):
-        raise ValueError(f"plan must be a generate.EncoderPlan (or None for the defaults), got {type(plan).__name__}")
+        raise ValueError(f"plan must be a samplers.EncoderPlan (or None for the defaults), got {type(plan).__name__}")
     u = s.rand(B, n)
     if plan.counts == 'shared':
         forder = free_order(order, free, B, s.generator, n)                # (B, nf)

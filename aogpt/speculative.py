@@ -78,8 +78,9 @@ from dataclasses import dataclass, field
 import torch
 
 from aogpt.engine import KV_BUCKET, RowStepper, SlotStepper
-from aogpt.generate import Sampling, check_order, doc_start, free_order, inverse_cdf, logits_to_probs, prologue, \
-    settled, slot_tables
+from aogpt.generate import check_order, doc_start, free_order, inverse_cdf, logits_to_probs, prologue, settled, \
+    slot_tables
+from aogpt.samplers import Sampling
 
 K_MAX = 16   # the largest draft length k='auto' goes to
 K_FUSED = 8  # the same for fused rounds, whose calls carry (k + 1)^2 rows

@@ -30,7 +30,8 @@ from aogpt.checkpoint import load_model  # noqa: E402
 from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
 from aogpt.evalsets import doc_end  # noqa: E402
-from aogpt.generate import Sampling, doc_lengths, generate_ao  # noqa: E402
+from aogpt.generate import doc_lengths, generate_ao  # noqa: E402
+from aogpt.samplers import Sampling  # noqa: E402
 from aogpt.orders import parse_order  # noqa: E402
 from aogpt.speculative import Speculation, generate_speculative  # noqa: E402
 

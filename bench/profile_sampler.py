@@ -16,6 +16,7 @@ import torch  # noqa: E402
 from aogpt import (
     engine,  # noqa: E402
     generate,  # noqa: E402
+    samplers,  # noqa: E402
 )
 from aogpt.configurator import configure  # noqa: E402
 from aogpt.errors import exit_in_one_line  # noqa: E402
@@ -70,7 +71,7 @@ step = engine.SlotStepper(model, batch_size, stepper, kv_bucket=kv_bucket)  # on
 
 
 def run():
-    return generate.generate_ao(model, n, batch_size, steps, generate.Sampling(
+    return generate.generate_ao(model, n, batch_size, steps, samplers.Sampling(
         vocab_size=50257, generator=torch.Generator().manual_seed(0)), stepper=step)
 
 

@@ -34,7 +34,8 @@ import torch  # noqa: E402
 from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.engine import KV_BUCKET, KVCache, SlotStepper  # noqa: E402
 from aogpt.errors import exit_in_one_line  # noqa: E402
-from aogpt.generate import Sampling, ao_calls, draw_plan  # noqa: E402
+from aogpt.generate import ao_calls, draw_plan  # noqa: E402
+from aogpt.samplers import Sampling  # noqa: E402
 from aogpt.speculative import Speculation, row_slots  # noqa: E402
 from bench.common import check_settings  # noqa: E402
 

@@ -34,7 +34,8 @@ import torch  # noqa: E402
 from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.engine import KV_BUCKET, EncoderStepper, SlotStepper  # noqa: E402
 from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
-from aogpt.generate import EncoderPlan, Sampling, generate_ao, generate_ar, generate_mdm  # noqa: E402
+from aogpt.generate import generate_ao, generate_ar, generate_mdm  # noqa: E402
+from aogpt.samplers import EncoderPlan, Sampling  # noqa: E402
 from aogpt.speculative import Speculation, generate_speculative, row_stepper  # noqa: E402
 from bench.common import append_benchmark, check_settings  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402

@@ -17,7 +17,8 @@ import torch  # noqa: E402
 from aogpt.checkpoint import load_model  # noqa: E402
 from aogpt.configurator import configure, print_config  # noqa: E402
 from aogpt.errors import exit_in_one_line  # noqa: E402
-from aogpt.generate import Sampling, generate_ao  # noqa: E402
+from aogpt.generate import generate_ao  # noqa: E402
+from aogpt.samplers import Sampling  # noqa: E402
 from aogpt.genppl import judge_token_nll  # noqa: E402
 from aogpt.speculative import Speculation, generate_speculative  # noqa: E402
 

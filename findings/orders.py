@@ -78,7 +78,8 @@ def study(c, runs):
     import torch
 
     from aogpt.checkpoint import load_model
-    from aogpt.generate import Sampling, generate_ao
+    from aogpt.generate import generate_ao
+    from aogpt.samplers import Sampling
     from aogpt.speculative import Speculation, generate_speculative
     from aogpt.likelihood import nll_any_order, nll_l2r, nll_order
     chunks = R.val_chunks(c.eval_chunks, c.block_size)

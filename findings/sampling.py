@@ -29,7 +29,8 @@ def time_samplers(c):
     for T steps, on random models with the same backbone (timing needs no training)."""
     import torch
 
-    from aogpt.generate import Sampling, generate_ao, generate_mdm
+    from aogpt.generate import generate_ao, generate_mdm
+    from aogpt.samplers import Sampling
     from model import GPT, GPTConfig
     n, B = c.sample_n, c.sample_batch
     steps = [s for s in (8, 16, 32, 64, 128, 256, 512) if s <= n]
@@ -78,7 +79,8 @@ def generation_study(c, names):
     import torch
 
     from aogpt.checkpoint import load_model
-    from aogpt.generate import EncoderPlan, Sampling, generate_ao, generate_confident, generate_mdm
+    from aogpt.generate import generate_ao, generate_confident, generate_mdm
+    from aogpt.samplers import EncoderPlan, Sampling
     from aogpt.genppl import generative_ppl
     from aogpt.samplers import SCORES
     judge, codec = load_judge(c)
@@ -165,7 +167,8 @@ def speculative_study(c, names):
     import torch
 
     from aogpt.checkpoint import load_model
-    from aogpt.generate import Sampling, generate_ao
+    from aogpt.generate import generate_ao
+    from aogpt.samplers import Sampling
     from aogpt.speculative import Speculation, generate_speculative
     judge, codec = load_judge(c)
     n, rows, nb = c.block_size, [], max(1, c.gen_samples // c.gen_batch)

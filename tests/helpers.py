@@ -9,7 +9,8 @@ from fractions import Fraction
 
 import torch
 
-from aogpt.generate import Sampling, logits_to_probs
+from aogpt.generate import logits_to_probs
+from aogpt.samplers import Sampling
 from aogpt.orders import parse_order
 from aogpt.speculative import Speculation, generate_speculative
 from model import GPT, GPTConfig
@@ -207,7 +208,7 @@ def speculate(model, n, batch_size, settings=None, **kw):
 
 
 def split_settings(kw, **fields):
-    """A sampler call's keywords kw (a test's parameters) as (the generate.Sampling of fields and of kw's
+    """A sampler call's keywords kw (a test's parameters) as (the samplers.Sampling of fields and of kw's
     settings, the sampler's other keywords)."""
     names = set(Sampling.__dataclass_fields__)
     return (Sampling(**fields, **{k: v for k, v in kw.items() if k in names}),

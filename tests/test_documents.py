@@ -6,7 +6,8 @@ import torch
 from helpers import chi2_cells, exact_law, seq_law, speculate, tiny
 
 from aogpt import generate
-from aogpt.generate import Sampling, doc_lengths, doc_start, generate_ao, generate_ar, settled
+from aogpt.generate import doc_lengths, doc_start, generate_ao, generate_ar, settled
+from aogpt.samplers import Sampling
 
 N = 10000      # samples per law: the rejected laws below fall far under ALPHA with this many
 ALPHA = 1e-4

@@ -16,8 +16,8 @@ import sample
 from aogpt import engine, generate, genppl, samplers, speculative
 from aogpt.checkpoint import load_checkpoint, save_checkpoint
 from aogpt.errors import UserError
-from aogpt.generate import EncoderPlan, Sampling, generate_ao, generate_ar, generate_mdm, reveal_counts, \
-    sample_tokens, time_grid
+from aogpt.generate import generate_ao, generate_ar, generate_mdm, reveal_counts, sample_tokens, time_grid
+from aogpt.samplers import EncoderPlan, Sampling
 from aogpt.genppl import judge_nll, unigram_entropy
 from model import model_args
 from sample import encode_template
@@ -348,8 +348,8 @@ def test_a_bad_setting_is_one_line_when_the_settings_are_made(bad):
     (name, value), = bad.items()
     with pytest.raises(UserError, match=f"^invalid {name}=") as e:
         Sampling(**bad)
-    assert '\n' not in str(e.value) and generate.RULES[name][1] in str(e.value)
-    assert generate.Sampling.invalid(**bad) == (name, generate.RULES[name][1])
+    assert '\n' not in str(e.value) and samplers.RULES[name][1] in str(e.value)
+    assert samplers.Sampling.invalid(**bad) == (name, samplers.RULES[name][1])
     Sampling(**{name: getattr(Sampling(), name)})  # the default is valid
 
 
@@ -386,7 +386,7 @@ def test_a_sampler_refuses_a_setting_it_does_not_read_before_any_draw(sampler, s
     assert '\n' not in str(e.value) and torch.equal(g.get_state(), gen(0).get_state())
     x, _ = run(Sampling(generator=g))  # the same call at the default runs
     assert x.shape == (2, 8)
-    with pytest.raises(UserError, match='settings must be a generate.Sampling'):
+    with pytest.raises(UserError, match='settings must be a samplers.Sampling'):
         run(dict(temperature=0.5))
 
 
@@ -704,7 +704,7 @@ def test_encoder_plan_is_checked_once_and_refuses_what_it_cannot_draw():
                         (dict(cache_trick=1), 'cache_trick must be True or False')):
         with pytest.raises(ValueError, match=needle):
             EncoderPlan(**bad)
-    with pytest.raises(ValueError, match='plan must be a generate.EncoderPlan'):
+    with pytest.raises(ValueError, match='plan must be a samplers.EncoderPlan'):
         generate_mdm(enc, 8, 2, 4, plan=dict(counts='independent'))
     for kw in (dict(order='l2r'), dict(settings=Sampling(fixed_counts=True))):
         with pytest.raises(ValueError, match='per-position reveal times'):

@@ -10,7 +10,8 @@ import torch
 from helpers import exact_law, seq_law, speculate, split_settings, tiny
 
 from aogpt import engine, generate, speculative
-from aogpt.generate import Sampling, logits_to_probs
+from aogpt.generate import logits_to_probs
+from aogpt.samplers import Sampling
 from aogpt.speculative import Speculation, generate_speculative
 from model import parallel_mask
 
