@@ -41,6 +41,7 @@ from tqdm import tqdm
 from aogpt.checkpoint import CKPT_NAME, save_checkpoint
 from aogpt.configurator import configure, print_config, stop_at_safe_points, stop_requested
 from aogpt.ema import EMA
+from aogpt.optim import configure_optimizers
 from aogpt.orders import OLD_KEYS, l2r_mix, old_keys_line, one_block
 from aogpt.paths import append_jsonl
 from aogpt.plot import plot_log
@@ -287,8 +288,8 @@ def train_micro_batch(it, m, law):
 
 # ------------------------------------------------------------------ optimizer, EMA, scaler
 # [AdamW] or [AdamW, Muon], each param group with its own peak and floor on the one schedule (get_lr)
-optimizers = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, optimizer=optimizer,
-                                        min_lr=min_lr, muon_lr=muon_lr, muon_adaln=muon_adaln, muon_dtype=muon_dtype)
+optimizers = configure_optimizers(model, weight_decay, learning_rate, (beta1, beta2), device_type, optimizer=optimizer,
+                                  min_lr=min_lr, muon_lr=muon_lr, muon_adaln=muon_adaln, muon_dtype=muon_dtype)
 with run.failing():
     check_step_sizes(optimizers, cfg)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))

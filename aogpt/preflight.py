@@ -30,7 +30,8 @@ from aogpt.checkpoint import parse_hub_spec
 from aogpt.errors import UserError
 from aogpt.orders import parse_order
 from aogpt.tokenizer import get_codec
-from model import OPTIMIZER_KEYS, GPTConfig, config_fields
+from aogpt.optim import OPTIMIZER_KEYS
+from model import GPTConfig, config_fields
 
 ORDER_KEYS = ('order', 'l2r_frac_end', 'l2r_frac_iters')  # a decoder's order settings (the encoder MDM reads none)
 
