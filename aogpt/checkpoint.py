@@ -225,7 +225,7 @@ def _legacy_torch(head):
 
 def read_hf_weights(folder):
     """A Hugging Face model folder's weights (model.safetensors, else pytorch_model.bin through load_checkpoint's
-    weights_only checks), for model.GPT.from_pretrained: one line for a bad file, never an unpickling traceback."""
+    weights_only checks), for aogpt.families.load_hf: one line for a bad file, never an unpickling traceback."""
     st = os.path.join(folder, 'model.safetensors')
     if os.path.exists(st):
         from safetensors.torch import load_file

@@ -20,8 +20,9 @@ from dataclasses import asdict
 from aogpt.checkpoint import (CKPT_NAME, checkpoint_codec, load_checkpoint, load_model, read_hf_weights, resolve_path,
                               run_checkpoints, weights_sha256)
 from aogpt.errors import UserError
+from aogpt.families import load_hf
 from aogpt.tokenizer import gpt2_codec
-from model import GPT, GPTConfig, adapt, config_fields, strip_prefixes
+from model import GPTConfig, adapt, config_fields, strip_prefixes
 
 
 def model_source(cfg, given, codec, data_dir, say=print):
@@ -74,7 +75,7 @@ def model_source(cfg, given, codec, data_dir, say=print):
         hf_dir = init_from[len('gpt2:'):]
         if not os.path.exists(os.path.join(hf_dir, 'config.json')):
             raise UserError(f"{hf_dir} is not a local Hugging Face GPT-2 directory (config.json + model.safetensors)")
-        src, used_ema, theirs, path = GPT.from_pretrained(hf_dir, read_hf_weights(hf_dir)), None, gpt2_codec(), hf_dir
+        src, used_ema, theirs, path = load_hf(hf_dir, read_hf_weights(hf_dir)), None, gpt2_codec(), hf_dir
         given = set(given) | {'cond'}
     else:  # a checkpoint (ours, an export, or the paper's released ones)
         src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if cfg['init_ema'] else False)

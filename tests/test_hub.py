@@ -23,6 +23,7 @@ import export
 from aogpt import genppl
 from aogpt.checkpoint import checkpoint_codec, load_checkpoint, load_model, save_checkpoint
 from aogpt.errors import UserError
+from aogpt.families import load_hf
 from model import GPT, GPTConfig, model_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -566,7 +567,7 @@ def test_hf_ids_resolve_offline_from_the_cache_end_to_end(tmp_path, monkeypatch,
     a, b = (json.loads((tmp_path / f).read_text()) for f in ('hub.json', 'file.json'))
     assert a['samples'] == b['samples'] and a['gen_ppl']['mode'] == b['gen_ppl']['mode'] == 'hf'
     assert a['gen_ppl']['per_sample'] == pytest.approx(b['gen_ppl']['per_sample'], rel=1e-5)
-    judge = GPT.from_pretrained(str(tmp_path / 'gpt2')).eval()
+    judge = load_hf(str(tmp_path / 'gpt2')).eval()
     want = genppl.judge_nll(judge, torch.tensor(a['samples']), 'hf').exp()
     assert a['gen_ppl']['per_sample'] == pytest.approx(want.tolist(), rel=1e-5)
 

@@ -7,6 +7,7 @@ import torch
 from helpers import tiny
 
 from aogpt.engine import KVCache
+from aogpt.families import load_hf
 from aogpt.orders import random_orders
 from model import GPT, GPTConfig, mdm_corrupt, parallel_mask
 
@@ -298,7 +299,7 @@ def _hf_gpt2(tmp_path, n_positions=16):
 
 def test_gpt2_logits_parity_with_hf(tmp_path):
     hf = _hf_gpt2(tmp_path)
-    ours = GPT.from_pretrained(str(tmp_path)).eval()
+    ours = load_hf(str(tmp_path)).eval()
     assert ours.config.block_size == 15
     x = torch.randint(0, 50256, (2, 15))
     eot = torch.full((2, 1), 50256)
@@ -310,14 +311,14 @@ def test_gpt2_logits_parity_with_hf(tmp_path):
 
 def test_gpt2_warm_start_ao_gpt_starts_equal(tmp_path):
     hf = _hf_gpt2(tmp_path)
-    ao = GPT.from_pretrained(str(tmp_path), cond='adaln', target_dim=8).eval()
+    ao = load_hf(str(tmp_path), cond='adaln', target_dim=8).eval()
     x = torch.randint(0, 50256, (2, 15))
     with torch.no_grad():
         ref = hf(torch.cat([torch.full((2, 1), 50256), x], 1)).logits[:, :15]
         torch.testing.assert_close(ao(x)[0], ref, atol=1e-5, rtol=0)
         # a random order: each slot equals GPT-2 fed the same permuted tokens with their own positions
         order = random_orders(2, 15, generator=torch.Generator().manual_seed(0))
-        plain = GPT.from_pretrained(str(tmp_path)).eval()
+        plain = load_hf(str(tmp_path)).eval()
         torch.testing.assert_close(ao(x, order=order)[0], plain(x, order=order)[0], atol=1e-5, rtol=0)
 
 
