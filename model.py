@@ -70,6 +70,21 @@ class GPTConfig:
     head_bias: bool = True     # bias in lm_head (AO-GPT's is untied and biased)
     gelu: str = 'exact'        # 'exact' | 'tanh' (GPT-2's gelu_new)
     mask_token_id: int = 50257  # the encoder MDM's [MASK]: GPT-2's first padding id
+    # the Llama/Qwen block (aogpt/families.py); each default is the paper's block, so older checkpoints load unchanged
+    pos: str = 'learned'       # 'learned' (wpe) | 'rope': a slot's own position p rotates its q and k by p + 1
+    rope_theta: float = 10000.0
+    rope_scaling: dict = None  # None, or Llama 3's: factor, low_freq_factor, high_freq_factor, original_max_pos...
+    mlp: str = 'gelu'          # 'gelu' (c_proj(gelu(c_fc x))) | 'swiglu' (c_fc holds [gate; up]: silu(gate) * up)
+    mlp_hidden: int = 0        # the MLP's width; 0: 4 n_embd
+    n_kv_head: int = 0         # key/value heads (grouped-query attention); 0: n_head
+    head_dim: int = 0          # 0: n_embd // n_head (Qwen3 sets its own)
+    norm_eps: float = 1e-5     # every norm's eps (qk_norm's too)
+    qkv_bias: bool = None      # biases in q, k, v (Qwen2: only there); None: as bias
+
+    @property
+    def heads(self):
+        """(query heads, key/value heads, head width): what attention and the KV cache are sized by."""
+        return self.n_head, self.n_kv_head or self.n_head, self.head_dim or self.n_embd // self.n_head
 
     def __post_init__(self):
         self.validate()
@@ -92,7 +107,18 @@ class GPTConfig:
             need(is_int(getattr(self, k)) and getattr(self, k) >= 1, k, "an integer >= 1")
         for k in ('bias', 'causal', 'adaln_table', 'qk_norm', 'tie_head', 'head_bias'):
             need(isinstance(getattr(self, k), bool), k, "True or False")
-        need(self.n_embd % self.n_head == 0, 'n_embd', f"a multiple of n_head ({self.n_head})")
+        need(self.head_dim != 0 or self.n_embd % self.n_head == 0, 'n_embd', f"a multiple of n_head ({self.n_head})")
+        for k in ('mlp_hidden', 'n_kv_head', 'head_dim'):
+            need(is_int(getattr(self, k)) and getattr(self, k) >= 0, k, "an integer >= 0 (0: the default)")
+        need(self.n_head % self.heads[1] == 0, 'n_kv_head', f"a divisor of n_head ({self.n_head})")
+        need(self.pos in ('learned', 'rope'), 'pos', "'learned' or 'rope'")
+        need(self.mlp in ('gelu', 'swiglu'), 'mlp', "'gelu' or 'swiglu'")
+        need(self.qkv_bias in (None, True, False), 'qkv_bias', "True, False or None (as bias)")
+        for k in ('rope_theta', 'norm_eps'):
+            need(isinstance(getattr(self, k), numbers.Real) and 0 < getattr(self, k) < math.inf, k, "a number > 0")
+        need(self.rope_scaling is None or (isinstance(self.rope_scaling, dict) and set(self.rope_scaling) == set(
+            LLAMA3_KEYS) and all(isinstance(v, numbers.Real) for v in self.rope_scaling.values())), 'rope_scaling',
+             f"None or Llama 3's dict of numbers {', '.join(LLAMA3_KEYS)}")
         need(isinstance(self.dropout, numbers.Real) and 0 <= self.dropout < 1, 'dropout', "in [0, 1)")
         need(self.cond in ('adaln', 'sigma', 'none'), 'cond', "'adaln', 'sigma' or 'none'")
         need(self.norm in ('rms', 'layer'), 'norm', "'rms' or 'layer'")
@@ -112,11 +138,11 @@ class GPTConfig:
 # ---------------------------------------------------------------------- the blocks
 
 class Norm(nn.Module):
-    """RMSNorm (weight only) or LayerNorm (weight, optional bias); eps 1e-5 like GPT-2 and the paper."""
+    """RMSNorm (weight only) or LayerNorm (weight, optional bias); eps 1e-5 like GPT-2 and the paper (norm_eps)."""
 
-    def __init__(self, ndim, kind='rms', bias=False):
+    def __init__(self, ndim, kind='rms', bias=False, eps=1e-5):
         super().__init__()
-        self.rms = kind == 'rms'
+        self.rms, self.eps = kind == 'rms', eps
         self.weight = nn.Parameter(torch.ones(ndim))
         self.bias = nn.Parameter(torch.zeros(ndim)) if (kind == 'layer' and bias) else None
 
@@ -125,8 +151,36 @@ class Norm(nn.Module):
         # rms_norm down its slow unfused path
         w = self.weight.to(x.dtype)
         if self.rms:
-            return F.rms_norm(x, w.shape, w, 1e-5)
-        return F.layer_norm(x, w.shape, w, None if self.bias is None else self.bias.to(x.dtype), 1e-5)
+            return F.rms_norm(x, w.shape, w, self.eps)
+        return F.layer_norm(x, w.shape, w, None if self.bias is None else self.bias.to(x.dtype), self.eps)
+
+
+LLAMA3_KEYS = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings')
+
+
+def rotary(config, pos):
+    """cos, sin (B, 1, r, hd) of the rotation of the slots at positions pos (B, r) (-1 = [None], rotated by 0): a
+    token at position p turns by p + 1, as it used wpe's row p + 1. In float32 whatever the model's dtype, as
+    Hugging Face computes them, so that a float64 model is its source to 1e-10; inv_freq (hd/2,) is Llama 3's
+    (rope_scaling: long wavelengths slowed by factor, a smooth blend between) or the plain theta^(-2i/hd)."""
+    hd = config.heads[2]
+    inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, hd, 2, device=pos.device).float() / hd)
+    if config.rope_scaling is not None:
+        factor, low, high, old = (config.rope_scaling[k] for k in LLAMA3_KEYS)
+        wavelen = 2 * math.pi / inv_freq
+        blend = ((old / wavelen - low) / (high - low)).clamp(0, 1)   # 0 past old / low, 1 below old / high
+        slowed = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        inv_freq = torch.where((wavelen >= old / high) & (wavelen <= old / low),
+                               (1 - blend) * slowed / factor + blend * slowed, slowed)
+    angle = (pos + 1).float()[..., None] * inv_freq                  # (B, r, hd/2)
+    angle = torch.cat([angle, angle], dim=-1)[:, None]               # (B, 1, r, hd): pairs (i, i + hd/2)
+    return angle.cos(), angle.sin()
+
+
+def rotate(x, cos, sin):
+    """x (B, h, r, hd) turned by the slots' angles, Hugging Face's rotate_half convention."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat([-x2, x1], dim=-1) * sin.to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -134,27 +188,30 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.n_head = config.n_head
-        self.head_dim = config.n_embd // config.n_head
-        if config.qk_norm:
-            self.q_norm = Norm(self.head_dim, 'rms')
-            self.k_norm = Norm(self.head_dim, 'rms')
+        self.n_head, self.n_kv_head, self.head_dim = config.heads
+        qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=qkv_bias)
+        self.c_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=config.bias)
+        if config.qk_norm:  # per head, over head_dim, before the rotation: Qwen3's q_norm / k_norm are this function
+            self.q_norm = Norm(self.head_dim, 'rms', eps=config.norm_eps)
+            self.k_norm = Norm(self.head_dim, 'rms', eps=config.norm_eps)
         self.qk_norm = config.qk_norm
         self.causal = config.causal
         self.layer_idx = layer_idx  # which of the cache's layers this one reads and writes
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, mask=None, kv=None):
+    def forward(self, x, mask=None, kv=None, rope=None):
         B, r, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, r, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, r, hd)
-        k = k.view(B, r, self.n_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, r, self.n_head, self.head_dim).transpose(1, 2)
+        nh, nkv, hd = self.n_head, self.n_kv_head, self.head_dim
+        q, k, v = self.c_attn(x).split([nh * hd, nkv * hd, nkv * hd], dim=2)
+        q = q.view(B, r, nh, hd).transpose(1, 2)                       # (B, nh, r, hd)
+        k = k.view(B, r, nkv, hd).transpose(1, 2)                      # (B, nkv, r, hd)
+        v = v.view(B, r, nkv, hd).transpose(1, 2)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:  # each slot by its own position: the cache stores keys already turned
+            q, k = rotate(q, *rope), rotate(k, *rope)
         if kv is not None:  # write these rows at input_pos; attend over the cache's first `span` slots
             cache, input_pos, span = kv
             k, v = cache.update(self.layer_idx, input_pos, k, v, span)  # (B, nh, span, hd)
@@ -162,8 +219,8 @@ class CausalSelfAttention(nn.Module):
                 raise ValueError("rows after cached slots need a mask: model.parallel_mask(r, k, cached)")
         # no mask: causal (decoder) or full (encoder) attention; one row sees everything cached either way
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and self.causal and r > 1,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).contiguous().view(B, r, C)
+                                           dropout_p=self.dropout if self.training else 0.0, enable_gqa=nkv != nh)
+        y = y.transpose(1, 2).contiguous().view(B, r, nh * hd)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -171,12 +228,16 @@ class MLP(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        hidden, self.swiglu = config.mlp_hidden or 4 * config.n_embd, config.mlp == 'swiglu'
+        self.c_fc = nn.Linear(config.n_embd, (2 if self.swiglu else 1) * hidden, bias=config.bias)
         self.gelu = nn.GELU(approximate='tanh' if config.gelu == 'tanh' else 'none')
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
+        if self.swiglu:
+            gate, up = self.c_fc(x).chunk(2, dim=-1)                  # (B, r, hidden) each
+            return self.dropout(self.c_proj(F.silu(gate) * up))
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
@@ -302,17 +363,17 @@ class Block(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        self.ln_1 = Norm(config.n_embd, config.norm, config.bias)
+        self.ln_1 = Norm(config.n_embd, config.norm, config.bias, config.norm_eps)
         self.attn = CausalSelfAttention(config, layer_idx)
-        self.ln_2 = Norm(config.n_embd, config.norm, config.bias)
+        self.ln_2 = Norm(config.n_embd, config.norm, config.bias, config.norm_eps)
         self.mlp = MLP(config)
         if config.cond == 'adaln':
             # SiLU -> Linear(target_dim -> 6 n_embd): shift/scale/gate for attention, then for the MLP
             self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(config.target_dim, 6 * config.n_embd))
 
-    def forward(self, x, cond=NO_TARGET, mask=None, kv=None):
+    def forward(self, x, cond=NO_TARGET, mask=None, kv=None, rope=None):
         attn, mlp = cond.branches(self)  # how the target modulates each branch, for these rows (see above)
-        x = attn.residual(x, self.attn(attn.norm(self.ln_1, x), mask, kv))
+        x = attn.residual(x, self.attn(attn.norm(self.ln_1, x), mask, kv, rope))
         return mlp.residual(x, self.mlp(mlp.norm(self.ln_2, x)))
 
 
@@ -345,12 +406,13 @@ class GPT(nn.Module):
         d = config.n_embd
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, d),
-            wpe=nn.Embedding(config.block_size + 1, d),  # row 0: [None]; a token at position p uses row p+1
             wnonee=nn.Embedding(1, d),                      # the [None] start token (the paper's name)
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-            ln_f=Norm(d, config.norm, config.bias),
+            ln_f=Norm(d, config.norm, config.bias, config.norm_eps),
         ))
+        if config.pos == 'learned':  # row 0: [None]; a token at position p uses row p+1 (rope: the same turns)
+            self.transformer.wpe = nn.Embedding(config.block_size + 1, d)
         if config.cond == 'adaln':
             self.transformer.wtpe = nn.Embedding(config.block_size, config.target_dim)
             self.transformer.adaLN_f = nn.Sequential(nn.SiLU(), nn.Linear(config.target_dim, 2 * d))
@@ -404,7 +466,7 @@ class GPT(nn.Module):
         cfg, tr = self.config, self.transformer
         x = tr.wte(tok.clamp(min=0))                                      # (B, r, C)
         x = torch.where((tok < 0).unsqueeze(-1), tr.wnonee.weight[0].to(x.dtype), x)
-        x = x + tr.wpe(pos + 1)
+        x = x + tr.wpe(pos + 1) if cfg.pos == 'learned' else x
         has_tgt = (tgt >= 0).unsqueeze(-1)
         if cfg.cond == 'sigma':
             x = x + tr.wtpe(tgt.clamp(min=0)) * has_tgt.to(x.dtype)
@@ -425,8 +487,9 @@ class GPT(nn.Module):
         """forward_slots without the head: final-norm hidden states (B, n_last or r, C) of the last rows."""
         assert self.config.causal, "the slot pass is the decoder's; the encoder MDM uses forward(idx)"
         x, cond = self._embed(tok, pos, tgt)
+        rope = rotary(self.config, pos) if self.config.pos == 'rope' else None
         for block in self.transformer.h:
-            x = block(x, cond, mask, kv)
+            x = block(x, cond, mask, kv, rope)
         if n_last is not None:
             x = x[:, -n_last:]
             cond = cond.last(n_last)
@@ -469,9 +532,11 @@ class GPT(nn.Module):
         lm_head only on the rows it reveals."""
         n = idx.size(1)
         tr = self.transformer
-        x = tr.drop(tr.wte(idx) + tr.wpe(torch.arange(1, n + 1, device=idx.device)))
+        pos = torch.arange(n, device=idx.device).expand_as(idx)          # token i at row i + 1, or turned by i + 1
+        rope = rotary(self.config, pos) if self.config.pos == 'rope' else None
+        x = tr.drop(tr.wte(idx) + tr.wpe(pos + 1) if rope is None else tr.wte(idx))
         for block in tr.h:
-            x = block(x)  # full attention: the encoder's blocks are not causal
+            x = block(x, rope=rope)  # full attention: the encoder's blocks are not causal
         return tr.ln_f(x)
 
     def encoder_logits(self, h):
@@ -520,7 +585,7 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             tr = self.transformer
-            n -= tr.wpe.weight.numel() + tr.wnonee.weight.numel()
+            n -= tr.wnonee.weight.numel() + (tr.wpe.weight.numel() if 'wpe' in tr else 0)
             if 'wtpe' in tr:
                 n -= tr.wtpe.weight.numel()
             if not self.config.tie_head:
@@ -535,13 +600,15 @@ class GPT(nn.Module):
         """
         cfg = self.config
         T = seq_len or cfg.block_size
-        d = cfg.n_embd
-        block = 12 * d * d + (13 * d if cfg.bias else 0)
+        d, (nh, nkv, hd), hidden = cfg.n_embd, cfg.heads, cfg.mlp_hidden or 4 * cfg.n_embd
+        n_fc = 2 if cfg.mlp == 'swiglu' else 1
+        block = (d * (nh + 2 * nkv) * hd + nh * hd * d + (n_fc + 1) * hidden * d  # 12 d^2 for the paper's block
+                 + (13 * d if cfg.bias else 0))
         adaln = 0
         if cfg.cond == 'adaln' and not cfg.adaln_table:
             adaln = cfg.n_layer * (cfg.target_dim * 6 * d) + cfg.target_dim * 2 * d
         n_matmul = cfg.n_layer * block + adaln + d * cfg.vocab_size
-        return 6 * n_matmul + 12 * cfg.n_layer * d * T
+        return 6 * n_matmul + 12 * cfg.n_layer * nh * hd * T
 
     def estimate_mfu(self, tokens_per_s, peak_flops, seq_len=None):
         return self.estimate_flops_per_token(seq_len) * tokens_per_s / peak_flops
