@@ -7,12 +7,14 @@ One file, one model class; GPTConfig's switches select the formulation:
   GPT        causal=True,  cond='none'    plain left-to-right GPT (the order must be the identity)
   MDM        causal=False, cond='none'    encoder-only masked diffusion model with a [MASK] token
 
-The GPT-2 switches (norm='layer', qk_norm=False, tie_head=True, head_bias=False, gelu='tanh') make the
-L2R mode reproduce Hugging Face GPT-2 exactly (aogpt/families.py loads its weights).
+The GPT-2 switches (norm='layer', qk_norm=False, tie_head=True, head_bias=False, gelu='tanh') make the L2R mode
+Hugging Face's GPT-2; pos='rope', mlp='swiglu', n_kv_head, head_dim, qkv_bias make it Llama, Qwen2 or Qwen3
+(aogpt/families.py loads their folders; tests/test_backbones.py checks the logits against transformers').
 
 Slot layout (the paper's, so its checkpoints load unchanged). A decoder sees n slots for n tokens:
   slot 0      the learned [None] start token:  wnonee + wpe[0]
   slot k>=1   the token revealed k-th, x[order[k-1]]:  wte[x] + wpe[order[k-1] + 1]
+(pos='rope': no wpe; slot k's q and k turn by order[k-1] + 1 instead, [None]'s by 0: the source on [BOS] + x.)
 Slot k must predict the token at position order[k] (its *target*). With cond='adaln' the target enters
 each block as the shift/scale/gate of its norms, computed from a shared narrow table wtpe[order[k]].
 Attention is plain causal over slots, i.e. causal in the permuted order. With order = identity this is
@@ -73,7 +75,7 @@ class GPTConfig:
     # the Llama/Qwen block (aogpt/families.py); each default is the paper's block, so older checkpoints load unchanged
     pos: str = 'learned'       # 'learned' (wpe) | 'rope': a slot's own position p rotates its q and k by p + 1
     rope_theta: float = 10000.0
-    rope_scaling: dict = None  # None, or Llama 3's: factor, low_freq_factor, high_freq_factor, original_max_pos...
+    rope_scaling: dict = None  # None, or Llama 3's dict (LLAMA3_KEYS)
     mlp: str = 'gelu'          # 'gelu' (c_proj(gelu(c_fc x))) | 'swiglu' (c_fc holds [gate; up]: silu(gate) * up)
     mlp_hidden: int = 0        # the MLP's width; 0: 4 n_embd
     n_kv_head: int = 0         # key/value heads (grouped-query attention); 0: n_head
@@ -159,16 +161,15 @@ LLAMA3_KEYS = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_po
 
 
 def rotary(config, pos):
-    """cos, sin (B, 1, r, hd) of the rotation of the slots at positions pos (B, r) (-1 = [None], rotated by 0): a
-    token at position p turns by p + 1, as it used wpe's row p + 1. In float32 whatever the model's dtype, as
-    Hugging Face computes them, so that a float64 model is its source to 1e-10; inv_freq (hd/2,) is Llama 3's
-    (rope_scaling: long wavelengths slowed by factor, a smooth blend between) or the plain theta^(-2i/hd)."""
+    """cos, sin (B, 1, r, hd) turning the slots at positions pos (B, r): p by p + 1 (wpe's row), [None] (-1) by 0.
+    In float32 whatever the model's dtype, as Hugging Face computes them (so a float64 model is its source to 1e-10);
+    with rope_scaling, Llama 3's: long wavelengths slowed by factor, the middle ones (old/high to old/low) blended."""
     hd = config.heads[2]
     inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, hd, 2, device=pos.device).float() / hd)
     if config.rope_scaling is not None:
         factor, low, high, old = (config.rope_scaling[k] for k in LLAMA3_KEYS)
         wavelen = 2 * math.pi / inv_freq
-        blend = ((old / wavelen - low) / (high - low)).clamp(0, 1)   # 0 past old / low, 1 below old / high
+        blend = (old / wavelen - low) / (high - low)                  # in [0, 1] where it is used
         slowed = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
         inv_freq = torch.where((wavelen >= old / high) & (wavelen <= old / low),
                                (1 - blend) * slowed / factor + blend * slowed, slowed)

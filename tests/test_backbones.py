@@ -56,7 +56,7 @@ def _rms_in_float64(hf):
     angles in float32, as HF does: that part is the same function.)"""
     for m in hf.modules():
         if type(m).__name__.endswith('RMSNorm'):
-            m.forward = lambda x, m=m: m.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.variance_epsilon))
+            m.forward = lambda x, m=m: m.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + m.variance_epsilon)
     return hf
 
 
