@@ -28,6 +28,7 @@ from aogpt.errors import UserError
 from model import GPT, LLAMA3_KEYS, GPTConfig, adapt
 
 ROTARY = ('llama', 'mistral', 'qwen2', 'qwen3')
+CLASS_IDS = {'gpt2': (50256, 50256), 'llama': (1, 2), 'mistral': (1, 2)}  # (bos, eos) where config.json has none
 
 
 def read_config(folder):
@@ -118,7 +119,8 @@ def hf_config(hf, where=''):
                     qkv_bias=family == 'qwen2', norm='rms', qk_norm=family == 'qwen3', tie_head=f('tie_word_embeddings',
                     False), head_bias=False, mlp='swiglu', mlp_hidden=f('intermediate_size'), pos='rope',
                     rope_theta=theta, rope_scaling=scaling, norm_eps=float(f('rms_norm_eps', 1e-6)))
-    bos, eos = hf.get('bos_token_id'), hf.get('eos_token_id')
+    # a key left out takes its transformers class's default (GPT-2's <|endoftext|>, Llama's 1 and 2; Qwen has none)
+    bos, eos = (hf.get(k, d) for k, d in zip(('bos_token_id', 'eos_token_id'), CLASS_IDS.get(family, (None, None))))
     eos = eos[0] if isinstance(eos, list) and eos else eos
     none_from = 'bos_token_id' if isinstance(bos, int) else 'eos_token_id'
     none_id = bos if isinstance(bos, int) else eos

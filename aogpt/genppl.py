@@ -134,10 +134,15 @@ def unigram_entropy(tokens):
 def load_judge(path, device):
     """A judge model, its codec, and whether it is an HF GPT-2 folder (local or hf:; else a checkpoint of ours)."""
     from aogpt.checkpoint import is_export, load_model, read_hf_weights, resolve_path
-    from aogpt.families import load_hf
+    from aogpt.errors import UserError
+    from aogpt.families import load_hf, read_config
     from aogpt.tokenizer import gpt2_codec
     where = resolve_path(path)
     if os.path.isdir(where) and not is_export(where):
+        family = read_config(where)['model_type']
+        if family != 'gpt2':  # its tokenizer is not a codec here: scoring GPT-2 BPE ids with it would be garbage
+            raise UserError(f"{path} is a Hugging Face {family} model; a judge folder must be GPT-2 (its codec is "
+                            f"the GPT-2 BPE the samples are decoded with)")
         return load_hf(where, read_hf_weights(where)).to(device).eval(), gpt2_codec(), True
     model, _, _, codec = load_model(where, device, dataset='')  # the codec it was trained with, checked to fit
     return model, codec, False

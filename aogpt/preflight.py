@@ -84,8 +84,8 @@ def check_config(cfg, given=()):
     init_from = cfg['init_from']
     if not (init_from in ('scratch', 'resume', 'auto') or init_from.startswith(('gpt2:', 'hf:')) or
             init_from.endswith('.pt') or os.path.exists(init_from)):
-        raise UserError(f"init_from must be scratch, resume, auto, gpt2:<local HF GPT-2 dir>, a checkpoint file, an "
-                        f"export.py folder or hf:owner/repo[/path/ckpt.pt], got {init_from!r}")
+        raise UserError(f"init_from must be scratch, resume, auto, a Hugging Face model folder (gpt2:DIR or DIR), a "
+                        f"checkpoint file, an export.py folder or hf:owner/repo[/path/ckpt.pt], got {init_from!r}")
     if init_from.startswith('hf:'):
         parse_hub_spec(init_from)  # a malformed hub id fails here, before any data is read
     return order

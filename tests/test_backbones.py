@@ -5,13 +5,18 @@ adapted (adaln, sigma). float64: 1e-10 (the same ops up to summation order: ~sqr
 matmul, far below; the rotary angles are float32 on both sides, as HF computes them). float32: ATOL 1e-5, the
 class-3 bound of tests/README.md (16-48 wide, 2 layers, logits ≤ 10). A negative control (theta, rope convention,
 position off by one) moves the logits by far more, so the comparison has power."""
+import hashlib
 import json
 
+import numpy as np
 import pytest
 import torch
+from test_train import N as TN, args, env, log, run_inprocess  # noqa: F401 (env: a fixture)
 
+from aogpt.checkpoint import load_checkpoint
 from aogpt.errors import UserError
 from aogpt.families import hf_source, load_hf
+from aogpt.valloss import val_windows
 from model import adapt
 
 transformers = pytest.importorskip('transformers')
@@ -183,3 +188,48 @@ def test_sharded_safetensors_are_read_and_recorded(tmp_path):
     many, src2 = hf_source(str(tmp_path / 'shards'))
     assert len(src2['weights_sha256']) > 1 and list(src1['weights_sha256']) == ['model.safetensors']
     assert all(torch.equal(a, b) for a, b in zip(one.state_dict().values(), many.state_dict().values()))
+
+
+def test_train_starts_from_a_qwen3_folder_at_its_own_loss(env, monkeypatch, tmp_path):
+    """train.py --init_from=<a Qwen3 folder> --cond=adaln --eval_only: the adapted model's val_l2r is the source's
+    own loss on the same val windows, each read after [eos] (class 4 of tests/README.md: float32 sums of
+    4 x 8 x 16 token losses in another order, rel 1e-5)."""
+    cfg = transformers.Qwen3Config(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=1, head_dim=16, intermediate_size=48,
+                                   max_position_embeddings=TN, eos_token_id=7)  # the toy config's shape
+    torch.manual_seed(0)
+    hf = transformers.Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    hf.save_pretrained(tmp_path / 'qwen3')
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "ao"}', f'--init_from={tmp_path / "qwen3"}',
+                                    '--cond=adaln', '--eval_only=True'))
+    got = log(env, tmp_path / 'ao')[-1]['val_l2r']
+    val = torch.from_numpy(np.fromfile(env / 'data' / 'runs' / 'val.bin', dtype=np.uint16).astype(np.int64))
+    nll = n = 0.0
+    with torch.no_grad():
+        for starts in val_windows(len(val), TN, 4, 8):  # the toy config's eval_iters and batch_size
+            x = torch.stack([val[s:s + TN] for s in starts])
+            logits = hf_logits(hf, x, 7)
+            nll += torch.nn.functional.cross_entropy(logits.reshape(-1, V), x.reshape(-1), reduction='sum').item()
+            n += x.numel()
+    assert got == pytest.approx(nll / n, rel=1e-5), (got, nll / n)
+    # a run that saves: its checkpoint records the source (family, [None]'s token and where it came from, the
+    # sha256 of the weights file as read)
+    run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "run"}', f'--init_from={tmp_path / "qwen3"}',
+                                    '--max_iters=1', '--eval_interval=1', '--learning_rate=0', '--warmup_iters=0',
+                                    '--decay_lr=False', '--eval_iters=1'))
+    source = load_checkpoint(str(tmp_path / 'run'))['started_from']['source']
+    sha = hashlib.sha256((tmp_path / 'qwen3' / 'model.safetensors').read_bytes()).hexdigest()
+    assert source['family'] == 'qwen3' and (source['none_id'], source['none_from']) == (7, 'eos_token_id')
+    assert source['weights_sha256'] == {'model.safetensors': sha}
+
+
+def test_a_judge_folder_must_be_gpt2(tmp_path):
+    """sample.py's --gen_ppl judge decodes with GPT-2's BPE: a Qwen folder (now loadable) would score GPT-2 ids as
+    its own without a word; it is one line instead."""
+    from aogpt.genppl import load_judge
+    _, folder = build(tmp_path, 'qwen3_headdim')
+    with pytest.raises(UserError, match="is a Hugging Face qwen3 model; a judge folder must be GPT-2"):
+        load_judge(str(folder), 'cpu')

@@ -391,7 +391,7 @@ def test_every_command_gets_its_codec_checked_by_load_model(tmp_path, capsys, cl
      ['gpt2 codec has 50257 symbols but the model only 32']),
     (lambda f: (f / 'config.json').unlink(), None, ['holds model.safetensors but no config.json']),
     (lambda f: (f / 'config.json').write_text('{"model_type": "gpt2", "n_layer": 2}'), None,
-     ['not an export.py folder', 'gpt2:DIR']),
+     ['not an export.py folder', '--init_from=DIR']),
     (None, 'hf:owner', ["'hf:owner' names no hub checkpoint", 'hf:owner/repo']),
     (None, 'hf:', ['names no hub checkpoint']),
     (None, 'hf:owner/re po/x.pt', ['names no hub checkpoint']),

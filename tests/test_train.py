@@ -1215,7 +1215,7 @@ def test_shipped_configs_resolve_and_run(env, monkeypatch, tmp_path, path):
     data.mkdir(parents=True)
     for split in ('train', 'val'):
         runs_corpus(2000, 0).tofile(data / f'{split}.bin')
-    shrink = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=2',
+    shrink = ['--n_layer=1', '--n_head=4', '--n_embd=32', '--block_size=16', '--batch_size=2',  # 4: rope's n_kv_head
               '--gradient_accumulation_steps=1', '--eval_iters=1', '--eval_orders=1', '--max_iters=1',
               '--device=cpu', f'--data_root={tmp_path / "data"}', f'--out_dir={tmp_path / "out"}']
     run_inprocess(monkeypatch, [path, *shrink])
