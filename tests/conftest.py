@@ -34,10 +34,10 @@ GRIDS = {
     'test_speculative.py::test_prompt_and_infill': ('infill',),
     'test_speculative.py::test_temperature_and_top_p_transform_both_laws': ('tf2',),
     'test_speculative.py::test_cache_equals_a_cache_free_recomputation': ('kw0-cond0', 'kw1-cond1', 'kw2-cond2',
-                                                                          'kw3-cond0'),
+                                                                          'kw3-cond0', 'kw0-cond3'),
     'test_speculative.py::test_static_stepper_gives_the_dynamic_samples': ('kw0-min', 'kw1-per_row', 'kw2-fused'),
     'test_speculative.py::test_per_sample_cache_equals_a_cache_free_recomputation': (
-        'cond0-kw0', 'cond1-kw1', 'cond0-kw2', 'cond1-kw3', 'cond0-kw4'),
+        'cond0-kw0', 'cond1-kw1', 'cond0-kw2', 'cond1-kw3', 'cond0-kw4', 'cond2-kw2', 'cond2-kw4'),
     'test_speculative.py::test_fused_rounds_are_the_exact_joint': ('kw0-orders0-4', 'kw3-orders3-4',
                                                                    'kw5-orders5-4', 'kw7-orders7-4'),
     'test_speculative.py::test_fused_negative_controls_are_rejected': ('None', 'keep_rejected'),
