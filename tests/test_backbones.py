@@ -86,7 +86,7 @@ def test_l2r_logits_equal_the_source_in_float64_and_float32(tmp_path, name):
     print(f"{name}: max |dlogit| float64 {worst}, float32 {(got32 - ref32).abs().max().item():.2e}")
     assert max(worst.values()) < 1e-10, worst
     torch.testing.assert_close(got32, ref32, atol=1e-5, rtol=0)
-    assert ref.abs().max() > 1  # logits of a real size: the bound is not met by zeros
+    assert 1 < ref.abs().max() < 10  # logits of a real size (not met by zeros), and the size the bound assumes
 
 
 def test_a_wrong_theta_convention_or_position_is_caught(tmp_path):
