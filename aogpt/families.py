@@ -197,16 +197,21 @@ def read_safetensors(folder):
             sd.update(load_file(path))
         except Exception as e:
             raise UserError(f"cannot read {path}: it is truncated, corrupt or not a safetensors file ({e})")
-        h = hashlib.sha256()
-        with open(path, 'rb') as f:
-            for chunk in iter(lambda: f.read(1 << 24), b''):
-                h.update(chunk)
-        sha[name] = h.hexdigest()
+        sha[name] = sha256_of(path)
     return sd, sha
 
 
+def sha256_of(path):
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 24), b''):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def hf_source(folder, state_dict=None, **overrides):
-    """The source model (cond='none'), and its record {family, folder, none_id, none_from, weights_sha256}. Every one
+    """The source model (cond='none'), and its record {family, folder, revision (a hub snapshot's commit, else None),
+    none_id, none_from, weights_sha256: {file: sha256} (None when state_dict was given)}. Every one
     of their tensors is checked: a missing, extra or misshapen one is a UserError naming it. overrides: GPTConfig
     keys (block_size may shrink the context; dropout and the like)."""
     hf = read_config(folder)
@@ -219,6 +224,7 @@ def hf_source(folder, state_dict=None, **overrides):
         if family == 'gpt2' and not os.path.exists(os.path.join(folder, 'model.safetensors')):
             from aogpt.checkpoint import read_hf_weights  # GPT-2's pytorch_model.bin, weights_only
             state_dict = read_hf_weights(folder)
+            sha = {'pytorch_model.bin': sha256_of(os.path.join(folder, 'pytorch_model.bin'))}
         else:
             state_dict, sha = read_safetensors(folder)
     theirs = dict(state_dict)
@@ -249,7 +255,9 @@ def hf_source(folder, state_dict=None, **overrides):
             v = v[0].t() if how == 't' else torch.cat(v) if how == 'cat' else v[0]
             sd[ours].copy_(v[:sd[ours].shape[0]] if ours == 'transformer.wpe.weight' else v)
         sd['transformer.wnonee.weight'].copy_(sd['transformer.wte.weight'][none_id:none_id + 1])
-    source = dict(family=family, folder=os.path.abspath(folder), none_id=none_id, none_from=none_from,
+    here = os.path.abspath(folder)  # a hub download lives in .../snapshots/<commit>: that commit is its revision
+    revision = os.path.basename(here) if os.path.basename(os.path.dirname(here)) == 'snapshots' else None
+    source = dict(family=family, folder=here, revision=revision, none_id=none_id, none_from=none_from,
                   weights_sha256=sha)
     return model, source
 

@@ -233,3 +233,22 @@ def test_a_judge_folder_must_be_gpt2(tmp_path):
     _, folder = build(tmp_path, 'qwen3_headdim')
     with pytest.raises(UserError, match="is a Hugging Face qwen3 model; a judge folder must be GPT-2"):
         load_judge(str(folder), 'cpu')
+
+
+def test_an_hf_id_names_a_model_folder_in_the_hub_cache(tmp_path, monkeypatch):
+    """--init_from=hf:owner/repo[@rev] of a transformers model (offline, from the cache): its config.json and
+    model.safetensors are fetched as an export's would be, and the folder read as any; the revision is the path's."""
+    import huggingface_hub.constants as C
+    from helpers import hub_cache
+
+    from aogpt.startup import hf_folder
+    _, folder = build(tmp_path, 'qwen2_bias')
+    sha = hub_cache(tmp_path / 'hub', 'me/tiny-qwen2', {f: folder / f for f in ('config.json', 'model.safetensors')},
+                    refs=('main', 'v1'))
+    monkeypatch.setattr(C, 'HF_HUB_CACHE', str(tmp_path / 'hub'))
+    got = hf_folder('hf:me/tiny-qwen2@v1')
+    assert got.endswith(f'snapshots/{sha}')
+    ours, source = hf_source(got)
+    theirs, _ = hf_source(str(folder))
+    assert (source['family'], source['revision']) == ('qwen2', sha) and all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(),
+                                                                                theirs.state_dict().values()))
