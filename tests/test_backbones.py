@@ -250,5 +250,5 @@ def test_an_hf_id_names_a_model_folder_in_the_hub_cache(tmp_path, monkeypatch):
     assert got.endswith(f'snapshots/{sha}')
     ours, source = hf_source(got)
     theirs, _ = hf_source(str(folder))
-    assert (source['family'], source['revision']) == ('qwen2', sha) and all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(),
-                                                                                theirs.state_dict().values()))
+    assert (source['family'], source['revision']) == ('qwen2', sha)
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()))
