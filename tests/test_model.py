@@ -299,6 +299,17 @@ def test_param_count_matches_paper_small():
     assert 0.85e9 < flops < 0.95e9  # ~0.898 GFLOP/token per the perf notes (+ untied head, AdaLN)
 
 
+@pytest.mark.parametrize('cond', ['none', 'adaln'])
+def test_flops_count_every_linear_a_token_passes_on_the_rope_block(cond):
+    """estimate_flops_per_token on the Llama/Qwen block (no biases, so its block term is exact): 6 x the weights of
+    every Linear (GQA's narrower k and v, head_dim's own width, the SwiGLU's three matrices, AdaLN) + attention."""
+    cfg = GPTConfig(**dict(BACKBONES['rope'], qkv_bias=False, cond=cond, n_layer=2, n_embd=16, block_size=8,
+                           vocab_size=11, target_dim=8))
+    model = GPT(cfg)
+    linears = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert model.estimate_flops_per_token() == 6 * linears + 12 * 2 * 4 * 8 * 8  # n_layer, n_head, head_dim, T
+
+
 # --------------------------------------------------------------------------- GPT-2 parity
 
 def _hf_gpt2(tmp_path, n_positions=16):
