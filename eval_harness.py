@@ -33,7 +33,7 @@ Where the sequence starts (--bos; docs/downstream.md has the details):
         scored; a window holds block_size tokens. Rolling windows are then eval_ppl.py's chunks.
   hf    what lm-eval's hf class does with a GPT-2: no start token unless the context is empty (then
         <|endoftext|>), windows of block_size+1 tokens. Only for a GPT-2 loaded from Hugging Face
-        (GPT.from_pretrained), whose [None] is <|endoftext|>; it reproduces the hf class exactly.
+        (aogpt.families.load_hf), whose [None] is <|endoftext|>; it reproduces the hf class exactly.
 
 Results: the harness's table on the console, and a JSON (harness.json beside the checkpoint, or --out; where
 exactly is checkpoint.record_path, eval_ppl.py's rule too), also appended to harness.jsonl beside it, where every

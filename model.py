@@ -7,12 +7,14 @@ One file, one model class; GPTConfig's switches select the formulation:
   GPT        causal=True,  cond='none'    plain left-to-right GPT (the order must be the identity)
   MDM        causal=False, cond='none'    encoder-only masked diffusion model with a [MASK] token
 
-The GPT-2 switches (norm='layer', qk_norm=False, tie_head=True, head_bias=False, gelu='tanh') make the
-L2R mode reproduce Hugging Face GPT-2 exactly (see from_pretrained).
+The GPT-2 switches (norm='layer', qk_norm=False, tie_head=True, head_bias=False, gelu='tanh') make the L2R mode
+Hugging Face's GPT-2; pos='rope', mlp='swiglu', n_kv_head, head_dim, qkv_bias make it Llama, Qwen2 or Qwen3
+(aogpt/families.py loads their folders; tests/test_backbones.py checks the logits against transformers').
 
 Slot layout (the paper's, so its checkpoints load unchanged). A decoder sees n slots for n tokens:
   slot 0      the learned [None] start token:  wnonee + wpe[0]
   slot k>=1   the token revealed k-th, x[order[k-1]]:  wte[x] + wpe[order[k-1] + 1]
+(pos='rope': no wpe; slot k's q and k turn by order[k-1] + 1 instead, [None]'s by 0: the source on [BOS] + x.)
 Slot k must predict the token at position order[k] (its *target*). With cond='adaln' the target enters
 each block as the shift/scale/gate of its norms, computed from a shared narrow table wtpe[order[k]].
 Attention is plain causal over slots, i.e. causal in the permuted order. With order = identity this is
@@ -38,10 +40,8 @@ Public interface
       of the last context slot form a *parallel block* (parallel_mask) and cannot see each other.
 """
 
-import json
 import math
 import numbers
-import os
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -72,6 +72,21 @@ class GPTConfig:
     head_bias: bool = True     # bias in lm_head (AO-GPT's is untied and biased)
     gelu: str = 'exact'        # 'exact' | 'tanh' (GPT-2's gelu_new)
     mask_token_id: int = 50257  # the encoder MDM's [MASK]: GPT-2's first padding id
+    # the Llama/Qwen block (aogpt/families.py); each default is the paper's block, so older checkpoints load unchanged
+    pos: str = 'learned'       # 'learned' (wpe) | 'rope': a slot's own position p rotates its q and k by p + 1
+    rope_theta: float = 10000.0
+    rope_scaling: dict = None  # None, or Llama 3's dict (LLAMA3_KEYS)
+    mlp: str = 'gelu'          # 'gelu' (c_proj(gelu(c_fc x))) | 'swiglu' (c_fc holds [gate; up]: silu(gate) * up)
+    mlp_hidden: int = 0        # the MLP's width; 0: 4 n_embd
+    n_kv_head: int = 0         # key/value heads (grouped-query attention); 0: n_head
+    head_dim: int = 0          # 0: n_embd // n_head (Qwen3 sets its own)
+    norm_eps: float = 1e-5     # every norm's eps (qk_norm's too)
+    qkv_bias: bool = None      # biases in q, k, v (Qwen2: only there); None: as bias
+
+    @property
+    def heads(self):
+        """(query heads, key/value heads, head width): what attention and the KV cache are sized by."""
+        return self.n_head, self.n_kv_head or self.n_head, self.head_dim or self.n_embd // self.n_head
 
     def __post_init__(self):
         self.validate()
@@ -94,7 +109,18 @@ class GPTConfig:
             need(is_int(getattr(self, k)) and getattr(self, k) >= 1, k, "an integer >= 1")
         for k in ('bias', 'causal', 'adaln_table', 'qk_norm', 'tie_head', 'head_bias'):
             need(isinstance(getattr(self, k), bool), k, "True or False")
-        need(self.n_embd % self.n_head == 0, 'n_embd', f"a multiple of n_head ({self.n_head})")
+        need(self.head_dim != 0 or self.n_embd % self.n_head == 0, 'n_embd', f"a multiple of n_head ({self.n_head})")
+        for k in ('mlp_hidden', 'n_kv_head', 'head_dim'):
+            need(is_int(getattr(self, k)) and getattr(self, k) >= 0, k, "an integer >= 0 (0: the default)")
+        need(self.n_head % self.heads[1] == 0, 'n_kv_head', f"a divisor of n_head ({self.n_head})")
+        need(self.pos in ('learned', 'rope'), 'pos', "'learned' or 'rope'")
+        need(self.mlp in ('gelu', 'swiglu'), 'mlp', "'gelu' or 'swiglu'")
+        need(self.qkv_bias in (None, True, False), 'qkv_bias', "True, False or None (as bias)")
+        for k in ('rope_theta', 'norm_eps'):
+            need(isinstance(getattr(self, k), numbers.Real) and 0 < getattr(self, k) < math.inf, k, "a number > 0")
+        need(self.rope_scaling is None or (isinstance(self.rope_scaling, dict) and set(self.rope_scaling) == set(
+            LLAMA3_KEYS) and all(isinstance(v, numbers.Real) for v in self.rope_scaling.values())), 'rope_scaling',
+             f"None or Llama 3's dict of numbers {', '.join(LLAMA3_KEYS)}")
         need(isinstance(self.dropout, numbers.Real) and 0 <= self.dropout < 1, 'dropout', "in [0, 1)")
         need(self.cond in ('adaln', 'sigma', 'none'), 'cond', "'adaln', 'sigma' or 'none'")
         need(self.norm in ('rms', 'layer'), 'norm', "'rms' or 'layer'")
@@ -114,11 +140,11 @@ class GPTConfig:
 # ---------------------------------------------------------------------- the blocks
 
 class Norm(nn.Module):
-    """RMSNorm (weight only) or LayerNorm (weight, optional bias); eps 1e-5 like GPT-2 and the paper."""
+    """RMSNorm (weight only) or LayerNorm (weight, optional bias); eps 1e-5 like GPT-2 and the paper (norm_eps)."""
 
-    def __init__(self, ndim, kind='rms', bias=False):
+    def __init__(self, ndim, kind='rms', bias=False, eps=1e-5):
         super().__init__()
-        self.rms = kind == 'rms'
+        self.rms, self.eps = kind == 'rms', eps
         self.weight = nn.Parameter(torch.ones(ndim))
         self.bias = nn.Parameter(torch.zeros(ndim)) if (kind == 'layer' and bias) else None
 
@@ -127,8 +153,35 @@ class Norm(nn.Module):
         # rms_norm down its slow unfused path
         w = self.weight.to(x.dtype)
         if self.rms:
-            return F.rms_norm(x, w.shape, w, 1e-5)
-        return F.layer_norm(x, w.shape, w, None if self.bias is None else self.bias.to(x.dtype), 1e-5)
+            return F.rms_norm(x, w.shape, w, self.eps)
+        return F.layer_norm(x, w.shape, w, None if self.bias is None else self.bias.to(x.dtype), self.eps)
+
+
+LLAMA3_KEYS = ('factor', 'low_freq_factor', 'high_freq_factor', 'original_max_position_embeddings')
+
+
+def rotary(config, pos):
+    """cos, sin (B, 1, r, hd) turning the slots at positions pos (B, r): p by p + 1 (wpe's row), [None] (-1) by 0.
+    In float32 whatever the model's dtype, as Hugging Face computes them (so a float64 model is its source to 1e-10);
+    with rope_scaling, Llama 3's: long wavelengths slowed by factor, the middle ones (old/high to old/low) blended."""
+    hd = config.heads[2]
+    inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, hd, 2, device=pos.device).float() / hd)
+    if config.rope_scaling is not None:
+        factor, low, high, old = (config.rope_scaling[k] for k in LLAMA3_KEYS)
+        wavelen = 2 * math.pi / inv_freq
+        blend = (old / wavelen - low) / (high - low)                  # in [0, 1] where it is used
+        slowed = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        inv_freq = torch.where((wavelen >= old / high) & (wavelen <= old / low),
+                               (1 - blend) * slowed / factor + blend * slowed, slowed)
+    angle = (pos + 1).float()[..., None] * inv_freq                  # (B, r, hd/2)
+    angle = torch.cat([angle, angle], dim=-1)[:, None]               # (B, 1, r, hd): pairs (i, i + hd/2)
+    return angle.cos(), angle.sin()
+
+
+def rotate(x, cos, sin):
+    """x (B, h, r, hd) turned by the slots' angles, Hugging Face's rotate_half convention."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos.to(x.dtype) + torch.cat([-x2, x1], dim=-1) * sin.to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -136,27 +189,30 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.n_head = config.n_head
-        self.head_dim = config.n_embd // config.n_head
-        if config.qk_norm:
-            self.q_norm = Norm(self.head_dim, 'rms')
-            self.k_norm = Norm(self.head_dim, 'rms')
+        self.n_head, self.n_kv_head, self.head_dim = config.heads
+        qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * self.head_dim, bias=qkv_bias)
+        self.c_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=config.bias)
+        if config.qk_norm:  # per head, over head_dim, before the rotation: Qwen3's q_norm / k_norm are this function
+            self.q_norm = Norm(self.head_dim, 'rms', eps=config.norm_eps)
+            self.k_norm = Norm(self.head_dim, 'rms', eps=config.norm_eps)
         self.qk_norm = config.qk_norm
         self.causal = config.causal
         self.layer_idx = layer_idx  # which of the cache's layers this one reads and writes
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, mask=None, kv=None):
+    def forward(self, x, mask=None, kv=None, rope=None):
         B, r, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, r, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, r, hd)
-        k = k.view(B, r, self.n_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, r, self.n_head, self.head_dim).transpose(1, 2)
+        nh, nkv, hd = self.n_head, self.n_kv_head, self.head_dim
+        q, k, v = self.c_attn(x).split([nh * hd, nkv * hd, nkv * hd], dim=2)
+        q = q.view(B, r, nh, hd).transpose(1, 2)                       # (B, nh, r, hd)
+        k = k.view(B, r, nkv, hd).transpose(1, 2)                      # (B, nkv, r, hd)
+        v = v.view(B, r, nkv, hd).transpose(1, 2)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:  # each slot by its own position: the cache stores keys already turned
+            q, k = rotate(q, *rope), rotate(k, *rope)
         if kv is not None:  # write these rows at input_pos; attend over the cache's first `span` slots
             cache, input_pos, span = kv
             k, v = cache.update(self.layer_idx, input_pos, k, v, span)  # (B, nh, span, hd)
@@ -164,8 +220,8 @@ class CausalSelfAttention(nn.Module):
                 raise ValueError("rows after cached slots need a mask: model.parallel_mask(r, k, cached)")
         # no mask: causal (decoder) or full (encoder) attention; one row sees everything cached either way
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and self.causal and r > 1,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).contiguous().view(B, r, C)
+                                           dropout_p=self.dropout if self.training else 0.0, enable_gqa=nkv != nh)
+        y = y.transpose(1, 2).contiguous().view(B, r, nh * hd)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -173,12 +229,16 @@ class MLP(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        hidden, self.swiglu = config.mlp_hidden or 4 * config.n_embd, config.mlp == 'swiglu'
+        self.c_fc = nn.Linear(config.n_embd, (2 if self.swiglu else 1) * hidden, bias=config.bias)
         self.gelu = nn.GELU(approximate='tanh' if config.gelu == 'tanh' else 'none')
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
+        if self.swiglu:
+            gate, up = self.c_fc(x).chunk(2, dim=-1)                  # (B, r, hidden) each
+            return self.dropout(self.c_proj(F.silu(gate) * up))
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
@@ -304,17 +364,17 @@ class Block(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        self.ln_1 = Norm(config.n_embd, config.norm, config.bias)
+        self.ln_1 = Norm(config.n_embd, config.norm, config.bias, config.norm_eps)
         self.attn = CausalSelfAttention(config, layer_idx)
-        self.ln_2 = Norm(config.n_embd, config.norm, config.bias)
+        self.ln_2 = Norm(config.n_embd, config.norm, config.bias, config.norm_eps)
         self.mlp = MLP(config)
         if config.cond == 'adaln':
             # SiLU -> Linear(target_dim -> 6 n_embd): shift/scale/gate for attention, then for the MLP
             self.adaLN = nn.Sequential(nn.SiLU(), nn.Linear(config.target_dim, 6 * config.n_embd))
 
-    def forward(self, x, cond=NO_TARGET, mask=None, kv=None):
+    def forward(self, x, cond=NO_TARGET, mask=None, kv=None, rope=None):
         attn, mlp = cond.branches(self)  # how the target modulates each branch, for these rows (see above)
-        x = attn.residual(x, self.attn(attn.norm(self.ln_1, x), mask, kv))
+        x = attn.residual(x, self.attn(attn.norm(self.ln_1, x), mask, kv, rope))
         return mlp.residual(x, self.mlp(mlp.norm(self.ln_2, x)))
 
 
@@ -347,12 +407,13 @@ class GPT(nn.Module):
         d = config.n_embd
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, d),
-            wpe=nn.Embedding(config.block_size + 1, d),  # row 0: [None]; a token at position p uses row p+1
             wnonee=nn.Embedding(1, d),                      # the [None] start token (the paper's name)
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-            ln_f=Norm(d, config.norm, config.bias),
+            ln_f=Norm(d, config.norm, config.bias, config.norm_eps),
         ))
+        if config.pos == 'learned':  # row 0: [None]; a token at position p uses row p+1 (rope: the same turns)
+            self.transformer.wpe = nn.Embedding(config.block_size + 1, d)
         if config.cond == 'adaln':
             self.transformer.wtpe = nn.Embedding(config.block_size, config.target_dim)
             self.transformer.adaLN_f = nn.Sequential(nn.SiLU(), nn.Linear(config.target_dim, 2 * d))
@@ -406,7 +467,7 @@ class GPT(nn.Module):
         cfg, tr = self.config, self.transformer
         x = tr.wte(tok.clamp(min=0))                                      # (B, r, C)
         x = torch.where((tok < 0).unsqueeze(-1), tr.wnonee.weight[0].to(x.dtype), x)
-        x = x + tr.wpe(pos + 1)
+        x = x + tr.wpe(pos + 1) if cfg.pos == 'learned' else x
         has_tgt = (tgt >= 0).unsqueeze(-1)
         if cfg.cond == 'sigma':
             x = x + tr.wtpe(tgt.clamp(min=0)) * has_tgt.to(x.dtype)
@@ -427,8 +488,9 @@ class GPT(nn.Module):
         """forward_slots without the head: final-norm hidden states (B, n_last or r, C) of the last rows."""
         assert self.config.causal, "the slot pass is the decoder's; the encoder MDM uses forward(idx)"
         x, cond = self._embed(tok, pos, tgt)
+        rope = rotary(self.config, pos) if self.config.pos == 'rope' else None
         for block in self.transformer.h:
-            x = block(x, cond, mask, kv)
+            x = block(x, cond, mask, kv, rope)
         if n_last is not None:
             x = x[:, -n_last:]
             cond = cond.last(n_last)
@@ -471,9 +533,11 @@ class GPT(nn.Module):
         lm_head only on the rows it reveals."""
         n = idx.size(1)
         tr = self.transformer
-        x = tr.drop(tr.wte(idx) + tr.wpe(torch.arange(1, n + 1, device=idx.device)))
+        pos = torch.arange(n, device=idx.device).expand_as(idx)          # token i at row i + 1, or turned by i + 1
+        rope = rotary(self.config, pos) if self.config.pos == 'rope' else None
+        x = tr.drop(tr.wte(idx) + tr.wpe(pos + 1) if rope is None else tr.wte(idx))
         for block in tr.h:
-            x = block(x)  # full attention: the encoder's blocks are not causal
+            x = block(x, rope=rope)  # full attention: the encoder's blocks are not causal
         return tr.ln_f(x)
 
     def encoder_logits(self, h):
@@ -516,13 +580,13 @@ class GPT(nn.Module):
         mask = parallel_mask(tok.size(1), k, device=tok.device) if k > 1 else None
         return self.forward_slots(tok, pos, tgt, mask=mask, n_logits=k)
 
-    # ------------------------------------------------------------------ sizes and the optimizer
+    # ------------------------------------------------------------------ sizes
     def get_num_params(self, non_embedding=False):
         """All parameters (tied ones once). non_embedding drops the lookup tables, not the head."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             tr = self.transformer
-            n -= tr.wpe.weight.numel() + tr.wnonee.weight.numel()
+            n -= tr.wnonee.weight.numel() + (tr.wpe.weight.numel() if 'wpe' in tr else 0)
             if 'wtpe' in tr:
                 n -= tr.wtpe.weight.numel()
             if not self.config.tie_head:
@@ -537,94 +601,18 @@ class GPT(nn.Module):
         """
         cfg = self.config
         T = seq_len or cfg.block_size
-        d = cfg.n_embd
-        block = 12 * d * d + (13 * d if cfg.bias else 0)
+        d, (nh, nkv, hd), hidden = cfg.n_embd, cfg.heads, cfg.mlp_hidden or 4 * cfg.n_embd
+        n_fc = 2 if cfg.mlp == 'swiglu' else 1
+        block = (d * (nh + 2 * nkv) * hd + nh * hd * d + (n_fc + 1) * hidden * d  # 12 d^2 for the paper's block
+                 + (13 * d if cfg.bias else 0))
         adaln = 0
         if cfg.cond == 'adaln' and not cfg.adaln_table:
             adaln = cfg.n_layer * (cfg.target_dim * 6 * d) + cfg.target_dim * 2 * d
         n_matmul = cfg.n_layer * block + adaln + d * cfg.vocab_size
-        return 6 * n_matmul + 12 * cfg.n_layer * d * T
+        return 6 * n_matmul + 12 * cfg.n_layer * nh * hd * T
 
     def estimate_mfu(self, tokens_per_s, peak_flops, seq_len=None):
         return self.estimate_flops_per_token(seq_len) * tokens_per_s / peak_flops
-
-    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type, optimizer='adamw', min_lr=0.0,
-                             muon_lr=0.02, muon_adaln=True, muon_dtype='bfloat16'):
-        """The optimizers to step, AdamW first: optimizer='adamw' [AdamW] (the paper's), 'muon' [AdamW, Muon].
-
-        Muon (torch.optim.Muon) takes the blocks' hidden matrices (attention c_attn/c_proj, MLP c_fc/c_proj), and
-        with muon_adaln the AdaLN Linears (target_dim -> 6d per block, -> 2d before the head) as well (on AO-GPT
-        they train faster there: finding 9); AdamW the rest: embeddings, head, norms, biases. Both decay their
-        matrices by weight_decay in the same decoupled form (p -= lr * weight_decay * p). Each parameter is in one
-        group, in named_parameters order, so the saved states (positional, as torch keeps them) line up on resume.
-        muon_dtype: the dtype of Muon's Newton-Schulz iteration (see Muon below).
-
-        Every param group carries its own schedule: initial_lr, its peak (AdamW's learning_rate, Muon's muon_lr),
-        and min_lr, its floor, the same fraction min_lr / learning_rate of its peak for every group; the caller
-        moves each group's lr along one warmup-and-decay curve between the two (train.py's get_lr). Another
-        optimizer is one more entry here and in OPTIMIZER_KEYS: train.py's schedule, steps and checkpoint take the
-        list as it is."""
-        if optimizer not in OPTIMIZER_KEYS:
-            raise ValueError(f"optimizer must be {' or '.join(OPTIMIZER_KEYS)}, got {optimizer!r}")
-        # Decay every matrix (embeddings and AdaLN included, as in the paper's code); not biases or norms.
-        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
-        hidden = ('.attn.c_attn.weight', '.attn.c_proj.weight', '.mlp.c_fc.weight', '.mlp.c_proj.weight')
-
-        def to_muon(name):
-            adaln = muon_adaln and 'adaLN' in name and name.endswith('.weight')
-            return optimizer == 'muon' and (name.endswith(hidden) or adaln)
-        muon = [p for n, p in named if to_muon(n)]
-        decay = [p for n, p in named if p.dim() >= 2 and not to_muon(n)]
-        no_decay = [p for n, p in named if p.dim() < 2]
-        schedule = dict(initial_lr=learning_rate, min_lr=min_lr)  # AdamW's
-        groups = [{'params': decay, 'weight_decay': weight_decay, **schedule},
-                  {'params': no_decay, 'weight_decay': 0.0, **schedule}]
-        fused = device_type == 'cuda'
-        optimizers = [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)]
-        if optimizer == 'muon':  # its floor: min_lr's fraction of muon_lr (min_lr <= learning_rate: 0 when that is)
-            floor = min_lr * muon_lr / learning_rate if learning_rate > 0 else 0.0
-            optimizers.append(Muon([{'params': muon, 'initial_lr': muon_lr, 'min_lr': floor}], lr=muon_lr,
-                                   weight_decay=weight_decay, ns_dtype=getattr(torch, muon_dtype)))
-        return optimizers
-
-    # ------------------------------------------------------------------ GPT-2 weights
-    @classmethod
-    def from_pretrained(cls, path, state_dict=None, cond='none', **overrides):
-        """Load a local Hugging Face GPT-2 directory (config.json + model.safetensors / pytorch_model.bin);
-        state_dict: its weights already read (aogpt.checkpoint.read_hf_weights, with one-line errors).
-
-        With the default overrides this is GPT-2 itself (L2R mode equals HF's logits for
-        [<|endoftext|>] + x). With cond='adaln' or 'sigma' it is GPT-2 adapted into an any-order decoder
-        (adapt below), which starts as GPT-2 for every order and learns to use the target.
-        """
-        with open(os.path.join(path, 'config.json')) as f:
-            hf = json.load(f)
-        args = dict(block_size=hf['n_positions'] - 1, vocab_size=hf['vocab_size'], n_layer=hf['n_layer'],
-                    n_head=hf['n_head'], n_embd=hf['n_embd'], bias=True, cond='none', norm='layer',
-                    qk_norm=False, tie_head=True, head_bias=False, gelu='tanh')
-        args.update(overrides)
-        model = cls(GPTConfig(**args))
-        sd_hf = _load_hf_state_dict(path) if state_dict is None else state_dict
-        eot = 50256
-        sd = model.state_dict()
-        transposed = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
-        with torch.no_grad():
-            for k, v in sd_hf.items():
-                k = k.removeprefix('transformer.') if k.startswith('transformer.') else k
-                if k.endswith(('.attn.bias', '.attn.masked_bias')) or k == 'lm_head.weight':
-                    continue  # causal-mask buffers; lm_head is tied to wte
-                ours = 'transformer.' + k
-                if ours not in sd:
-                    raise KeyError(f"unexpected GPT-2 weight {k}")
-                v = v.t() if k.endswith(transposed) else v
-                if ours == 'transformer.wpe.weight':
-                    v = v[:model.config.block_size + 1]
-                sd[ours].copy_(v)
-            # [None] plays GPT-2's <|endoftext|> at position 0
-            sd['transformer.wnonee.weight'].copy_(sd['transformer.wte.weight'][eot:eot + 1])
-            if not model.config.tie_head:
-                sd['lm_head.weight'].copy_(sd['transformer.wte.weight'])
-        return model if cond == 'none' else adapt(model, cond)
 
 
 def adapt(gpt, cond, **new):
@@ -657,76 +645,6 @@ def adapt(gpt, cond, **new):
             for block in tr.h:
                 _open_gates(block.adaLN[1])
     return model
-
-
-# configure_optimizers' setups, each with the train.py keys only it reads (a key of another setup would be ignored)
-OPTIMIZER_KEYS = {'adamw': (), 'muon': ('muon_lr', 'muon_adaln', 'muon_dtype')}
-
-
-class Muon(torch.optim.Muon):
-    """torch.optim.Muon with its Newton-Schulz iteration in ns_dtype. torch runs the iteration in bfloat16, which is
-    fast on GPUs and on CPUs with bf16 matrix units; a CPU without them emulates every bf16 matmul, and float32 is
-    then several times faster (bench/train_speed.py --optimizer). With bfloat16 the step is torch's own; with
-    another dtype it is _step, the same update with only the iteration's dtype changed (a test checks that _step in
-    bfloat16 is torch's step bit for bit). The state is torch's (momentum_buffer), so a checkpoint resumes under
-    either dtype; ns_dtype is not saved with it (it is train.py's muon_dtype)."""
-
-    def __init__(self, params, ns_dtype=torch.bfloat16, **kw):
-        super().__init__(params, **kw)
-        self.ns_dtype = ns_dtype
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        if self.ns_dtype == torch.bfloat16:
-            return super().step(closure)
-        return self._step(closure)
-
-    @torch.no_grad()
-    def _step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, momentum = group['lr'], group['momentum']
-            for p in group['params']:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if 'momentum_buffer' not in state:
-                    state['momentum_buffer'] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-                buf = state['momentum_buffer']
-                buf.lerp_(p.grad, 1 - momentum)
-                update = p.grad.lerp(buf, momentum) if group['nesterov'] else buf
-                update = newton_schulz(update, group['ns_coefficients'], group['ns_steps'], group['eps'], self.ns_dtype)
-                A, B = p.shape[:2]  # torch's two lr adjustments: 'original' (its default) and 'match_rms_adamw'
-                ratio = 0.2 * math.sqrt(max(A, B)) if group['adjust_lr_fn'] == 'match_rms_adamw' else \
-                    math.sqrt(max(1, A / B))
-                p.mul_(1 - lr * group['weight_decay'])
-                p.add_(update, alpha=-lr * ratio)
-        return loss
-
-
-def newton_schulz(g, coefficients, steps, eps, dtype):
-    """The quintic Newton-Schulz iteration torch.optim.Muon runs (in bfloat16) to push g's singular values towards 1,
-    here in `dtype`, op for op as torch writes it: on the wide orientation, after scaling to Frobenius norm 1."""
-    a, b, c = coefficients
-    x = g.to(dtype)
-    if g.size(0) > g.size(1):
-        x = x.T
-    x = x.div(x.norm().clamp(min=eps))
-    for _ in range(steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if g.size(0) > g.size(1) else x
-
-
-def _load_hf_state_dict(path):
-    st = os.path.join(path, 'model.safetensors')
-    if os.path.exists(st):
-        from safetensors.torch import load_file
-        return load_file(st)
-    return torch.load(os.path.join(path, 'pytorch_model.bin'), map_location='cpu', weights_only=True)
 
 
 # ---------------------------------------------------------------------- helpers shared by the scripts

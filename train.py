@@ -42,6 +42,7 @@ from aogpt.bins import meta_dtype, open_bin, read_meta
 from aogpt.checkpoint import CKPT_NAME, save_checkpoint
 from aogpt.configurator import configure, print_config, stop_at_safe_points, stop_requested
 from aogpt.ema import EMA
+from aogpt.optim import configure_optimizers
 from aogpt.orders import OLD_KEYS, l2r_mix, old_keys_line, one_block
 from aogpt.paths import append_jsonl
 from aogpt.plot import plot_log
@@ -58,7 +59,7 @@ stop_at_safe_points()  # a Ctrl-C or SIGTERM is recorded, and the run ends at it
 # defaults: AO-GPT-Small (12/768/12, context 1024) on OpenWebText, as in the paper
 # I/O
 out_dir = 'out'  # checkpoint, log.jsonl
-init_from = 'scratch'  # scratch | resume | auto (resume if ckpt.pt exists) | gpt2:<HF dir> | <ckpt, export, hf:...>
+init_from = 'scratch'  # scratch | resume | auto (resume if ckpt.pt exists) | <HF model dir> | <ckpt, export, hf:...>
 init_ema = True  # fine-tuning from a checkpoint file: start from its EMA weights when it has them
 eval_interval = 2500  # iterations between evals (and checkpoints)
 eval_iters = 96  # val batches per eval, split across ranks
@@ -100,6 +101,16 @@ tie_head = False
 head_bias = True
 gelu = 'exact'  # exact | tanh
 mask_token_id: int = None  # the MDM's [MASK]; None: the first padding id (the dataset's vocab size)
+# the Llama/Qwen block (config/train_ao_gpt_small_rope.py); a Hugging Face folder's init_from sets these from it
+pos = 'learned'  # learned (wpe) | rope (each slot's q and k turned by its own position + 1)
+rope_theta = 10000.0
+rope_scaling: dict = None  # None | Llama 3's: factor, low_freq_factor, high_freq_factor, original_max_position_emb...
+mlp = 'gelu'  # gelu | swiglu
+mlp_hidden = 0  # the MLP's width; 0: 4 n_embd
+n_kv_head = 0  # key/value heads (grouped-query attention); 0: n_head
+head_dim = 0  # 0: n_embd // n_head
+norm_eps = 1e-5
+qkv_bias: bool = None  # biases in q, k, v; None: as bias
 # orders (decoders)
 order = 'mix:0.1*l2r+0.9*random'  # the order distribution (aogpt/orders.py): 10% L2R, else uniform (the paper's)
 l2r_frac_end: float = None  # if set, the L2R weight of order (random, l2r or a mix of the two) moves linearly here
@@ -289,8 +300,8 @@ def train_micro_batch(it, m, law):
 
 # ------------------------------------------------------------------ optimizer, EMA, scaler
 # [AdamW] or [AdamW, Muon], each param group with its own peak and floor on the one schedule (get_lr)
-optimizers = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type, optimizer=optimizer,
-                                        min_lr=min_lr, muon_lr=muon_lr, muon_adaln=muon_adaln, muon_dtype=muon_dtype)
+optimizers = configure_optimizers(model, weight_decay, learning_rate, (beta1, beta2), device_type, optimizer=optimizer,
+                                  min_lr=min_lr, muon_lr=muon_lr, muon_adaln=muon_adaln, muon_dtype=muon_dtype)
 with run.failing():
     check_step_sizes(optimizers, cfg)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))

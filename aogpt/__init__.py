@@ -10,9 +10,12 @@ eval_harness.py, export.py) and the model they share (model.py, also at the root
     hub, evalsets the Hugging Face hub; the zero-shot eval sets and their detokenizers
     checkpoint    checkpoint and export files: reading, writing, resolving, the hub; paper_ckpt: the paper's
                   released checkpoints, converted to ours
+    families      open causal LMs from a Hugging Face folder (GPT-2, Llama, Mistral, Qwen2, Qwen3) as our GPT, every
+                  weight checked, what the block cannot represent refused by name
     paths         where a command writes, checked before the work (--save, --json_out, --runs_dir, ...)
     preflight, startup   train.py's checks before its first step; where its model and state come from (init_from)
     rundir, valloss, ema train.py's out_dir (lock, periodic copies), val losses, EMA
+    optim         train.py's optimizers: AdamW, or Muon for the blocks' hidden matrices beside AdamW (configure_optimizers)
     engine        the KV caches (shared, per-sample) and how a forward call runs (dynamic, fixed shapes,
                   CUDA graphs)
     orders        the order distributions (semiar:K, nearl2r:W, mixtures) every command trains, samples, scores with

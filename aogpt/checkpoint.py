@@ -226,7 +226,7 @@ def _legacy_torch(head):
 
 def read_hf_weights(folder):
     """A Hugging Face model folder's weights (model.safetensors, else pytorch_model.bin through load_checkpoint's
-    weights_only checks), for model.GPT.from_pretrained: one line for a bad file, never an unpickling traceback."""
+    weights_only checks), for aogpt.families.load_hf: one line for a bad file, never an unpickling traceback."""
     st = os.path.join(folder, 'model.safetensors')
     if os.path.exists(st):
         from safetensors.torch import load_file
@@ -446,8 +446,8 @@ def read_export(folder):
         hf = isinstance(meta, dict) and 'model_type' in meta
         raise UserError(f"{folder} is not an export.py folder: its {EXPORT_CONFIG} lacks \"format\": "
                         f"\"{EXPORT_FORMAT}\"" +
-                        (f" (it is a Hugging Face transformers {meta['model_type']!r} model: train.py reads GPT-2 as "
-                         f"--init_from=gpt2:DIR, sample.py as a --gen_ppl judge)" if hf else ""))
+                        (f" (it is a Hugging Face transformers {meta['model_type']!r} model: train.py starts from it as "
+                         f"--init_from=DIR, sample.py reads GPT-2 as a --gen_ppl judge)" if hf else ""))
     if meta.get('format_version') != EXPORT_VERSION:
         raise UserError(f"{cfg_path} is export format version {meta.get('format_version')!r}; this aogpt reads version "
                         f"{EXPORT_VERSION} (update aogpt)")

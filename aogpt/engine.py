@@ -55,7 +55,8 @@ class KVCache:
     def __init__(self, model, batch_size, n_slots=None):
         cfg = model.config
         S = self.slots(cfg.block_size) if n_slots is None else n_slots
-        self.shape = (batch_size, cfg.n_head, S, cfg.n_embd // cfg.n_head)
+        _, n_kv_head, head_dim = cfg.heads  # grouped-query attention caches its n_kv_head heads only
+        self.shape = (batch_size, n_kv_head, S, head_dim)
         self.n_layer = cfg.n_layer
         self.k = self.v = None
         self.len = 0

@@ -13,8 +13,6 @@ import os
 import torch
 from torch.nn import functional as F
 
-from model import GPT
-
 
 @torch.no_grad()
 def judge_token_nll(judge, seqs, mode='none', batch_size=16, windows=False):
@@ -22,7 +20,7 @@ def judge_token_nll(judge, seqs, mode='none', batch_size=16, windows=False):
     sequences (lists or 1-D tensors) of any lengths, each read left to right.
 
     mode 'none': every token is scored, the first from [None] (for a GPT-2 loaded with
-    GPT.from_pretrained, [None] is <|endoftext|>): up to block_size tokens in one pass.
+    aogpt.families.load_hf, [None] is <|endoftext|>): up to block_size tokens in one pass.
     mode 'hf': the paper code's recipe (HF GPT-2 on the raw sample): no BOS, the first token is only
     context: up to block_size + 1 tokens (1024 for GPT-2).
     A longer sequence is an error, or with windows=True is scored in consecutive windows, each read from
@@ -149,9 +147,15 @@ def unigram_entropy(tokens):
 def load_judge(path, device):
     """A judge model, its codec, and whether it is an HF GPT-2 folder (local or hf:; else a checkpoint of ours)."""
     from aogpt.checkpoint import is_export, load_model, read_hf_weights, resolve_path
+    from aogpt.errors import UserError
+    from aogpt.families import load_hf, read_config
     from aogpt.tokenizer import gpt2_codec
     where = resolve_path(path)
     if os.path.isdir(where) and not is_export(where):
-        return GPT.from_pretrained(where, read_hf_weights(where)).to(device).eval(), gpt2_codec(), True
+        family = read_config(where)['model_type']
+        if family != 'gpt2':  # its tokenizer is not a codec here: scoring GPT-2 BPE ids with it would be garbage
+            raise UserError(f"{path} is a Hugging Face {family} model; a judge folder must be GPT-2 (its codec is "
+                            f"the GPT-2 BPE the samples are decoded with)")
+        return load_hf(where, read_hf_weights(where)).to(device).eval(), gpt2_codec(), True
     model, _, _, codec = load_model(where, device, dataset='')  # the codec it was trained with, checked to fit
     return model, codec, False

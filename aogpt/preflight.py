@@ -30,7 +30,8 @@ from aogpt.checkpoint import parse_hub_spec
 from aogpt.errors import UserError
 from aogpt.orders import parse_order
 from aogpt.tokenizer import get_codec
-from model import OPTIMIZER_KEYS, GPTConfig, config_fields
+from aogpt.optim import OPTIMIZER_KEYS
+from model import GPTConfig, config_fields
 
 ORDER_KEYS = ('order', 'l2r_frac_end', 'l2r_frac_iters')  # a decoder's order settings (the encoder MDM reads none)
 
@@ -83,8 +84,8 @@ def check_config(cfg, given=()):
     init_from = cfg['init_from']
     if not (init_from in ('scratch', 'resume', 'auto') or init_from.startswith(('gpt2:', 'hf:')) or
             init_from.endswith('.pt') or os.path.exists(init_from)):
-        raise UserError(f"init_from must be scratch, resume, auto, gpt2:<local HF GPT-2 dir>, a checkpoint file, an "
-                        f"export.py folder or hf:owner/repo[/path/ckpt.pt], got {init_from!r}")
+        raise UserError(f"init_from must be scratch, resume, auto, a Hugging Face model folder (gpt2:DIR or DIR), a "
+                        f"checkpoint file, an export.py folder or hf:owner/repo[/path/ckpt.pt], got {init_from!r}")
     if init_from.startswith('hf:'):
         parse_hub_spec(init_from)  # a malformed hub id fails here, before any data is read
     return order

@@ -1,10 +1,11 @@
 """
 Where train.py's model and state come from, by init_from: a new model (scratch), the run being resumed, or a
-model to fine-tune (ours, an export, the paper's, or a Hugging Face GPT-2 folder); and what a resumed checkpoint
+model to fine-tune (ours, an export, the paper's, or a Hugging Face folder: GPT-2, Llama, Mistral, Qwen2, Qwen3, read by
+aogpt/families.py); and what a resumed checkpoint
 puts back besides the weights (optimizer, scaler, EMA, where the run stood). A run keeps the model it starts from:
 a config key that contradicts it is refused (a UserError: train.py's one line), never quietly overruled. The one
 change of shape allowed is a GPT's cond: --cond=adaln or sigma adapts it into an any-order decoder that computes
-exactly the GPT's distribution at step 0 (model.adapt); a GPT-2 folder takes the run's cond, adaln by default.
+exactly the GPT's distribution at step 0 (model.adapt); a Hugging Face folder takes the run's cond, adaln by default.
 
     source_args, weights, ckpt, resume_path, started_from = model_source(cfg, given, codec, data_dir, say)
     iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizers, scaler, ema)
@@ -17,12 +18,13 @@ if __name__ == '__main__':  # run as a script (python aogpt/startup.py): one lin
 import os
 from dataclasses import asdict
 
-from aogpt.checkpoint import (CKPT_NAME, checkpoint_codec, load_checkpoint, load_model, read_hf_weights, resolve_path,
+from aogpt.checkpoint import (CKPT_NAME, checkpoint_codec, is_export, load_checkpoint, load_model, resolve_path,
                               run_checkpoints, weights_sha256)
 from aogpt.errors import UserError
+from aogpt.families import hf_source, read_config
 from aogpt.orders import new_spelling
 from aogpt.tokenizer import gpt2_codec
-from model import GPT, GPTConfig, adapt, config_fields, strip_prefixes
+from model import GPTConfig, adapt, config_fields, strip_prefixes
 
 
 def model_source(cfg, given, codec, data_dir, say=print):
@@ -67,17 +69,23 @@ def model_source(cfg, given, codec, data_dir, say=print):
             say("resuming with changed keys (checkpoint -> now): " +
                 ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
         return trained, strip_prefixes(ck['model']), ck, resume_path, ck.get('started_from')
-    gpt2 = init_from.startswith('gpt2:')
-    if gpt2:  # GPT-2 itself (cond='none'), then the same path as any source: by default into the run's cond
-        hf_dir = init_from[len('gpt2:'):]
-        if not os.path.exists(os.path.join(hf_dir, 'config.json')):
-            raise UserError(f"{hf_dir} is not a local Hugging Face GPT-2 directory (config.json + model.safetensors)")
-        src, used_ema, theirs, path = GPT.from_pretrained(hf_dir, read_hf_weights(hf_dir)), None, gpt2_codec(), hf_dir
+    hf_dir = hf_folder(init_from)
+    gpt2 = hf_dir is not None and read_config(hf_dir)['model_type'] == 'gpt2'
+    if hf_dir is not None:  # the source itself (cond='none'), then the same path as any: by default into the run's cond
+        src, source = hf_source(hf_dir)
+        used_ema, theirs, path = None, gpt2_codec() if gpt2 else None, hf_dir
         given = set(given) | {'cond'}
     else:  # a checkpoint (ours, an export, or the paper's released ones)
         src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if cfg['init_ema'] else False)
         theirs, path = checkpoint_codec(src_ckpt), resolve_path(init_from)
-    check_codec(theirs, codec, data_dir, init_from)
+    if theirs is None:  # the source's tokenizer is not a codec here yet: its ids are the data's, checked to fit
+        if codec.vocab_size > src.config.vocab_size:
+            raise UserError(f"{data_dir}'s codec has {codec.vocab_size} symbols, more than {init_from}'s vocabulary "
+                            f"({src.config.vocab_size}): tokenize the data with {init_from}'s tokenizer")
+        say(f"warning: {data_dir}'s ids ({codec.name} codec) are read as {init_from}'s token ids; its tokenizer is "
+            f"not compared with the data's")
+    else:
+        check_codec(theirs, codec, data_dir, init_from)
     if src.config.block_size < block_size:
         raise UserError(f"{init_from} holds a model of block_size {src.config.block_size}" +
                         (" (GPT-2's positions less the one the [None] start slot takes)" if gpt2 else "") +
@@ -85,6 +93,8 @@ def model_source(cfg, given, codec, data_dir, say=print):
     started_from = dict(init_from=init_from, path=os.path.abspath(path), weights=(None if used_ema is None else
                         'ema' if used_ema else 'raw'), weights_sha256=weights_sha256(src), cond=src.config.cond,
                         adapted=False)
+    if hf_dir is not None:  # which family, which token [None] took, the sha256 of each weights file read
+        started_from['source'] = source
     which = '' if used_ema is None else f" ({'EMA' if used_ema else 'raw'} weights)"
     if 'cond' in given and cfg['cond'] != src.config.cond and src.config.cond == 'none':
         src = adapted(src, cfg, given, init_from)
@@ -100,6 +110,21 @@ def model_source(cfg, given, codec, data_dir, say=print):
                        "shape (only a GPT's cond may change: cond='adaln' or 'sigma' adapts it). Leave these keys "
                        "out (the shape comes from the checkpoint), or train the new model from scratch")
     return args, src.state_dict(), None, None, started_from
+
+
+def hf_folder(init_from):
+    """The Hugging Face model folder init_from names: gpt2:DIR, a local folder whose config.json is a transformers
+    one (not an export of ours, no ckpt.pt), or hf:owner/repo[@rev] whose fetched files are one; else None."""
+    if init_from.startswith('gpt2:'):
+        folder = init_from[len('gpt2:'):]
+        if not os.path.exists(os.path.join(folder, 'config.json')):
+            raise UserError(f"{folder} is not a local Hugging Face GPT-2 directory (config.json + model.safetensors)")
+        return folder
+    folder = resolve_path(init_from) if init_from.startswith('hf:') else init_from
+    if os.path.isdir(folder) and os.path.exists(os.path.join(folder, 'config.json')) and not is_export(folder) \
+            and not os.path.exists(os.path.join(folder, CKPT_NAME)):
+        return folder
+    return None
 
 
 def adapted(src, cfg, given, where):

@@ -34,6 +34,7 @@ import torch  # noqa: E402
 from aogpt.checkpoint import atomic_write  # noqa: E402
 from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
+from aogpt.optim import configure_optimizers  # noqa: E402
 from aogpt.orders import random_orders  # noqa: E402
 from aogpt.paths import check_writable  # noqa: E402
 from aogpt.runtime import fast_math  # noqa: E402
@@ -156,9 +157,9 @@ def make_step(name, opt_name='adamw'):
                     vocab_size=vocab_size, **VARIANTS[name])
     model = GPT(cfg).to(device)
     muon_dtype = MUON_DTYPE[opt_name]
-    opts = model.configure_optimizers(0.05, 3e-4, (0.9, 0.95), 'cuda' if cuda else 'cpu',  # train.py's defaults
-                                      optimizer='muon' if muon_dtype else 'adamw', muon_lr=0.02,
-                                      muon_dtype=muon_dtype or 'bfloat16')
+    opts = configure_optimizers(model, 0.05, 3e-4, (0.9, 0.95), 'cuda' if cuda else 'cpu',  # train.py's defaults
+                                optimizer='muon' if muon_dtype else 'adamw', muon_lr=0.02,
+                                muon_dtype=muon_dtype or 'bfloat16')
     fwd = torch.compile(model) if compile else model
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randint(0, min(vocab_size, 50257), (batch_size, block_size), device=device, generator=g)

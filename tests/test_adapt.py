@@ -17,6 +17,7 @@ import torch
 
 import export
 from aogpt.checkpoint import load_checkpoint, load_model, weights_sha256
+from aogpt.families import load_hf
 from aogpt.orders import random_orders
 from model import GPT, GPTConfig, adapt
 from test_train import (N, args, assert_same_run, env, gpt2_runs, log, run, run_inprocess, runs_corpus,  # noqa: F401
@@ -127,7 +128,7 @@ def test_train_adapts_gpt2_into_hfs_own_logits(env, gpt2_data, monkeypatch, tmp_
     model, ck, _ = load_model(str(tmp_path / 'ao'))
     assert ck['model_args']['cond'] == cond and ck['started_from']['adapted'] and ck['started_from']['weights'] is None
     x = torch.randint(0, 50256, (2, N), generator=torch.Generator().manual_seed(4))
-    ours = GPT.from_pretrained(str(tmp_path / 'hf')).eval()
+    ours = load_hf(str(tmp_path / 'hf')).eval()
     torch.testing.assert_close(logits(model, x), logits(ours, x), atol=0, rtol=0)
     assert ck['started_from']['weights_sha256'] == weights_sha256(ours)
     with torch.no_grad():

@@ -15,6 +15,7 @@ from helpers import tiny  # noqa: E402
 
 import eval_harness as H  # noqa: E402
 from aogpt.checkpoint import save_checkpoint  # noqa: E402
+from aogpt.families import load_hf  # noqa: E402
 from aogpt.tokenizer import GPT2_PAT, char_codec, gpt2_codec, gpt2_file  # noqa: E402
 from aogpt.likelihood import nll_any_order, nll_l2r, nll_mdm_elbo  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -83,13 +84,13 @@ def _flat(resp):
 # --------------------------------------------------------------------------- the harness's own reference
 
 def test_matches_lm_evals_hf_class_on_gpt2(gpt2_dir, task_manager):
-    """Every loglikelihood, is_greedy and rolling sum of ours on GPT.from_pretrained(folder), with
+    """Every loglikelihood, is_greedy and rolling sum of ours on load_hf(folder), with
     bos=hf, equals what lm-eval's hf class computes on the same folder (float32), and greedy
     generate_until gives the same strings. The requests include left-truncated windows (contexts longer
     than n_positions) and multi-window rolling texts."""
     from lm_eval.models.huggingface import HFLM
     ref = _evaluate(HFLM(pretrained=gpt2_dir, device='cpu', batch_size=1, dtype='float32'), task_manager, ALL_TASKS)
-    ours_lm = H.AOGPTLM(model=GPT.from_pretrained(gpt2_dir), codec=gpt2_codec(), bos='hf', batch_size=3)
+    ours_lm = H.AOGPTLM(model=load_hf(gpt2_dir), codec=gpt2_codec(), bos='hf', batch_size=3)
     ours = _evaluate(ours_lm, task_manager, ALL_TASKS)
     # greedy generation: the same text, cut at the same stop string
     assert _responses(ours, 'aogpt_test_gen') == _responses(ref, 'aogpt_test_gen')
@@ -124,7 +125,7 @@ def test_generate_until_stops_like_hf(gpt2_dir, monkeypatch):
     from lm_eval.models.huggingface import HFLM
     monkeypatch.setattr(H, 'GEN_CHUNK', 2)
     hf = HFLM(pretrained=gpt2_dir, device='cpu', batch_size=1, dtype='float32')
-    model = GPT.from_pretrained(gpt2_dir)
+    model = load_hf(gpt2_dir)
     ours = H.AOGPTLM(model=model, codec=gpt2_codec(), bos='hf')
     context = 'Q: Name a fruit.\nA:'
     full = _gen(ours, context)

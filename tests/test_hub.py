@@ -23,6 +23,7 @@ import export
 from aogpt import genppl
 from aogpt.checkpoint import checkpoint_codec, load_checkpoint, load_model, save_checkpoint
 from aogpt.errors import UserError
+from aogpt.families import load_hf
 from model import GPT, GPTConfig, model_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -390,7 +391,7 @@ def test_every_command_gets_its_codec_checked_by_load_model(tmp_path, capsys, cl
      ['gpt2 codec has 50257 symbols but the model only 32']),
     (lambda f: (f / 'config.json').unlink(), None, ['holds model.safetensors but no config.json']),
     (lambda f: (f / 'config.json').write_text('{"model_type": "gpt2", "n_layer": 2}'), None,
-     ['not an export.py folder', 'gpt2:DIR']),
+     ['not an export.py folder', '--init_from=DIR']),
     (None, 'hf:owner', ["'hf:owner' names no hub checkpoint", 'hf:owner/repo']),
     (None, 'hf:', ['names no hub checkpoint']),
     (None, 'hf:owner/re po/x.pt', ['names no hub checkpoint']),
@@ -566,7 +567,7 @@ def test_hf_ids_resolve_offline_from_the_cache_end_to_end(tmp_path, monkeypatch,
     a, b = (json.loads((tmp_path / f).read_text()) for f in ('hub.json', 'file.json'))
     assert a['samples'] == b['samples'] and a['gen_ppl']['mode'] == b['gen_ppl']['mode'] == 'hf'
     assert a['gen_ppl']['per_sample'] == pytest.approx(b['gen_ppl']['per_sample'], rel=1e-5)
-    judge = GPT.from_pretrained(str(tmp_path / 'gpt2')).eval()
+    judge = load_hf(str(tmp_path / 'gpt2')).eval()
     want = genppl.judge_nll(judge, torch.tensor(a['samples']), 'hf').exp()
     assert a['gen_ppl']['per_sample'] == pytest.approx(want.tolist(), rel=1e-5)
 

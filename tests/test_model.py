@@ -7,10 +7,20 @@ import torch
 from helpers import tiny
 
 from aogpt.engine import KVCache
+from aogpt.families import load_hf
 from aogpt.orders import random_orders
 from model import GPT, GPTConfig, mdm_corrupt, parallel_mask
 
 ATOL = 1e-5
+# the blocks every law below is checked on: the paper's, and a Llama/Qwen one (rotary positions, SwiGLU, grouped-query
+# attention with 4 query and 2 key/value heads of their own width 8 on a 16-wide stream, q/k/v biases only)
+BACKBONES = {'paper': {}, 'rope': dict(pos='rope', rope_theta=100.0, mlp='swiglu', mlp_hidden=24, n_head=4, n_kv_head=2,
+                                       head_dim=8, bias=False, qkv_bias=True, norm_eps=1e-6)}
+
+
+@pytest.fixture(params=list(BACKBONES))
+def backbone(request):
+    return BACKBONES[request.param]
 
 
 def full_logits(model, x, order):
@@ -20,8 +30,8 @@ def full_logits(model, x, order):
 # --------------------------------------------------------------------------- order-space semantics
 
 @pytest.mark.parametrize('cond', ['adaln', 'sigma'])
-def test_order_semantics_match_hand_fed_slots(cond):
-    model = tiny(cond=cond)
+def test_order_semantics_match_hand_fed_slots(cond, backbone):
+    model = tiny(**backbone, cond=cond)
     B, n = 3, 8
     x = torch.randint(0, 11, (B, n))
     order = random_orders(B, n, generator=torch.Generator().manual_seed(1))
@@ -41,8 +51,8 @@ def test_order_semantics_match_hand_fed_slots(cond):
     torch.testing.assert_close(loss, ref)
 
 
-def test_identity_order_equals_l2r_and_target_matters():
-    model = tiny()
+def test_identity_order_equals_l2r_and_target_matters(backbone):
+    model = tiny(**backbone)
     x = torch.randint(0, 11, (2, 8))
     ident = torch.arange(8).expand(2, 8)
     torch.testing.assert_close(full_logits(model, x, None), full_logits(model, x, ident), atol=ATOL, rtol=0)
@@ -52,8 +62,8 @@ def test_identity_order_equals_l2r_and_target_matters():
 
 
 @pytest.mark.parametrize('cond', ['adaln', 'sigma', 'none'])
-def test_causality_in_order_space(cond):
-    model = tiny(cond=cond)
+def test_causality_in_order_space(cond, backbone):
+    model = tiny(**backbone, cond=cond)
     n = 8
     x = torch.randint(0, 11, (1, n))
     order = random_orders(1, n, generator=torch.Generator().manual_seed(3)) if cond != 'none' else None
@@ -73,9 +83,9 @@ def test_causality_in_order_space(cond):
 # --------------------------------------------------------------------------- exact enumeration
 
 @pytest.mark.parametrize('cond', ['adaln', 'sigma', 'none'])
-def test_normalisation_by_exact_enumeration(cond):
+def test_normalisation_by_exact_enumeration(cond, backbone):
     V, n = 4, 4
-    model = tiny(cond=cond, vocab_size=V, block_size=n, seed=5).double()
+    model = tiny(**backbone, cond=cond, vocab_size=V, block_size=n, seed=5).double()
     order = torch.tensor([[2, 0, 3, 1]]) if cond != 'none' else None
     xs = torch.tensor(list(itertools.product(range(V), repeat=n)))   # all V^n sequences
     o = order.expand(len(xs), n) if order is not None else None
@@ -86,8 +96,8 @@ def test_normalisation_by_exact_enumeration(cond):
 
 # --------------------------------------------------------------------------- KV cache
 
-def test_kv_cache_chunks_equal_full_forward():
-    model = tiny()
+def test_kv_cache_chunks_equal_full_forward(backbone):
+    model = tiny(**backbone)
     B, n = 2, 8
     x = torch.randint(0, 11, (B, n))
     order = random_orders(B, n, generator=torch.Generator().manual_seed(7))
@@ -108,8 +118,8 @@ def test_kv_cache_chunks_equal_full_forward():
 
 
 @pytest.mark.parametrize('adaln_table', [False, True])
-def test_parallel_queries_equal_full_forward(adaln_table):
-    model = tiny(adaln_table=adaln_table)
+def test_parallel_queries_equal_full_forward(adaln_table, backbone):
+    model = tiny(**backbone, adaln_table=adaln_table)
     B, n = 2, 8
     x = torch.randint(0, 11, (B, n))
     order = random_orders(B, n, generator=torch.Generator().manual_seed(9))
@@ -123,9 +133,9 @@ def test_parallel_queries_equal_full_forward(adaln_table):
             torch.testing.assert_close(q[:, j], ref, atol=ATOL, rtol=0)
 
 
-def test_cached_sampler_call_pattern_equals_full_forward():
+def test_cached_sampler_call_pattern_equals_full_forward(backbone):
     """The sampler's exact use of the cache: pending rows + a parallel block of copies per step."""
-    model = tiny()
+    model = tiny(**backbone)
     B, n = 2, 8
     x = torch.randint(0, 11, (B, n))
     order = random_orders(B, n, generator=torch.Generator().manual_seed(11))
@@ -150,9 +160,9 @@ def test_cached_sampler_call_pattern_equals_full_forward():
         a, m = m, m + k
 
 
-def test_adaln_table_equals_per_token():
-    a = tiny(adaln_table=False)
-    b = tiny(adaln_table=True)
+def test_adaln_table_equals_per_token(backbone):
+    a = tiny(**backbone, adaln_table=False)
+    b = tiny(**backbone, adaln_table=True)
     b.load_state_dict(a.state_dict())
     x = torch.randint(0, 11, (2, 8))
     order = random_orders(2, 8, generator=torch.Generator().manual_seed(2))
@@ -205,6 +215,10 @@ def test_adaln_std_sets_only_the_adaln_linear_weights():
     (dict(adaln_std=-0.1), 'adaln_std'), (dict(causal=False), 'cond'),
     (dict(causal=False, cond='none', vocab_size=64, mask_token_id=64), 'mask_token_id'),
     (dict(causal=False, cond='none', vocab_size=64, mask_token_id=-1), 'mask_token_id'),
+    (dict(pos='alibi'), 'pos'), (dict(mlp='relu'), 'mlp'), (dict(mlp_hidden=-1), 'mlp_hidden'),
+    (dict(n_kv_head=3, n_head=4, n_embd=16), 'n_kv_head'), (dict(head_dim=2.5), 'head_dim'),
+    (dict(rope_theta=0), 'rope_theta'), (dict(norm_eps=-1e-6), 'norm_eps'), (dict(qkv_bias='yes'), 'qkv_bias'),
+    (dict(rope_scaling=dict(rope_type='yarn', factor=2.0)), 'rope_scaling'),
 ])
 def test_config_validation_names_the_field(kw, key):
     """GPTConfig refuses a config no model can be made from, with a ValueError that names the field;
@@ -221,17 +235,20 @@ def test_config_validation_names_the_field(kw, key):
 def test_config_validation_accepts_every_formulation():
     for kw in (dict(), dict(cond='sigma', norm='layer', qk_norm=False, tie_head=True),
                dict(cond='none', tie_head=True, head_bias=False, gelu='tanh', bias=False),
-               dict(causal=False, cond='none', vocab_size=64, mask_token_id=63), dict(adaln_std=0.2, target_std=1)):
+               dict(causal=False, cond='none', vocab_size=64, mask_token_id=63), dict(adaln_std=0.2, target_std=1),
+               dict(BACKBONES['rope'], n_embd=12, rope_scaling=dict(factor=8, low_freq_factor=1, high_freq_factor=4,
+                                                                    original_max_position_embeddings=8))):
         with torch.device('meta'):
-            GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, **kw))
+            GPT(GPTConfig(**dict(dict(n_layer=1, n_head=2, n_embd=16, block_size=8), **kw)))
 
 
 # --------------------------------------------------------------------------- encoder MDM
 
-def test_encoder_elbo_is_unbiased_for_exact_any_order_loss():
+def test_encoder_elbo_is_unbiased_for_exact_any_order_loss(backbone):
     V, n = 4, 3
     mask = V  # the [MASK] id is one past the real vocab
-    model = tiny(causal=False, cond='none', vocab_size=V + 1, mask_token_id=mask, block_size=n, seed=4).double()
+    model = tiny(**backbone, causal=False, cond='none', vocab_size=V + 1, mask_token_id=mask, block_size=n,
+                 seed=4).double()
     x = torch.tensor([[2, 0, 3]])
     # exact: average over all n! orders of sum_i -log p(x_si | x_s<i), the encoder seeing [MASK] elsewhere
     exact = 0.0
@@ -260,8 +277,8 @@ def test_encoder_elbo_is_unbiased_for_exact_any_order_loss():
     torch.testing.assert_close(loss, samples[:1000].mean())
 
 
-def test_encoder_is_bidirectional_and_never_predicts_mask():
-    model = tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11)
+def test_encoder_is_bidirectional_and_never_predicts_mask(backbone):
+    model = tiny(**backbone, causal=False, cond='none', vocab_size=12, mask_token_id=11)
     x = torch.randint(0, 11, (1, 8))
     x[0, 3] = 11
     logits = model(x)[0]
@@ -282,6 +299,17 @@ def test_param_count_matches_paper_small():
     assert 0.85e9 < flops < 0.95e9  # ~0.898 GFLOP/token per the perf notes (+ untied head, AdaLN)
 
 
+@pytest.mark.parametrize('cond', ['none', 'adaln'])
+def test_flops_count_every_linear_a_token_passes_on_the_rope_block(cond):
+    """estimate_flops_per_token on the Llama/Qwen block (no biases, so its block term is exact): 6 x the weights of
+    every Linear (GQA's narrower k and v, head_dim's own width, the SwiGLU's three matrices, AdaLN) + attention."""
+    cfg = GPTConfig(**dict(BACKBONES['rope'], qkv_bias=False, cond=cond, n_layer=2, n_embd=16, block_size=8,
+                           vocab_size=11, target_dim=8))
+    model = GPT(cfg)
+    linears = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert model.estimate_flops_per_token() == 6 * linears + 12 * 2 * 4 * 8 * 8  # n_layer, n_head, head_dim, T
+
+
 # --------------------------------------------------------------------------- GPT-2 parity
 
 def _hf_gpt2(tmp_path, n_positions=16):
@@ -298,7 +326,7 @@ def _hf_gpt2(tmp_path, n_positions=16):
 
 def test_gpt2_logits_parity_with_hf(tmp_path):
     hf = _hf_gpt2(tmp_path)
-    ours = GPT.from_pretrained(str(tmp_path)).eval()
+    ours = load_hf(str(tmp_path)).eval()
     assert ours.config.block_size == 15
     x = torch.randint(0, 50256, (2, 15))
     eot = torch.full((2, 1), 50256)
@@ -310,14 +338,14 @@ def test_gpt2_logits_parity_with_hf(tmp_path):
 
 def test_gpt2_warm_start_ao_gpt_starts_equal(tmp_path):
     hf = _hf_gpt2(tmp_path)
-    ao = GPT.from_pretrained(str(tmp_path), cond='adaln', target_dim=8).eval()
+    ao = load_hf(str(tmp_path), cond='adaln', target_dim=8).eval()
     x = torch.randint(0, 50256, (2, 15))
     with torch.no_grad():
         ref = hf(torch.cat([torch.full((2, 1), 50256), x], 1)).logits[:, :15]
         torch.testing.assert_close(ao(x)[0], ref, atol=1e-5, rtol=0)
         # a random order: each slot equals GPT-2 fed the same permuted tokens with their own positions
         order = random_orders(2, 15, generator=torch.Generator().manual_seed(0))
-        plain = GPT.from_pretrained(str(tmp_path)).eval()
+        plain = load_hf(str(tmp_path)).eval()
         torch.testing.assert_close(ao(x, order=order)[0], plain(x, order=order)[0], atol=1e-5, rtol=0)
 
 

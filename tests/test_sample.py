@@ -893,12 +893,12 @@ def test_sample_tokens_greedy_ban_and_shapes():
 
 def test_judge_nll_matches_hf_gpt2_both_modes(tmp_path):
     transformers = pytest.importorskip('transformers')
-    from model import GPT
+    from aogpt.families import load_hf
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=50257, n_positions=16)
     hf = transformers.GPT2LMHeadModel(cfg).eval()
     hf.save_pretrained(tmp_path)
-    judge = GPT.from_pretrained(str(tmp_path)).eval()
+    judge = load_hf(str(tmp_path)).eval()
     x = torch.randint(0, 50256, (3, 16))
     with torch.no_grad():
         # hf mode: the raw 16 tokens, token 0 unscored (the paper code's recipe)

@@ -29,6 +29,10 @@ def sharp(model, scale=25.0):
     return model
 
 
+# the Llama/Qwen block (rotary positions, SwiGLU, grouped-query attention: a KV cache of 2 heads for 4 queries)
+ROPE = dict(cond='adaln', pos='rope', mlp='swiglu', n_head=4, n_kv_head=2, head_dim=8, bias=False, qkv_bias=True)
+
+
 def mixy(seed=3, s=0.3, head=5.0, **kw):
     """tiny(), with noise on the attention and token embeddings too: its conditionals depend on the
     *tokens* before them, not just on positions and targets, so a wrong context (a rejected draft left in
@@ -302,7 +306,8 @@ class Uncached(engine.SlotStepper):
         return self.model.forward_slots(*full, mask=mask, n_logits=k if n_logits is None else n_logits)
 
 
-@pytest.mark.parametrize('cond', [dict(cond='adaln'), dict(cond='adaln', adaln_table=True), dict(cond='sigma')])
+@pytest.mark.parametrize('cond', [dict(cond='adaln'), dict(cond='adaln', adaln_table=True), dict(cond='sigma'),
+                                  ROPE])
 @pytest.mark.parametrize('kw', [dict(order='random', k=3), dict(order='l2r', k='auto'),
                                 dict(order='random', k=4, bonus=False), dict(order='random', k=2, top_p=0.8)])
 def test_cache_equals_a_cache_free_recomputation(kw, cond):
@@ -543,7 +548,7 @@ def checked_calls(model, monkeypatch):
 
 @pytest.mark.parametrize('kw', [dict(k=3), dict(k='auto', order='l2r'), dict(k=4, fused=True),
                                 dict(k='auto', fused=True, top_p=0.8), dict(k=2, fused=True, bug='holes')])
-@pytest.mark.parametrize('cond', [dict(cond='adaln'), dict(cond='sigma')])
+@pytest.mark.parametrize('cond', [dict(cond='adaln'), dict(cond='sigma'), ROPE])
 def test_per_sample_cache_equals_a_cache_free_recomputation(monkeypatch, kw, cond):
     """Per-sample commits (two-call and fused rounds), with holes in the buffer and compaction: every
     call's logits equal an uncached pass over what that sample committed. The control attends over the

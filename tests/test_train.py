@@ -25,7 +25,8 @@ import torch
 from aogpt.checkpoint import load_checkpoint, load_model, save_checkpoint
 from aogpt.configurator import configure
 from aogpt.errors import UserError
-from model import GPT, GPTConfig, Muon, newton_schulz
+from aogpt.optim import Muon, configure_optimizers, newton_schulz
+from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, 'train.py')
@@ -766,7 +767,7 @@ def test_ddp_two_processes_match_one_process_with_muon(env):
     what this test checks: which gradients each rank orthogonalises."""
     digest = f"""
     import hashlib, torch
-    from model import Muon
+    from aogpt.optim import Muon
     orig = Muon.step
     def step(self, *a, **k):
         out = orig(self, *a, **k)
@@ -792,19 +793,19 @@ def test_muon_takes_the_blocks_hidden_matrices_and_adamw_the_rest():
                                                                           'mlp.c_proj')}
     adaln = {'transformer.h.0.adaLN.1.weight', 'transformer.h.1.adaLN.1.weight', 'transformer.adaLN_f.1.weight'}
     for muon_adaln, want in [(False, hidden), (True, hidden | adaln)]:
-        adamw, muon = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon', muon_lr=0.02,
+        adamw, muon = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon', muon_lr=0.02,
                                                  muon_adaln=muon_adaln)
         in_muon = [names[p] for g in muon.param_groups for p in g['params']]
         in_adamw = [names[p] for g in adamw.param_groups for p in g['params']]
         assert set(in_muon) == want and isinstance(muon, torch.optim.Muon)
         assert sorted(in_muon + in_adamw) == sorted(names.values())  # every parameter in exactly one group
         assert muon.param_groups[0]['weight_decay'] == adamw.param_groups[0]['weight_decay'] == 0.1
-    only, = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu')  # the default: AdamW for everything
+    only, = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), 'cpu')  # the default: AdamW for everything
     assert isinstance(only, torch.optim.AdamW) and sum(len(g['params']) for g in only.param_groups) == len(names)
 
 
 def test_muon_step_is_torchs_and_float32_changes_only_the_iteration():
-    """model.Muon with bfloat16 is torch.optim.Muon (its own step); Muon._step, the path muon_dtype=float32 takes,
+    """aogpt.optim.Muon with bfloat16 is torch.optim.Muon (its own step); Muon._step, the path muon_dtype=float32 takes,
     is torch's step bit for bit when run in bfloat16 (same ops in the same order, so exact on any CPU), for tall,
     wide and square matrices over 3 steps with momentum and weight decay, and both lr adjustments; in float32 its
     iteration is closer to a float64 one than torch's bfloat16 is (the ulp is 2^16 times finer)."""
@@ -829,7 +830,7 @@ def test_muon_step_is_torchs_and_float32_changes_only_the_iteration():
     assert err[torch.float32] < 1e-3 * err[torch.bfloat16], err
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, target_dim=8, block_size=N, vocab_size=64))
     for dtype in ('bfloat16', 'float32'):
-        _, muon = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon', muon_dtype=dtype)
+        _, muon = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon', muon_dtype=dtype)
         assert muon.ns_dtype == getattr(torch, dtype)
 
 
@@ -1281,7 +1282,7 @@ def test_shipped_configs_resolve_and_run(env, monkeypatch, tmp_path, path):
     data.mkdir(parents=True)
     for split in ('train', 'val'):
         runs_corpus(2000, 0).tofile(data / f'{split}.bin')
-    shrink = ['--n_layer=1', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=2',
+    shrink = ['--n_layer=1', '--n_head=4', '--n_embd=32', '--block_size=16', '--batch_size=2',  # 4: rope's n_kv_head
               '--gradient_accumulation_steps=1', '--eval_iters=1', '--eval_orders=1', '--max_iters=1',
               '--device=cpu', f'--data_root={tmp_path / "data"}', f'--out_dir={tmp_path / "out"}']
     run_inprocess(monkeypatch, [path, *shrink])

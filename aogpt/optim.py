@@ -1,0 +1,117 @@
+"""
+The optimizers train.py steps: AdamW (the paper's) for everything, or Muon for the blocks' hidden matrices beside
+AdamW for the rest, each parameter group with its own peak and floor on train.py's one schedule.
+
+    optimizers = configure_optimizers(model, weight_decay, learning_rate, betas, device_type, optimizer='adamw', ...)
+    OPTIMIZER_KEYS   each optimizer's train.py keys (preflight refuses a key of another optimizer than the run's)
+"""
+
+if __name__ == '__main__':  # run as a script (python aogpt/optim.py): one line, not an ImportError
+    raise SystemExit("error: aogpt/optim.py is a library module, with nothing to run: the commands are train.py, "
+                     "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
+
+import math
+
+import torch
+
+
+# configure_optimizers' setups, each with the train.py keys only it reads (a key of another setup would be ignored)
+OPTIMIZER_KEYS = {'adamw': (), 'muon': ('muon_lr', 'muon_adaln', 'muon_dtype')}
+
+
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon with its Newton-Schulz iteration in ns_dtype. torch runs the iteration in bfloat16, which is
+    fast on GPUs and on CPUs with bf16 matrix units; a CPU without them emulates every bf16 matmul, and float32 is
+    then several times faster (bench/train_speed.py --optimizer). With bfloat16 the step is torch's own; with
+    another dtype it is _step, the same update with only the iteration's dtype changed (a test checks that _step in
+    bfloat16 is torch's step bit for bit). The state is torch's (momentum_buffer), so a checkpoint resumes under
+    either dtype; ns_dtype is not saved with it (it is train.py's muon_dtype)."""
+
+    def __init__(self, params, ns_dtype=torch.bfloat16, **kw):
+        super().__init__(params, **kw)
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if self.ns_dtype == torch.bfloat16:
+            return super().step(closure)
+        return self._step(closure)
+
+    @torch.no_grad()
+    def _step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum = group['lr'], group['momentum']
+            for p in group['params']:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if 'momentum_buffer' not in state:
+                    state['momentum_buffer'] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                buf = state['momentum_buffer']
+                buf.lerp_(p.grad, 1 - momentum)
+                update = p.grad.lerp(buf, momentum) if group['nesterov'] else buf
+                update = newton_schulz(update, group['ns_coefficients'], group['ns_steps'], group['eps'], self.ns_dtype)
+                A, B = p.shape[:2]  # torch's two lr adjustments: 'original' (its default) and 'match_rms_adamw'
+                ratio = 0.2 * math.sqrt(max(A, B)) if group['adjust_lr_fn'] == 'match_rms_adamw' else \
+                    math.sqrt(max(1, A / B))
+                p.mul_(1 - lr * group['weight_decay'])
+                p.add_(update, alpha=-lr * ratio)
+        return loss
+
+
+def newton_schulz(g, coefficients, steps, eps, dtype):
+    """The quintic Newton-Schulz iteration torch.optim.Muon runs (in bfloat16) to push g's singular values towards 1,
+    here in `dtype`, op for op as torch writes it: on the wide orientation, after scaling to Frobenius norm 1."""
+    a, b, c = coefficients
+    x = g.to(dtype)
+    if g.size(0) > g.size(1):
+        x = x.T
+    x = x.div(x.norm().clamp(min=eps))
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if g.size(0) > g.size(1) else x
+
+
+def configure_optimizers(model, weight_decay, learning_rate, betas, device_type, optimizer='adamw', min_lr=0.0,
+                         muon_lr=0.02, muon_adaln=True, muon_dtype='bfloat16'):
+    """The optimizers to step, AdamW first: optimizer='adamw' [AdamW] (the paper's), 'muon' [AdamW, Muon].
+
+    Muon (torch.optim.Muon) takes the blocks' hidden matrices (attention c_attn/c_proj, MLP c_fc/c_proj), and
+    with muon_adaln the AdaLN Linears (target_dim -> 6d per block, -> 2d before the head) as well (on AO-GPT
+    they train faster there: finding 9); AdamW the rest: embeddings, head, norms, biases. Both decay their
+    matrices by weight_decay in the same decoupled form (p -= lr * weight_decay * p). Each parameter is in one
+    group, in named_parameters order, so the saved states (positional, as torch keeps them) line up on resume.
+    muon_dtype: the dtype of Muon's Newton-Schulz iteration (see Muon below).
+
+    Every param group carries its own schedule: initial_lr, its peak (AdamW's learning_rate, Muon's muon_lr),
+    and min_lr, its floor, the same fraction min_lr / learning_rate of its peak for every group; the caller
+    moves each group's lr along one warmup-and-decay curve between the two (train.py's get_lr). Another
+    optimizer is one more entry here and in OPTIMIZER_KEYS: train.py's schedule, steps and checkpoint take the
+    list as it is."""
+    if optimizer not in OPTIMIZER_KEYS:
+        raise ValueError(f"optimizer must be {' or '.join(OPTIMIZER_KEYS)}, got {optimizer!r}")
+    # Decay every matrix (embeddings and AdaLN included, as in the paper's code); not biases or norms.
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    hidden = ('.attn.c_attn.weight', '.attn.c_proj.weight', '.mlp.c_fc.weight', '.mlp.c_proj.weight')
+
+    def to_muon(name):
+        adaln = muon_adaln and 'adaLN' in name and name.endswith('.weight')
+        return optimizer == 'muon' and (name.endswith(hidden) or adaln)
+    muon = [p for n, p in named if to_muon(n)]
+    decay = [p for n, p in named if p.dim() >= 2 and not to_muon(n)]
+    no_decay = [p for n, p in named if p.dim() < 2]
+    schedule = dict(initial_lr=learning_rate, min_lr=min_lr)  # AdamW's
+    groups = [{'params': decay, 'weight_decay': weight_decay, **schedule},
+              {'params': no_decay, 'weight_decay': 0.0, **schedule}]
+    fused = device_type == 'cuda'
+    optimizers = [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)]
+    if optimizer == 'muon':  # its floor: min_lr's fraction of muon_lr (min_lr <= learning_rate: 0 when that is)
+        floor = min_lr * muon_lr / learning_rate if learning_rate > 0 else 0.0
+        optimizers.append(Muon([{'params': muon, 'initial_lr': muon_lr, 'min_lr': floor}], lr=muon_lr,
+                               weight_decay=weight_decay, ns_dtype=getattr(torch, muon_dtype)))
+    return optimizers
