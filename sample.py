@@ -155,7 +155,8 @@ def main(argv=None):
         print("----------")
     N = samples.size(0)
     steps = f"{'threshold-chosen' if stats['steps'] is None else stats['steps']} steps"  # that revealed a token
-    if 'steps' in SAMPLERS[sampler].reads and stats['steps'] is not None and stats['steps'] < c.steps:
+    if 'steps' in SAMPLERS[sampler].reads and not c.threshold and stats['steps'] is not None and \
+            stats['steps'] < c.steps:  # with a threshold, the steps are not --steps' counts
         steps += f" (of --steps {c.steps}: the others revealed no token)"
     print(f"{N} samples x {n} tokens ({stats['tokens_generated']} generated each), {steps}: "
           f"{wall:.2f} s wall, {N * stats['tokens_generated'] / wall:.1f} tokens/s; per sample "

@@ -1364,6 +1364,10 @@ def test_steps_are_the_steps_that_revealed_a_token_not_the_steps_asked(tmp_path,
     code, out, err = cli('--out_dir', str(tmp_path), '--steps', '4', '--fixed_counts', '--batch_size', '2',
                          '--length', '8', '--quiet')
     assert code == 0 and '(8 generated each), 4 steps: ' in out, err
+    # a threshold replaces the counts: its steps are never "of --steps 256" (a setting it does not read)
+    code, out, err = cli('--out_dir', str(tmp_path), '--order', 'confidence', '--threshold', '0.5', '--batch_size', '1',
+                         '--length', '8', '--quiet')
+    assert code == 0 and 'steps: ' in out and '--steps' not in out, (out, err)
 
 
 def test_a_semiar_block_as_long_as_the_sequence_says_it_is_the_uniform_order(tmp_path, cli):
