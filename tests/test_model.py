@@ -175,6 +175,22 @@ def test_adaln_table_equals_per_token(backbone):
         torch.testing.assert_close(pa.grad, pb.grad, atol=1e-6, rtol=1e-4, msg=na)
 
 
+def test_the_papers_block_keeps_its_parameter_order():
+    """The order of parameters is the order of their init draws (a seed's model, the committed results/) and the
+    order in which a checkpoint's optimizer states are saved: AdamW's exp_avg are keyed by index. The rope block
+    first made wpe the last parameter, so an old checkpoint resumed with its states shifted one slot and a seed drew
+    another model. The paper's block keeps the order it had before the Llama/Qwen switches (this list)."""
+    block = ['ln_1.weight', 'attn.c_attn.weight', 'attn.c_attn.bias', 'attn.c_proj.weight', 'attn.c_proj.bias',
+             'attn.q_norm.weight', 'attn.k_norm.weight', 'ln_2.weight', 'mlp.c_fc.weight', 'mlp.c_fc.bias',
+             'mlp.c_proj.weight', 'mlp.c_proj.bias', 'adaLN.1.weight', 'adaLN.1.bias']
+    names = [n for n, _ in GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=16,
+                                         target_dim=8)).named_parameters()]
+    assert names == ['transformer.wte.weight', 'transformer.wpe.weight', 'transformer.wnonee.weight'] + [
+        'transformer.h.0.' + b for b in block] + ['transformer.ln_f.weight', 'transformer.wtpe.weight',
+                                                   'transformer.adaLN_f.1.weight', 'transformer.adaLN_f.1.bias',
+                                                   'lm_head.weight', 'lm_head.bias'], names
+
+
 def test_target_std_sets_only_the_target_table_init():
     """target_std changes the init of wtpe (the AdaLN target table) and nothing else."""
     cfg = dict(block_size=256, vocab_size=11, n_layer=1, n_head=2, n_embd=16, target_dim=64)
