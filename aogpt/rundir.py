@@ -64,8 +64,8 @@ def check_room(out_dir, init_from, eval_only):
     except (OSError, UserError):  # unreadable or not a log of ours: keep it, and say so below
         records = [None]
     evals = len(records)
-    if not held and all(r is not None and r['iter'] == 0 for r in records) and not eval_only:
-        return  # nothing but the step-0 eval of a run stopped before its first checkpoint: training redoes it
+    if not held and (not records or not eval_only and all(r is not None and r['iter'] == 0 for r in records)):
+        return  # nothing logged, or only the step-0 eval of a run stopped before its first checkpoint: redone
     scratch = init_from in ('scratch', 'auto')
     doing = (f"evaluating {'a new model' if scratch else init_from} here (eval_only) would add its record to that "
              f"run's log and plot" if eval_only else "starting from scratch here would overwrite that run" if scratch
