@@ -64,6 +64,8 @@ def check_room(out_dir, init_from, eval_only):
     except (OSError, UserError):  # unreadable or not a log of ours: keep it, and say so below
         records = [None]
     evals = len(records)
+    if not held and not records:
+        return  # no run here: nothing to destroy or mix into (an eval_only start too)
     if not held and all(r is not None and r['iter'] == 0 for r in records) and not eval_only:
         return  # nothing but the step-0 eval of a run stopped before its first checkpoint: training redoes it
     scratch = init_from in ('scratch', 'auto')
