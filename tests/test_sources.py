@@ -172,3 +172,36 @@ def test_data_in_another_codec_or_a_disagreeing_bos_is_refused(tmp_path, monkeyp
         run_inprocess(monkeypatch, train_args(tmp_path, 'y', f'--init_from={folder}', '--eval_only=True'))
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "[None] would take token 1" in err and "bos is 2" in err, err
+
+
+def test_an_hf_id_fetches_the_tokenizer_and_the_shards(tmp_path, monkeypatch):
+    """--init_from=hf:owner/repo[@rev] of a sharded model with its tokenizer (offline, from a hub cache laid out in
+    tmp_path): config.json, the index and every shard it names, tokenizer.json and tokenizer_config.json come from
+    the cache, and the snapshot reads as the local folder does, codec and weights alike; a shard the cache lacks
+    is one line naming it."""
+    import huggingface_hub.constants as C
+    from helpers import hub_cache
+
+    from aogpt.families import hf_source
+    from aogpt.startup import hf_folder
+    from aogpt.tokenizer import folder_codec
+    folder, hf, _ = build_source(tmp_path, 'qwen3')
+    hf.save_pretrained(tmp_path / 'shards', max_shard_size='20KB')
+    shards = sorted(p.name for p in (tmp_path / 'shards').iterdir() if p.name.endswith('.safetensors'))
+    assert len(shards) > 1
+    files = {f: tmp_path / 'shards' / f for f in ['config.json', 'model.safetensors.index.json'] + shards}
+    files.update({f: folder / f for f in ('tokenizer.json', 'tokenizer_config.json')})
+    sha = hub_cache(tmp_path / 'hub', 'me/tiny-qwen3', files, refs=('main', 'v1'))
+    monkeypatch.setattr(C, 'HF_HUB_CACHE', str(tmp_path / 'hub'))
+    got = hf_folder('hf:me/tiny-qwen3@v1')
+    assert got.endswith(f'snapshots/{sha}')
+    assert folder_codec(got).record() == folder_codec(str(folder)).record()
+    ours, source = hf_source(got)
+    theirs, _ = hf_source(str(folder))
+    assert source['revision'] == sha and sorted(source['weights_sha256']) == shards
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()))
+    files.pop(shards[-1])
+    hub_cache(tmp_path / 'hub2', 'me/tiny-qwen3', files)
+    monkeypatch.setattr(C, 'HF_HUB_CACHE', str(tmp_path / 'hub2'))
+    with pytest.raises(UserError, match=f"{shards[-1]} not in the Hugging Face cache"):
+        hf_folder('hf:me/tiny-qwen3')
