@@ -337,11 +337,19 @@ def started_from_lines(origin, cond):
         return []
     weights = f"{origin['weights']} weights, " if origin.get('weights') else ''
     src = f"`{origin['init_from']}` ({weights}sha256 of its float32 weights `{origin['weights_sha256']}`)"
+    hf = origin.get('source')  # a Hugging Face model: which family and commit, the sha256 of each file read
+    about = ''
+    if hf:
+        files = ', '.join(f"{name} `{sha}`" for name, sha in (hf.get('weights_sha256') or {}).items())
+        about = (f" It was a Hugging Face {hf['family']} model" + (f" at revision `{hf['revision']}`" if
+                 hf.get('revision') else '') + (f" (sha256 of its files: {files})" if files else '') +
+                 f"; [None] took the embedding of its token {hf['none_id']} ({hf['none_from']}), so that in the "
+                 f"left-to-right order the model was the source reading that token first.")
     if origin.get('adapted'):
         return [f"**Adapted** from the left-to-right GPT {src} into cond={cond!r}: every weight of the GPT copied, the "
                 f"new ones set so that at step 0 the model computed exactly the GPT's distribution, then trained on "
-                f"as above.", '']
-    return [f"Fine-tuned from {src}.", '']
+                f"as above." + about, '']
+    return [f"Fine-tuned from {src}." + about, '']
 
 
 def model_card(config, results, repo, license, folder, title=''):

@@ -205,3 +205,65 @@ def test_an_hf_id_fetches_the_tokenizer_and_the_shards(tmp_path, monkeypatch):
     monkeypatch.setattr(C, 'HF_HUB_CACHE', str(tmp_path / 'hub2'))
     with pytest.raises(UserError, match=f"{shards[-1]} not in the Hugging Face cache"):
         hf_folder('hf:me/tiny-qwen3')
+
+
+def python(*argv):
+    r = subprocess.run([sys.executable, *map(str, argv)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS='1', HF_HUB_OFFLINE='1', WANDB_MODE='disabled'))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return r
+
+
+@pytest.mark.slow
+def test_a_qwen3_folder_end_to_end(tmp_path, monkeypatch):
+    """From a Qwen3 folder: a short adaln run equals, bit for bit, one stopped halfway and resumed; it samples
+    text the source's own tokenizer decodes, judged by the folder itself (--gen_ppl <folder>: its per-sample NLL
+    is transformers' on [<|endoftext|>] + the sample); eval_ppl.py scores a local text file in the source's codec;
+    the export reloads to the same logits, and its card names the source (family, sha256 of its weights file)."""
+    from tokenizers import Tokenizer
+    folder, hf, data = build_source(tmp_path, 'qwen3')
+    common = [f'--init_from={folder}', '--cond=adaln', '--eval_interval=2', '--dropout=0.1', '--decay_lr=False']
+    run_inprocess(monkeypatch, train_args(tmp_path, 'whole', *common, '--max_iters=4'))
+    run_inprocess(monkeypatch, train_args(tmp_path, 'split', *common, '--max_iters=2'))
+    run_inprocess(monkeypatch, train_args(tmp_path, 'split', *common[1:], '--init_from=auto', '--max_iters=4'))
+    a, b = load_checkpoint(str(tmp_path / 'whole')), load_checkpoint(str(tmp_path / 'split'))
+    assert a['iter_num'] == b['iter_num'] == 4 and a['started_from'] == b['started_from']
+    for k in a['model']:
+        assert torch.equal(a['model'][k], b['model'][k]), k
+    strip = lambda recs: [{k: v for k, v in r.items() if k not in ('time', 'tok_per_s')} for r in recs]  # noqa: E731
+    assert strip(log(tmp_path, 'whole')) == strip(log(tmp_path, 'split'))
+    # samples, decoded with the source's tokenizer, judged by the source folder itself
+    python('sample.py', '--ckpt', tmp_path / 'whole', '--length', 8, '--steps', 8, '--batch_size', 2, '--device', 'cpu',
+           '--seed', 1, '--quiet', '--gen_ppl', folder, '--save', tmp_path / 's.json')
+    s = json.loads((tmp_path / 's.json').read_text())
+    tok = Tokenizer.from_file(str(folder / 'tokenizer.json'))
+    assert s['texts'] == [tok.decode(ids, skip_special_tokens=False) for ids in s['samples']]
+    assert s['gen_ppl']['mode'] == 'none' and s['gen_ppl']['per_sequence_tokens'] == 'sample ids'
+    with torch.no_grad():
+        x = torch.tensor(s['samples'])
+        logits = hf(torch.cat([torch.zeros(len(x), 1, dtype=torch.long), x], 1)).logits[:, :x.size(1)]
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x, reduction='none').mean(1)
+    assert s['gen_ppl']['per_sample'] == pytest.approx(nll.exp().tolist(), rel=1e-5)
+    # eval_ppl on a local text file, encoded with the run's codec (the source's tokenizer)
+    (tmp_path / 'held.txt').write_text(corpus(20, 5))
+    python('eval_ppl.py', '--ckpt', tmp_path / 'whole', '--datasets', 'ptb', '--data_path',
+           f"ptb={tmp_path / 'held.txt'}", '--max_chunks', 2, '--device', 'cpu', '--progress', False,
+           '--plot', False, '--json_out', tmp_path / 'e.json')
+    e = json.loads((tmp_path / 'e.json').read_text())
+    assert e['codec'] == 'tokenizers' and 0 < e['datasets']['ptb']['l2r']['nll'] < 10
+    # the export reloads to the same logits; its card names the source
+    python('export.py', '--ckpt', tmp_path / 'whole', '--dest', tmp_path / 'exp')
+    m1, _, _ = load_model(str(tmp_path / 'whole'), 'cpu')
+    m2, ck2, _ = load_model(str(tmp_path / 'exp'), 'cpu')
+    assert ck2['codec']['json'] == (folder / 'tokenizer.json').read_text()
+    x = torch.tensor(s['samples'])
+    with torch.no_grad():
+        assert torch.equal(m1(x)[0], m2(x)[0])
+    card = (tmp_path / 'exp' / 'README.md').read_text()
+    sha = a['started_from']['source']['weights_sha256']['model.safetensors']
+    assert 'a Hugging Face qwen3 model' in card and sha in card and 'its token 0 (doc_end)' in card
+    # the card's sampling and quick eval lines run as written, on the export folder in place of the hub id
+    lines = [l.split('   #')[0] for l in card.splitlines() if l.startswith('python sample.py') or '--max_chunks' in l]
+    assert len(lines) == 2
+    for line in lines:
+        python(*line.replace('hf:<owner>/<repo>', str(tmp_path / 'exp')).split()[1:], '--device', 'cpu')
