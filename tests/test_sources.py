@@ -143,6 +143,32 @@ def test_a_source_starts_at_its_own_loss_with_its_tokenizer_as_the_codec(source,
     assert ck['codec']['json'] == tok and ck['codec']['eot'] == 0
     model, _, _, codec = load_model(str(root / 'rec'), 'cpu', dataset='')  # padded rows past the tokenizer: accepted
     assert model.config.vocab_size == codec.vocab_size + 37
+    # its export (rope, SwiGLU, GQA, and Qwen3's q/k norms and head width) reloads to the same logits
+    import export
+    export.main([f'--ckpt={root / "rec"}', f'--dest={root / "rec-hub"}'])
+    again, ck, _ = load_model(str(root / 'rec-hub'), 'cpu')
+    assert ck['started_from'] == load_checkpoint(str(root / 'rec'))['started_from']
+    x = val[:2 * N].view(2, N)
+    with torch.no_grad():
+        assert torch.equal(model(x)[0], again(x)[0])
+
+
+def test_a_source_folder_judges_samples_in_its_own_codec(source):
+    """genppl.load_judge(<Llama/Qwen folder>): the folder's model through the loader, its tokenizer as the codec,
+    reading from its BOS, or where it has none from the samples' end of document when they share its
+    tokenizer.json (the Qwen's <|endoftext|>, not its config's <|im_end|>); per-sample NLL is transformers' on
+    [that token] + the sample (class 4: float32 means of 8 token losses, rel 1e-5)."""
+    from aogpt.genppl import judge_nll, load_judge
+    from aogpt.tokenizer import get_codec
+    family, _, folder, hf, data = source
+    codec = get_codec(str(data))
+    judge, judge_codec, is_hf = load_judge(str(folder), 'cpu', codec)
+    assert not is_hf and judge_codec.record() == codec.record()
+    x = torch.from_numpy(bins.load_bin(str(data), 'val')[:16].astype(np.int64)).view(2, 8)
+    with torch.no_grad():
+        logits = hf(torch.cat([torch.full((2, 1), FAMILIES[family][5]), x], 1)).logits[:, :8]
+        want = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x, reduction='none').mean(1)
+    assert judge_nll(judge, x).tolist() == pytest.approx(want.tolist(), rel=1e-5)
 
 
 def test_data_in_another_codec_or_a_disagreeing_bos_is_refused(tmp_path, monkeypatch, capsys):
