@@ -46,7 +46,7 @@ from aogpt import ROOT
 from aogpt.errors import UserError, first_line
 from aogpt.paths import append_jsonl, atomic_write, check_writable
 from aogpt.paper_ckpt import convert_paper_checkpoint
-from aogpt.tokenizer import TOKENIZERS, codec_from_record, get_codec
+from aogpt.tokenizer import codec_from_record, get_codec
 from model import GPT, GPTConfig, strip_prefixes
 
 CKPT_NAME = 'ckpt.pt'
@@ -524,9 +524,7 @@ def fingerprint(model):
 def codec_misfit(codec, config, train_config):
     """Why a codec cannot be this model's (None if it can): train.py makes the model's vocabulary the codec's
     ids, plus the encoder's [MASK], padded to a multiple of 64, unless its config set vocab_size by hand (a
-    model not from train.py, whose config has no vocab_size, is only checked to cover the codec). A source
-    model's own tokenizer (a 'tokenizers' codec) only has to fit the rows: the source padded its embedding as it
-    chose (Qwen: 151,936 rows for 151,669 ids), so no rule of ours derives the count."""
+    model not from train.py, whose config has no vocab_size, is only checked to cover the codec)."""
     mdm = not config.causal
     if 'vocab_size' not in (train_config or {}):
         train_config = dict(vocab_size=config.vocab_size)
@@ -535,8 +533,6 @@ def codec_misfit(codec, config, train_config):
         return f"its {codec.name} codec has {codec.vocab_size} symbols but the model only {config.vocab_size}"
     if mdm and config.mask_token_id < codec.vocab_size:
         return f"the model's [MASK] id {config.mask_token_id} is a real token of its {codec.name} codec"
-    if codec.name == TOKENIZERS:
-        return None
     derived = (codec.vocab_size, codec.vocab_size + mdm, -(-(codec.vocab_size + mdm) // 64) * 64, asked_vocab)
     if config.vocab_size not in derived:
         return (f"its {codec.name} codec has {codec.vocab_size} symbols, far fewer than the model's vocab_size "
