@@ -148,6 +148,8 @@ def test_a_source_starts_at_its_own_loss_with_its_tokenizer_as_the_codec(source,
     export.main([f'--ckpt={root / "rec"}', f'--dest={root / "rec-hub"}'])
     again, ck, _ = load_model(str(root / 'rec-hub'), 'cpu')
     assert ck['started_from'] == load_checkpoint(str(root / 'rec'))['started_from']
+    from aogpt.tokenizer import folder_codec  # the tokenizer files beside it read back as the model's codec
+    assert folder_codec(str(root / 'rec-hub')).record() == ck['codec']
     x = val[:2 * N].view(2, N)
     with torch.no_grad():
         assert torch.equal(model(x)[0], again(x)[0])
@@ -293,3 +295,9 @@ def test_a_qwen3_folder_end_to_end(tmp_path, monkeypatch):
     assert len(lines) == 2
     for line in lines:
         python(*line.replace('hf:<owner>/<repo>', str(tmp_path / 'exp')).split()[1:], '--device', 'cpu')
+    # and its line that prepares fine-tuning data gives data in the model's codec
+    line, = [l.split('   #')[0] for l in card.splitlines() if l.startswith('python data/text/prepare.py')]
+    python(*line.replace('hf:<owner>/<repo>', str(tmp_path / 'exp')).replace('<text file>', str(tmp_path / 'held.txt'))
+           .replace('data/<data>', str(tmp_path / 'data' / 'more')).split()[1:], '--val_fraction=0.5')
+    from aogpt.tokenizer import get_codec
+    assert get_codec(str(tmp_path / 'data' / 'more')).record() == ck2['codec']
