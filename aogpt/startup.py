@@ -82,7 +82,7 @@ def model_source(cfg, given, codec, data_dir, say=print):
     else:  # a checkpoint (ours, an export, or the paper's released ones)
         src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if cfg['init_ema'] else False)
         theirs, path = checkpoint_codec(src_ckpt), resolve_path(init_from)
-    if theirs is None:  # a folder with no tokenizer.json: no codec to compare, so its ids are the data's, checked to fit
+    if theirs is None:  # a folder with no tokenizer.json: no codec to compare; its ids are the data's, checked to fit
         if codec.vocab_size > src.config.vocab_size:
             raise UserError(f"{data_dir}'s codec has {codec.vocab_size} symbols, more than {init_from}'s vocabulary "
                             f"({src.config.vocab_size}): tokenize the data with {init_from}'s tokenizer")
