@@ -71,8 +71,9 @@ FAMILIES = {
 }
 
 
-def build_source(root, family):
-    """The model folder, its transformers model (float32, eval) and the data prepared with its tokenizer."""
+def build_source(root, family, prepare=True):
+    """The model folder, its transformers model (float32, eval) and the data prepared with its tokenizer (None
+    with prepare=False)."""
     cfg_cls, model_cls, kw, tok_config, flags, _ = FAMILIES[family]
     folder = root / family
     folder.mkdir()
@@ -86,6 +87,8 @@ def build_source(root, family):
         for p in hf.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     hf.save_pretrained(folder)
+    if not prepare:
+        return folder, hf, None
     (root / 'book.txt').write_text(corpus(300, 1))
     data = root / 'data' / 'book'
     r = subprocess.run([sys.executable, 'data/text/prepare.py', f"--input={root / 'book.txt'}", f'--tokenizer={folder}',
@@ -213,7 +216,7 @@ def test_an_hf_id_fetches_the_tokenizer_and_the_shards(tmp_path, monkeypatch):
     from aogpt.families import hf_source
     from aogpt.startup import hf_folder
     from aogpt.tokenizer import folder_codec
-    folder, hf, _ = build_source(tmp_path, 'qwen3')
+    folder, hf, _ = build_source(tmp_path, 'qwen3', prepare=False)
     hf.save_pretrained(tmp_path / 'shards', max_shard_size='20KB')
     shards = sorted(p.name for p in (tmp_path / 'shards').iterdir() if p.name.endswith('.safetensors'))
     assert len(shards) > 1
@@ -301,3 +304,23 @@ def test_a_qwen3_folder_end_to_end(tmp_path, monkeypatch):
            .replace('data/<data>', str(tmp_path / 'data' / 'more')).split()[1:], '--val_fraction=0.5')
     from aogpt.tokenizer import get_codec
     assert get_codec(str(tmp_path / 'data' / 'more')).record() == ck2['codec']
+
+
+@pytest.mark.parametrize('spoil,needle', [
+    ('config', "config.json: it is not JSON"),
+    ('tensor', "the weights have no model.layers.1.mlp.down_proj.weight"),
+])
+def test_a_judge_folder_goes_through_the_loaders_checks(tmp_path, capsys, spoil, needle):
+    """A --gen_ppl judge folder is read by the loader every source goes through: a config.json that is not JSON or
+    a missing tensor is a UserError (sample.py's one line), before any sampling."""
+    from safetensors.torch import load_file, save_file
+    folder, _, _ = build_source(tmp_path, 'llama', prepare=False)
+    if spoil == 'config':
+        (folder / 'config.json').write_text('{not json')
+    else:
+        sd = load_file(str(folder / 'model.safetensors'))
+        del sd['model.layers.1.mlp.down_proj.weight']
+        save_file(sd, str(folder / 'model.safetensors'))
+    from aogpt.genppl import load_judge
+    with pytest.raises(UserError, match=needle):
+        load_judge(str(folder), 'cpu')
