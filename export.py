@@ -30,7 +30,8 @@ from aogpt.errors import UserError, command
 from aogpt.orders import order_of_config
 from aogpt.tokenizer import TOKENIZERS
 
-EXPORT_FILES = {checkpoint.EXPORT_CONFIG, checkpoint.EXPORT_WEIGHTS, 'README.md'}  # what an export writes
+EXPORT_FILES = {checkpoint.EXPORT_CONFIG, checkpoint.EXPORT_WEIGHTS, 'README.md',  # what an export writes
+                'tokenizer.json', 'tokenizer_config.json'}  # (the last two for a source model's tokenizer)
 
 ckpt = ''                  # checkpoint file or dir, exported folder, or hf:owner/repo[/path.pt]; overrides out_dir
 out_dir = 'out'            # run directory (its ckpt.pt) when --ckpt is empty
@@ -153,6 +154,20 @@ def weights(model, dtype):
     return out
 
 
+def tokenizer_files(codec):
+    """{file name: text} of a source model's tokenizer beside the export, so that data for a fine-tune can be
+    prepared in the model's codec (data/text/prepare.py --tokenizer=<this folder or its hf: id>): tokenizer.json,
+    byte for byte the one config.json's codec holds, and tokenizer_config.json naming its end of document and
+    bos by token, which is how folder_codec reads them back (this config.json has no eos_token_id). {} for the
+    GPT-2 and character codecs, which need no file."""
+    if codec['tokenizer'] != TOKENIZERS:
+        return {}
+    from tokenizers import Tokenizer
+    token = Tokenizer.from_str(codec['json']).id_to_token
+    names = {'eos_token': token(codec['eot']), 'bos_token': None if codec.get('bos') is None else token(codec['bos'])}
+    return {'tokenizer.json': codec['json'], 'tokenizer_config.json': json.dumps(names, indent=2) + '\n'}
+
+
 def write_folder(path, config, tensors, card, overwrite=False):
     """The export, written whole or not at all (paths.atomic_folder). An overwrite replaces the export, not
     the records the eval scripts wrote beside it (eval_ppl.json, its .jsonl history, harness.json, plots):
@@ -174,6 +189,9 @@ def write_folder(path, config, tensors, card, overwrite=False):
             f.write('\n')
         with open(os.path.join(tmp, 'README.md'), 'w') as f:
             f.write(card)
+        for name, text in tokenizer_files(config['codec']).items():
+            with open(os.path.join(tmp, name), 'wb') as f:
+                f.write(text.encode('utf-8'))
         # safetensors writes its file private (0600); an export is for sharing: the mode open() gave
         os.chmod(os.path.join(tmp, checkpoint.EXPORT_WEIGHTS), os.stat(os.path.join(tmp, 'README.md')).st_mode)
 
@@ -331,17 +349,33 @@ def finetune_command(spec, ma, cfg):
             + "   # fine-tune: data in the same codec")
 
 
+def prepare_command(spec, codec):
+    """The card's line that prepares fine-tuning data in a source tokenizer's codec (the export holds its files)."""
+    if codec['tokenizer'] != TOKENIZERS:
+        return []
+    return [f"python data/text/prepare.py --input=<text file> --tokenizer={spec} --out_dir=data/<data>   # data in "
+            f"its codec"]
+
+
 def started_from_lines(origin, cond):
     """The card's line on the model its training run started from (train.py's started_from), if any."""
     if not origin:
         return []
     weights = f"{origin['weights']} weights, " if origin.get('weights') else ''
     src = f"`{origin['init_from']}` ({weights}sha256 of its float32 weights `{origin['weights_sha256']}`)"
+    hf = origin.get('source')  # a Hugging Face model: which family and commit, the sha256 of each file read
+    about = ''
+    if hf:
+        files = ', '.join(f"{name} `{sha}`" for name, sha in (hf.get('weights_sha256') or {}).items())
+        about = (f" It was a Hugging Face {hf['family']} model" + (f" at revision `{hf['revision']}`" if
+                 hf.get('revision') else '') + (f" (sha256 of its files: {files})" if files else '') +
+                 f"; [None] took the embedding of its token {hf['none_id']} ({hf['none_from']}), so that in the "
+                 f"left-to-right order the model was the source reading that token first.")
     if origin.get('adapted'):
         return [f"**Adapted** from the left-to-right GPT {src} into cond={cond!r}: every weight of the GPT copied, the "
                 f"new ones set so that at step 0 the model computed exactly the GPT's distribution, then trained on "
-                f"as above.", '']
-    return [f"Fine-tuned from {src}.", '']
+                f"as above." + about, '']
+    return [f"Fine-tuned from {src}." + about, '']
 
 
 def model_card(config, results, repo, license, folder, title=''):
@@ -385,6 +419,7 @@ def model_card(config, results, repo, license, folder, title=''):
     else:
         lines.append(f"python eval_ppl.py --ckpt {spec} --datasets ptb --data_path ptb=test.txt   "
                      f"# test.txt: held-out text in the model's alphabet")
+    lines += prepare_command(spec, codec)
     lines.append(finetune_command(spec, ma, cfg))
     lines += ['```', '', "Eval sets other than ptb come from the hub on first use, or from local copies with "
               "`--data_path NAME=FILE`.", '', 'In Python:', '', '```python', 'from aogpt.checkpoint import load_model',
@@ -416,8 +451,11 @@ def model_card(config, results, repo, license, folder, title=''):
               f"config, provenance",
               f"- `{checkpoint.EXPORT_WEIGHTS}`: the weights" +
               (" (the tied output head is the token embedding)" if ma['tie_head'] else ""),
-              '- `README.md`: this card', '',
-              'Nothing here is pickled. Upload the folder with the `hf` CLI of huggingface_hub:', '', '```bash',
+              '- `README.md`: this card']
+    if codec['tokenizer'] == TOKENIZERS:
+        lines.append("- `tokenizer.json`, `tokenizer_config.json`: the source model's tokenizer (the codec config.json "
+                     "holds) and its end of document, to prepare data with")
+    lines += ['', 'Nothing here is pickled. Upload the folder with the `hf` CLI of huggingface_hub:', '', '```bash',
               f"hf upload {repo} {folder}", '```', '']
     return '\n'.join(lines)
 

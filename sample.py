@@ -469,13 +469,13 @@ def documents(c, samples, given, end, stats):
 def load_judge_for(c, codec, n):
     """The judge for --gen_ppl, checked against the samples' codec and their length n: (model, its codec, scoring
     mode)."""
-    judge, judge_codec, is_hf = genppl.load_judge(c.gen_ppl, c.device)
+    judge, judge_codec, is_hf = genppl.load_judge(c.gen_ppl, c.device, codec)
     if judge.config.vocab_size < judge_codec.vocab_size:
         die(f"judge {c.gen_ppl}: its {judge_codec.name} codec has {judge_codec.vocab_size} symbols, the model "
             f"only {judge.config.vocab_size}")
     if not judge.config.causal:
         die(f"judge {c.gen_ppl} is an encoder MDM, which has no exact likelihood to score text with: judge with a "
-            f"decoder (a GPT, AO-GPT or sigma-GPT checkpoint, or an HF GPT-2 folder)")
+            f"decoder (a GPT, AO-GPT or sigma-GPT checkpoint, or a Hugging Face model folder)")
     if judge_codec.name == 'char':  # it must read every character the samples can hold
         lacking = sorted(set(codec.chars) - set(judge_codec.chars)) if codec.name == 'char' else None
         if lacking is None or lacking:

@@ -581,8 +581,8 @@ def hub_files(spec):
 
 
 def fetch_from_hub(spec):
-    """The local path of what a hub spec names: the torch file, or the export's folder, both inside the
-    HF cache (downloaded once; offline, served from the cache)."""
+    """The local path of what a hub spec names: the torch file, or the folder (an export's two files, or a Hugging
+    Face model's: source_files), inside the HF cache (downloaded once; offline, served from the cache)."""
     from aogpt import hub
     repo, rev, names = hub_files(spec)
     forced = os.environ.get('HF_HUB_OFFLINE', '').upper() in ('1', 'ON', 'YES', 'TRUE')
@@ -592,17 +592,22 @@ def fetch_from_hub(spec):
         from huggingface_hub import constants, errors, hf_hub_download
     except ImportError:
         raise UserError(f"{spec}: reading the Hugging Face hub needs huggingface_hub (pip install huggingface_hub)")
-    got, revision = [], rev
-    for name in names:
+    revision = rev
+
+    def fetch(name, optional=False):
+        """One file's local path (None for an optional file the repo, or offline the cache, does not hold)."""
+        nonlocal revision
         try:
             path = hf_hub_download(repo, name, revision=revision)
         except errors.LocalEntryNotFoundError:
+            if optional:
+                return None
             why = "HF_HUB_OFFLINE is set" if forced else "huggingface.co cannot be reached"
             local = f"DIR/{names[0]}" if len(names) == 1 else os.path.join('DIR', os.path.dirname(names[0]))
             get = f"hf download {repo} {' '.join(names)}{f' --revision {rev}' if rev else ''} --local-dir DIR"
-            raise UserError(f"{spec}: {' and '.join(names)} not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
-                            f"and {why}: connect and rerun (it is then cached), or on a machine with internet run "
-                            f"`{get}`, copy DIR here and pass {local.rstrip('/')}")
+            raise UserError(f"{spec}: {' and '.join(names) if name in names else name} not in the Hugging Face cache "
+                            f"({constants.HF_HUB_CACHE}) and {why}: connect and rerun (it is then cached), or on a "
+                            f"machine with internet run `{get}`, copy DIR here and pass {local.rstrip('/')}")
         except errors.GatedRepoError:
             raise UserError(f"{spec}: {repo} is gated: accept its terms on huggingface.co, then log in (`hf auth "
                             "login`)")
@@ -612,13 +617,49 @@ def fetch_from_hub(spec):
         except errors.RevisionNotFoundError:
             raise UserError(f"{spec}: {repo} has no revision {rev!r}")
         except errors.EntryNotFoundError:
+            if optional:
+                return None
             raise UserError(f"{spec}: {repo}{f'@{rev}' if rev else ''} has no file {name}" +
-                            ("" if len(names) == 1 else " (hf:owner/repo[/sub] reads an export.py folder; name a torch "
-                                                        f"checkpoint by its path, e.g. hf:{repo}/path/to/ckpt.pt)"))
+                            ("" if len(names) == 1 else " (hf:owner/repo[/sub] reads an export.py folder or a Hugging "
+                                                        "Face model folder; name a torch checkpoint by its path, e.g. "
+                                                        f"hf:{repo}/path/to/ckpt.pt)"))
         except Exception as e:  # an invalid repo id, a network error mid-download, a full disk, ...
             raise UserError(f"{spec}: fetching {name} from {repo} failed ({type(e).__name__}: {first_line(e)})")
-        got.append(path)
         commit = os.path.normpath(path).split(os.sep)[-len(name.split('/')) - 1]
         if re.fullmatch(r'[0-9a-f]{40}', commit):
-            revision = commit  # the export's second file from the same commit as its first
-    return got[0] if len(names) == 1 else os.path.dirname(got[0])
+            revision = commit  # every later file from the same commit as the first
+        return path
+
+    first = fetch(names[0])
+    if len(names) == 1:
+        return first
+    folder = os.path.dirname(first)
+    if is_export(folder):
+        fetch(names[1])
+    else:
+        source_files(spec, folder, os.path.dirname(names[0]), fetch)
+    return folder
+
+
+def source_files(spec, folder, sub, fetch):
+    """A Hugging Face model folder's files beside its config.json: its weights (model.safetensors, else the
+    shards model.safetensors.index.json names, else GPT-2's pytorch_model.bin), and its tokenizer files where the
+    repo has them (tokenizer.json is the run's codec: startup.source_tokenizer)."""
+    from aogpt.tokenizer import SOURCE_FILES
+    at = lambda name: f"{sub}/{name}" if sub else name  # noqa: E731
+    if fetch(at('model.safetensors'), optional=True) is None:
+        index = fetch(at('model.safetensors.index.json'), optional=True)
+        if index is not None:
+            try:
+                with open(index) as f:
+                    shards = sorted(set(json.load(f)['weight_map'].values()))
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise UserError(f"cannot read {index}: not a safetensors index with a weight_map ({e})")
+            for shard in shards:
+                fetch(at(shard))
+        elif fetch(at('pytorch_model.bin'), optional=True) is None:
+            raise UserError(f"{spec}: {folder} holds a Hugging Face config.json but neither model.safetensors, "
+                            f"model.safetensors.index.json nor pytorch_model.bin (in the cache, or on the hub)")
+    for name in SOURCE_FILES:
+        if name != 'config.json':
+            fetch(at(name), optional=True)

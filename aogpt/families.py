@@ -7,7 +7,8 @@ read into a GPTConfig, and its names for the weights mapped to ours, every tenso
 
 Families: gpt2, llama (SmolLM2 is one), mistral (without a sliding window), qwen2, qwen3. In the identity order the
 model is its source run on [none_id] + x: [None] is the source's own BOS embedding (bos_token_id), or, where it has
-none (Qwen), that of its document separator (eos_token_id, <|endoftext|>); the record says which. A field that
+none (Qwen), that of its document separator (eos_token_id, or the data's end of document where the run names
+one: <|endoftext|>); the record says which. A field that
 would change the function and that the block cannot represent (a sliding window, another rope type, MoE, soft
 caps, biases where the block has none) is a UserError naming it, never ignored: a silently different model is the
 worst outcome. Weights are read from safetensors (one file, or the shards model.safetensors.index.json lists);
@@ -209,15 +210,21 @@ def sha256_of(path):
     return h.hexdigest()
 
 
-def hf_source(folder, state_dict=None, **overrides):
+def hf_source(folder, state_dict=None, doc_end=None, **overrides):
     """The source model (cond='none'), and its record {family, folder, revision (a hub snapshot's commit, else None),
     none_id, none_from, weights_sha256: {file: sha256} (None when state_dict was given)}. Every one
-    of their tensors is checked: a missing, extra or misshapen one is a UserError naming it. overrides: GPTConfig
-    keys (block_size may shrink the context; dropout and the like)."""
+    of their tensors is checked: a missing, extra or misshapen one is a UserError naming it. doc_end: the id that
+    ends the data's documents, which [None] takes where the source has no BOS (a Qwen whose config.json names a
+    chat turn's end as its eos, trained on data ended by <|endoftext|>); none_from then says 'doc_end'. overrides:
+    GPTConfig keys (block_size may shrink the context; dropout and the like)."""
     hf = read_config(folder)
     where = os.path.join(folder, '')
     family = hf['model_type']
     args, none_id, none_from = hf_config(hf, where)
+    if doc_end is not None and none_from != 'bos_token_id' and doc_end != none_id:
+        if not 0 <= doc_end < args['vocab_size']:
+            raise UserError(f"{where}: the documents' end id {doc_end} is not one of its {args['vocab_size']} rows")
+        none_id, none_from = doc_end, 'doc_end'
     cfg = GPTConfig(**dict(args, **overrides))
     sha = None
     if state_dict is None:
@@ -262,8 +269,8 @@ def hf_source(folder, state_dict=None, **overrides):
     return model, source
 
 
-def load_hf(path, state_dict=None, cond='none', **overrides):
+def load_hf(path, state_dict=None, cond='none', doc_end=None, **overrides):
     """The source model of a local Hugging Face folder (hf_source) with cond='none', or adapted into cond 'adaln' or
     'sigma' (model.adapt), which starts as the source for every order and learns to use the target."""
-    model, _ = hf_source(path, state_dict, **overrides)
+    model, _ = hf_source(path, state_dict, doc_end, **overrides)
     return model if cond == 'none' else adapt(model, cond)

@@ -7,6 +7,7 @@ if __name__ == '__main__':  # run as a script (python aogpt/genppl.py): one line
     raise SystemExit("error: aogpt/genppl.py is a library module, with nothing to run: the commands are train.py, "
                      "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
 
+import hashlib
 import math
 import os
 
@@ -144,18 +145,29 @@ def unigram_entropy(tokens):
     return torch.tensor(out, dtype=torch.float64)
 
 
-def load_judge(path, device):
-    """A judge model, its codec, and whether it is an HF GPT-2 folder (local or hf:; else a checkpoint of ours)."""
+def load_judge(path, device, samples_codec=None):
+    """A judge model, its codec, and whether it is an HF GPT-2 folder, which alone can take the HF GPT-2 recipe
+    (mode 'hf'). A Hugging Face folder (local or hf:) goes through the one loader (families.hf_source: every tensor
+    checked) with its own codec: GPT-2's BPE, or the folder's tokenizer.json (a Llama or Qwen judge, whose [None]
+    is its BOS or document separator, scores every token from it: mode 'none'). Where the samples were drawn in
+    that same tokenizer.json (samples_codec: a model trained from this source), the judge ends documents where
+    they do (their eot: a Qwen's <|endoftext|>, not the <|im_end|> its config.json names). Else a checkpoint of
+    ours."""
     from aogpt.checkpoint import is_export, load_model, read_hf_weights, resolve_path
     from aogpt.errors import UserError
     from aogpt.families import load_hf, read_config
-    from aogpt.tokenizer import gpt2_codec
-    where = resolve_path(path)
-    if os.path.isdir(where) and not is_export(where):
-        family = read_config(where)['model_type']
-        if family != 'gpt2':  # its tokenizer is not a codec here: scoring GPT-2 BPE ids with it would be garbage
-            raise UserError(f"{path} is a Hugging Face {family} model; a judge folder must be GPT-2 (its codec is "
-                            f"the GPT-2 BPE the samples are decoded with)")
-        return load_hf(where, read_hf_weights(where)).to(device).eval(), gpt2_codec(), True
-    model, _, _, codec = load_model(where, device, dataset='')  # the codec it was trained with, checked to fit
+    from aogpt.startup import hf_folder
+    from aogpt.tokenizer import TOKENIZER_FILE, folder_codec, gpt2_codec
+    where = hf_folder(path) if path.startswith('hf:') else resolve_path(path)
+    if where is not None and os.path.isdir(where) and not is_export(where):
+        if read_config(where)['model_type'] == 'gpt2':
+            return load_hf(where, read_hf_weights(where)).to(device).eval(), gpt2_codec(), True
+        if not os.path.isfile(os.path.join(where, TOKENIZER_FILE)):
+            raise UserError(f"judge {path} holds no {TOKENIZER_FILE}, so nothing says which text its ids are: a "
+                            f"judge folder needs its tokenizer")
+        with open(os.path.join(where, TOKENIZER_FILE), 'rb') as f:
+            same = samples_codec is not None and samples_codec.sha256 == hashlib.sha256(f.read()).hexdigest()
+        codec = folder_codec(where, eot_id=samples_codec.eot if same else None)
+        return load_hf(where, doc_end=codec.eot).to(device).eval(), codec, False
+    model, _, _, codec = load_model(path if where is None else where, device, dataset='')  # its codec, checked to fit
     return model, codec, False

@@ -15,6 +15,7 @@ if __name__ == '__main__':  # run as a script (python aogpt/startup.py): one lin
     raise SystemExit("error: aogpt/startup.py is a library module, with nothing to run: the commands are train.py, "
                      "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
 
+import hashlib
 import os
 from dataclasses import asdict
 
@@ -23,7 +24,7 @@ from aogpt.checkpoint import (CKPT_NAME, checkpoint_codec, is_export, load_check
 from aogpt.errors import UserError
 from aogpt.families import hf_source, read_config
 from aogpt.orders import new_spelling
-from aogpt.tokenizer import gpt2_codec
+from aogpt.tokenizer import TOKENIZER_FILE, TOKENIZERS, folder_codec, gpt2_codec
 from model import GPTConfig, adapt, config_fields, strip_prefixes
 
 
@@ -72,18 +73,21 @@ def model_source(cfg, given, codec, data_dir, say=print):
     hf_dir = hf_folder(init_from)
     gpt2 = hf_dir is not None and read_config(hf_dir)['model_type'] == 'gpt2'
     if hf_dir is not None:  # the source itself (cond='none'), then the same path as any: by default into the run's cond
-        src, source = hf_source(hf_dir)
-        used_ema, theirs, path = None, gpt2_codec() if gpt2 else None, hf_dir
+        theirs = gpt2_codec() if gpt2 else source_tokenizer(hf_dir, codec, data_dir, init_from)
+        src, source = hf_source(hf_dir, doc_end=None if theirs is None or gpt2 else theirs.eot)
+        if theirs is not None and not gpt2:  # GPT-2's [None] is its bos_token_id, as before (its codec is tiktoken's)
+            check_none(source, theirs, init_from)
+        used_ema, path = None, hf_dir
         given = set(given) | {'cond'}
     else:  # a checkpoint (ours, an export, or the paper's released ones)
         src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if cfg['init_ema'] else False)
         theirs, path = checkpoint_codec(src_ckpt), resolve_path(init_from)
-    if theirs is None:  # the source's tokenizer is not a codec here yet: its ids are the data's, checked to fit
+    if theirs is None:  # a folder with no tokenizer.json: no codec to compare; its ids are the data's, checked to fit
         if codec.vocab_size > src.config.vocab_size:
             raise UserError(f"{data_dir}'s codec has {codec.vocab_size} symbols, more than {init_from}'s vocabulary "
                             f"({src.config.vocab_size}): tokenize the data with {init_from}'s tokenizer")
-        say(f"warning: {data_dir}'s ids ({codec.name} codec) are read as {init_from}'s token ids; its tokenizer is "
-            f"not compared with the data's")
+        say(f"warning: {init_from} holds no {TOKENIZER_FILE}, so {data_dir}'s ids ({codec.name} codec) are read as its "
+            f"token ids unchecked")
     else:
         check_codec(theirs, codec, data_dir, init_from)
     if src.config.block_size < block_size:
@@ -110,6 +114,42 @@ def model_source(cfg, given, codec, data_dir, say=print):
                        "shape (only a GPT's cond may change: cond='adaln' or 'sigma' adapts it). Leave these keys "
                        "out (the shape comes from the checkpoint), or train the new model from scratch")
     return args, src.state_dict(), None, None, started_from
+
+
+def source_tokenizer(folder, codec, data_dir, where):
+    """A Hugging Face source's codec: its tokenizer.json, which the data must have been prepared with
+    (data/text/prepare.py --tokenizer=<folder>), read with the data's end of document (meta.json's eot: the
+    source's eos, or the --eot_token it was prepared with). None for a folder with no tokenizer.json (a
+    SentencePiece-only one, or a test's bare model): model_source then only checks that the data's ids fit."""
+    path = os.path.join(folder, TOKENIZER_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, 'rb') as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    if codec.name != TOKENIZERS or codec.sha256 != digest:
+        raise UserError(f"{data_dir} is tokenized with a {codec.name} codec ({codec.vocab_size} symbols), not "
+                        f"{where}'s {TOKENIZER_FILE} (sha256 {digest[:12]}...): its ids would mean other symbols. "
+                        f"Prepare the data with data/text/prepare.py --tokenizer={folder}")
+    theirs = folder_codec(folder, eot_id=codec.eot)
+    ours, mine = theirs.record(), codec.record()
+    other = [k for k in ours if ours[k] != mine.get(k)]  # the same file and eot: only bos can differ
+    if other:
+        raise UserError(f"{data_dir} was prepared with {where}'s {TOKENIZER_FILE}, but its meta.json says " +
+                        ", ".join(f"{k} {mine.get(k)!r}" for k in other) + " where the folder now says " +
+                        ", ".join(f"{k} {ours[k]!r}" for k in other) + f": prepare the data again with "
+                        f"data/text/prepare.py --tokenizer={folder}")
+    return theirs
+
+
+def check_none(source, codec, where):
+    """[None] is the source's BOS, or where it has none the data's end of document (hf_source(doc_end=)): the
+    token families read from config.json must be the one the tokenizer names, or the run would start every
+    sequence from a token the data never puts there."""
+    want = codec.bos if codec.bos is not None else codec.eot
+    if source['none_id'] != want:
+        raise UserError(f"{where}: [None] would take token {source['none_id']} ({source['none_from']} of its "
+                        f"config.json), but its tokenizer's " + ("bos" if codec.bos is not None else "end of "
+                        "document") + f" is {want}: make config.json's bos_token_id and the tokenizer files agree")
 
 
 def hf_folder(init_from):

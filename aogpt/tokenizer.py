@@ -224,11 +224,12 @@ def _special_id(config, tok_config, tokenize, key):
     return tokenize(t) if isinstance(t, str) else None
 
 
-def folder_codec(folder, eot_token=""):
+def folder_codec(folder, eot_token="", eot_id=None):
     """The codec of a source model's folder: its tokenizer.json, with eot and bos from its config.json and
     tokenizer_config.json (special_tokens_map.json for what that lacks). eot_token: the token that ends a
     document instead of the source's eos (Qwen3-0.6B's config.json names <|im_end|>, a chat turn's end, while
-    its pretraining documents end with <|endoftext|>)."""
+    its pretraining documents end with <|endoftext|>). eot_id: that token as an id, as a dataset prepared with
+    this tokenizer.json recorded it in meta.json (train.py reads a source's codec with its data's end)."""
     path = os.path.join(folder, TOKENIZER_FILE)
     if not os.path.isfile(path):
         raise UserError(f"{folder} holds no {TOKENIZER_FILE}: a source's tokenizer is read from its fast-tokenizer "
@@ -247,7 +248,9 @@ def folder_codec(folder, eot_token=""):
     except Exception as e:
         raise UserError(f"{path} is not a readable {TOKENIZER_FILE} ({first_line(e, 150)})")
     eot, bos = (_special_id(config, tok_config, lookup, k) for k in ("eos", "bos"))
-    if eot_token:
+    if eot_id is not None:
+        eot = eot_id  # tokenizers_codec checks that it is one of the file's ids
+    elif eot_token:
         eot = lookup(eot_token)
         if eot is None:
             raise UserError(f"--eot_token {eot_token!r} is not a token of {path}")

@@ -226,12 +226,12 @@ def test_train_starts_from_a_qwen3_folder_at_its_own_loss(env, monkeypatch, tmp_
     assert source['weights_sha256'] == {'model.safetensors': sha}
 
 
-def test_a_judge_folder_must_be_gpt2(tmp_path):
-    """sample.py's --gen_ppl judge decodes with GPT-2's BPE: a Qwen folder (now loadable) would score GPT-2 ids as
-    its own without a word; it is one line instead."""
+def test_a_judge_folder_without_its_tokenizer_is_refused(tmp_path):
+    """sample.py's --gen_ppl judge reads the samples' text with its own codec: a Qwen folder with no tokenizer.json
+    has none, and would score ids it cannot name; it is one line (tests/test_sources.py judges with one that has)."""
     from aogpt.genppl import load_judge
     _, folder = build(tmp_path, 'qwen3_headdim')
-    with pytest.raises(UserError, match="is a Hugging Face qwen3 model; a judge folder must be GPT-2"):
+    with pytest.raises(UserError, match="holds no tokenizer.json, so nothing says which text its ids are"):
         load_judge(str(folder), 'cpu')
 
 
