@@ -10,6 +10,7 @@ os.environ.setdefault('WANDB_MODE', 'disabled')
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from helpers import BACKBONES  # noqa: E402
 
 torch.set_flush_denormal(True)
 
@@ -71,6 +72,13 @@ def pytest_collection_modifyitems(config, items):
         if ids and not set(GRIDS[name]) <= ids:  # (no ids: the file was not collected this time)
             raise pytest.UsageError(f"tests/conftest.py GRIDS: {name} has no case "
                                     f"{sorted(set(GRIDS[name]) - ids)}; its cases are {sorted(ids)}")
+
+
+@pytest.fixture(scope='module', params=list(BACKBONES))
+def backbone(request):
+    """The GPTConfig switches of each block a law runs on (helpers.BACKBONES); module-scoped, so a module's own
+    model fixtures can build on it. A grid's case ids name it ('paper', 'rope')."""
+    return BACKBONES[request.param]
 
 
 @pytest.fixture

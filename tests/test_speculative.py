@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from helpers import exact_law, seq_law, speculate, split_settings, tiny
+from helpers import BACKBONES, exact_law, seq_law, speculate, split_settings, tiny
 
 from aogpt import engine, generate, speculative
 from aogpt.generate import logits_to_probs
@@ -30,7 +30,7 @@ def sharp(model, scale=25.0):
 
 
 # the Llama/Qwen block (rotary positions, SwiGLU, grouped-query attention: a KV cache of 2 heads for 4 queries)
-ROPE = dict(cond='adaln', pos='rope', mlp='swiglu', n_head=4, n_kv_head=2, head_dim=8, bias=False, qkv_bias=True)
+ROPE = dict(BACKBONES['rope'], cond='adaln')
 
 
 def mixy(seed=3, s=0.3, head=5.0, **kw):
