@@ -28,24 +28,35 @@ def pytest_configure(config):
 GRIDS = {
     'test_model.py::test_encoder_elbo_is_unbiased_for_exact_any_order_loss': ('paper',),  # rope: 14 s (the encoder
     # with rotary positions stays in make test through test_encoder_is_bidirectional_and_never_predicts_mask)
-    'test_speculative.py::test_l2r_is_the_exact_joint': ('True-2', 'False-4', 'True-3'),
+    'test_speculative.py::test_l2r_is_the_exact_joint': ('paper-True-2', 'paper-False-4', 'paper-True-3',
+                                                         'rope-False-2'),
     'test_speculative.py::test_an_order_distribution_gives_the_mixture_over_its_law': (
-        'mix:0.3*l2r+0.7*nearl2r:2.5',),
-    'test_speculative.py::test_random_order_is_the_mixture_over_orders': ('per_row',),
-    'test_speculative.py::test_prompt_and_infill': ('infill',),
-    'test_speculative.py::test_temperature_and_top_p_transform_both_laws': ('tf2',),
+        'paper-mix:0.3*l2r+0.7*nearl2r:2.5',),
+    'test_speculative.py::test_random_order_is_the_mixture_over_orders': ('paper-per_row',),
+    'test_speculative.py::test_prompt_and_infill': ('paper-infill',),
+    'test_speculative.py::test_temperature_and_top_p_transform_both_laws': ('paper-tf2',),
     'test_speculative.py::test_cache_equals_a_cache_free_recomputation': ('kw0-cond0', 'kw1-cond1', 'kw2-cond2',
                                                                           'kw3-cond0', 'kw0-cond3'),
-    'test_speculative.py::test_static_stepper_gives_the_dynamic_samples': ('kw0-min', 'kw1-per_row', 'kw2-fused'),
+    'test_speculative.py::test_static_stepper_gives_the_dynamic_samples': ('paper-kw0-min', 'paper-kw1-per_row',
+                                                                           'paper-kw2-fused', 'rope-kw0-fused'),
     'test_speculative.py::test_per_sample_cache_equals_a_cache_free_recomputation': (
         'cond0-kw0', 'cond1-kw1', 'cond0-kw2', 'cond1-kw3', 'cond0-kw4', 'cond2-kw2', 'cond2-kw4'),
-    'test_speculative.py::test_fused_rounds_are_the_exact_joint': ('kw0-orders0-4', 'kw3-orders3-4',
-                                                                   'kw5-orders5-4', 'kw7-orders7-4'),
+    'test_speculative.py::test_fused_rounds_are_the_exact_joint': ('paper-kw0-orders0-4', 'paper-kw3-orders3-4',
+                                                                   'paper-kw5-orders5-4', 'paper-kw7-orders7-4',
+                                                                   'rope-kw6-orders6-4'),
+    # the rope block's speculative laws in make test: the two-call chain above and this fused one (2.7 s); the rest
+    # of it (90 s) in make test-all
+    'test_speculative.py::test_fixed_permutation_and_batch_minimum': ('paper',),
+    'test_speculative.py::test_blocks_order_is_the_mixture_over_its_orders': ('paper',),
+    'test_speculative.py::test_l2r_batch_minimum': ('paper',),
+    'test_speculative.py::test_one_sample_per_row_equals_batch_minimum': ('paper',),
+    'test_speculative.py::test_its_law_is_the_lemma1_samplers_at_one_token_a_step_only': ('paper',),
     'test_speculative.py::test_fused_negative_controls_are_rejected': ('None', 'keep_rejected'),
     'test_sample.py::test_static_stepper_equals_dynamic_call_for_call': ('paper-kw0-0', 'rope-kw1-16', 'paper-kw2-0'),
     'test_sample.py::test_confidence_orders_on_the_cache_equal_a_cache_free_recomputation': (
         'paper-confidence-dynamic', 'rope-margin-static'),
-    'test_sample.py::test_encoder_cache_trick_gives_identical_samples_with_fewer_passes': ('paper-shared', 'rope-independent'),
+    'test_sample.py::test_encoder_cache_trick_gives_identical_samples_with_fewer_passes': ('paper-shared',
+                                                                                          'rope-independent'),
     'test_sample.py::test_one_step_draws_every_position_from_its_first_step_marginal': ('paper',),
     'test_documents.py::test_early_stop_keeps_the_full_draws_documents_token_for_token': ('semiar:2',),
     'test_documents.py::test_early_stopped_documents_have_the_exact_law': ('semiar:2-True',),

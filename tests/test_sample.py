@@ -502,11 +502,12 @@ def test_static_stepper_for_l2r_decoding(monkeypatch, backbone):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA graphs need a GPU (bench/gpu_suite.sh graphs)')
 @pytest.mark.parametrize('how', ['fp32', 'bf16_weights', 'autocast'])
-def test_cuda_graph_stepper_equals_eager_on_gpu(how, monkeypatch):
+def test_cuda_graph_stepper_equals_eager_on_gpu(how, monkeypatch, backbone):
     """Replayed graphs give the logits of the eager fixed-shape path (the same kernels), and both those
     of the dynamic path, for several Ts (new shapes keep being captured mid-run) and for L2R decoding."""
     from contextlib import nullcontext
-    model = sharp(tiny(block_size=40, seed=8), 3.0).to('cuda', torch.bfloat16 if how == 'bf16_weights' else None)
+    model = sharp(tiny(**backbone, block_size=40, seed=8), 3.0).to('cuda', torch.bfloat16 if how == 'bf16_weights'
+                                                                   else None)
     ctx = torch.autocast('cuda', dtype=torch.bfloat16) if how == 'autocast' else nullcontext()
     tol = ATOL if how == 'fp32' else 3e-2
     modes = ('dynamic', 'static', 'cuda_graph')
