@@ -834,6 +834,32 @@ def test_muon_step_is_torchs_and_float32_changes_only_the_iteration():
         assert muon.ns_dtype == getattr(torch, dtype)
 
 
+def test_muon_orthogonalises_swiglus_gate_and_up_each_on_its_own():
+    """SwiGLU's c_fc stacks two matrices, gate and up: Muon's step on it is torch.optim.Muon's on the two as separate
+    parameters, bit for bit in bfloat16 (the same ops per matrix, exact on any CPU), each with its own lr adjustment,
+    over 3 steps with momentum and weight decay; not the step on the stacked matrix, whose one orthogonalisation
+    couples the two. The GELU block's c_fc is one matrix: torch's step on it, whole."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=4, n_embd=16, target_dim=8, block_size=N, vocab_size=64, mlp='swiglu',
+                          mlp_hidden=24, pos='rope', n_kv_head=2, head_dim=8, bias=False))
+    fc = model.transformer.h[0].mlp.c_fc.weight                          # (48, 16): [gate; up]
+    _, muon = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon', muon_lr=0.02)
+    gate, up, whole = (torch.nn.Parameter(t.detach().clone()) for t in (*fc.chunk(2), fc))
+    each = torch.optim.Muon([gate, up], lr=0.02, weight_decay=0.1)
+    stacked = torch.optim.Muon([whole], lr=0.02, weight_decay=0.1)
+    for _ in range(3):
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        gate.grad, up.grad = (g.clone() for g in fc.grad.chunk(2))
+        whole.grad = fc.grad.clone()
+        muon.step(), each.step(), stacked.step()
+    assert torch.equal(fc, torch.cat([gate, up])) and not torch.allclose(fc, whole, atol=1e-3)
+    assert list(muon.pieces.values()) == [2] and fc in muon.pieces
+    gelu = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, target_dim=8, block_size=N, vocab_size=64))
+    _, muon = configure_optimizers(gelu, 0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon')
+    assert muon.pieces == {}  # torch's own step
+
+
 def test_muon_through_accumulation_clipping_bf16_autocast_and_ema(env, monkeypatch, tmp_path):
     """optimizer=muon through everything a step does: 2 micro-steps accumulated, the gradients of both optimizers
     clipped together before either steps, the forward in bf16 autocast on the CPU, the EMA evaluated; it learns."""
