@@ -61,8 +61,11 @@ GRIDS = {
     'test_documents.py::test_early_stop_keeps_the_full_draws_documents_token_for_token': ('semiar:2',),
     'test_documents.py::test_early_stopped_documents_have_the_exact_law': ('semiar:2-True',),
     'test_documents.py::test_early_stopped_speculative_documents_have_the_exact_law': ('kw0',),
-    'test_eval.py::test_order_bound_is_the_expectation_over_its_law': ('mix:0.3*l2r+0.7*semiar:3',),
-    'test_eval.py::test_mdm_elbo_matches_enumeration_over_orders': ('count',),
+    'test_eval.py::test_order_bound_is_the_expectation_over_its_law': ('paper-mix:0.3*l2r+0.7*semiar:3',
+                                                                       'rope-nearl2r:2.5'),
+    'test_eval.py::test_mdm_elbo_matches_enumeration_over_orders': ('paper-count', 'rope-time'),
+    'test_eval.py::test_fast_and_exact_ensemble_match_enumeration': ('paper',),  # rope: 1.6 s (the ensemble meets the
+    # rope block in make test through test_one_member_reproduces_the_plain_any_order_loss and the nested sizes)
     'test_hub.py::test_the_cards_commands_run_as_written': ('adaln',),
     'test_hub.py::test_an_uncached_hf_id_offline_fails_at_once_in_one_line': ('HF_HUB_OFFLINE',),
     'test_train.py::test_an_export_folder_is_not_a_run_directory': ('resume', 'auto'),
