@@ -405,15 +405,14 @@ class GPT(nn.Module):
         config.validate()
         self.config = config
         d = config.n_embd
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, d),
+        self.transformer = nn.ModuleDict(dict(  # in this order: a seed draws the same init as before rope existed
+            wte=nn.Embedding(config.vocab_size, d),  # wpe row 0: [None]; a token at p uses row p+1 (rope: the turns)
+            **({'wpe': nn.Embedding(config.block_size + 1, d)} if config.pos == 'learned' else {}),
             wnonee=nn.Embedding(1, d),                      # the [None] start token (the paper's name)
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
             ln_f=Norm(d, config.norm, config.bias, config.norm_eps),
         ))
-        if config.pos == 'learned':  # row 0: [None]; a token at position p uses row p+1 (rope: the same turns)
-            self.transformer.wpe = nn.Embedding(config.block_size + 1, d)
         if config.cond == 'adaln':
             self.transformer.wtpe = nn.Embedding(config.block_size, config.target_dim)
             self.transformer.adaLN_f = nn.Sequential(nn.SiLU(), nn.Linear(config.target_dim, 2 * d))

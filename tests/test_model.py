@@ -14,6 +14,15 @@ from model import GPT, GPTConfig, mdm_corrupt, parallel_mask
 ATOL = 1e-5
 
 
+def test_a_seed_draws_the_paper_blocks_init_as_before_rope():
+    """GPT(config) draws its init in module order (self.apply): wpe stays second, after wte, where it was before the
+    rope switch made it optional, so a seed gives the paper's block the weights it gave before, and the seeded
+    tests, results/ and README figures reproduce (registered last, it shifted every draw after wte)."""
+    names = [n for n, _ in tiny().named_parameters()]
+    assert names[:3] == ['transformer.wte.weight', 'transformer.wpe.weight', 'transformer.wnonee.weight']
+    assert 'transformer.wpe.weight' not in dict(tiny(pos='rope').named_parameters())
+
+
 def full_logits(model, x, order):
     return model(x, order=order)[0]
 
