@@ -24,7 +24,10 @@ def pytest_configure(config):
 # The grids: tests parametrized over many settings of one property (a sampler's law, a cache against a
 # recomputation) whose cases cost seconds each. make test runs the cases named here, which between them touch every
 # value of every parameter; make test-all runs the whole grid. A name here that no longer matches a collected case
-# is an error, so the table cannot quietly drop a grid from make test.
+# is an error, so the table cannot quietly drop a grid from make test. The backbone fixture's blocks ('paper', 'rope'
+# in a case id) are one more parameter: between them the kept cases put every sampler and estimator on the rope block
+# at least once; a law that costs seconds keeps its other rope cases, and a negative control its rope case, for
+# make test-all.
 GRIDS = {
     'test_model.py::test_encoder_elbo_is_unbiased_for_exact_any_order_loss': ('paper',),  # rope: 14 s (the encoder
     # with rotary positions stays in make test through test_encoder_is_bidirectional_and_never_predicts_mask)
