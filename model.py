@@ -405,10 +405,9 @@ class GPT(nn.Module):
         config.validate()
         self.config = config
         d = config.n_embd
-        # wpe second, where it always stood: parameters are drawn, and optimizer states saved, in this order
-        wpe = dict(wpe=nn.Embedding(config.block_size + 1, d)) if config.pos == 'learned' else {}  # row 0: [None]
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, d), **wpe,  # a token at position p: row p+1 (rope: turned by p+1)
+        self.transformer = nn.ModuleDict(dict(  # in this order: a seed draws the same init as before rope existed
+            wte=nn.Embedding(config.vocab_size, d),  # wpe row 0: [None]; a token at p uses row p+1 (rope: the turns)
+            **({'wpe': nn.Embedding(config.block_size + 1, d)} if config.pos == 'learned' else {}),
             wnonee=nn.Embedding(1, d),                      # the [None] start token (the paper's name)
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),

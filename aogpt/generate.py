@@ -513,7 +513,9 @@ def generate_confident(model, n, batch_size, steps, settings=None, *, score='con
         pos = torch.cat([slot_pos[:, c:m], slot_pos[:, m:m + 1].expand(B, nm)], 1)
         logits = step(tok, pos, torch.cat([reveal[:, c:m], qpos], 1), nm)  # (B, nm, V): one query each
         cand, sure, top = sample_tokens(logits, settings.rand(B, nm), score=score, **settings.transform)
-        k = max(1, int((top >= threshold).sum())) if threshold else counts[len(ks)]
+        k = counts[len(ks)] if not threshold else max(1, int((top >= threshold).sum()))  # (B is 1 with a threshold)
+        if threshold and (top >= threshold).any():  # exactly the positions whose top probability reaches it, surest
+            sure = torch.where(top >= threshold, sure, -math.inf)  # first (by margin or entropy: other positions)
         j = sure.topk(k, dim=1).indices                                  # (B, k), surest first
         step.cache.keep(m - c + 1, chosen=j[:, 0])                       # pending slots, the surest copy
         new = qpos.gather(1, j)

@@ -25,15 +25,21 @@ class Muon(torch.optim.Muon):
     then several times faster (bench/train_speed.py --optimizer). With bfloat16 the step is torch's own; with
     another dtype it is _step, the same update with only the iteration's dtype changed (a test checks that _step in
     bfloat16 is torch's step bit for bit). The state is torch's (momentum_buffer), so a checkpoint resumes under
-    either dtype; ns_dtype is not saved with it (it is train.py's muon_dtype)."""
+    either dtype; ns_dtype is not saved with it (it is train.py's muon_dtype).
 
-    def __init__(self, params, ns_dtype=torch.bfloat16, **kw):
+    pieces {parameter: m}: a parameter that stacks m logical matrices of equal height, each orthogonalised (and its
+    lr adjusted) on its own, as if it were its own parameter: SwiGLU's c_fc holds gate and up, two maps into the
+    nonlinearity, and one iteration over both would make the stacked pair's update orthogonal, not each map's
+    (Muon's convention, as in modded-nanogpt: one logical matrix, one orthogonalisation). Derived from the model,
+    not saved. A parameter with pieces always takes _step (torch's step knows only whole matrices)."""
+
+    def __init__(self, params, ns_dtype=torch.bfloat16, pieces=None, **kw):
         super().__init__(params, **kw)
-        self.ns_dtype = ns_dtype
+        self.ns_dtype, self.pieces = ns_dtype, dict(pieces or {})
 
     @torch.no_grad()
     def step(self, closure=None):
-        if self.ns_dtype == torch.bfloat16:
+        if self.ns_dtype == torch.bfloat16 and not self.pieces:
             return super().step(closure)
         return self._step(closure)
 
@@ -54,12 +60,14 @@ class Muon(torch.optim.Muon):
                 buf = state['momentum_buffer']
                 buf.lerp_(p.grad, 1 - momentum)
                 update = p.grad.lerp(buf, momentum) if group['nesterov'] else buf
-                update = newton_schulz(update, group['ns_coefficients'], group['ns_steps'], group['eps'], self.ns_dtype)
-                A, B = p.shape[:2]  # torch's two lr adjustments: 'original' (its default) and 'match_rms_adamw'
-                ratio = 0.2 * math.sqrt(max(A, B)) if group['adjust_lr_fn'] == 'match_rms_adamw' else \
-                    math.sqrt(max(1, A / B))
                 p.mul_(1 - lr * group['weight_decay'])
-                p.add_(update, alpha=-lr * ratio)
+                m = self.pieces.get(p, 1)
+                for piece, u in zip(p.chunk(m), update.chunk(m)):  # (m = 1: p itself, torch's step)
+                    u = newton_schulz(u, group['ns_coefficients'], group['ns_steps'], group['eps'], self.ns_dtype)
+                    A, B = piece.shape[:2]  # torch's two lr adjustments: 'original' (its default), 'match_rms_adamw'
+                    ratio = 0.2 * math.sqrt(max(A, B)) if group['adjust_lr_fn'] == 'match_rms_adamw' else \
+                        math.sqrt(max(1, A / B))
+                    piece.add_(u, alpha=-lr * ratio)
         return loss
 
 
@@ -81,7 +89,8 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
                          muon_lr=0.02, muon_adaln=True, muon_dtype='bfloat16'):
     """The optimizers to step, AdamW first: optimizer='adamw' [AdamW] (the paper's), 'muon' [AdamW, Muon].
 
-    Muon (torch.optim.Muon) takes the blocks' hidden matrices (attention c_attn/c_proj, MLP c_fc/c_proj), and
+    Muon (torch.optim.Muon) takes the blocks' hidden matrices (attention c_attn/c_proj, MLP c_fc/c_proj; SwiGLU's c_fc
+    as its two matrices, gate and up, see Muon's pieces), and
     with muon_adaln the AdaLN Linears (target_dim -> 6d per block, -> 2d before the head) as well (on AO-GPT
     they train faster there: finding 9); AdamW the rest: embeddings, head, norms, biases. Both decay their
     matrices by weight_decay in the same decoupled form (p -= lr * weight_decay * p). Each parameter is in one
@@ -103,6 +112,8 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
         adaln = muon_adaln and 'adaLN' in name and name.endswith('.weight')
         return optimizer == 'muon' and (name.endswith(hidden) or adaln)
     muon = [p for n, p in named if to_muon(n)]
+    swiglu = getattr(model, 'config', None) is not None and model.config.mlp == 'swiglu'
+    pieces = {p: 2 for n, p in named if swiglu and to_muon(n) and n.endswith('.mlp.c_fc.weight')}  # [gate; up]
     decay = [p for n, p in named if p.dim() >= 2 and not to_muon(n)]
     no_decay = [p for n, p in named if p.dim() < 2]
     schedule = dict(initial_lr=learning_rate, min_lr=min_lr)  # AdamW's
@@ -113,5 +124,5 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
     if optimizer == 'muon':  # its floor: min_lr's fraction of muon_lr (min_lr <= learning_rate: 0 when that is)
         floor = min_lr * muon_lr / learning_rate if learning_rate > 0 else 0.0
         optimizers.append(Muon([{'params': muon, 'initial_lr': muon_lr, 'min_lr': floor}], lr=muon_lr,
-                               weight_decay=weight_decay, ns_dtype=getattr(torch, muon_dtype)))
+                               weight_decay=weight_decay, ns_dtype=getattr(torch, muon_dtype), pieces=pieces))
     return optimizers

@@ -29,6 +29,13 @@ def tiny(seed=0, **kw):
     return model.eval()
 
 
+# the blocks every law is checked on (tests/conftest.py's `backbone` fixture): the paper's, and a Llama/Qwen one
+# (rotary positions, SwiGLU, grouped-query attention with 4 query and 2 key/value heads of their own width 8 on a
+# 16-wide stream, q/k/v biases only)
+BACKBONES = {'paper': {}, 'rope': dict(pos='rope', rope_theta=100.0, mlp='swiglu', mlp_hidden=24, n_head=4, n_kv_head=2,
+                                       head_dim=8, bias=False, qkv_bias=True, norm_eps=1e-6)}
+
+
 def hub_cache(root, repo, files, sha=None, refs=('main',), repo_type='model'):
     """One repo in an HF hub cache, laid out as huggingface_hub writes it: blobs/<sha256> hold the bytes,
     snapshots/<commit>/<path> are symlinks to them, refs/<ref> names the commit (no newline). files:

@@ -20,12 +20,12 @@ def gen(seed):
 
 
 @pytest.fixture(scope='module')
-def m4():
+def m4(backbone):
     """tiny() with noise on attention and embeddings (conditionals depend on the tokens before them) and
     a sharp head, so different laws over documents are far apart (this seed: the semiar:2 and random
     laws differ by a chi-square of about 0.05 per sample; half the documents are empty, a seventh has
     no end symbol)."""
-    m = tiny(seed=7, vocab_size=4, block_size=8)
+    m = tiny(**backbone, seed=7, vocab_size=4, block_size=8)
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -161,10 +161,10 @@ def test_a_stop_rule_that_ignores_the_holes_is_rejected(m4, monkeypatch):
     assert chi2_cells(documents(x), doc_law(m4, 'random')) > ALPHA
 
 
-def test_l2r_gpt_stops_at_its_end_symbol():
+def test_l2r_gpt_stops_at_its_end_symbol(backbone):
     """A GPT decoding left to right stops each sample at its first end symbol after the prompt; the
     tokens are those of the full run up to it."""
-    gpt = tiny(cond='none', vocab_size=4, block_size=8, seed=2).double()
+    gpt = tiny(**backbone, cond='none', vocab_size=4, block_size=8, seed=2).double()
     full, _ = generate_ar(gpt, 6, 64, Sampling(vocab_size=V, generator=gen(1)), prompt=[2])
     x, st = generate_ar(gpt, 6, 64, Sampling(vocab_size=V, generator=gen(1), until=END), prompt=[2])
     assert documents(x, 1) == documents(full, 1)

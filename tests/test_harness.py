@@ -145,11 +145,11 @@ def test_generate_until_stops_like_hf(gpt2_dir, monkeypatch):
     assert _gen(native, context, max_gen_toks=4) == gpt2_codec().decode(ids[-5:-1])
 
 
-def test_native_rolling_is_eval_ppl_chunks():
+def test_native_rolling_is_eval_ppl_chunks(backbone):
     """Natively ([None] first), a text's rolling log-likelihood is eval_ppl.py's L2R sum over the text cut
     into block_size chunks, each scored from [None]; a last partial chunk is scored, as the harness's
     windows do, after the block_size - len tokens before it (more context than a fresh chunk)."""
-    model = tiny(block_size=8, vocab_size=11)
+    model = tiny(**backbone, block_size=8, vocab_size=11)
     lm = H.AOGPTLM(model=model, codec=char_codec('abcdefghijk'), batch_size=4)
     text = 'abcabkdefhijjihgfedcbaakkabc'  # 28 tokens: 3 full chunks of 8, then 4 more
     ids = torch.tensor([ord(ch) - ord('a') for ch in text])
@@ -161,11 +161,11 @@ def test_native_rolling_is_eval_ppl_chunks():
     assert tail == pytest.approx(-nll - nll_last[0, 4:].sum().item(), abs=1e-4)
 
 
-def test_native_loglikelihood_is_one_forward_pass():
+def test_native_loglikelihood_is_one_forward_pass(backbone):
     """l2r natively: log p(continuation | context) is the sum of model(context + continuation)'s last
     per-token log-probs (slot 0 being [None]), is_greedy their argmax check; a context longer than
     block_size is cut from the left; the batched, sorted, padded path changes nothing."""
-    model = tiny(block_size=8, vocab_size=11)
+    model = tiny(**backbone, block_size=8, vocab_size=11)
     lm = H.AOGPTLM(model=model, codec=char_codec('abcdefghijk'), batch_size=3)
     g = torch.Generator().manual_seed(0)
     draw = lambda n: torch.randint(0, 11, (n,), generator=g).tolist()  # noqa: E731
@@ -200,13 +200,13 @@ def _chain_sums(model, ctx, cont):
     return out
 
 
-def test_orders_against_enumeration():
+def test_orders_against_enumeration(backbone):
     """orders:K on a tiny vocabulary in float64. Each of the K chain-rule sums is the sum of one
     permutation of the continuation after the L2R context; the orders are uniform (all 3! appear, and
     the mean of K sums is within 4 standard errors of the exact expectation over orders); log-mean-exp
     >= mean per request, and in expectation <= the log-likelihood of the order mixture; the same orders
     are drawn for every choice of one question (same context, same continuation length)."""
-    model = tiny(block_size=8, vocab_size=11).double()
+    model = tiny(**backbone, block_size=8, vocab_size=11).double()
     codec = char_codec('abcdefghijk')
     ctx, conts = [1, 4, 2], [[3, 7, 9], [5, 0, 6], [8]]
     K = 400
@@ -254,12 +254,12 @@ def test_orders_score_choice_and_memo():
         assert (a, b) == (m['orders_mean'], m['orders_lme']) and b >= a
 
 
-def test_ensemble_is_a_normalised_likelihood():
+def test_ensemble_is_a_normalised_likelihood(backbone):
     """ensemble:M: with M=1 it is the L2R log-likelihood; with M=4 it differs (the members matter), and it
     is still a likelihood, not a bound: exp of it summed over every 2-token continuation of an 11-symbol
     vocabulary is 1, because the orderings depend on the context only and each conditional is a mean of
     normalised distributions."""
-    model = tiny(block_size=8, vocab_size=11).double()
+    model = tiny(**backbone, block_size=8, vocab_size=11).double()
     codec = char_codec('abcdefghijk')
     ctx = [1, 4, 2, 7, 0]
     reqs = [(None, ctx, [a, b]) for a in range(11) for b in range(11)]
@@ -272,7 +272,7 @@ def test_ensemble_is_a_normalised_likelihood():
     assert [g for _, g in ens] == [g for _, g in l2r]  # the greedy check is the L2R pass's
 
 
-def test_without_context_the_harness_scores_are_eval_ppls_estimators_on_the_same_draws():
+def test_without_context_the_harness_scores_are_eval_ppls_estimators_on_the_same_draws(backbone):
     """The harness draws its orders and masks with likelihood.py's functions, so with an empty context (the
     continuation is the whole window) its orders:K mean and its encoder ELBO are eval_ppl's nll_any_order
     and nll_mdm_elbo of that window, seeded alike: the same draws, scored by another code path (slot passes
@@ -283,13 +283,13 @@ def test_without_context_the_harness_scores_are_eval_ppls_estimators_on_the_same
     x = [3, 7, 1, 9, 0, 5]
     chunk = torch.tensor([x])                                                           # (1, n)
     seeded = lambda: torch.Generator().manual_seed(H.context_seed(1234, []))
-    model = tiny(block_size=8, vocab_size=11).double()
+    model = tiny(**backbone, block_size=8, vocab_size=11).double()
     lm = H.AOGPTLM(model=model, codec=codec, likelihood='orders:5', batch_size=4)
     lm._loglikelihood_tokens([(None, [], x)])
     total, count = nll_any_order(model, chunk, n_orders=5, generator=seeded())
     tol = len(x) * 4 * 2.5 * 2 ** -24
     assert count == len(x) and lm.memo['orders'][((), tuple(x))]['orders_mean'] == pytest.approx(-total, abs=tol)
-    enc = tiny(block_size=8, vocab_size=11, causal=False, cond='none', mask_token_id=10).double()
+    enc = tiny(**backbone, block_size=8, vocab_size=11, causal=False, cond='none', mask_token_id=10).double()
     lm = H.AOGPTLM(model=enc, codec=codec, mc=64, batch_size=16)
     (ll, _), = lm._loglikelihood_tokens([(None, [], x)])
     total, _ = nll_mdm_elbo(enc, chunk, n_draws=64, generator=seeded(), batch_size=64)
@@ -298,12 +298,12 @@ def test_without_context_the_harness_scores_are_eval_ppls_estimators_on_the_same
 
 # --------------------------------------------------------------------------- encoder MDM, codecs
 
-def test_encoder_elbo_is_a_seeded_lower_bound():
+def test_encoder_elbo_is_a_seeded_lower_bound(backbone):
     """The encoder MDM's --mc estimate of log p(continuation | context): the same number for the same
     seed, and within 4 standard errors of the exact quantity it estimates, the ELBO (the mean over all
     reveal orders of the continuation of the encoder's chain-rule sums, context never masked), computed
     by enumeration in float64."""
-    model = tiny(block_size=8, vocab_size=11, causal=False, cond='none', mask_token_id=10).double()
+    model = tiny(**backbone, block_size=8, vocab_size=11, causal=False, cond='none', mask_token_id=10).double()
     codec = char_codec('abcdefghij')
     ctx, x = [1, 2, 3], [4, 5, 6]
     a = H.AOGPTLM(model=model, codec=codec, mc=2000, batch_size=1000)

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import hub_cache, tiny
+from helpers import BACKBONES, hub_cache, tiny
 
 import eval_ppl
 import export
@@ -32,7 +32,7 @@ CHARS = ''.join(sorted(set(TEXT)))
 CODEC = {'tokenizer': 'char', 'vocab_size': len(CHARS), 'eot': None, 'chars': CHARS}
 EXPORT_FILES = ('config.json', 'model.safetensors')
 KINDS = {'adaln': {}, 'sigma': dict(cond='sigma', norm='layer', qk_norm=False, tie_head=True, head_bias=False),
-         'gpt': dict(cond='none', tie_head=True, head_bias=False)}
+         'gpt': dict(cond='none', tie_head=True, head_bias=False), 'rope': BACKBONES['rope']}
 
 
 def make_run(path, kind='adaln', seed=0, codec=CODEC, extra_config=None, **extra):
@@ -86,7 +86,7 @@ def one_line(capsys, fn, *needles):
 
 
 # ------------------------------------------------------------------------------------------ export, load
-@pytest.mark.parametrize('kind', ['adaln', 'sigma', 'gpt'])
+@pytest.mark.parametrize('kind', ['adaln', 'sigma', 'gpt', 'rope'])
 def test_export_loads_the_same_logits_without_pickle(tmp_path, kind, monkeypatch, capsys):
     raw, ema = make_run(tmp_path / 'run', kind)
     config = load_checkpoint(str(tmp_path / 'run'))['model_args']
@@ -100,7 +100,7 @@ def test_export_loads_the_same_logits_without_pickle(tmp_path, kind, monkeypatch
         folder = tmp_path / name
         assert sorted(os.listdir(folder)) == ['README.md', 'config.json', 'model.safetensors']
         stored = load_file(folder / 'model.safetensors')
-        assert ('lm_head.weight' in stored) == (kind == 'adaln')  # a tied head is stored once
+        assert ('lm_head.weight' in stored) == (kind in ('adaln', 'rope'))  # a tied head is stored once
         with monkeypatch.context() as m:
             for mod, fn in ((torch, 'load'), (pickle, 'load'), (pickle, 'loads')):
                 m.setattr(mod, fn, lambda *a, **k: pytest.fail('an export was read with pickle'))

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from helpers import tiny
+from helpers import BACKBONES, tiny
 
 from aogpt.engine import KVCache
 from aogpt.families import load_hf
@@ -12,15 +12,6 @@ from aogpt.orders import random_orders
 from model import GPT, GPTConfig, mdm_corrupt, parallel_mask
 
 ATOL = 1e-5
-# the blocks every law below is checked on: the paper's, and a Llama/Qwen one (rotary positions, SwiGLU, grouped-query
-# attention with 4 query and 2 key/value heads of their own width 8 on a 16-wide stream, q/k/v biases only)
-BACKBONES = {'paper': {}, 'rope': dict(pos='rope', rope_theta=100.0, mlp='swiglu', mlp_hidden=24, n_head=4, n_kv_head=2,
-                                       head_dim=8, bias=False, qkv_bias=True, norm_eps=1e-6)}
-
-
-@pytest.fixture(params=list(BACKBONES))
-def backbone(request):
-    return BACKBONES[request.param]
 
 
 def full_logits(model, x, order):
@@ -189,6 +180,7 @@ def test_the_papers_block_keeps_its_parameter_order():
         'transformer.h.0.' + b for b in block] + ['transformer.ln_f.weight', 'transformer.wtpe.weight',
                                                    'transformer.adaLN_f.1.weight', 'transformer.adaLN_f.1.bias',
                                                    'lm_head.weight', 'lm_head.bias'], names
+    assert 'transformer.wpe.weight' not in dict(tiny(pos='rope').named_parameters())  # rope: no position table
 
 
 def test_target_std_sets_only_the_target_table_init():

@@ -95,9 +95,9 @@ def chi2_pvalue(samples, xs, law):
 
 
 @pytest.fixture(scope='module')
-def ao3():
+def ao3(backbone):
     # vocab 4 of which the sampler may use 3: id 3 plays a padded id that must never be drawn
-    return sharp(tiny(vocab_size=4, block_size=3, seed=3)).double()
+    return sharp(tiny(**backbone, vocab_size=4, block_size=3, seed=3)).double()
 
 
 def test_distribution_matches_exact_any_order_mixture(ao3):
@@ -145,10 +145,10 @@ def test_one_step_draws_every_position_from_its_first_step_marginal(ao3):
 
 # --------------------------------------------------------------------------- semi-AR and confidence orders
 
-def test_blocks_order_matches_the_mixture_over_its_orders():
+def test_blocks_order_matches_the_mixture_over_its_orders(backbone):
     """semiar:2 on n = 4: blocks {0,1} then {2,3}, a uniform order inside each. The law of whole
     sequences is the mixture over exactly those 2! x 2! orders: neither L2R alone nor all 4! orders."""
-    model = sharp(tiny(vocab_size=4, block_size=4, seed=4)).double()
+    model = sharp(tiny(**backbone, vocab_size=4, block_size=4, seed=4)).double()
     n, V, N = 4, 3, 30000
     x, st = generate_ao(model, n, N, 4000, Sampling(vocab_size=V, generator=gen(6)), order='semiar:2')
     assert st['forward_calls'] == n
@@ -188,10 +188,10 @@ def confident_without_cache(model, n, B, steps, score, given=None, generator=Non
 
 
 @pytest.mark.parametrize('score,stepper', [('confidence', 'dynamic'), ('margin', 'static'), ('entropy', 'dynamic')])
-def test_confidence_orders_on_the_cache_equal_a_cache_free_recomputation(score, stepper, monkeypatch):
+def test_confidence_orders_on_the_cache_equal_a_cache_free_recomputation(score, stepper, monkeypatch, backbone):
     """The chosen tokens enter the cache in the chosen order and each step keeps the surest copy: every
     step's logits equal recomputing it from scratch, and so the tokens and positions, one for one."""
-    model = sharp(tiny(block_size=12, seed=5), 3.0).double()
+    model = sharp(tiny(**backbone, block_size=12, seed=5), 3.0).double()
     given = torch.full((12,), -1)
     given[[2, 7]] = torch.tensor([3, 5])
     real, seen = engine.SlotStepper.__call__, []
@@ -226,11 +226,11 @@ def _pending_and_revealed(st, given):
 
 
 @pytest.mark.parametrize('score', ['confidence', 'margin', 'entropy'])
-def test_greedy_confidence_equals_brute_force(score):
+def test_greedy_confidence_equals_brute_force(score, backbone):
     """Temperature 0, one token per step: at each step every masked position's distribution is read off
     a full forward pass in an order where it comes next; the surest position is revealed with its most
     likely token. Also with a threshold (several per step) against the same brute force."""
-    model = sharp(tiny(block_size=8, seed=6), 10.0).double()  # top probabilities 0.2-0.3 at the start
+    model = sharp(tiny(**backbone, block_size=8, seed=6), 10.0).double()  # top probabilities 0.2-0.3 at the start
     n = 8
     x = torch.randint(0, 11, (1, n), generator=gen(0))
 
@@ -294,8 +294,8 @@ def test_threshold_decoding_keeps_one_batch_1_stepper(monkeypatch):
 
 
 @pytest.mark.parametrize('order', ['random', 'l2r', 'semiar:3', 'confidence', 'margin'])
-def test_infilling_works_with_every_order(order):
-    model = tiny(block_size=12, seed=8)
+def test_infilling_works_with_every_order(order, backbone):
+    model = tiny(**backbone, block_size=12, seed=8)
     given = torch.full((12,), -1)
     given[[0, 5, 11]] = torch.tensor([4, 9, 1])
     s = Sampling(generator=gen(0))
@@ -393,10 +393,10 @@ def test_a_sampler_refuses_a_setting_it_does_not_read_before_any_draw(sampler, s
 # --------------------------------------------------------------------------- the cache, step by step
 
 @pytest.mark.parametrize('cond', ['adaln', 'sigma'])
-def test_step_logits_equal_full_forward(cond, monkeypatch):
+def test_step_logits_equal_full_forward(cond, monkeypatch, backbone):
     """Every step's logits equal a full uncached forward on the same order and context, with given
     tokens entering first and Binomial counts (several tokens per step)."""
-    model = tiny(cond=cond, seed=1)
+    model = tiny(**backbone, cond=cond, seed=1)
     B, n = 2, 8
     given = torch.tensor([4, -1, -1, 7, -1, -1, -1, 2])
     calls = []
@@ -462,12 +462,12 @@ def stepper(model, B, mode, kv_bucket=16):
 
 @pytest.mark.parametrize('kv_bucket', [0, 16])
 @pytest.mark.parametrize('kw', [dict(cond='adaln'), dict(cond='adaln', adaln_table=True), dict(cond='sigma')])
-def test_static_stepper_equals_dynamic_call_for_call(kw, kv_bucket, monkeypatch):
+def test_static_stepper_equals_dynamic_call_for_call(kw, kv_bucket, monkeypatch, backbone):
     """The fixed-shape path that a CUDA graph replays (rows padded by SlotStepper.rows_for, attention over
     the zeroed cache up to a span under a mask, padding rows past the buffer sharing its scratch row)
     gives the dynamic path's logits at every call, and so the same samples; with the whole cache as the
     span (kv_bucket 0) and with 16-slot buckets (spans 16, 32, 48 here)."""
-    model = sharp(tiny(block_size=40, seed=8, **kw), 3.0)
+    model = sharp(tiny(**backbone, block_size=40, seed=8, **kw), 3.0)
     n, B = 40, 3
     given = torch.full((n,), -1)
     given[[0, 5, 17]] = torch.tensor([4, 9, 1])
@@ -490,8 +490,8 @@ def test_static_stepper_equals_dynamic_call_for_call(kw, kv_bucket, monkeypatch)
     assert spans == ({48} if kv_bucket == 0 else {16, 32, 48})
 
 
-def test_static_stepper_for_l2r_decoding(monkeypatch):
-    model = sharp(tiny(cond='none', block_size=24, seed=9), 3.0)
+def test_static_stepper_for_l2r_decoding(monkeypatch, backbone):
+    model = sharp(tiny(**backbone, cond='none', block_size=24, seed=9), 3.0)
     res = run_steppers(monkeypatch, lambda mode: generate_ar(model, 24, 2, Sampling(generator=gen(2)),
                                                              prompt=[3, 1, 4], stepper=stepper(model, 2, mode))[0])
     (xd, cd), (xs, cs) = res['dynamic'], res['static']
@@ -502,11 +502,12 @@ def test_static_stepper_for_l2r_decoding(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA graphs need a GPU (bench/gpu_suite.sh graphs)')
 @pytest.mark.parametrize('how', ['fp32', 'bf16_weights', 'autocast'])
-def test_cuda_graph_stepper_equals_eager_on_gpu(how, monkeypatch):
+def test_cuda_graph_stepper_equals_eager_on_gpu(how, monkeypatch, backbone):
     """Replayed graphs give the logits of the eager fixed-shape path (the same kernels), and both those
     of the dynamic path, for several Ts (new shapes keep being captured mid-run) and for L2R decoding."""
     from contextlib import nullcontext
-    model = sharp(tiny(block_size=40, seed=8), 3.0).to('cuda', torch.bfloat16 if how == 'bf16_weights' else None)
+    model = sharp(tiny(**backbone, block_size=40, seed=8), 3.0).to('cuda', torch.bfloat16 if how == 'bf16_weights'
+                                                                   else None)
     ctx = torch.autocast('cuda', dtype=torch.bfloat16) if how == 'autocast' else nullcontext()
     tol = ATOL if how == 'fp32' else 3e-2
     modes = ('dynamic', 'static', 'cuda_graph')
@@ -626,8 +627,8 @@ def uncached_l2r(model, n, B, seed, prompt=(), **kw):
 
 
 @pytest.mark.parametrize('prompt', [(), (3, 1, 4)])
-def test_l2r_fixed_counts_equals_uncached_loop_token_for_token(prompt):
-    model = sharp(tiny(seed=4), 3.0).double()
+def test_l2r_fixed_counts_equals_uncached_loop_token_for_token(prompt, backbone):
+    model = sharp(tiny(**backbone, seed=4), 3.0).double()
     B, n = 4, 8
     kw = dict(temperature=0.9, top_p=0.95, vocab_size=10)
     ref = uncached_l2r(model, n, B, 7, prompt, **kw)
@@ -641,8 +642,8 @@ def test_l2r_fixed_counts_equals_uncached_loop_token_for_token(prompt):
     assert not torch.equal(ref, uncached_l2r(model, n, B, 8, prompt, **kw))  # the seed matters
 
 
-def test_generate_ar_for_a_gpt_equals_uncached_loop():
-    model = sharp(tiny(cond='none', seed=6), 3.0).double()
+def test_generate_ar_for_a_gpt_equals_uncached_loop(backbone):
+    model = sharp(tiny(**backbone, cond='none', seed=6), 3.0).double()
     ref = uncached_l2r(model, 8, 3, 11)
     x, st = generate_ar(model, 8, 3, Sampling(generator=gen(11)))
     assert torch.equal(x, ref) and st['token_passes'] == 8 and st['forward_calls'] == 8
@@ -747,10 +748,10 @@ def test_encode_template():
 # --------------------------------------------------------------------------- the encoder MDM sampler
 
 @pytest.fixture(scope='module')
-def enc3():
+def enc3(backbone):
     # vocab 4 with [MASK] = 3: the sampler must never draw it even without a vocab_size cut.
     # All weights get noise so the conditionals depend strongly on the context.
-    model = tiny(causal=False, cond='none', vocab_size=4, mask_token_id=3, block_size=3, seed=8)
+    model = tiny(**backbone, causal=False, cond='none', vocab_size=4, mask_token_id=3, block_size=3, seed=8)
     g = gen(0)
     with torch.no_grad():
         for p in model.parameters():
@@ -794,14 +795,14 @@ def test_encoder_sampler_matches_exact_law(enc3):
     _, wrong = mdm_law(enc3, n, V, 1)  # everything from the all-[MASK] input: rejected
     assert chi2_pvalue(x, xs, wrong) < 1e-6
     # shared counts, T = n fixed: one token per step in a random order, i.e. the any-order mixture
-    x, _ = generate_mdm(enc3, n, N, n, Sampling(fixed_counts=True, generator=gen(5)))
+    x, _ = generate_mdm(enc3, n, N, n, Sampling(fixed_counts=True, generator=gen(6)))
     _, law_n = mdm_law(enc3, n, V)
     assert chi2_pvalue(x, xs, law_n) > 1e-3
 
 
 @pytest.mark.parametrize('counts', ['shared', 'independent'])
-def test_encoder_cache_trick_gives_identical_samples_with_fewer_passes(counts):
-    enc = tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=9)
+def test_encoder_cache_trick_gives_identical_samples_with_fewer_passes(counts, backbone):
+    enc = tiny(**backbone, causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=9)
     given = torch.tensor([3, -1, -1, -1, -1, -1, -1, -1])
     a, sa = generate_mdm(enc, 8, 6, 64, Sampling(vocab_size=11, generator=gen(1)), given=given,
                          plan=EncoderPlan(counts, cache_trick=False))
@@ -813,13 +814,13 @@ def test_encoder_cache_trick_gives_identical_samples_with_fewer_passes(counts):
 
 
 @pytest.mark.parametrize('mode', ['static', 'cuda_graph'])
-def test_encoder_stepper_gives_the_eager_samples(mode):
+def test_encoder_stepper_gives_the_eager_samples(mode, backbone):
     """The encoder's fixed input buffer ('static'; 'cuda_graph' replays the same pass) gives the samples
     of the plain pass, with and without the cache trick, and one stepper serves many runs."""
     if mode == 'cuda_graph' and not torch.cuda.is_available():
         pytest.skip('CUDA graphs need a GPU (bench/gpu_suite.sh graphs)')
     dev = 'cuda' if mode == 'cuda_graph' else 'cpu'
-    enc = sharp(tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=9), 3.0).to(dev)
+    enc = sharp(tiny(**backbone, causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=9), 3.0).to(dev)
     st = engine.EncoderStepper(enc, 6, 8, mode)
     for T, trick in ((64, True), (5, False), (3, True)):
         kw = dict(plan=EncoderPlan(cache_trick=trick), given=torch.tensor([3, -1, -1, -1, -1, -1, -1, -1]))
@@ -830,8 +831,8 @@ def test_encoder_stepper_gives_the_eager_samples(mode):
         generate_mdm(enc, 8, 5, steps=4, stepper=st)
 
 
-def test_encoder_head_on_rows_equals_full_forward():
-    enc = tiny(causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=10)
+def test_encoder_head_on_rows_equals_full_forward(backbone):
+    enc = tiny(**backbone, causal=False, cond='none', vocab_size=12, mask_token_id=11, seed=10)
     x = torch.randint(0, 12, (2, 8))
     with torch.no_grad():
         full = enc(x)[0]

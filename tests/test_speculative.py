@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from helpers import exact_law, seq_law, speculate, split_settings, tiny
+from helpers import BACKBONES, exact_law, seq_law, speculate, split_settings, tiny
 
 from aogpt import engine, generate, speculative
 from aogpt.generate import logits_to_probs
@@ -30,7 +30,7 @@ def sharp(model, scale=25.0):
 
 
 # the Llama/Qwen block (rotary positions, SwiGLU, grouped-query attention: a KV cache of 2 heads for 4 queries)
-ROPE = dict(cond='adaln', pos='rope', mlp='swiglu', n_head=4, n_kv_head=2, head_dim=8, bias=False, qkv_bias=True)
+ROPE = dict(BACKBONES['rope'], cond='adaln')
 
 
 def mixy(seed=3, s=0.3, head=5.0, **kw):
@@ -48,7 +48,14 @@ def mixy(seed=3, s=0.3, head=5.0, **kw):
 
 
 @pytest.fixture(scope='module')
-def m4():
+def m4(backbone):
+    return mixy(**backbone)
+
+
+@pytest.fixture(scope='module')
+def m4_paper():
+    """m4 on the paper's block alone, for the negative controls: their power is this model's (on the rope
+    block the same chi-square at N does not reject keep_rejected). The laws run on both blocks."""
     return mixy()
 
 
@@ -249,13 +256,13 @@ def stale_q(monkeypatch):
 
 
 @pytest.mark.parametrize('bug', [resample_p, keep_rejected, wrong_target])
-def test_negative_controls_are_rejected(m4, bug, monkeypatch):
+def test_negative_controls_are_rejected(m4_paper, bug, monkeypatch):
     """The same chi-square rejects each wrong variant: resampling from p instead of the residual (the
     token after a rejection is biased towards what q proposed), keeping the rejected draft's verify row
     in the cache, and draft copy 0 with the next position's target."""
     bug(monkeypatch)
-    x, _ = run(m4, k=2, order='l2r')  # the same run without the bug: test_l2r_batch_minimum
-    assert not passes(m4, x, L2R4)
+    x, _ = run(m4_paper, k=2, order='l2r')  # the same run without the bug: test_l2r_batch_minimum
+    assert not passes(m4_paper, x, L2R4)
 
 
 def test_l2r_batch_minimum(m4):
@@ -264,7 +271,7 @@ def test_l2r_batch_minimum(m4):
 
 
 @pytest.mark.slow
-def test_a_wrong_target_past_copy_0_is_only_a_worse_proposal(m4, monkeypatch):
+def test_a_wrong_target_past_copy_0_is_only_a_worse_proposal(m4_paper, monkeypatch):
     """The accept test corrects any proposal: copies 1.. drafting from the wrong target keep the law
     exact (fewer drafts are accepted). This is why the control above must break copy 0."""
     real = engine.SlotStepper.__call__
@@ -274,10 +281,10 @@ def test_a_wrong_target_past_copy_0_is_only_a_worse_proposal(m4, monkeypatch):
             tgt, c1 = tgt.clone(), tgt.size(1) - k + 1
             tgt[:, c1:] = tgt[:, c1:c1 + 1]
         return real(self, tok, pos, tgt, k, n_logits)
-    _, st0 = run(m4, k=4, order='l2r')
+    _, st0 = run(m4_paper, k=4, order='l2r')
     monkeypatch.setattr(engine.SlotStepper, '__call__', shifted)
-    x, st = run(m4, k=4, order='l2r')
-    assert passes(m4, x, L2R4) and st['accept_rate'] < st0['accept_rate']
+    x, st = run(m4_paper, k=4, order='l2r')
+    assert passes(m4_paper, x, L2R4) and st['accept_rate'] < st0['accept_rate']
 
 
 # --------------------------------------------------------------------------- the cache, fixed shapes, cost
@@ -339,11 +346,11 @@ def test_the_cache_free_check_catches_a_rejected_row_kept(monkeypatch):
 @pytest.mark.parametrize('commit', ['min', 'per_row', 'fused'])
 @pytest.mark.parametrize('kw', [dict(order='random', k=3), dict(order='l2r', k=5, top_p=0.9),
                                 dict(order='semiar:8', k='auto')])
-def test_static_stepper_gives_the_dynamic_samples(kw, commit):
+def test_static_stepper_gives_the_dynamic_samples(kw, commit, backbone):
     """The fixed-shape path (what a CUDA graph replays) gives the dynamic path's samples: padded rows,
     masked spans over the zeroed cache, the verify call as k = 1 with every row's logits; per-sample
     commits through RowStepper's per-sample masks."""
-    model = mixy(seed=8, block_size=40, vocab_size=11, s=0.1)
+    model = mixy(seed=8, block_size=40, vocab_size=11, s=0.1, **backbone)
     n, B = 40, 3
     given = torch.full((n,), -1)
     given[[0, 5, 17]] = torch.tensor([4, 9, 1])
@@ -623,10 +630,10 @@ def test_fused_needs_per_row_commits_and_the_bonus(m4):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU (bench/gpu_suite.sh graphs)')
 @pytest.mark.parametrize('fused', [False, True])
-def test_cuda_graph_speculative_equals_static_on_gpu(fused):
+def test_cuda_graph_speculative_equals_static_on_gpu(fused, backbone):
     """Replayed graphs (RowStepper, its per-sample masks, the fused call's tree mask) give the eager
     fixed-shape path's samples, in float32, with given tokens and a reused stepper."""
-    model = mixy(seed=8, block_size=40, vocab_size=11, s=0.1).float().cuda()
+    model = mixy(seed=8, block_size=40, vocab_size=11, s=0.1, **backbone).float().cuda()
     n, B = 40, 3
     given = torch.full((n,), -1)
     given[[0, 5, 17]] = torch.tensor([4, 9, 1])

@@ -21,6 +21,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from helpers import BACKBONES
 
 from aogpt.checkpoint import load_checkpoint, load_model, save_checkpoint
 from aogpt.configurator import configure
@@ -77,6 +78,12 @@ def env(tmp_path_factory):
 
 def args(env, out, *extra):
     return [str(env / 'tiny.py'), f'--data_root={env / "data"}', f'--out_dir={env / out}', *extra]
+
+
+def block_args(request):
+    """The train.py keys of a test's backbone (conftest's fixture; helpers.BACKBONES), and its name for out_dirs."""
+    name = request.node.callspec.params['backbone']
+    return [f'--{k}={v}' for k, v in BACKBONES[name].items()], name
 
 
 def command(env, argv, pre=None, torchrun=False, restarts=0):
@@ -287,17 +294,23 @@ def test_the_order_is_parsed_once_and_carried(env, monkeypatch, tmp_path):
     assert made == ['mix:0.5*semiar:4+0.5*nearl2r:3']
 
 
-def test_resume_on_an_order_distribution_is_bit_identical(env, monkeypatch, tmp_path):
-    """4 iterations in one go == 2, then resumed to 4, on a mix of semi-AR and near-L2R orders."""
-    spec = ['--order=mix:0.5*semiar:4+0.5*nearl2r:3', '--eval_interval=2', '--dropout=0.1']
+def test_resume_on_an_order_distribution_is_bit_identical(env, monkeypatch, tmp_path, request, backbone):
+    """4 iterations in one go == 2, then resumed to 4, on a mix of semi-AR and near-L2R orders, with Muon (SwiGLU's
+    gate and up apart on the rope block) and the EMA: the weights, the EMA and both optimizers' states, bit for bit."""
+    block, name = block_args(request)
+    spec = ['--order=mix:0.5*semiar:4+0.5*nearl2r:3', '--eval_interval=2', '--dropout=0.1', '--optimizer=muon',
+            '--muon_dtype=float32', *block]
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "whole"}', '--max_iters=4', *spec))
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "split"}', '--max_iters=2', *spec))
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "split"}', '--max_iters=4', '--init_from=auto',
                                     *spec))
     a, b = load_checkpoint(str(tmp_path / 'whole')), load_checkpoint(str(tmp_path / 'split'))
-    assert a['iter_num'] == b['iter_num'] == 4
+    assert a['iter_num'] == b['iter_num'] == 4 and a['model_args']['pos'] == BACKBONES[name].get('pos', 'learned')
     for k in a['model']:
         assert torch.equal(a['model'][k], b['model'][k]), k
+    assert all(torch.equal(x, y) for x, y in zip(leaves([a['ema'], a['optimizers']]), leaves([b['ema'],
+                                                                                             b['optimizers']])))
+    assert a['ema']['num_updates'] == 4 and len(a['optimizers']) == 2 and a['optimizers'][1]['state']
     strip = lambda recs: [{k: v for k, v in r.items() if k not in ('time', 'tok_per_s')} for r in recs]  # noqa: E731
     assert strip(log(env, tmp_path / 'whole')) == strip(log(env, tmp_path / 'split'))
 
@@ -756,7 +769,7 @@ def test_ddp_two_processes_match_one_process_through_a_restart(env):
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_match_one_process_with_muon(env):
+def test_ddp_two_processes_match_one_process_with_muon(env, request, backbone):
     """optimizer=muon under torchrun, 2 gloo ranks: every rank orthogonalises the same all-reduced gradients
     (the AdaLN Linears' too), so after every step the ranks hold bit-identical Muon matrices, and the run is one
     process's, to AdamW's bounds (assert_same_run). The Newton-Schulz iteration runs in float32 (muon_dtype) for
@@ -764,7 +777,9 @@ def test_ddp_two_processes_match_one_process_with_muon(env):
     ulps), and torch's bfloat16 iteration would round some of those to opposite sides of a bf16 ulp (2^-8 of
     the entry): a difference 2^16 times larger than the cause, whose size depends on the CPU's kernels, so no
     bound on it holds on every machine. The dtype changes only the iteration (test_muon_step_is_torchs), not
-    what this test checks: which gradients each rank orthogonalises."""
+    what this test checks: which gradients each rank orthogonalises. On both blocks (the rope block's SwiGLU gate
+    and up orthogonalised apart, its GQA and rotary positions under DDP)."""
+    block, name = block_args(request)
     digest = f"""
     import hashlib, torch
     from aogpt.optim import Muon
@@ -772,18 +787,18 @@ def test_ddp_two_processes_match_one_process_with_muon(env):
     def step(self, *a, **k):
         out = orig(self, *a, **k)
         h = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for g in self.param_groups for p in g['params']))
-        with open(os.path.join({str(env)!r}, 'muon_rank' + os.environ['RANK']), 'a') as f:
+        with open(os.path.join({str(env)!r}, {name!r} + '_muon_rank' + os.environ['RANK']), 'a') as f:
             f.write(h.hexdigest() + '\\n')
         return out
     Muon.step = step
     """
     common = ['--max_iters=4', '--eval_interval=2', '--batch_size=4', '--gradient_accumulation_steps=4',
-              '--optimizer=muon', '--muon_adaln=True', '--muon_dtype=float32']
-    run(env, args(env, 'single_muon', *common))
-    run(env, args(env, 'ddp_muon', *common), pre=digest, torchrun=True)
-    steps = [(env / f'muon_rank{r}').read_text().split() for r in (0, 1)]
+              '--optimizer=muon', '--muon_adaln=True', '--muon_dtype=float32', *block]
+    run(env, args(env, f'single_muon_{name}', *common))
+    run(env, args(env, f'ddp_muon_{name}', *common), pre=digest, torchrun=True)
+    steps = [(env / f'{name}_muon_rank{r}').read_text().split() for r in (0, 1)]
     assert len(steps[0]) == 4 and steps[0] == steps[1]
-    assert_same_run(env, [0, 2, 4], moved=0.3, single='single_muon', ddp='ddp_muon')
+    assert_same_run(env, [0, 2, 4], moved=0.3, single=f'single_muon_{name}', ddp=f'ddp_muon_{name}')
 
 
 def test_muon_takes_the_blocks_hidden_matrices_and_adamw_the_rest():
@@ -834,6 +849,32 @@ def test_muon_step_is_torchs_and_float32_changes_only_the_iteration():
         assert muon.ns_dtype == getattr(torch, dtype)
 
 
+def test_muon_orthogonalises_swiglus_gate_and_up_each_on_its_own():
+    """SwiGLU's c_fc stacks two matrices, gate and up: Muon's step on it is torch.optim.Muon's on the two as separate
+    parameters, bit for bit in bfloat16 (the same ops per matrix, exact on any CPU), each with its own lr adjustment,
+    over 3 steps with momentum and weight decay; not the step on the stacked matrix, whose one orthogonalisation
+    couples the two. The GELU block's c_fc is one matrix: torch's step on it, whole."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=4, n_embd=16, target_dim=8, block_size=N, vocab_size=64, mlp='swiglu',
+                          mlp_hidden=24, pos='rope', n_kv_head=2, head_dim=8, bias=False))
+    fc = model.transformer.h[0].mlp.c_fc.weight                          # (48, 16): [gate; up]
+    _, muon = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon', muon_lr=0.02)
+    gate, up, whole = (torch.nn.Parameter(t.detach().clone()) for t in (*fc.chunk(2), fc))
+    each = torch.optim.Muon([gate, up], lr=0.02, weight_decay=0.1)
+    stacked = torch.optim.Muon([whole], lr=0.02, weight_decay=0.1)
+    for _ in range(3):
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        gate.grad, up.grad = (g.clone() for g in fc.grad.chunk(2))
+        whole.grad = fc.grad.clone()
+        muon.step(), each.step(), stacked.step()
+    assert torch.equal(fc, torch.cat([gate, up])) and not torch.allclose(fc, whole, atol=1e-3)
+    assert list(muon.pieces.values()) == [2] and fc in muon.pieces
+    gelu = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, target_dim=8, block_size=N, vocab_size=64))
+    _, muon = configure_optimizers(gelu, 0.1, 1e-3, (0.9, 0.95), 'cpu', optimizer='muon')
+    assert muon.pieces == {}  # torch's own step
+
+
 def test_muon_through_accumulation_clipping_bf16_autocast_and_ema(env, monkeypatch, tmp_path):
     """optimizer=muon through everything a step does: 2 micro-steps accumulated, the gradients of both optimizers
     clipped together before either steps, the forward in bf16 autocast on the CPU, the EMA evaluated; it learns."""
@@ -865,7 +906,8 @@ def test_muon_through_accumulation_clipping_bf16_autocast_and_ema(env, monkeypat
 
 
 @pytest.mark.slow
-def test_muon_under_torch_compile_trains_as_eager_and_its_checkpoint_resumes_eagerly(env, monkeypatch):
+def test_muon_under_torch_compile_trains_as_eager_and_its_checkpoint_resumes_eagerly(env, monkeypatch, request,
+                                                                                      backbone):
     """optimizer=muon with compile=True (inductor on the CPU; about 20 s of compiling): the optimizers are built on
     the raw model before it is wrapped, so the same parameters are grouped, the losses follow the eager run's, and
     the checkpoint holds the plain names and both states, so a run without compile resumes it. Inductor fuses and
@@ -874,26 +916,30 @@ def test_muon_under_torch_compile_trains_as_eager_and_its_checkpoint_resumes_eag
     weights 2e-2). Which parameters each optimizer holds is checked exactly, through the saved states' shapes.
     The compiled kernels go to a cache of this test's own: inductor's shared cache (/tmp/torchinductor_$USER)
     does not key its kernels on ATEN_CPU_CAPABILITY, so after a run on the machine's own kernels a run under
-    =avx2 or =default reuses vector code of the wrong width and crashes (index out of bounds, or an abort)."""
+    =avx2 or =default reuses vector code of the wrong width and crashes (index out of bounds, or an abort).
+    On both blocks: the rope block's rotary turns and GQA attention compile too."""
     monkeypatch.setitem(ENVIRON, 'TORCHINDUCTOR_CACHE_DIR', str(env / 'inductor-cache'))
-    common = ['--max_iters=6', '--eval_interval=2', '--optimizer=muon', '--muon_adaln=True', '--muon_dtype=float32']
-    run(env, args(env, 'mu_eager', *common))
-    run(env, args(env, 'mu_compiled', *common, '--compile=True'))
-    eager, compiled = log(env, 'mu_eager'), log(env, 'mu_compiled')
+    block, name = block_args(request)
+    common = ['--max_iters=6', '--eval_interval=2', '--optimizer=muon', '--muon_adaln=True', '--muon_dtype=float32',
+              *block]
+    eager_dir, compiled_dir = f'mu_eager_{name}', f'mu_compiled_{name}'
+    run(env, args(env, eager_dir, *common))
+    run(env, args(env, compiled_dir, *common, '--compile=True'))
+    eager, compiled = log(env, eager_dir), log(env, compiled_dir)
     assert [r['iter'] for r in compiled] == [r['iter'] for r in eager] == [0, 2, 4, 6]
     for a, b in zip(eager, compiled):
         assert b['val_loss'] == pytest.approx(a['val_loss'], abs=2e-3)
         assert (a['train_loss'] is None) == (b['train_loss'] is None)
         assert a['train_loss'] is None or b['train_loss'] == pytest.approx(a['train_loss'], abs=2e-3)
     assert eager[-1]['val_loss'] < eager[0]['val_loss'] - 0.3  # it learns
-    e, c = load_checkpoint(str(env / 'mu_eager')), load_checkpoint(str(env / 'mu_compiled'))
+    e, c = load_checkpoint(str(env / eager_dir)), load_checkpoint(str(env / compiled_dir))
     assert sorted(c['model']) == sorted(e['model']) and not any('_orig_mod' in k for k in c['model'])
     assert {k: v['momentum_buffer'].shape for k, v in c['optimizers'][1]['state'].items()} == \
         {k: v['momentum_buffer'].shape for k, v in e['optimizers'][1]['state'].items()}
     for k in e['model']:
         assert torch.allclose(c['model'][k], e['model'][k], atol=2e-2), k
-    run(env, args(env, 'mu_compiled', *common[1:], '--max_iters=8', '--init_from=auto'))
-    assert [r['iter'] for r in log(env, 'mu_compiled')] == [0, 2, 4, 6, 8]
+    run(env, args(env, compiled_dir, *common[1:], '--max_iters=8', '--init_from=auto'))
+    assert [r['iter'] for r in log(env, compiled_dir)] == [0, 2, 4, 6, 8]
 
 
 def leaves(x):
