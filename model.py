@@ -662,25 +662,6 @@ def _check_ids(name, x, shape=None):
         raise ValueError(f"GPT.forward: {name} must be an integer tensor of {want}, got {got}")
 
 
-def stratified_uniform(count, generator=None, device=None, dtype=torch.float64):
-    """count draws in (0, 1], each uniform marginally, jointly spread evenly (systematic sampling: one
-    uniform offset, count evenly spaced points, then shuffled). Stratifying the masking rate (or the
-    reveal count) across a batch removes most of the variance that comes from it."""
-    u = torch.rand(1, device=device, generator=generator, dtype=dtype)
-    t = 1 - ((torch.arange(count, device=device, dtype=dtype) + u) / count) % 1.0  # % 1: rounding up to 1
-    return t[torch.randperm(count, device=device, generator=generator)]
-
-
-def mdm_corrupt(x, mask_token_id, generator=None, t=None):
-    """The MDM forward process: t ~ U(0, 1] per row (stratified over the batch), each token replaced by
-    [MASK] with probability t. Returns (x_t, t)."""
-    B, n = x.shape
-    if t is None:
-        t = stratified_uniform(B, generator, x.device, torch.float32)
-    masked = torch.rand(B, n, device=x.device, generator=generator) < t[:, None]
-    return torch.where(masked, torch.full_like(x, mask_token_id), x), t
-
-
 def strip_prefixes(sd):
     """A state dict's parameter names without the wrappers' prefixes, '_orig_mod.' (torch.compile) and
     'module.' (DDP), wherever they are: the names GPT itself gives."""

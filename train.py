@@ -42,6 +42,7 @@ from aogpt.bins import meta_dtype, open_bin, read_meta
 from aogpt.checkpoint import CKPT_NAME, save_checkpoint
 from aogpt.configurator import configure, print_config, stop_at_safe_points, stop_requested
 from aogpt.ema import EMA
+from aogpt.likelihood import mdm_corrupt
 from aogpt.optim import configure_optimizers
 from aogpt.orders import OLD_KEYS, l2r_mix, old_keys_line, one_block
 from aogpt.paths import append_jsonl
@@ -51,7 +52,7 @@ from aogpt.rundir import LOG_NAME, PLOT_NAME, Run, claim_out_dir, keep_copy, rel
 from aogpt.runtime import autocast, fast_math, gpu_peak_flops, resolve_device, start_ranks
 from aogpt.startup import model_source, resume_state
 from aogpt.valloss import progress_of, val_losses, val_passes, val_windows
-from model import GPT, GPTConfig, mdm_corrupt
+from model import GPT, GPTConfig
 
 stop_at_safe_points()  # a Ctrl-C or SIGTERM is recorded, and the run ends at its next stop_point()
 

@@ -34,12 +34,13 @@ import torch  # noqa: E402
 from aogpt.checkpoint import atomic_write  # noqa: E402
 from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
+from aogpt.likelihood import mdm_corrupt  # noqa: E402
 from aogpt.optim import configure_optimizers  # noqa: E402
 from aogpt.orders import random_orders  # noqa: E402
 from aogpt.paths import check_writable  # noqa: E402
 from aogpt.runtime import fast_math  # noqa: E402
 from bench.common import append_benchmark, check_settings  # noqa: E402
-from model import GPT, GPTConfig, mdm_corrupt  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 
 device = 'cpu'
 dtype = 'bfloat16'           # autocast dtype on CUDA; CPU runs fp32
