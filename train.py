@@ -93,6 +93,7 @@ causal = True  # False: the encoder-only MDM baseline
 cond = 'adaln'  # target-position conditioning: adaln (AO-GPT) | sigma (sigma-GPT) | none (GPT, MDM)
 target_dim = 128  # width of the AdaLN target-position table
 adaln_table = False  # compute AdaLN per position once and gather (same math)
+loss_chunk = 0  # head + cross-entropy this many rows at a time, recomputed in backward (same math); 0: all at once
 adaln_init = 'gate1'  # gate1 | paper
 target_std = 0.02  # init std of the AdaLN target table (the paper's 0.02)
 adaln_std: float = None  # init std of the AdaLN Linear weights; None: the generic 0.02 draw
@@ -236,7 +237,7 @@ torch.manual_seed(seed)  # the initial weights (identical on every rank; DDP als
 
 with run.failing():
     source_args, weights, ckpt, resume_path, started_from = model_source(cfg, _given, codec, data_dir, say)
-model_args = dict(source_args, dropout=dropout, adaln_table=adaln_table)
+model_args = dict(source_args, dropout=dropout, adaln_table=adaln_table, loss_chunk=loss_chunk)
 # the record (ckpt.pt's config, an export's train_config, its model card) says what the model is: a resume or a
 # fine-tune takes its shape from the checkpoint, whatever defaults the config left in place (block_size stays the
 # length trained on, which may be shorter than the model's)

@@ -643,7 +643,8 @@ def test_an_empty_or_odd_sized_token_file_is_one_line(env, monkeypatch, capsys, 
 
 def test_a_resume_keeps_its_model_and_the_saved_config_says_so(env, monkeypatch, capsys, tmp_path):
     """Resuming with another model shape is refused in one line (the checkpoint is untouched); dropout, which
-    changes how the same weights train, follows the config, and the saved config and model_args agree."""
+    changes how the same weights train, and loss_chunk, which computes the same loss another way, follow the config,
+    and the saved config and model_args agree."""
     argv = args(env, '', f'--out_dir={tmp_path}', '--eval_interval=2')
     run_inprocess(monkeypatch, argv + ['--max_iters=2'])
     before = (tmp_path / 'ckpt.pt').read_bytes()
@@ -656,9 +657,11 @@ def test_a_resume_keeps_its_model_and_the_saved_config_says_so(env, monkeypatch,
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and needle in err and 'a resumed run keeps its model' in err, err
     assert (tmp_path / 'ckpt.pt').read_bytes() == before
-    run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=resume', '--dropout=0.1', '--vocab_size=64'])
+    run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=resume', '--dropout=0.1', '--vocab_size=64',
+                                       '--loss_chunk=48'])
     c = load_checkpoint(str(tmp_path))
     assert c['iter_num'] == 4 and c['model_args']['dropout'] == c['config']['dropout'] == 0.1
+    assert c['model_args']['loss_chunk'] == c['config']['loss_chunk'] == 48
     assert all(c['config'][k] == v for k, v in c['model_args'].items() if k not in ('vocab_size', 'mask_token_id'))
     capsys.readouterr()
     run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=auto', '--dropout=0.1'])  # a finished run
@@ -1140,6 +1143,7 @@ def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, ar
     '--keep_ckpt_every=-1', '--warmup_iters=-1', '--lr_decay_iters=-1', '--l2r_frac_iters=-1',
     '--l2r_frac_end=-0.5', '--dtype=float8', '--device=tpu',
     '--device=cuda:x', '--wandb_mode=maybe', '--out_dir=', '--peak_flops=-1', '--optimizer=lion', '--muon_lr=-0.02',
+    '--loss_chunk=-1',
 ])
 def test_each_bad_value_is_one_line_naming_its_key(env, monkeypatch, capsys, tmp_path, bad):
     """Checked before anything is read or written: out_dir is not even created."""
