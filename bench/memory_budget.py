@@ -21,7 +21,7 @@ from aogpt.errors import exit_in_one_line  # noqa: E402
 from bench.common import check_settings  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
-# the sources' shapes (their config.json; /docs/training.md), as aogpt/families.py reads them, adapted to cond='adaln'
+# the sources' shapes (their config.json), as aogpt/families.py reads them, adapted to cond='adaln'
 BLOCK = dict(pos='rope', mlp='swiglu', bias=False, norm='rms', tie_head=True, head_bias=False, cond='adaln')
 SOURCES = {
     'qwen3_0p6b': dict(n_layer=28, n_embd=1024, n_head=16, n_kv_head=8, head_dim=128, mlp_hidden=3072,
