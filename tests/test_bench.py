@@ -111,7 +111,10 @@ def test_an_encoder_timed_per_pass_counts_the_passes_a_full_run_makes():
                                                 "got '16,x'"),
     (['bench/sample_speed.py', '--samplers=spec', '--spec_k=1'], "error: --spec_k must be an int >= 2 or auto"),
     (['bench/train_speed.py', '--models=ao,foo'], "error: --models must be a comma-separated list of models among "
-                                                  "ao, ao_table, gpt, mdm, got 'ao,foo'"),
+                                                  "ao, ao_table, gpt, mdm (NAME:rope on the Llama/Qwen block), got "
+                                                  "'ao,foo'"),
+    (['bench/train_speed.py', '--models=ao:rope', '--n_head=3', '--n_embd=96'], "error: --n_head must be even for "
+                                                                                "a :rope model"),
     (['bench/train_speed.py', '--iters=0'], "error: --iters must be at least 1, got 0"),
     (['bench/eval_speed.py', '--device=cuda:99'], "error: --device cuda:99, but "),
     (['bench/profile_sampler.py', '--stepper=foo'], "error: --stepper must be one of dynamic, static, cuda_graph"),
