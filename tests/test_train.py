@@ -168,15 +168,16 @@ def test_loss_decreases_below_unigram(env):
 
 
 def capture_orders(monkeypatch):
-    """Record the target positions of every training forward: the order the model is actually trained on."""
+    """Record the target positions of every training forward: the order the model is actually trained on.
+    (hidden_slots: the trunk every decoder pass runs, forward's loss with or without loss_chunk and forward_slots.)"""
     seen = []
-    orig = GPT.forward_slots
+    orig = GPT.hidden_slots
 
     def spy(self, tok, pos, tgt, *a, **k):
         if torch.is_grad_enabled():  # training, not validation
             seen.append(tgt.detach().clone())
         return orig(self, tok, pos, tgt, *a, **k)
-    monkeypatch.setattr(GPT, 'forward_slots', spy)
+    monkeypatch.setattr(GPT, 'hidden_slots', spy)
     return seen
 
 
