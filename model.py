@@ -28,6 +28,7 @@ Public interface
       the mean cross-entropy over all n predictions, the first made from [None]. reduction='none'
       returns the per-slot NLL (B, n). Encoder (MDM): idx holds [MASK] ids, logits are at natural
       positions, and with t (B,) the loss is the ELBO estimate (1/n) sum_{masked i} -log p(x_i | x_t) / t.
+      With loss_chunk > 0 and targets given, logits is None: the loss never holds them all (head_loss).
   model.forward_slots(tok, pos, tgt, mask=None, kv=None, n_logits=None)
       The slot-level pass the rest is built on. tok/pos/tgt (B, r): token id (-1 = [None]), its own
       position (-1 for [None]) and its target position (-1 = none). mask (r, K) or (B, 1, r, K), bool:
@@ -82,6 +83,7 @@ class GPTConfig:
     head_dim: int = 0          # 0: n_embd // n_head (Qwen3 sets its own)
     norm_eps: float = 1e-5     # every norm's eps (qk_norm's too)
     qkv_bias: bool = None      # biases in q, k, v (Qwen2: only there); None: as bias
+    loss_chunk: int = 0        # the loss's head + cross-entropy this many rows at a time (head_loss); 0: all at once
 
     @property
     def heads(self):
@@ -110,7 +112,7 @@ class GPTConfig:
         for k in ('bias', 'causal', 'adaln_table', 'qk_norm', 'tie_head', 'head_bias'):
             need(isinstance(getattr(self, k), bool), k, "True or False")
         need(self.head_dim != 0 or self.n_embd % self.n_head == 0, 'n_embd', f"a multiple of n_head ({self.n_head})")
-        for k in ('mlp_hidden', 'n_kv_head', 'head_dim'):
+        for k in ('mlp_hidden', 'n_kv_head', 'head_dim', 'loss_chunk'):
             need(is_int(getattr(self, k)) and getattr(self, k) >= 0, k, "an integer >= 0 (0: the default)")
         need(self.n_head % self.heads[1] == 0, 'n_kv_head', f"a divisor of n_head ({self.n_head})")
         need(self.pos in ('learned', 'rope'), 'pos', "'learned' or 'rope'")
@@ -396,6 +398,31 @@ def parallel_mask(r, n_parallel, L=0, device=None):
     return torch.cat([m.new_ones(r, L), m], dim=1)
 
 
+def head_loss(head, h, y, reduction='mean', chunk=0):
+    """(logits, loss) of final hidden states h (B, n, C) against targets y (B, n), -1 ignored: head (..., C) ->
+    (..., V); reduction 'mean' over the targets, or 'none': the NLL (B, n), 0 where ignored. chunk (loss_chunk)
+    > 0: the head and the float32 cross-entropy run chunk rows at a time, each chunk recomputed in backward instead
+    of stored (its logits are freed before the next chunk's), and the logits are None: the peak holds one chunk's
+    logits, not B n V (5 GB at a 151k vocabulary and 8 x 1024). Each row's NLL is the same function either way;
+    only the order in which the loss and the head's gradient are summed changes."""
+    B, n, C = h.shape
+    if chunk:
+        rows, ys, grad = h.reshape(B * n, C), y.reshape(B * n), torch.is_grad_enabled()
+        nll = torch.cat([torch.utils.checkpoint.checkpoint(_row_nll, head, rows[a:a + chunk], ys[a:a + chunk],
+                                                           use_reentrant=False) if grad else
+                         _row_nll(head, rows[a:a + chunk], ys[a:a + chunk]) for a in range(0, B * n, chunk)])
+        logits = None
+    else:
+        logits = head(h)
+        nll = _row_nll(nn.Identity(), logits.view(B * n, -1), y.reshape(B * n))
+    nll = nll.view(B, n)
+    return logits, nll if reduction == 'none' else nll.sum() / (y >= 0).sum().clamp(min=1)
+
+
+def _row_nll(head, h, y):
+    return F.cross_entropy(head(h).float(), y, ignore_index=-1, reduction='none')
+
+
 # ---------------------------------------------------------------------- the model
 
 class GPT(nn.Module):
@@ -513,19 +540,11 @@ class GPT(nn.Module):
         none = torch.full((B, 1), -1, dtype=torch.long, device=idx.device)
         tok = torch.cat([none, xs[:, :-1]], dim=1)                       # [None], x_s0 .. x_s(n-2)
         spos = torch.cat([none, pos[:, :-1]], dim=1)
-        logits = self.forward_slots(tok, spos, pos)                      # slot i predicts position pos[:, i]
+        h = self.hidden_slots(tok, spos, pos)                            # slot i predicts position pos[:, i]
         if targets is None:
-            return logits, None
+            return self.lm_head(h), None
         y = targets if order is None else targets.gather(1, order)
-        return logits, self._ce(logits, y, reduction)
-
-    @staticmethod
-    def _ce(logits, y, reduction):
-        nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1),
-                              ignore_index=-1, reduction='none').view(y.shape)
-        if reduction == 'none':
-            return nll
-        return nll.sum() / (y >= 0).sum().clamp(min=1)
+        return head_loss(self.lm_head, h, y, reduction, cfg.loss_chunk)  # (None, loss) with loss_chunk
 
     def encoder_hidden(self, idx):
         """The encoder MDM's trunk: final-norm hidden states (B, n, C) for idx (B, n). The sampler runs
@@ -549,12 +568,11 @@ class GPT(nn.Module):
     def _forward_encoder(self, idx, targets, t, reduction):
         cfg = self.config
         B, n = idx.shape
-        logits = self.encoder_logits(self.encoder_hidden(idx))
+        h = self.encoder_hidden(idx)
         if targets is None:
-            return logits, None
+            return self.encoder_logits(h), None
         masked = (idx == cfg.mask_token_id) & (targets >= 0)
-        nll = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.clamp(min=0).view(-1),
-                              reduction='none').view(B, n) * masked
+        logits, nll = head_loss(self.encoder_logits, h, torch.where(masked, targets, -1), 'none', cfg.loss_chunk)
         if reduction == 'none':
             return logits, nll
         if t is not None:  # ELBO: (1/n) sum_{masked} -log p / t, averaged over the batch
@@ -659,25 +677,6 @@ def _check_ids(name, x, shape=None):
         got = f"{x.dtype} of shape {tuple(x.shape)}" if torch.is_tensor(x) else type(x).__name__
         want = "(B, n)" if shape is None else f"idx's shape {tuple(shape)}"
         raise ValueError(f"GPT.forward: {name} must be an integer tensor of {want}, got {got}")
-
-
-def stratified_uniform(count, generator=None, device=None, dtype=torch.float64):
-    """count draws in (0, 1], each uniform marginally, jointly spread evenly (systematic sampling: one
-    uniform offset, count evenly spaced points, then shuffled). Stratifying the masking rate (or the
-    reveal count) across a batch removes most of the variance that comes from it."""
-    u = torch.rand(1, device=device, generator=generator, dtype=dtype)
-    t = 1 - ((torch.arange(count, device=device, dtype=dtype) + u) / count) % 1.0  # % 1: rounding up to 1
-    return t[torch.randperm(count, device=device, generator=generator)]
-
-
-def mdm_corrupt(x, mask_token_id, generator=None, t=None):
-    """The MDM forward process: t ~ U(0, 1] per row (stratified over the batch), each token replaced by
-    [MASK] with probability t. Returns (x_t, t)."""
-    B, n = x.shape
-    if t is None:
-        t = stratified_uniform(B, generator, x.device, torch.float32)
-    masked = torch.rand(B, n, device=x.device, generator=generator) < t[:, None]
-    return torch.where(masked, torch.full_like(x, mask_token_id), x), t
 
 
 def strip_prefixes(sd):

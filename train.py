@@ -42,6 +42,7 @@ from aogpt.bins import meta_dtype, open_bin, read_meta
 from aogpt.checkpoint import CKPT_NAME, save_checkpoint
 from aogpt.configurator import configure, print_config, stop_at_safe_points, stop_requested
 from aogpt.ema import EMA
+from aogpt.likelihood import mdm_corrupt
 from aogpt.optim import configure_optimizers
 from aogpt.orders import OLD_KEYS, l2r_mix, old_keys_line, one_block
 from aogpt.paths import append_jsonl
@@ -51,7 +52,7 @@ from aogpt.rundir import LOG_NAME, PLOT_NAME, Run, claim_out_dir, keep_copy, rel
 from aogpt.runtime import autocast, fast_math, gpu_peak_flops, resolve_device, start_ranks
 from aogpt.startup import model_source, resume_state
 from aogpt.valloss import progress_of, val_losses, val_passes, val_windows
-from model import GPT, GPTConfig, mdm_corrupt
+from model import GPT, GPTConfig
 
 stop_at_safe_points()  # a Ctrl-C or SIGTERM is recorded, and the run ends at its next stop_point()
 
@@ -92,6 +93,7 @@ causal = True  # False: the encoder-only MDM baseline
 cond = 'adaln'  # target-position conditioning: adaln (AO-GPT) | sigma (sigma-GPT) | none (GPT, MDM)
 target_dim = 128  # width of the AdaLN target-position table
 adaln_table = False  # compute AdaLN per position once and gather (same math)
+loss_chunk = 0  # head + cross-entropy this many rows at a time, recomputed in backward (same math); 0: all at once
 adaln_init = 'gate1'  # gate1 | paper
 target_std = 0.02  # init std of the AdaLN target table (the paper's 0.02)
 adaln_std: float = None  # init std of the AdaLN Linear weights; None: the generic 0.02 draw
@@ -235,7 +237,7 @@ torch.manual_seed(seed)  # the initial weights (identical on every rank; DDP als
 
 with run.failing():
     source_args, weights, ckpt, resume_path, started_from = model_source(cfg, _given, codec, data_dir, say)
-model_args = dict(source_args, dropout=dropout, adaln_table=adaln_table)
+model_args = dict(source_args, dropout=dropout, adaln_table=adaln_table, loss_chunk=loss_chunk)
 # the record (ckpt.pt's config, an export's train_config, its model card) says what the model is: a resume or a
 # fine-tune takes its shape from the checkpoint, whatever defaults the config left in place (block_size stays the
 # length trained on, which may be shorter than the model's)

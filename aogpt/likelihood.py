@@ -17,7 +17,28 @@ import torch
 from torch.nn import functional as F
 
 from aogpt.orders import UNIFORM, draw_orders, random_orders
-from model import stratified_uniform
+
+# ----------------------------------------------------------------------------------------------- the MDM's draws
+# (what train.py, valloss.py and the ELBO estimators below corrupt a batch with)
+
+def stratified_uniform(count, generator=None, device=None, dtype=torch.float64):
+    """count draws in (0, 1], each uniform marginally, jointly spread evenly (systematic sampling: one
+    uniform offset, count evenly spaced points, then shuffled). Stratifying the masking rate (or the
+    reveal count) across a batch removes most of the variance that comes from it."""
+    u = torch.rand(1, device=device, generator=generator, dtype=dtype)
+    t = 1 - ((torch.arange(count, device=device, dtype=dtype) + u) / count) % 1.0  # % 1: rounding up to 1
+    return t[torch.randperm(count, device=device, generator=generator)]
+
+
+def mdm_corrupt(x, mask_token_id, generator=None, t=None):
+    """The MDM forward process: t ~ U(0, 1] per row (stratified over the batch), each token replaced by
+    [MASK] with probability t. Returns (x_t, t)."""
+    B, n = x.shape
+    if t is None:
+        t = stratified_uniform(B, generator, x.device, torch.float32)
+    masked = torch.rand(B, n, device=x.device, generator=generator) < t[:, None]
+    return torch.where(masked, torch.full_like(x, mask_token_id), x), t
+
 
 # ----------------------------------------------------------------------------------------------- helpers
 
@@ -48,7 +69,7 @@ def _require_any_order(model):
 
 
 def stratified_counts(count, n, generator=None):
-    """count draws from {1..n}, each uniform marginally, stratified (model.stratified_uniform)."""
+    """count draws from {1..n}, each uniform marginally, stratified (stratified_uniform)."""
     return (stratified_uniform(count, generator) * n).ceil().long().clamp(1, n)
 
 

@@ -229,10 +229,10 @@ def check_codec(theirs, codec, data_dir, where):
 
 
 def shape_keys(cfg, model, only=None):
-    """The config's values of the model's keys that say which model it is: not dropout or adaln_table (how
-    the same weights train), not block_size (the training length, which may be shorter than the model's),
+    """The config's values of the model's keys that say which model it is: not dropout, adaln_table or loss_chunk
+    (how the same weights train), not block_size (the training length, which may be shorter than the model's),
     not a None vocab_size / mask_token_id (the model's)."""
-    return {k: cfg[k] for k in model if k in cfg and k not in ('dropout', 'adaln_table', 'block_size')
+    return {k: cfg[k] for k in model if k in cfg and k not in ('dropout', 'adaln_table', 'loss_chunk', 'block_size')
             and (only is None or k in only) and not (cfg[k] is None and k in ('vocab_size', 'mask_token_id'))}
 
 

@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from aogpt.likelihood import mdm_corrupt
 from aogpt.orders import random_orders
-from model import mdm_corrupt
 
 PROGRESS_EVERY = 30.0  # seconds between progress lines of a long eval when there is no progress bar
 

@@ -13,7 +13,8 @@
 #     plain encoder MDM and the best one (graphed, skipping empty steps), the encoders as their per-pass
 #     time x their counted passes (labelled so in the table); the exact speculative sampler (fused and
 #     two-call, graphed) against graphed AR in L2R order and graphed AO at T = n in random order
-#   3 training, AO-GPT-small, bf16, compiled: tokens/s of ao_table and gpt in one run
+#   3 training, AO-GPT-small, bf16, compiled: tokens/s of ao_table and gpt in one run, and of ao_table on the
+#     rotary/SwiGLU/GQA block at equal parameters (#49, #51: one more compile, about a minute)
 #   then, while BUDGET seconds last: the optimizer step of optimizer=muon against AdamW (#32), and the
 #   profile of the graphed sampler
 # Every command here runs on the CPU at toy sizes in tests/test_bench.py (the rehearsal).
@@ -47,7 +48,7 @@ step 100 $PY bench/sample_speed.py --device=cuda $MED --steps=1024 --samplers=sp
 step 100 $PY bench/sample_speed.py --device=cuda $MED --steps=1024 --samplers=spec_fused_graph,spec_graph,ao_graph --spec_order=random --spec_k=auto --repeats=2 --write=True
 
 # 3 training
-step 150 $PY bench/train_speed.py --device=cuda $SMALL --compile=True --iters=15 --warmup=3 --models=ao_table,gpt --write=True
+step 210 $PY bench/train_speed.py --device=cuda $SMALL --compile=True --iters=15 --warmup=3 --models=ao_table,ao_table:rope,gpt --write=True
 
 # then, as long as the budget lasts
 left 90 && step 90 $PY bench/train_speed.py --device=cuda $SMALL --compile=True --iters=15 --warmup=3 --models=ao_table --optimizer=True --write=True

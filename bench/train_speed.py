@@ -1,6 +1,7 @@
 """
 Training throughput, MFU and memory of AO-GPT against a GPT and an encoder MDM of the same size, measured
-side by side in one run (absolute CPU times are noise; the ratios are the result).
+side by side in one run (absolute CPU times are noise; the ratios are the result: on the CPU the models' steps
+are interleaved, and each row is a median step).
 
     python bench/train_speed.py                                   # CPU, small defaults
     python bench/train_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 \
@@ -15,6 +16,11 @@ Models (same backbone: RMSNorm, QK-norm, untied head):
             computes block_size rows once per step and gathers them (same parameters, same function)
   gpt       the same backbone with no target conditioning, L2R
   mdm       the encoder MDM (full attention) on masked input
+  NAME:rope any of these on the Llama/Qwen block instead (the "block" column): rotary positions (no wpe), a SwiGLU
+            MLP 3 n_embd wide, grouped-query attention with n_head/2 key/value heads. At equal parameters: GQA's
+            attention holds 3 d^2 (q, o: d^2 each; k, v: d^2/2 each) against 4 d^2, and SwiGLU's three matrices
+            d x 3d hold 9 d^2 against GELU's 8 d^2, so each block holds 12 d^2 either way (the totals differ by the
+            learned wpe the rotary model lacks and a few biases; the table prints both)
 Activation memory = peak memory during forward+backward minus the memory held before the forward
 (weights, grads, optimizer state), on CUDA only.
 
@@ -34,12 +40,13 @@ import torch  # noqa: E402
 from aogpt.checkpoint import atomic_write  # noqa: E402
 from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
+from aogpt.likelihood import mdm_corrupt  # noqa: E402
 from aogpt.optim import configure_optimizers  # noqa: E402
 from aogpt.orders import random_orders  # noqa: E402
 from aogpt.paths import check_writable  # noqa: E402
 from aogpt.runtime import fast_math  # noqa: E402
 from bench.common import append_benchmark, check_settings  # noqa: E402
-from model import GPT, GPTConfig, mdm_corrupt  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 
 device = 'cpu'
 dtype = 'bfloat16'           # autocast dtype on CUDA; CPU runs fp32
@@ -69,8 +76,10 @@ check_settings(config, at_least=dict(batch_size=1, iters=1, warmup=0),
                one_of=dict(dtype=('bfloat16', 'float16', 'float32'), sdpa=('default', 'flash', 'cudnn', 'efficient')),
                model=dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, target_dim=target_dim, block_size=block_size,
                           vocab_size=vocab_size))
-MODELS = split_list('models', models, str, lambda m: m in ('ao', 'ao_table', 'gpt', 'mdm'),
-                    'models among ao, ao_table, gpt, mdm')
+MODELS = split_list('models', models, str, lambda m: m.removesuffix(':rope') in ('ao', 'ao_table', 'gpt', 'mdm'),
+                    'models among ao, ao_table, gpt, mdm (NAME:rope on the Llama/Qwen block)')
+if any(m.endswith(':rope') for m in MODELS) and n_head % 2:
+    raise UserError(f"--n_head must be even for a :rope model (n_head/2 key/value heads), got {n_head}")
 MUON_DTYPE = {'adamw': None, 'muon': 'bfloat16', 'muon_fp32': 'float32'}  # --optimizer's names: Muon's NS dtype
 OPTIMIZERS = split_list('optimizers', optimizers, str, lambda o: o in MUON_DTYPE,
                         'optimizers among adamw, muon, muon_fp32')
@@ -149,12 +158,14 @@ VARIANTS = {
     'gpt': dict(cond='none'),
     'mdm': dict(cond='none', causal=False),
 }
+ROPE = dict(pos='rope', mlp='swiglu', n_kv_head=n_head // 2, mlp_hidden=3 * n_embd)  # 12 d^2 a block, as the paper's
 
 
 def make_step(name, opt_name='adamw'):
     """(model, its training step, the list each step appends its optimizer seconds to when --optimizer)."""
     cfg = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, target_dim=target_dim, block_size=block_size,
-                    vocab_size=vocab_size, **VARIANTS[name])
+                    vocab_size=vocab_size, **VARIANTS[name.removesuffix(':rope')],
+                    **(ROPE if name.endswith(':rope') else {}))
     model = GPT(cfg).to(device)
     muon_dtype = MUON_DTYPE[opt_name]
     opts = configure_optimizers(model, 0.05, 3e-4, (0.9, 0.95), 'cuda' if cuda else 'cpu',  # train.py's defaults
@@ -206,14 +217,39 @@ def bench(name):
         act_mem = torch.cuda.max_memory_allocated() - held
     if profile:
         where_time_goes(name, step)
-    tok_s = batch_size * block_size / dt
-    mfu = model.estimate_mfu(tok_s, peak_flops, block_size) if peak_flops else None
-    row = dict(model=name, params=model.get_num_params(), ms=dt * 1e3, tok_s=tok_s, mfu=mfu, act_mem=act_mem,
-               flops_tok=model.estimate_flops_per_token(block_size))
+    row = result(name, model, dt, act_mem)
     del model, step
     if cuda:
         torch.cuda.empty_cache()
     return row
+
+
+def bench_interleaved(names):
+    """On the CPU, where other work shares the cores: every model built first, their steps interleaved (a load
+    that drifts hits all alike), the median step of each. (On CUDA each model alone: its activation memory.)"""
+    runs = {m: make_step(m)[:2] for m in names}
+    for _ in range(warmup):
+        for _, step in runs.values():
+            step()
+    times = {m: [] for m in names}
+    for _ in range(iters):
+        for m, (_, step) in runs.items():
+            t0 = time.perf_counter()
+            step()
+            times[m].append(time.perf_counter() - t0)
+    if profile:
+        for m, (_, step) in runs.items():
+            where_time_goes(m, step)
+    return [result(m, runs[m][0], sorted(times[m])[len(times[m]) // 2], None) for m in names]
+
+
+def result(name, model, dt, act_mem):
+    """A table row: the model, its sizes, dt seconds a step, activation memory (CUDA) or None."""
+    tok_s = batch_size * block_size / dt
+    mfu = model.estimate_mfu(tok_s, peak_flops, block_size) if peak_flops else None
+    block = sum(p.numel() for p in model.transformer.h[0].parameters())  # AdaLN's Linear included
+    return dict(model=name, params=model.get_num_params(), block_params=block, ms=dt * 1e3, tok_s=tok_s, mfu=mfu,
+                act_mem=act_mem, flops_tok=model.estimate_flops_per_token(block_size))
 
 
 def bench_optimizers(name):
@@ -269,17 +305,21 @@ if optimizer:
                          f"optimizer=muon.", table)
     sys.exit(0)
 
-rows = [bench(m) for m in MODELS]
+rows = [bench(m) for m in MODELS] if cuda else bench_interleaved(MODELS)
 base = next((r for r in rows if r['model'] == 'gpt'), None)
-lines = ['| model | params | ms/step | tokens/s | MFU | act. mem (GiB) | tok/s vs gpt | act. mem vs gpt |',
-         '|---|---|---|---|---|---|---|---|']
+lines = ['| model | block | params | params a block | ms/step | tokens/s | MFU | act. mem (GiB) | tok/s vs gpt '
+         '| act. mem vs gpt | tok/s vs paper block |', '|---|---|---|---|---|---|---|---|---|---|---|']
 for r in rows:
     mfu = f"{100 * r['mfu']:.1f}%" if r['mfu'] is not None else 'n/a'
     mem = f"{r['act_mem'] / 2**30:.2f}" if r['act_mem'] is not None else 'n/a'
     rt = f"{r['tok_s'] / base['tok_s']:.3f}" if base else 'n/a'
     rm = f"{r['act_mem'] / base['act_mem']:.3f}" if base and r['act_mem'] is not None else 'n/a'
-    lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['ms']:.1f} | {r['tok_s']:,.0f} | {mfu} | {mem} "
-                 f"| {rt} | {rm} |")
+    name, rope = r['model'].removesuffix(':rope'), r['model'].endswith(':rope')
+    paper = next((x for x in rows if x['model'] == name), None)  # the same model on the paper's block
+    rb = f"{r['tok_s'] / paper['tok_s']:.3f}" if rope and paper else 'n/a'
+    lines.append(f"| {name} | {'rope+swiglu+gqa' if rope else 'paper'} | {r['params'] / 1e6:.1f}M | "
+                 f"{r['block_params']:,} | {r['ms']:.1f} | "
+                 f"{r['tok_s']:,.0f} | {mfu} | {mem} | {rt} | {rm} | {rb} |")
 table = '\n'.join(lines)
 print(table)
 

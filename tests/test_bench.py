@@ -111,12 +111,18 @@ def test_an_encoder_timed_per_pass_counts_the_passes_a_full_run_makes():
                                                 "got '16,x'"),
     (['bench/sample_speed.py', '--samplers=spec', '--spec_k=1'], "error: --spec_k must be an int >= 2 or auto"),
     (['bench/train_speed.py', '--models=ao,foo'], "error: --models must be a comma-separated list of models among "
-                                                  "ao, ao_table, gpt, mdm, got 'ao,foo'"),
+                                                  "ao, ao_table, gpt, mdm (NAME:rope on the Llama/Qwen block), got "
+                                                  "'ao,foo'"),
+    (['bench/train_speed.py', '--models=ao:rope', '--n_head=3', '--n_embd=96'], "error: --n_head must be even for "
+                                                                                "a :rope model"),
     (['bench/train_speed.py', '--iters=0'], "error: --iters must be at least 1, got 0"),
     (['bench/eval_speed.py', '--device=cuda:99'], "error: --device cuda:99, but "),
     (['bench/profile_sampler.py', '--stepper=foo'], "error: --stepper must be one of dynamic, static, cuda_graph"),
     (['bench/sample_roofline.py', '--spec_alphas=0.5,1.5'], "error: --spec_alphas must be a comma-separated list of "
                                                             "acceptance probabilities in (0, 1), got '0.5,1.5'"),
+    (['bench/loss_memory.py', '--chunks=0,-4'], "error: --chunks must be a comma-separated list of loss_chunk settings "
+                                                ">= 0 (0: off), got '0,-4'"),
+    (['bench/memory_budget.py', '--source=gpt5'], "error: --source must be one of qwen3_0p6b, smollm2_135m, got 'gpt5'"),
 ])
 def test_bad_settings_are_one_line_before_anything_is_built(argv, says):
     """These were tracebacks (int('x'), a KeyError, GPTConfig's ValueError, a division by zero iters), or, for
@@ -152,3 +158,16 @@ def test_demo_spread_ends_its_demos_with_it(tmp_path):
             os.kill(q, signal.SIGKILL)
         if p.poll() is None:
             p.kill()
+
+
+@pytest.mark.slow
+def test_loss_memory_measures_a_smaller_peak_with_the_same_loss():
+    """bench/loss_memory.py at toy sizes: each setting in its own process, the same loss (the same rows' NLLs in
+    another summation order: printed to 6 decimals), and the chunked step's peak below the unchunked one's (the
+    logits are 4 MiB against a chunk's 0.5 MiB). The fast twin: tests/test_loss_chunk.py's saved-tensor check."""
+    r = subprocess.run([sys.executable, 'bench/loss_memory.py', '--vocab_size=4096', '--n_embd=16', '--block_size=64',
+                        '--batch_size=4', '--chunks=0,32'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = [ln.split('|')[1:-1] for ln in r.stdout.splitlines() if ln.startswith('| ') and 'loss_chunk' not in ln]
+    assert [int(c[0]) for c in rows] == [0, 32] and rows[0][2] == rows[1][2], r.stdout
+    assert int(rows[1][1]) < int(rows[0][1]), r.stdout

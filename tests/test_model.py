@@ -8,8 +8,9 @@ from helpers import BACKBONES, tiny
 
 from aogpt.engine import KVCache
 from aogpt.families import load_hf
+from aogpt.likelihood import mdm_corrupt
 from aogpt.orders import random_orders
-from model import GPT, GPTConfig, mdm_corrupt, parallel_mask
+from model import GPT, GPTConfig, parallel_mask
 
 ATOL = 1e-5
 

@@ -175,15 +175,16 @@ def test_loss_decreases_below_unigram(env):
 
 
 def capture_orders(monkeypatch):
-    """Record the target positions of every training forward: the order the model is actually trained on."""
+    """Record the target positions of every training forward: the order the model is actually trained on.
+    (hidden_slots: the trunk every decoder pass runs, forward's loss with or without loss_chunk and forward_slots.)"""
     seen = []
-    orig = GPT.forward_slots
+    orig = GPT.hidden_slots
 
     def spy(self, tok, pos, tgt, *a, **k):
         if torch.is_grad_enabled():  # training, not validation
             seen.append(tgt.detach().clone())
         return orig(self, tok, pos, tgt, *a, **k)
-    monkeypatch.setattr(GPT, 'forward_slots', spy)
+    monkeypatch.setattr(GPT, 'hidden_slots', spy)
     return seen
 
 
@@ -656,7 +657,8 @@ def test_an_empty_or_odd_sized_token_file_is_one_line(env, monkeypatch, capsys, 
 
 def test_a_resume_keeps_its_model_and_the_saved_config_says_so(env, monkeypatch, capsys, tmp_path):
     """Resuming with another model shape is refused in one line (the checkpoint is untouched); dropout, which
-    changes how the same weights train, follows the config, and the saved config and model_args agree."""
+    changes how the same weights train, and loss_chunk, which computes the same loss another way, follow the config,
+    and the saved config and model_args agree."""
     argv = args(env, '', f'--out_dir={tmp_path}', '--eval_interval=2')
     run_inprocess(monkeypatch, argv + ['--max_iters=2'])
     before = (tmp_path / 'ckpt.pt').read_bytes()
@@ -669,9 +671,11 @@ def test_a_resume_keeps_its_model_and_the_saved_config_says_so(env, monkeypatch,
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and needle in err and 'a resumed run keeps its model' in err, err
     assert (tmp_path / 'ckpt.pt').read_bytes() == before
-    run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=resume', '--dropout=0.1', '--vocab_size=64'])
+    run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=resume', '--dropout=0.1', '--vocab_size=64',
+                                       '--loss_chunk=48'])
     c = load_checkpoint(str(tmp_path))
     assert c['iter_num'] == 4 and c['model_args']['dropout'] == c['config']['dropout'] == 0.1
+    assert c['model_args']['loss_chunk'] == c['config']['loss_chunk'] == 48
     assert all(c['config'][k] == v for k, v in c['model_args'].items() if k not in ('vocab_size', 'mask_token_id'))
     capsys.readouterr()
     run_inprocess(monkeypatch, argv + ['--max_iters=4', '--init_from=auto', '--dropout=0.1'])  # a finished run
@@ -1186,6 +1190,7 @@ def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, ar
     '--keep_ckpt_every=-1', '--warmup_iters=-1', '--lr_decay_iters=-1', '--l2r_frac_iters=-1',
     '--l2r_frac_end=-0.5', '--dtype=float8', '--device=tpu',
     '--device=cuda:x', '--wandb_mode=maybe', '--out_dir=', '--peak_flops=-1', '--optimizer=lion', '--muon_lr=-0.02',
+    '--loss_chunk=-1',
 ])
 def test_each_bad_value_is_one_line_naming_its_key(env, monkeypatch, capsys, tmp_path, bad):
     """Checked before anything is read or written: out_dir is not even created."""
@@ -1336,6 +1341,58 @@ def test_shipped_configs_resolve_and_run(env, monkeypatch, tmp_path, path):
     assert ckpt['config']['order'] == cfg['order'] and ckpt['model_args']['cond'] == cfg['cond']
 
 
+# the adapt configs' sources, as tiny random models of their families (transformers' own classes)
+SOURCES = {'Qwen/Qwen3-0.6B': ('Qwen3Config', 'Qwen3ForCausalLM', dict(num_key_value_heads=2, head_dim=16,
+                                                                        bos_token_id=None, eos_token_id=0)),
+           'HuggingFaceTB/SmolLM2-135M': ('LlamaConfig', 'LlamaForCausalLM', dict(num_key_value_heads=2,
+                                                                                   bos_token_id=0, eos_token_id=0))}
+
+
+@pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(ROOT, 'config', 'adapt_*.py'))), ids=os.path.basename)
+def test_shipped_adapt_configs_run_from_their_hub_id(monkeypatch, tmp_path, path):
+    """config/adapt_*.py as shipped (its init_from='hf:...', dataset name, cond, loss_chunk, adaln_table): the hub id
+    holds, in an offline hub cache, a tiny random model of the source's family with a tokenizer whose documents end
+    with <|endoftext|>; the data is prepared with that tokenizer as data/README.md's command does (the name of its
+    out_dir is the config's dataset); one step, with only the batch, length, device, dtype and compile changed (no
+    GPU here, and the shape is the source's: a model key would be refused)."""
+    transformers = pytest.importorskip('transformers')
+    import huggingface_hub.constants as C
+    from helpers import hub_cache
+    from test_tokenizers import pc, tiny_bpe
+
+    from aogpt.tokenizer import source_codec
+    g = {'__file__': TRAIN}
+    exec(open(TRAIN).read().split('\n_given = set()')[0], g)  # train.py's defaults
+    cfg = configure(g, [path])
+    repo = cfg['init_from'].removeprefix('hf:')
+    cfg_cls, model_cls, kw = SOURCES[repo]
+    folder = tmp_path / 'source'
+    tiny_bpe(folder, tok_config={'eos_token': '<|endoftext|>'})  # <|endoftext|> is id 0
+    torch.manual_seed(0)
+    getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(
+        vocab_size=320, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+        max_position_embeddings=32, tie_word_embeddings=True, **kw)).save_pretrained(folder)  # its config.json
+    hub_cache(tmp_path / 'hub', repo, {f: folder / f for f in ('config.json', 'model.safetensors', 'tokenizer.json',
+                                                               'tokenizer_config.json')})
+    monkeypatch.setattr(C, 'HF_HUB_CACHE', str(tmp_path / 'hub'))
+    monkeypatch.setattr(C, 'HF_HUB_OFFLINE', True)
+    assert pc.tokenizer_name(cfg['init_from']) in cfg['dataset']  # prepare.py's out_dir for --tokenizer=<init_from>
+    codec, _ = source_codec(cfg['init_from'], '<|endoftext|>')
+    docs = {s: [f"the quick brown fox {i} jumps over the lazy dog" for i in range(n)] for s, n in (('train', 60),
+                                                                                                    ('val', 20))}
+    pc.prepare(str(tmp_path / 'data' / cfg['dataset']), {k: pc.as_dataset(v) for k, v in docs.items()}, 'test',
+               codec=codec)
+    run_inprocess(monkeypatch, [path, '--block_size=16', '--batch_size=2', '--gradient_accumulation_steps=1',
+                                '--eval_iters=1', '--eval_orders=1', '--max_iters=1', '--device=cpu',
+                                '--dtype=float32', '--compile=False', f'--data_root={tmp_path / "data"}',
+                                f'--out_dir={tmp_path / "out"}'])
+    ckpt = load_checkpoint(str(tmp_path / 'out'))
+    assert ckpt['started_from']['init_from'] == cfg['init_from'] and ckpt['started_from']['adapted']
+    assert {k: ckpt['model_args'][k] for k in ('cond', 'loss_chunk', 'adaln_table', 'pos', 'mlp')} == dict(
+        cond='adaln', loss_chunk=cfg['loss_chunk'], adaln_table=cfg['adaln_table'], pos='rope', mlp='swiglu')
+    assert cfg['loss_chunk'] > 0 and cfg['compile'] and cfg['dtype'] == 'bfloat16'
+
+
 def test_the_cards_commands_meet_at_one_out_dir():
     """`torchrun ... train.py config/train_ao_gpt_small.py`, then `python eval_ppl.py` and `python sample.py` with
     no flags: the first writes where the others read by default. Every other config has a directory of its own."""
@@ -1344,7 +1401,7 @@ def test_the_cards_commands_meet_at_one_out_dir():
     assert default_out_dir(TRAIN) == default_out_dir(os.path.join(ROOT, 'eval_ppl.py')) == \
         default_out_dir(os.path.join(ROOT, 'sample.py')) == 'out'
     outs = {os.path.basename(p): default_out_dir(p) if re.search(r"^out_dir", open(p).read(), re.M) else 'out'
-            for p in glob.glob(os.path.join(ROOT, 'config', 'train_*.py'))}
+            for p in glob.glob(os.path.join(ROOT, 'config', '*.py'))}
     assert outs['train_ao_gpt_small.py'] == 'out'
     assert len(set(outs.values())) == len(outs), outs
 
