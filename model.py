@@ -551,9 +551,9 @@ class GPT(nn.Module):
         lm_head only on the rows it reveals."""
         n = idx.size(1)
         tr = self.transformer
-        pos = torch.arange(n, device=idx.device).expand_as(idx)          # token i at row i + 1, or turned by i + 1
-        rope = rotary(self.config, pos) if self.config.pos == 'rope' else None
-        x = tr.drop(tr.wte(idx) + tr.wpe(pos + 1) if rope is None else tr.wte(idx))
+        pos = torch.arange(n, device=idx.device)                         # token i at row i + 1, or turned by i + 1
+        rope = rotary(self.config, pos.expand_as(idx)) if self.config.pos == 'rope' else None
+        x = tr.drop(tr.wte(idx) + tr.wpe(pos + 1) if rope is None else tr.wte(idx))  # (n, C) rows: wpe's grad as before
         for block in tr.h:
             x = block(x, rope=rope)  # full attention: the encoder's blocks are not causal
         return tr.ln_f(x)
