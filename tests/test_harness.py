@@ -277,7 +277,7 @@ def test_without_context_the_harness_scores_are_eval_ppls_estimators_on_the_same
     continuation is the whole window) its orders:K mean and its encoder ELBO are eval_ppl's nll_any_order
     and nll_mdm_elbo of that window, seeded alike: the same draws, scored by another code path (slot passes
     over the continuation vs the model's full forward), equal to float32 rounding: the model is float64, but
-    its forward takes the cross-entropy in float32 (GPT._ce), a few ulps (2^-24 relative) of each of the
+    its forward takes the cross-entropy in float32 (model.head_loss), a few ulps (2^-24 relative) of each of the
     n terms near 2.5."""
     codec = char_codec('abcdefghij')
     x = [3, 7, 1, 9, 0, 5]
