@@ -19,12 +19,12 @@ if __name__ == '__main__':  # run as a script (python aogpt/families.py): one li
     raise SystemExit("error: aogpt/families.py is a library module, with nothing to run: the commands are train.py, "
                      "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
 
-import hashlib
 import json
 import os
 
 import torch
 
+from aogpt.checkpoint import file_sha256
 from aogpt.errors import UserError
 from model import GPT, LLAMA3_KEYS, GPTConfig, adapt
 
@@ -198,16 +198,8 @@ def read_safetensors(folder):
             sd.update(load_file(path))
         except Exception as e:
             raise UserError(f"cannot read {path}: it is truncated, corrupt or not a safetensors file ({e})")
-        sha[name] = sha256_of(path)
+        sha[name] = file_sha256(path)
     return sd, sha
-
-
-def sha256_of(path):
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for chunk in iter(lambda: f.read(1 << 24), b''):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def hf_source(folder, state_dict=None, doc_end=None, **overrides):
@@ -231,7 +223,7 @@ def hf_source(folder, state_dict=None, doc_end=None, **overrides):
         if family == 'gpt2' and not os.path.exists(os.path.join(folder, 'model.safetensors')):
             from aogpt.checkpoint import read_hf_weights  # GPT-2's pytorch_model.bin, weights_only
             state_dict = read_hf_weights(folder)
-            sha = {'pytorch_model.bin': sha256_of(os.path.join(folder, 'pytorch_model.bin'))}
+            sha = {'pytorch_model.bin': file_sha256(os.path.join(folder, 'pytorch_model.bin'))}
         else:
             state_dict, sha = read_safetensors(folder)
     theirs = dict(state_dict)
