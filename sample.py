@@ -210,7 +210,7 @@ def read_config(argv=None):
                     ('stepper', c.stepper in engine.STEPPERS), ('blank_len', c.blank_len >= 1),
                     ('judge_batch_size', c.judge_batch_size >= 1), ('length', c.length == -1 or c.length >= 1),
                     ('speculative', c.speculative in ('', 'auto') or
-                     c.speculative.isdigit() and int(c.speculative) >= 2)):
+                     c.speculative.isascii() and c.speculative.isdigit() and int(c.speculative) >= 2)):
         if not ok:
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
     c.device, c.ctx, c.precision = script_device(c.device, c.dtype)

@@ -85,7 +85,7 @@ def _coerce(key, value, typ, source):
     if typ is tuple and isinstance(value, list):
         return tuple(value)
     if typ is int and isinstance(value, float) and value.is_integer():
-        return int(value)
+        value = int(value)  # 1e3 for 1000, checked below as any integer
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
         raise UserError(f"{source}: {key} expects {typ.__name__}, got {type(value).__name__} "
                         f"{_short(value)}", 2)
@@ -93,6 +93,8 @@ def _coerce(key, value, typ, source):
         raise UserError(f"{source}: {key} must be a finite number, got {value!r}", 2)
     if key == 'seed' and not 0 <= value < SEED_LIMIT:
         raise UserError(f"{source}: seed must be an integer in [0, 2**32), got {_short(value)}", 2)
+    if typ is int and not -2 ** 63 <= value < 2 ** 63:  # torch's sizes and counts are int64: past it, an OverflowError
+        raise UserError(f"{source}: {key} must be an integer below 2**63 (torch's int64), got {_short(value)}", 2)
     return value
 
 

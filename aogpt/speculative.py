@@ -299,7 +299,7 @@ def generate_speculative(model, n, batch_size, settings=None, *, speculation=Non
                          "(speculative.row_stepper), not a SlotStepper")
     B, g, until = batch_size, gpos.numel(), settings.until
     reveal = torch.cat([gpos.expand(B, g), free_order(order, free, B, settings.generator, n)], 1)  # (B, n)
-    room = sp.k_max + 2 if per_row else 0                                   # past n, for the done samples
+    room = min(sp.k_max, n) + 2 if per_row else 0                           # past n, for the done samples
     slot_tok, slot_pos = slot_tables(gtok, reveal, n, dev, room)            # the j-th revealed token, its position
     run = _Run(n, g, reveal.to(dev), slot_tok, slot_pos, settings, sp,
                doc_start(given, n) if until is not None else 0)
@@ -365,7 +365,8 @@ def _batch_min(run, step):
 def row_slots(n, speculation=None, n_given=0):
     """Buffer slots for per-sample commits: room for the kept slots, about as many holes, and a call."""
     sp = Speculation() if speculation is None else speculation
-    return 2 * (n + 1) + ((sp.k_max + 1) ** 2 if sp.fused else sp.k_max) + n_given
+    k = min(sp.k_max, n)  # a round drafts at most the n - m tokens left: a longer k sizes nothing
+    return 2 * (n + 1) + ((k + 1) ** 2 if sp.fused else k) + n_given
 
 
 def row_stepper(model, batch_size, mode, n, speculation=None, n_given=0, kv_bucket=KV_BUCKET):

@@ -61,10 +61,15 @@ def test_bad_input_is_one_clear_line(argv, needle, capsys):
     (['--seed=-1'], "command line: seed must be an integer in [0, 2**32), got -1"),
     (['--seed=4294967296'], "seed must be an integer in [0, 2**32), got 4294967296"),
     (['--seed=99999999999999999999999'], "seed must be an integer in [0, 2**32), got 99999999999999999999999"),
+    (['--max_iters=9223372036854775808'], "max_iters must be an integer below 2**63 (torch's int64), got 922337"),
+    (['--max_iters=-100000000000000000000'], "max_iters must be an integer below 2**63 (torch's int64)"),
+    (['--max_iters=1e20'], "command line: max_iters must be an integer below 2**63 (torch's int64)"),
 ])
 def test_non_finite_floats_and_out_of_range_seeds_are_refused(argv, needle, capsys, tmp_path):
     """inf reaches a float key as 1e999 (and nan from a config file); a seed past 2**64 made torch's
-    manual_seed raise a traceback after the model had loaded, and one past 2**32 breaks lm-eval's numpy seed."""
+    manual_seed raise a traceback after the model had loaded, and one past 2**32 breaks lm-eval's numpy seed. An
+    integer past int64 (sample.py --steps or --batch_size 10**20, train.py --gradient_accumulation_steps) was an
+    OverflowError traceback where torch took it."""
     f = tmp_path / 'nan.py'
     f.write_text("learning_rate = float('nan')\n")
     with pytest.raises(SystemExit) as e:
@@ -73,6 +78,7 @@ def test_non_finite_floats_and_out_of_range_seeds_are_refused(argv, needle, caps
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
     assert configure(dict(defaults(), seed=1337), ['--seed=0', '--learning_rate=1e-300'])['seed'] == 0
+    assert configure(defaults(), ['--max_iters=9223372036854775807'])['max_iters'] == 2 ** 63 - 1
 
 
 @pytest.mark.parametrize('script', ['sample.py', 'eval_ppl.py', 'eval_harness.py', 'train.py',

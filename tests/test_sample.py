@@ -1065,6 +1065,7 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     (['--device', 'cuda'], 'CUDA is not available'),
     (['--judge_batch_size', '0'], 'invalid --judge_batch_size=0'),
     (['--length', '-5'], 'invalid --length=-5'),
+    (['--speculative', '²'], "invalid --speculative='²'"),  # a digit to isdigit, not to int(): a ValueError traceback
     (['--save', '/no/such/dir/s.json'], 'the folder /no/such/dir does not exist'),
     (['--save', '/tmp'], '--save /tmp is a folder: name a file in it'),
     (['--gen_ppl', '/no/such/judge'], 'checkpoint not found'),

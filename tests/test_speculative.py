@@ -392,6 +392,19 @@ def test_bad_arguments_are_one_clear_error(m4, bad, msg):
         Speculation(fused='yes')
 
 
+@pytest.mark.parametrize('fused', [False, True])
+def test_a_draft_longer_than_the_window_sizes_nothing(m4, fused):
+    """A round drafts at most the tokens left, so k past n draws as k = n; the per-sample buffers were sized by k
+    itself, and sample.py --speculative 10**12 asked for a terabyte (an allocation traceback)."""
+    huge = Speculation(10 ** 20, fused=fused)
+    assert speculative.row_slots(6, huge) == speculative.row_slots(6, Speculation(6, fused=fused))
+    a = speculate(m4, 6, 3, Sampling(generator=torch.Generator().manual_seed(0)), k=10 ** 20, fused=fused,
+                  batch_commit="per_row")
+    b = speculate(m4, 6, 3, Sampling(generator=torch.Generator().manual_seed(0)), k=6, fused=fused,
+                  batch_commit="per_row")
+    assert torch.equal(a[0], b[0])
+
+
 @pytest.mark.parametrize('kw', [dict(cond='none'), dict(causal=False, cond='none', mask_token_id=7)])
 def test_gpt_and_encoder_are_refused(kw):
     model = tiny(vocab_size=8, block_size=8, **kw)
