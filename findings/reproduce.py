@@ -82,6 +82,7 @@ seed = 1337
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
+from aogpt.bins import load_bin  # noqa: E402
 from aogpt.checkpoint import run_checkpoints  # noqa: E402
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import UserError, command, die, first_line  # noqa: E402
@@ -163,8 +164,7 @@ def train_runs(c, names, runs=RUNS):
             print(f"  {name}: done already ({out_dir}, {log[-1]['iter']} iterations), reusing it")
         else:
             if '--init_from=auto' not in args or not run_checkpoints(out_dir):
-                # nothing to resume (a fine-tune, adapt.py's, starts over; a run stopped before its first checkpoint
-                # left only a log): train.py refuses a folder another attempt left (rundir.check_room)
+                # nothing to resume: start over (train.py's rundir.check_room refuses what another attempt left)
                 forget_run(out_dir)
             os.makedirs(out_dir, exist_ok=True)
             atomic_json(cmd_file, args, indent=None)
@@ -340,8 +340,6 @@ def judge_annealing(ppl, noise):
 def val_chunks(n_chunks, n):
     """The first n_chunks non-overlapping windows of n tokens of data/ptb_char/val.bin: (N, n) LongTensor."""
     import torch
-
-    from aogpt.bins import load_bin
     data = load_bin(os.path.join(ROOT, 'data', DATASET), 'val')  # in the dtype its meta.json records
     N = min(n_chunks, len(data) // n)
     return torch.from_numpy(data[:N * n].astype(np.int64)).view(N, n)
@@ -508,9 +506,8 @@ def redraw(c):
     bad = report.nonfinite(d)
     if bad:
         die(f"{path} holds a non-finite number at {bad}, which no plot can show; {again}")
-    # Every plot is drawn into a scratch folder, which replaces the results folder whole (paths.atomic_folder,
-    # the one home of such a swap) only when all of them were drawn, with the files it held that are not plots
-    # (the record, the report) carried over: a failure half way leaves the old plots, never a mix.
+    # Every plot is drawn into a scratch folder that replaces the results folder whole (paths.atomic_folder) once all
+    # were drawn, the files that are no plots (the record, the report) carried over: never a mix of old and new.
     results_dir, figs = c.results_dir, {}
 
     def fill(tmp):
@@ -522,10 +519,9 @@ def redraw(c):
             figs[8] = draw_speculative(c, d['speculative'])
 
     def carry(old, tmp):
-        for f in os.listdir(old):
-            if not os.path.exists(os.path.join(tmp, f)):
-                (shutil.copytree if os.path.isdir(os.path.join(old, f)) else shutil.copy2)(
-                    os.path.join(old, f), os.path.join(tmp, f))
+        for f in set(os.listdir(old)) - set(os.listdir(tmp)):
+            src = os.path.join(old, f)
+            (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, os.path.join(tmp, f))
     try:
         atomic_folder(results_dir, fill, carry)
     except UserError as e:  # a plot that could not be written (a full disk): not the record's fault
