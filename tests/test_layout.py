@@ -165,3 +165,11 @@ def test_every_command_answers_help_run_as_a_file_or_a_module():
     for rel, p in runs:
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0 and 'usage' in out.lower() and 'Traceback' not in err, (rel, err[-1000:])
+
+
+def test_no_module_passes_700_lines():
+    """A module here stays one readable file of at most 700 lines (model.py included): past that, an idea moves to a
+    room of its own. The tests are exempt (a law parametrized over backbones is one long table)."""
+    long = {os.path.relpath(p, ROOT): n for p in _sources() if os.sep + 'tests' + os.sep not in p
+            for n in [sum(1 for _ in open(p))] if n > 700}
+    assert not long, long
