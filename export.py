@@ -28,7 +28,7 @@ import torch
 from aogpt import checkpoint
 from aogpt.errors import UserError, command
 from aogpt.orders import order_of_config
-from aogpt.tokenizer import TOKENIZERS
+from aogpt.tokenizer import TOKENIZERS, parse_tokenizer
 
 EXPORT_FILES = {checkpoint.EXPORT_CONFIG, checkpoint.EXPORT_WEIGHTS, 'README.md',  # what an export writes
                 'tokenizer.json', 'tokenizer_config.json'}  # (the last two for a source model's tokenizer)
@@ -162,8 +162,7 @@ def tokenizer_files(codec):
     GPT-2 and character codecs, which need no file."""
     if codec['tokenizer'] != TOKENIZERS:
         return {}
-    from tokenizers import Tokenizer
-    token = Tokenizer.from_str(codec['json']).id_to_token
+    token = parse_tokenizer(codec['json']).id_to_token
     names = {'eos_token': token(codec['eot']), 'bos_token': None if codec.get('bos') is None else token(codec['bos'])}
     return {'tokenizer.json': codec['json'], 'tokenizer_config.json': json.dumps(names, indent=2) + '\n'}
 

@@ -174,15 +174,21 @@ def char_codec(chars):
     return Codec("char", len(chars), None, encode, decode, chars=chars)
 
 
-def tokenizers_codec(text, eot=None, bos=None):
-    """The codec of a tokenizer.json, given as its text (so the bytes a caller hashed are the bytes parsed).
-    Text is plain text: the source's special tokens spelled inside a document are characters, and nothing is
-    added around it (no BOS); eot and bos are the ids the source names (source_codec reads them)."""
+def parse_tokenizer(text):
+    """A tokenizers.Tokenizer from a tokenizer.json's text, or one line (tokenizers raises a bare Exception)."""
     from tokenizers import Tokenizer
     try:
-        tok = Tokenizer.from_str(text)
-    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+        return Tokenizer.from_str(text)
+    except Exception as e:
         raise UserError(f"not a readable {TOKENIZER_FILE} ({first_line(e, 150)})")
+
+
+def tokenizers_codec(text, eot=None, bos=None, tok=None):
+    """The codec of a tokenizer.json, given as its text (so the bytes a caller hashed are the bytes parsed; tok:
+    that text already parsed by parse_tokenizer, which a 10 MB file makes worth passing on).
+    Text is plain text: the source's special tokens spelled inside a document are characters, and nothing is
+    added around it (no BOS); eot and bos are the ids the source names (source_codec reads them)."""
+    tok = parse_tokenizer(text) if tok is None else tok
     tok.encode_special_tokens = True  # a literal '<|endoftext|>' in a document is characters, as in GPT-2's codec
     vocab = max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
     for what, i in (("eot", eot), ("bos", bos)):
@@ -242,11 +248,11 @@ def folder_codec(folder, eot_token="", eot_id=None):
     config = _read_json(os.path.join(folder, "config.json"))
     tok_config = {**_read_json(os.path.join(folder, "special_tokens_map.json")),
                   **_read_json(os.path.join(folder, "tokenizer_config.json"))}
-    from tokenizers import Tokenizer
     try:
-        lookup = Tokenizer.from_str(text).token_to_id
-    except Exception as e:
-        raise UserError(f"{path} is not a readable {TOKENIZER_FILE} ({first_line(e, 150)})")
+        tok = parse_tokenizer(text)
+    except UserError as e:
+        raise UserError(f"{path} is {e.msg}")  # "... is not a readable tokenizer.json (...)"
+    lookup = tok.token_to_id
     eot, bos = (_special_id(config, tok_config, lookup, k) for k in ("eos", "bos"))
     if eot_id is not None:
         eot = eot_id  # tokenizers_codec checks that it is one of the file's ids
@@ -258,7 +264,7 @@ def folder_codec(folder, eot_token="", eot_id=None):
         raise UserError(f"{folder} names no eos (config.json eos_token_id, tokenizer_config.json eos_token): pass "
                         f"--eot_token, the token that ends a document")
     try:
-        return tokenizers_codec(text, eot, bos)
+        return tokenizers_codec(text, eot, bos, tok)
     except UserError as e:
         raise UserError(f"{path}: {e.msg}")
 
