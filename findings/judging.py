@@ -115,3 +115,27 @@ def judge_annealing(ppl, noise):
     text = '; '.join(f"top-p {s[0]} / T {s[1]}: AO-GPT {ppl[('ao', s)]:.2f} vs encoder MDM {ppl[('mdm', s)]:.2f} "
                      f"({math.exp(gap[s]) - 1:+.0%}{spread[s]})" for s in (plain, hot))
     return verdict(ok), text
+
+
+def mean_spread(xs):
+    """(mean, half the range): the seed spread of a per-seed figure."""
+    return sum(xs) / len(xs), (max(xs) - min(xs)) / 2
+
+
+def judge_better_seeds(named):
+    """Finding 3 over seeds: named = [(what, values with, values without)], one value per seed. The claim holds
+    where the mean with is lower than the mean without by more than the larger seed range of the two runs (twice
+    its half range), the largest over everything named: the yardstick ao/ao_seed2's difference was with two
+    seeds, one run each side. With one seed: sign only. The evidence gives each mean ± half its range."""
+    n = min(len(v) for _, w, wo in named for v in (w, wo))
+    noise = max(2 * mean_spread(v)[1] for _, w, wo in named for v in (w, wo)) if n > 1 else None
+    checks, parts = [], []
+    for what, w, wo in named:
+        (mw, sw), (mo, so) = mean_spread(w), mean_spread(wo)
+        d = mw - mo
+        ok = d < 0 and (noise is None or -d > noise)
+        checks.append(ok)
+        tag = '' if ok else (' (within noise)' if d < 0 else ' (worse)')
+        parts.append(f"{what} {mo:.3f} ± {so:.3f} -> {mw:.3f} ± {sw:.3f} ({d:+.3f}){tag}")
+    spread = f"; means ± half range over {n} seeds, the larger seed range {noise:.3f}" if noise is not None else ""
+    return verdict(checks), '; '.join(parts) + spread
