@@ -15,6 +15,84 @@ from findings import report
 from findings import reproduce as R
 
 
+def _log(speed, floor, shift=0.0, n=61, every=100):
+    """An eval log falling as floor + 2 exp(-speed * step / 1000) (speed 1: AdamW's pace)."""
+    return [dict(iter=i * every, val_ao=floor + shift + 2 * math.exp(-speed * i * every / 1000),
+                 val_l2r=floor - 0.5 + shift + 2 * math.exp(-speed * i * every / 1000)) for i in range(n)]
+
+
+def _f9_record(seeds):
+    """A finding-9 record (the shape study() writes) on `seeds`, Muon at 1/0.6 of AdamW's pace."""
+    logs = {f'{m}_{o}_s{s}': _log(1.0 if o == 'adamw' else 1 / 0.6, 1.5 + (0.3 if m == 'ao' else 0), 0.01 * i)
+            for i, s in enumerate(seeds) for m in ('ao', 'l2r') for o in ('adamw', 'muon', 'muon32')
+            if (m, o) != ('l2r', 'muon32')}
+    sweep = [dict(name=f'{m}_{o}_lr{x:g}_s{seeds[0]}', model=m, opt=o, lr=x, adaln=False,
+                  end={'val_ao': 2.0 + x, 'val_l2r': 1.5}) for m in ('ao', 'l2r') for o, x in (('adamw', 3e-3),
+                                                                                                   ('muon', 0.02))]
+    sweep += [dict(r, name=r['name'] + '_adaln', adaln=True) for r in sweep if r['opt'] == 'muon']
+    return dict(config=dict(max_iters=6000, sweep_iters=3000, eval_interval=100, seeds=','.join(map(str, seeds))),
+                seeds=list(seeds), sweep=sweep, best={m: dict(adamw=3e-3, muon=0.02) for m in ('ao', 'l2r')},
+                muon_adaln=False, best_text='(synthetic)', logs=logs, what={k: k for k in logs},
+                commands={k: f'python train.py {k}' for k in [*logs, *(r['name'] for r in sweep)]}, cpu_min=0.0,
+                step_times=_step_times())
+
+
+def _step_times(c=None):
+    return dict(rows=[dict(optimizer=o, ms=ms, opt_ms=1.0) for o, ms in (('adamw', 10.0), ('muon', 12.0),
+                                                                         ('muon_fp32', 11.0))],
+                torch='x', capability='DEFAULT', command='python bench/train_speed.py --optimizer')
+
+
+def _extend(tmp_path, monkeypatch, seeds_arg, trained):
+    """optimizers.py --extend on a record with training and the step timing stubbed: `trained` collects the runs
+    it would train (stage folder, name, train.py overrides: with the stage, what makes its command). The new
+    seeds' Muon runs take 0.8x AdamW's steps."""
+    def train(c, iters, sub, runs):
+        trained.extend((sub, k, runs[k][0]) for k in runs)
+        return {k: _log(1.0 if '_adamw_' in k else 1 / 0.8, 1.5, 0.02) for k in runs}
+    monkeypatch.setattr(OPT, 'train', train)
+    monkeypatch.setattr(OPT, 'step_times', _step_times)
+    OPT.main(['--extend', *seeds_arg, f'--results_dir={tmp_path / "res"}', f'--runs_dir={tmp_path / "runs"}'])
+
+
+def test_extend_with_new_seeds_trains_only_their_compared_runs(tmp_path, monkeypatch):
+    """--extend --seeds=1,2,3 keeps the record's sweep and runs, and trains the compared runs (both models, both
+    optimizers, and AO-GPT's float32 Muon) of seed 3 alone, with the commands study() gives them; the section's
+    table then has the 3 seeds' mean and spread, and the verdict's change against the record it replaced."""
+    (tmp_path / 'res').mkdir()
+    OPT.report(SimpleNamespace(results_dir=str(tmp_path / 'res'), quick=False, device='cpu'), _f9_record([1, 2]),
+               'python findings/optimizers.py')
+    trained = []
+    _extend(tmp_path, monkeypatch, ['--seeds=1,2,3'], trained)
+    assert sorted(k for _, k, _ in trained) == ['ao_adamw_s3', 'ao_muon32_s3', 'ao_muon_s3', 'l2r_adamw_s3',
+                                                'l2r_muon_s3']
+    assert {sub for sub, _, _ in trained} == {'final'}
+    for _, k, over in trained:  # what study() and float32_runs() would have run for seed 3, in runs_dir/final
+        model, opt = k.split('_')[:2]
+        assert over == OPT.run(model, opt, 0.02 if opt != 'adamw' else 3e-3, 3, 3e-3)[1][0]
+    d = json.loads((tmp_path / 'res' / OPT.RECORD).read_text())
+    assert d['seeds'] == [1, 2, 3] and d['config']['seeds'] == '1,2,3' and len(d['sweep']) == 6
+    md = (tmp_path / 'res' / OPT.SECTION).read_text()
+    assert md.count('mean ± half range (3 seeds)') == 3 and 'Verdicts against the previous record: ' in md
+    assert '9: met -> **not met**' in md  # seed 3's Muon is slower than 0.7x: the wider spread overturns it
+    # the record's own seeds again: nothing new to train (the step times only)
+    trained.clear()
+    _extend(tmp_path, monkeypatch, ['--seeds=1,2,3'], trained)
+    assert trained == [] and 'none changed' in (tmp_path / 'res' / OPT.SECTION).read_text()
+
+
+@pytest.mark.parametrize('seeds', ['--seeds=2,1,3', '--seeds=1', '--seeds=1,3'])
+def test_extend_refuses_seeds_that_drop_or_reorder_the_records(tmp_path, monkeypatch, capsys, seeds):
+    (tmp_path / 'res').mkdir()
+    (tmp_path / 'res' / OPT.RECORD).write_text(json.dumps(_f9_record([1, 2])))
+    trained = []
+    with pytest.raises(SystemExit) as e:
+        _extend(tmp_path, monkeypatch, [seeds], trained)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code != 0 and len(err) == 1 and "must start with the record's seeds 1,2" in err[0], err
+    assert trained == []
+
+
 def test_finding3_judges_the_means_against_the_seed_range():
     # 10% L2R lower by 0.05 and 0.06 on the means; the seeds' largest range 0.04: reproduced
     v, ev = J.judge_better_seeds([('L2R loss', [1.00, 1.02, 1.04, 1.02], [1.06, 1.07, 1.08, 1.07]),
