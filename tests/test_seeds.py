@@ -93,6 +93,60 @@ def test_extend_refuses_seeds_that_drop_or_reorder_the_records(tmp_path, monkeyp
     assert trained == []
 
 
+def test_the_default_is_four_seeds_in_each_findings_script():
+    assert OPT.seeds == R.seeds == '1337,2,3,4' and R.seeds.split(',')[1] == str(R.SEED2)
+
+
+@pytest.mark.parametrize('argv,says', [
+    (['--seeds=1337,3'], "the second seed must be 2, ao_seed2's"),
+    (['--seed=3'], "--seed=3 is the third seed's"),
+    (['--seed=5', '--seeds=6,2'], '--seed=5 and --seeds=6,2 disagree'),
+    (['--seeds=1337,2,2'], "--seeds must be different seeds, got '1337,2,2'")])
+def test_a_bad_seeds_setting_is_one_line_before_any_run(tmp_path, capsys, argv, says):
+    dirs = ['--runs_dir', str(tmp_path / 'runs'), '--results_dir', str(tmp_path / 'res')]
+    for main in (R.main, O.main):
+        with pytest.raises(SystemExit) as e:
+            main([*argv, *dirs])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code != 0 and len(err) == 1 and says in err[0], err
+    assert not (tmp_path / 'runs').exists()
+
+
+def test_seeds_setting_reads_seed_and_quick(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # read_config works from the repository root: come back after
+    dirs = [f'--runs_dir={tmp_path / "runs"}', f'--results_dir={tmp_path / "res"}']
+    c, _ = R.read_config(['--seed=5', '--quick', *dirs])
+    assert c.seed == 5 and c.seed_list == [5]  # --quick: the first seed only, as before
+    c, _ = R.read_config(['--seed=5', *dirs])
+    assert c.seed_list == [5, 2, 3, 4]
+    c, _ = R.read_config(['--seeds=7,2', '--quick', *dirs])
+    assert c.seed == 7 and c.seed_list == [7, 2]  # given on purpose: kept under --quick
+
+
+def test_extra_seed_runs_keep_the_old_names_and_commands_and_are_shared():
+    """Seed 2's runs are the ones trained before (ao_seed2, semiar4_seed2, ...), the same commands; seed 3's are
+    `_seed3` with only the seed changed; reproduce.py's ao_seed3 is orders.py's (trained once for both)."""
+    c = SimpleNamespace(runs_dir='r', device='cpu', n_layer=2, n_head=2, n_embd=32, target_dim=16, block_size=64,
+                        batch_size=4, max_iters=100, learning_rate=1e-3, ema_decay=0.99, eval_interval=10,
+                        eval_iters=2, eval_orders=2, seed=1337, seed_list=[1337, 2, 3, 4], quick=False)
+    rr = R.seeded(R.RUNS, R.SPREAD_RUNS, c.seed_list[1:])
+    assert set(rr) - set(R.RUNS) == {'ao_seed3', 'ao_seed4', 'ao_noL2R_seed2', 'ao_noL2R_seed3', 'ao_noL2R_seed4'}
+    assert rr['ao_seed2'] == R.RUNS['ao_seed2']
+    orr = O.all_runs(c)
+    for k in O.RUNS:
+        assert R.train_args(c, k, orr) == R.train_args(c, k, O.RUNS)
+    parse = lambda name, runs: dict(a[2:].split('=', 1) for a in R.train_args(c, name, runs)[1:])  # noqa: E731
+    for base in ('ao', 'ao_noL2R', 'semiar4', 'nearl2r16'):
+        runs = rr if base in rr else orr
+        a, b = parse(base, runs), parse(f'{base}_seed3', runs)
+        assert {k for k in a if a[k] != b[k]} == {'out_dir', 'seed'} and b['seed'] == '3'
+    assert R.train_args(c, 'ao_seed3', rr) == R.train_args(c, 'ao_seed3', orr)
+    names = O.run_names(c)
+    assert len(names) == 6 * 4 + 1 and 'semiar16_seed4' in names and 'ao_seed2' in names
+    assert {O.family_of(k) for k in names if k != 'judge'} == set(O.FAMILIES)
+    assert R.seed_names(['ao', 'ao_noL2R', 'ao_seed2', 'ao_noL2R_seed3', 'ao_tstd1'], 'ao') == ['ao', 'ao_seed2']
+
+
 def test_finding3_judges_the_means_against_the_seed_range():
     # 10% L2R lower by 0.05 and 0.06 on the means; the seeds' largest range 0.04: reproduced
     v, ev = J.judge_better_seeds([('L2R loss', [1.00, 1.02, 1.04, 1.02], [1.06, 1.07, 1.08, 1.07]),
@@ -102,6 +156,13 @@ def test_finding3_judges_the_means_against_the_seed_range():
     v, ev = J.judge_better_seeds([('L2R loss', [0.97, 1.07, 1.02, 1.02], [1.06, 1.07, 1.08, 1.07])])
     assert v == 'not reproduced' and '(within noise)' in ev and '0.100' in ev
     assert J.judge_better_seeds([('L2R loss', [1.0], [1.1])])[0] == 'reproduced'  # one seed: the sign only
+
+
+def test_orders_spread_is_half_the_range_over_every_seed():
+    rows = [dict(family='semiar:4', l2r=x, uniform=2.0, own=2.0, generation={}, speculative=dict(calls=10, nll=1))
+            for x in (1.0, 1.2, 1.1, 1.3)]
+    s = O.summarize(rows)['semiar:4']
+    assert s['l2r'] == pytest.approx((1.15, 0.15)) and s['uniform'] == (2.0, 0.0)
 
 
 def test_verdict_changes_name_what_changed():
