@@ -153,6 +153,13 @@ def seeded(runs, bases, seeds):
     return out
 
 
+def seeded_runs(c):
+    """(every run's spec, the runs to train): RUNS but ao_seed2, then SPREAD_RUNS' runs on each other seed of
+    c.seed_list (ao_seed2 is one of them; --quick trains the first seed only, so none)."""
+    return (seeded(RUNS, SPREAD_RUNS, c.seed_list[1:]),
+            [k for k in RUNS if k != 'ao_seed2'] + [f'{b}_seed{s}' for b in SPREAD_RUNS for s in c.seed_list[1:]])
+
+
 def seed_names(names, base):
     """The runs of `base` among names: itself and its other seeds' `{base}_seedS`, in order of names."""
     return [k for k in names if k == base or (k.startswith(base + '_seed') and k[len(base) + 5:].isdigit())]
@@ -318,9 +325,7 @@ def main(argv=None):
         return redraw(c)
     t_all, timing = time.time(), {}
     prepare_data()
-    runs = seeded(RUNS, SPREAD_RUNS, c.seed_list[1:])
-    extra = [f'{b}_seed{s}' for b in SPREAD_RUNS for s in c.seed_list[1:]]
-    names = [k for k in RUNS if k not in extra] + [k for k in extra if k in runs]
+    runs, names = seeded_runs(c)
     t0, cpu0 = time.time(), report.children_cpu_minutes()
     print(f"training {len(names)} runs of {c.max_iters} iterations ({DATASET}, {c.device})")
     train_runs(c, names, runs)

@@ -132,6 +132,10 @@ def test_extra_seed_runs_keep_the_old_names_and_commands_and_are_shared():
     rr = R.seeded(R.RUNS, R.SPREAD_RUNS, c.seed_list[1:])
     assert set(rr) - set(R.RUNS) == {'ao_seed3', 'ao_seed4', 'ao_noL2R_seed2', 'ao_noL2R_seed3', 'ao_noL2R_seed4'}
     assert rr['ao_seed2'] == R.RUNS['ao_seed2']
+    assert R.seeded_runs(c) == (rr, [k for k in R.RUNS if k != 'ao_seed2'] + [
+        'ao_seed2', 'ao_seed3', 'ao_seed4', 'ao_noL2R_seed2', 'ao_noL2R_seed3', 'ao_noL2R_seed4'])
+    # one seed (--quick): every run of RUNS but ao_seed2, as before
+    assert R.seeded_runs(SimpleNamespace(seed_list=[1337]))[1] == [k for k in R.RUNS if k != 'ao_seed2']
     orr = O.all_runs(c)
     for k in O.RUNS:
         assert R.train_args(c, k, orr) == R.train_args(c, k, O.RUNS)
