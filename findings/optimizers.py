@@ -2,7 +2,7 @@
 Finding 9: time to a target loss with Muon beside AdamW (train.py's optimizer=muon), at the findings' CPU
 scale: reproduce.py's setting (character-level PTB, context 32, 2 layers x 64) and its training commands.
 
-    python findings/optimizers.py              # about 45 CPU-core-minutes (2 jobs) -> results/f9_*
+    python findings/optimizers.py              # ~60 CPU-core-minutes on 2 seeds, each more seed 5 runs -> results/f9_*
     python findings/optimizers.py --quick      # the pipeline end to end in tiny runs; judges nothing
     python findings/optimizers.py --replot     # only redraw results/f9_*.png from results/f9_optimizers.json
     python findings/optimizers.py --extend     # keep the record's runs; add what it lacks (step times, float32 runs)

@@ -1,7 +1,8 @@
 """
 Reproduce the paper's seven qualitative findings at small scale, and judge each one from the data.
 
-    python findings/reproduce.py                  # everything: 15-25 minutes on 2 CPU cores -> results/
+    python findings/reproduce.py                  # everything: 15-25 min on 2 CPU cores with 2 seeds -> results/
+                                                  # (each more seed of --seeds: 2 more runs)
     python findings/reproduce.py --quick          # the pipeline end to end in about a minute; judges nothing
     python findings/reproduce.py --device=cuda    # the same runs on a GPU
     python findings/reproduce.py --replot         # only redraw results/*.png from results/results.json
