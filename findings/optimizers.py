@@ -2,10 +2,12 @@
 Finding 9: time to a target loss with Muon beside AdamW (train.py's optimizer=muon), at the findings' CPU
 scale: reproduce.py's setting (character-level PTB, context 32, 2 layers x 64) and its training commands.
 
-    python findings/optimizers.py              # about 45 CPU-core-minutes (2 jobs) -> results/f9_*
+    python findings/optimizers.py              # ~60 CPU-core-minutes on 2 seeds, each more seed 5 runs -> results/f9_*
     python findings/optimizers.py --quick      # the pipeline end to end in tiny runs; judges nothing
     python findings/optimizers.py --replot     # only redraw results/f9_*.png from results/f9_optimizers.json
     python findings/optimizers.py --extend     # keep the record's runs; add what it lacks (step times, float32 runs)
+    python findings/optimizers.py --extend --seeds=1337,2,3,4   # the record's sweep and runs, and the compared
+                                               # runs for the seeds it lacks (--seeds starts with the record's)
 
 Models: reproduce.py's `ao` (AO-GPT, scored by its any-order and by its L2R val loss) and `l2r` (the same
 architecture trained left to right, finding 1's GPT, scored by its L2R loss), each trained with AdamW and
@@ -42,10 +44,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
 from aogpt.configurator import namespace, seed_list, split_list, stop_on_ctrl_c  # noqa: E402
-from aogpt.errors import command, die, first_line  # noqa: E402
+from aogpt.errors import UserError, command, die, first_line  # noqa: E402
 from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from findings import reproduce as R  # noqa: E402
-from findings.report import merge_section  # noqa: E402
+from findings.judging import mean_spread  # noqa: E402  (O.mean_spread too: adapt.py's)
+from findings.report import merge_section, previous_verdicts, verdict_changes  # noqa: E402
 
 # -----------------------------------------------------------------------------
 quick = False                  # tiny runs: the pipeline end to end; nothing is judged
@@ -59,7 +62,7 @@ sweep_iters = 3000             # the learning-rate sweep's runs
 eval_interval = 100            # fine enough to interpolate the step a loss is reached at
 lrs_adamw = '1.5e-3,3e-3,6e-3,1.2e-2'  # AdamW's learning_rate (reproduce.py's runs use 3e-3; 6e-3 won the first three)
 lrs_muon = '0.01,0.02,0.04'    # Muon's muon_lr (the anchors' tuned values: 0.02-0.035)
-seeds = '1337,2'               # the first one also runs the sweep
+seeds = '1337,2,3,4'           # the first one also runs the sweep; 4, since a 2-seed spread was ~10x too narrow
 time_iters = 200               # timed steps of each optimizer for the step times (interleaved)
 extend = False                 # reuse results_dir's record: train and measure only what it lacks
 # -----------------------------------------------------------------------------
@@ -123,11 +126,6 @@ def steps_to_reach(steps, values, target):
             s0, v0 = steps[i - 1], values[i - 1]
             return s0 + (v0 - target) / (v0 - v) * (s - s0)
     return None
-
-
-def mean_spread(xs):
-    """(mean, half the range): the seed spread of a per-seed figure."""
-    return sum(xs) / len(xs), (max(xs) - min(xs)) / 2
 
 
 def step_ratio(adamw, muon):
@@ -220,13 +218,15 @@ def report(c, d, cmd):
     v, text = verdict_line(judged['ao val_ao'])
     claim = ("(ours) Muon reaches AdamW's final AO-GPT any-order loss in <= 0.7x the steps, each optimizer at its "
              "best learning rate")
-    gm = {opt: mean_spread(g) for opt, g in gap.items()}
-    narrow = gm['muon'][0] < gm['adamw'][0] - gm['adamw'][1] - gm['muon'][1]
+    narrow, gm = gap_verdict(gap)
     gap_text = (f"finding 1's gap (AO any-order - L2R GPT, end losses) {gm['adamw'][0]:.3f} ± {gm['adamw'][1]:.3f} "
                 f"with AdamW, {gm['muon'][0]:.3f} ± {gm['muon'][1]:.3f} with Muon: "
-                + ('narrower' if narrow else 'not narrower beyond the seed spread'))
+                + ('narrower' if narrow == 'narrower' else 'not narrower beyond the seed spread'))
     if c.quick:
         v = 'not judged (--quick)'
+    old = previous_verdicts(os.path.join(res, RECORD), lambda r: {
+        '9': r['verdicts']['ao_any_order'][0], "9 (finding 1's gap under Muon)": gap_verdict(r['verdicts']['gap'])[0]})
+    changes = verdict_changes(old, {'9': v, "9 (finding 1's gap under Muon)": narrow})
     others = '; '.join(f"{NAMES[k.split()[0]]} {NAMES[k.split()[1]]}: {verdict_line(rows)[1]}"
                        for k, rows in judged.items() if k != 'ao val_ao')
     ms = {r['optimizer']: r['ms'] for r in d['step_times']['rows']}
@@ -252,7 +252,7 @@ def report(c, d, cmd):
           f"the compared runs {d['config']['max_iters']} steps on seeds {', '.join(map(str, seeds))}. Ratio: the "
           f"steps Muon needs to reach the final (end: mean of the last 3 evals) loss of AdamW's run of the same "
           f"seed, over AdamW's own steps to it (both interpolated on the eval curve); ± half the seed range.", '',
-          '| # | claim | verdict | evidence |', '|---|---|---|---|', row, '',
+          changes, '', '| # | claim | verdict | evidence |', '|---|---|---|---|', row, '',
           '| model | loss | seed | AdamW end | Muon end | Muon steps / AdamW steps to AdamW\'s end | Muon time / '
           'AdamW time to it | at '
           + ', '.join(f"step {t}" for t in (d['config']['max_iters'] // 4, d['config']['max_iters'] // 2))
@@ -266,6 +266,13 @@ def report(c, d, cmd):
             at = ', '.join(f"{a:.3f} / {m:.3f}" for t, (a, m) in r['at'].items() if t < d['config']['max_iters'])
             md.append(f"| {NAMES[model]} | {NAMES[key]} | {r['seed']} | {r['adamw_end']:.3f} | {r['muon_end']:.3f} | "
                       f"{ratio} | {time_ratio} | {at} |")
+        ms = lambda xs, f='.3f': '{:{f}} ± {:{f}}'.format(*mean_spread(xs), f=f)  # noqa: E731
+        ratios = [r['ratio'] for r in rows]
+        reached = all(x is not None for x in ratios)
+        md.append(f"| {NAMES[model]} | {NAMES[key]} | mean ± half range ({len(rows)} seeds) | "
+                  f"{ms([r['adamw_end'] for r in rows])} | {ms([r['muon_end'] for r in rows])} | "
+                  f"{ms(ratios, '.2f') if reached else 'not reached in every seed'} | "
+                  f"{ms([x * cost['muon'] for x in ratios], '.2f') if reached else ''} | |")
     st = d['step_times']
     md += ['', f"A training step's wall-clock (median of {d['config'].get('time_iters', '?')} interleaved steps "
            f"each, one thread, torch {st['torch']}, CPU kernels {st['capability']}: `{st['command']}`); the time "
@@ -292,7 +299,7 @@ def report(c, d, cmd):
     md += ['', 'The compared runs:', '', '| run | what | command |', '|---|---|---|']
     md += [f"| {k} | {d['what'][k]} | `{d['commands'][k]}` |" for k in d['logs']]
     md += ['', f"![f9]({FIG_CURVES}) ![f9 sweep]({FIG_SWEEP})", '']
-    d['verdicts'] = dict(ao_any_order=[v, text], judged=judged, gap=gap, row=row)
+    d['verdicts'] = dict(ao_any_order=[v, text], judged=judged, gap=gap, gap_narrower=narrow, row=row)
     atomic_write(os.path.join(res, SECTION), lambda f: f.write('\n'.join(md)), 'w')
     atomic_json(os.path.join(res, RECORD), d)
     draw(c, d)
@@ -300,6 +307,14 @@ def report(c, d, cmd):
     print(row)
     print(f"\nwrote {res}/{SECTION}, {res}/{RECORD}, {res}/{FIG_CURVES}, {res}/{FIG_SWEEP}"
           + (" and its section in README.md" if merged else ""))
+
+
+def gap_verdict(gap):
+    """Finding 1's gap under each optimizer ({opt: per-seed gaps}): 'narrower' when Muon's mean gap lies below
+    AdamW's by more than the two half ranges together, and the (mean, half range) of each."""
+    gm = {opt: mean_spread(g) for opt, g in gap.items()}
+    narrow = gm['muon'][0] < gm['adamw'][0] - gm['adamw'][1] - gm['muon'][1]
+    return ('narrower' if narrow else 'not narrower'), gm
 
 
 def float32_rows(d):
@@ -343,30 +358,37 @@ def study(c):
     adaln = best_of(sweep, 'ao', 'muon', True)['end'][key] < best_of(sweep, 'ao', 'muon')['end'][key]
     best = {model: dict(adamw=best_of(sweep, model, 'adamw')['lr'], muon=best_of(sweep, model, 'muon')['lr'])
             for model in MODELS}
-    runs = {}
-    for model in MODELS:
-        for s in seeds:
-            for opt in ('adamw', 'muon'):
-                _, (over, w) = run(model, opt, best[model][opt], s, best[model]['adamw'], adaln and opt == 'muon')
-                runs[f'{model}_{opt}_s{s}'] = (over, w)
-    print(f"compared runs: {len(runs)} of {c.max_iters} steps")
-    logs = train(c, c.max_iters, 'final', runs)
-    cmds.update(commands(c, c.max_iters, 'final', runs))
-    what = {k: w for k, (_, w) in runs.items()}
     best_text = ', '.join(f"{NAMES[m]} AdamW lr {b['adamw']:g}, Muon muon_lr {b['muon']:g}" for m, b in best.items()) \
         + f"; AdaLN Linears in {'Muon' if adaln else 'AdamW'} (the lower end loss on AO-GPT at Muon's best lr)"
     d = dict(config=c.config, seeds=seeds, sweep=sweep, best=best, muon_adaln=adaln, best_text=best_text,
-             logs=logs, what=what, commands=cmds)
+             logs={}, what={}, commands=cmds)
+    compared_runs(c, d, seeds)
     float32_runs(c, d)
     d['step_times'] = step_times(c)
     return d
 
 
+def compared_runs(c, d, seeds):
+    """Stage 2: each model and optimizer at the record d's best settings for `seeds`, in runs_dir/final; their
+    logs, descriptions and commands join d's."""
+    best, runs = d['best'], {}
+    for model in MODELS:
+        for s in seeds:
+            for opt in ('adamw', 'muon'):
+                adaln = d['muon_adaln'] and opt == 'muon'
+                runs[f'{model}_{opt}_s{s}'] = run(model, opt, best[model][opt], s, best[model]['adamw'], adaln)[1]
+    print(f"compared runs: {len(runs)} of {c.max_iters} steps")
+    d['logs'].update(train(c, c.max_iters, 'final', runs))
+    d['commands'].update(commands(c, c.max_iters, 'final', runs))
+    d['what'].update({k: w for k, (_, w) in runs.items()})
+
+
 def float32_runs(c, d):
-    """Stage 3: AO-GPT's Muon runs again with the Newton-Schulz iteration in float32 (muon_dtype), every seed,
+    """Stage 3: AO-GPT's Muon runs again with the Newton-Schulz iteration in float32 (muon_dtype), every seed d lacks,
     in runs_dir/final beside the runs they are compared with; their logs, descriptions and commands join d's."""
     b = d['best']['ao']
-    runs = {f'ao_muon32_s{s}': run('ao', 'muon32', b['muon'], s, b['adamw'], d['muon_adaln'])[1] for s in d['seeds']}
+    runs = {f'ao_muon32_s{s}': run('ao', 'muon32', b['muon'], s, b['adamw'], d['muon_adaln'])[1] for s in d['seeds']
+            if f'ao_muon32_s{s}' not in d['logs']}  # --extend: the record's own are kept as recorded
     print(f"Muon with a float32 Newton-Schulz: {len(runs)} runs of {c.max_iters} steps")
     d['logs'].update(train(c, c.max_iters, 'final', runs))
     d['commands'].update(commands(c, c.max_iters, 'final', runs))
@@ -393,6 +415,17 @@ def step_times(c):
         record = json.load(f)
     record['command'] = 'OMP_NUM_THREADS=1 python ' + ' '.join(a for a in args if not a.startswith('--json_out'))
     return record
+
+
+def extend_seeds(recorded, given):
+    """--extend --seeds: the seeds to add to a record of `recorded` seeds (its sweep ran on the first), [] when
+    given is the record's own. Any other change is refused in one line: the record's sweep and runs would no
+    longer be the ones its seeds name."""
+    if given[:len(recorded)] != list(recorded):
+        raise UserError(f"--extend --seeds={','.join(map(str, given))} must start with the record's seeds "
+                        f"{','.join(map(str, recorded))} (its sweep and runs are theirs) and may only add seeds "
+                        f"after them: pass --seeds={','.join(map(str, recorded))},..., or run without --extend", 2)
+    return list(given[len(recorded):])
 
 
 @command
@@ -434,7 +467,9 @@ def main(argv=None):
 
 def extended(c):
     """--extend: results_dir's record with what it lacks added: the float32-Newton-Schulz runs (trained with the
-    record's settings) and the step times (measured again). Its other runs are taken as recorded."""
+    record's settings), the step times (measured again), and with a --seeds that starts with the record's seeds,
+    the compared and float32 runs of the seeds it adds (the record's best settings, study()'s commands). Its
+    sweep and other runs are taken as recorded."""
     path = os.path.join(c.results_dir, RECORD)
     try:
         with open(path, encoding='utf-8') as f:
@@ -444,7 +479,9 @@ def extended(c):
         die(f"--extend: no {path}: run `python findings/optimizers.py` first")
     except (ValueError, KeyError, TypeError) as e:
         die(f"--extend: {path} is not a readable finding-9 record ({type(e).__name__}: {first_line(e, 120)})")
-    changed = [f"--{k}={getattr(c, k)}" for k in kept if k in c.given and getattr(c, k) != kept[k]]
+    new = extend_seeds(d['seeds'], c.seed_list) if 'seeds' in c.given else []
+    changed = [f"--{k}={getattr(c, k)}" for k in kept if k in c.given and getattr(c, k) != kept[k]
+               and not (k == 'seeds' and new)]
     if changed:
         die(f"--extend keeps the record's settings, so {', '.join(changed)} cannot apply: leave "
             f"{'it' if len(changed) == 1 else 'them'} out, or run without --extend")
@@ -452,6 +489,12 @@ def extended(c):
         setattr(c, k, v)
     c.rc.eval_interval = c.eval_interval
     d['config'].update(time_iters=c.time_iters)
+    if new:
+        print(f"--extend: the record's seeds {', '.join(map(str, d['seeds']))} and new seeds "
+              f"{', '.join(map(str, new))}: training their compared runs")
+        compared_runs(c, d, new)
+        d['seeds'] = d['seeds'] + new
+        d['config']['seeds'] = ','.join(map(str, d['seeds']))
     if not all(f'ao_muon32_s{s}' in d['logs'] for s in d['seeds']):
         float32_runs(c, d)
     d['step_times'] = step_times(c)

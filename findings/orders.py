@@ -7,18 +7,19 @@ Finding 10 (ours): the paper's open question, non-uniform order distributions, a
 
 The paper trains on uniform orders with 10% L2R sequences mixed in (its finding 3) and ends its part 1 with
 "future MDM research could explore non-uniform order distributions". Here the same 2-layer model as
-reproduce.py's runs trains on two families of them (aogpt/orders.py), two seeds each:
+reproduce.py's runs trains on two families of them (aogpt/orders.py), each on every seed of --seeds
+(reproduce.py's setting, 1337,2,3,4: a run `NAME` on the first, `NAME_seedS` on each other seed S):
   semiar:K   blocks of K positions left to right, a uniform order inside each (block diffusion's orders)
   nearl2r:W  positions sorted by i + W * U: a local shuffle, positions fewer than W apart can swap
 and a mixture of the better of them with uniform orders (mix:0.5*nearl2r:4+0.5*random), against
-reproduce.py's `ao` and `ao_seed2` (uniform + 10% L2R, i.e. mix:0.1*l2r+0.9*random). Per model:
+reproduce.py's `ao` and its other seeds' `ao_seedS` (uniform + 10% L2R, i.e. mix:0.1*l2r+0.9*random). Per model:
   losses      exact L2R, the uniform any-order bound, the bound under its own distribution (eval_ppl's
               estimators on eval_chunks val windows, EMA weights)
   generation  along its own distribution: the Lemma-1 sampler at T in STEPS (judge NLL per token and
               unigram entropy, finding 7's measures, judged by reproduce.py's `judge` run), and the exact
               speculative sampler (fused rounds, k=auto: finding 8's headline setting): forward calls per
               sample, and the judge NLL of its samples (the exact law, T = n's)
-The settings, options and runs directory are reproduce.py's (the same --keys; `ao`, `ao_seed2` and `judge`
+The settings, options and runs directory are reproduce.py's (the same --keys; `ao`, `ao_seedS` and `judge`
 are its runs, reused when it trained them). Writes results/orders.json, results/f10_orders.png and
 results/f10_orders.md (the section and the findings-table row), and puts that section into
 results/README.md when reproduce.py has written one.
@@ -36,7 +37,8 @@ from aogpt.errors import command, die, first_line  # noqa: E402
 from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 from findings import sampling as S  # noqa: E402
-from findings.report import merge_section  # noqa: E402
+from findings.judging import mean_spread  # noqa: E402
+from findings.report import children_cpu_minutes, merge_section, previous_verdicts, verdict_changes  # noqa: E402
 
 FAMILIES = {  # the distributions compared: (name of its first-seed run, order spec, what it is)
     'uniform + 10% L2R': ('ao', 'mix:0.1*l2r+0.9*random', "the paper's: uniform orders, 10% L2R sequences"),
@@ -52,8 +54,6 @@ for _fam, (_run, _spec, _what) in FAMILIES.items():
     if _run != 'ao':
         RUNS[_run] = ({'order': _spec}, _what)
         RUNS[_run + '_seed2'] = ({'order': _spec, 'seed': R.SEED2}, _what + ', another seed')
-SEEDS = {'ao': 'ao_seed2'}  # first-seed run: second-seed run
-SEEDS.update({run: run + '_seed2' for run, _, _ in FAMILIES.values() if run != 'ao'})
 STEPS = (4, 8, 16, 32)        # Lemma-1 steps T for generation along the model's own order (n = 32)
 EVAL_ORDERS = 4               # orders per val window for the any-order and own-distribution bounds
 FIG = 'f10_orders.png'
@@ -61,13 +61,20 @@ MARK = '<!-- finding 10 -->'  # brackets the section in results/README.md
 
 
 def family_of(run):
-    return next(f for f, (r, _, _) in FAMILIES.items() if run in (r, SEEDS[r]))
+    """The family of a run: its first seed's run name, or that name and `_seedS`."""
+    return next(f for f, (r, _, _) in FAMILIES.items() if R.seed_names([run], r))
+
+
+def all_runs(c):
+    """RUNS with every family's run on each other seed of --seeds (`NAME_seedS`; the ones of seed 2, as before)."""
+    return R.seeded(RUNS, [r for r, _, _ in FAMILIES.values()], c.seed_list[1:])
 
 
 def run_names(c):
-    """The runs to train and study: every family's two seeds and the judge (--quick: the first seeds)."""
+    """The runs to train and study: every family's run on each seed of --seeds, and the judge (--quick: the first
+    seed, unless --seeds was given)."""
     first = [r for r, _, _ in FAMILIES.values()]
-    return first + ([] if c.quick else [SEEDS[r] for r in first]) + ['judge']
+    return first + [f'{r}_seed{s}' for s in c.seed_list[1:] for r in first] + ['judge']
 
 
 # ----------------------------------------------------------------------------- the study
@@ -123,13 +130,13 @@ def metrics(row):
 
 
 def summarize(rows):
-    """{family: {metric: (mean over its seeds, spread |seed 1 - seed 2|, None with one seed)}}."""
+    """{family: {metric: (mean over its seeds, half the range over them, None with one seed)}}."""
     out = {}
     for fam in FAMILIES:
         ms = [metrics(r) for r in rows if r['family'] == fam]
         if ms:
-            out[fam] = {k: (sum(m[k] for m in ms) / len(ms), abs(ms[0][k] - ms[1][k]) if len(ms) > 1 else None)
-                        for k in ms[0]}
+            out[fam] = {k: (mean_spread([m[k] for m in ms])[0], mean_spread([m[k] for m in ms])[1]
+                            if len(ms) > 1 else None) for k in ms[0]}
     return out
 
 
@@ -141,10 +148,11 @@ def judge_orders(summary):
     """Finding 10's verdict. Three axes, lower is better on each: the exact L2R loss, the uniform any-order
     loss (the flexibility infilling needs) and the exact speculative sampler's forward calls per sample (fast
     generation). One distribution beats another on an axis when it is lower by more than the larger of the
-    two's seed spreads there (sign only with one seed); it dominates when it beats the other somewhere and
-    loses nowhere. The answer is the distributions no other dominates; the evidence gives each axis's best,
-    every distribution against the first (the paper's), and few-step generation (judge NLL at T = 8)."""
-    noise = lambda x, y, a: max(summary[x][a][1] or 0, summary[y][a][1] or 0)  # noqa: E731
+    two's seed ranges there (twice the half range; sign only with one seed); it dominates when it beats the
+    other somewhere and loses nowhere. The answer is the distributions no other dominates; the evidence gives
+    each axis's best, every distribution against the first (the paper's), and few-step generation (judge NLL
+    at T = 8)."""
+    noise = lambda x, y, a: 2 * max(summary[x][a][1] or 0, summary[y][a][1] or 0)  # noqa: E731
     beats = lambda x, y, a: summary[y][a][0] - summary[x][a][0] > noise(x, y, a)  # noqa: E731
     front = [f for f in summary if not any(any(beats(o, f, a) for a, _, _ in AXES) and
                                            not any(beats(f, o, a) for a, _, _ in AXES) for o in summary if o != f)]
@@ -204,25 +212,28 @@ CLAIM = ("(ours) Which training order distribution trades best between exact L2R
          "flexibility and fast generation")
 
 
-def section(c, cmd, rows, summary, verdict, timing):
-    """The report: the findings-table row, the table per distribution (seed means, ± half the seed spread),
-    the runs and their commands, and the plot."""
-    pm = lambda v, fmt='.3f': f"{v[0]:{fmt}}" + (f" ± {v[1] / 2:{fmt}}" if v[1] is not None else '')  # noqa: E731
+def section(c, cmd, rows, summary, verdict, timing, runs, cpu=0.0, changes=''):
+    """The report: the findings-table row, the table per distribution (seed means, ± half the seed range),
+    the runs and their commands, and the plot. cpu: the CPU-core-minutes of the runs it trained; changes: the
+    verdict's change against the previous record (report.verdict_changes)."""
+    pm = lambda v, fmt='.3f': f"{v[0]:{fmt}}" + (f" ± {v[1]:{fmt}}" if v[1] is not None else '')  # noqa: E731
+    seeds = sorted({len([r for r in rows if r['family'] == f]) for f in summary})
     Ts = sorted(int(T) for T in rows[0]['generation'])
     cells = [g for r in rows for g in list(r['generation'].values()) + [r['speculative']]]
     se = sum(g['nll_se'] for g in cells) / len(cells)
     md = [MARK, f"## Finding 10 (ours): training order distributions{' (QUICK: nothing judged)' if c.quick else ''}",
           '', f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, in {timing / 60:.1f} min "
-          f"(runs reused from reproduce.py or an earlier invocation cost nothing here). reproduce.py's setting "
-          f"and its `ao`, `ao_seed2` and `judge` runs; each distribution trained twice (seeds {c.seed} and "
-          f"{R.SEED2}). "
+          f"(the training runs {cpu:.1f} CPU-core-minutes; runs reused from reproduce.py or an earlier invocation "
+          f"cost nothing here). reproduce.py's setting and its `ao`, `ao_seedS` and `judge` runs; each distribution "
+          f"trained on seeds {', '.join(map(str, c.seed_list))} ({'/'.join(map(str, seeds))} seeds a distribution "
+          f"here). "
           f"Losses: nats per character on {c.eval_chunks} val windows of {c.block_size}, EMA weights, eval_ppl's "
           f"estimators ({EVAL_ORDERS} orders per window for the bounds). Generation along the model's own "
           f"distribution, {c.gen_samples} samples per cell, judged by `judge`: judge NLL per character (mean "
           f"over samples) and unigram entropy H (nats). Speculative: fused rounds, k=auto, forward calls per "
-          f"sample for n = {c.block_size}. Each cell: the mean of the two seeds ± half their spread (a judge NLL "
+          f"sample for n = {c.block_size}. Each cell: the mean over the seeds ± half their range (a judge NLL "
           f"also has a sampling standard error, about {se:.3f} here).", '',
-          '| # | claim | verdict | evidence |', '|---|---|---|---|',
+          changes, '', '| # | claim | verdict | evidence |', '|---|---|---|---|',
           f"| 10 | {CLAIM} ([plot]({FIG})) | **{'not judged (--quick)' if c.quick else verdict[0]}** | {verdict[1]} |",
           '', '| distribution | L2R loss | any-order loss | own-distribution loss | '
           + ' | '.join(f"T={T}: judge NLL, H" for T in Ts) + ' | speculative calls | speculative judge NLL |',
@@ -232,7 +243,7 @@ def section(c, cmd, rows, summary, verdict, timing):
                   + ' | '.join(f"{pm(s[f'nll@{T}'])}, {s[f'H@{T}'][0]:.2f}" for T in Ts)
                   + f" | {pm(s['calls'], '.1f')} | {pm(s['spec_nll'])} |")
     md += ['', '| run | its distribution | command |', '|---|---|---|']
-    md += [f"| {r['run']} | `{r['spec']}` | `python {' '.join(R.train_args(c, r['run'], RUNS))}` |" for r in rows]
+    md += [f"| {r['run']} | `{r['spec']}` | `python {' '.join(R.train_args(c, r['run'], runs))}` |" for r in rows]
     md += ['', f"![f10]({FIG})", MARK.replace('<!-- ', '<!-- end of '), '']
     return '\n'.join(md)
 
@@ -259,18 +270,22 @@ def main(argv=None):
         return replot(c)
     t0 = time.time()
     R.prepare_data()
-    runs = run_names(c)
+    runs, specs = run_names(c), all_runs(c)
     print(f"finding 10: training {len(runs)} runs of {c.max_iters} iterations (finished ones are reused)")
-    R.train_runs(c, runs, RUNS)
+    cpu0 = children_cpu_minutes()
+    R.train_runs(c, runs, specs)
+    cpu = children_cpu_minutes() - cpu0
     print("finding 10: losses, generation along each model's own distribution, speculative calls")
     rows = study(c, [r for r in runs if r != 'judge'])
     summary = summarize(rows)
     verdict = judge_orders(summary)
-    atomic_json(os.path.join(c.results_dir, 'orders.json'),  # first: the plot can be redrawn from it
-                dict(config=c.config, command=cmd, runs={r: RUNS[r][0] for r in runs}, rows=rows,
+    path = os.path.join(c.results_dir, 'orders.json')
+    changes = verdict_changes(previous_verdicts(path, lambda r: {'10': r['verdict']['verdict']}), {'10': verdict[0]})
+    atomic_json(path,  # first: the plot can be redrawn from it
+                dict(config=c.config, command=cmd, runs={r: specs[r][0] for r in runs}, rows=rows, cpu_min=cpu,
                      verdict=dict(id='10', claim=CLAIM, verdict=verdict[0], evidence=verdict[1])))
     draw(c, rows, summary)
-    sec = section(c, cmd, rows, summary, verdict, time.time() - t0)
+    sec = section(c, cmd, rows, summary, verdict, time.time() - t0, specs, cpu, changes)
     atomic_write(os.path.join(c.results_dir, 'f10_orders.md'), lambda f: f.write(sec), 'w')
     merged = merge_section(os.path.join(c.results_dir, 'README.md'), 10, sec)
     print(f"\n[10] {CLAIM}\n     {verdict[0]}: {verdict[1]}")

@@ -74,3 +74,35 @@ def nonfinite(d, at='the record'):
         if where:
             return where
     return None
+
+
+def previous_verdicts(path, pick):
+    """{id: verdict} of the record at path as it stands before this run rewrites it ({} if there is none or it
+    cannot be read: a first run, or a record of an older shape). pick: the loaded record -> {id: verdict}."""
+    import json
+    try:
+        with open(path, encoding='utf-8') as f:
+            return {str(k): v for k, v in pick(json.load(f)).items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return {}
+
+
+def verdict_changes(old, new):
+    """One sentence for a report: which verdicts changed against the previous record (old, new: {id: verdict}),
+    so that a rerun with more seeds says what the wider spread overturned."""
+    if not old:
+        return "Verdicts against the previous record: none to compare with (no earlier record here)."
+    changed = [f"{k}: {old[k]} -> **{v}**" for k, v in new.items() if k in old and old[k] != v]
+    same = [k for k, v in new.items() if k in old and old[k] == v]
+    fresh = [k for k in new if k not in old]
+    return ("Verdicts against the previous record: " + ('; '.join(changed) if changed else 'none changed')
+            + (f"; unchanged: {', '.join(same)}" if same and changed else '')
+            + (f"; new: {', '.join(fresh)}" if fresh else '') + '.')
+
+
+def children_cpu_minutes():
+    """CPU-core-minutes (user + system) that this process's finished child processes (the training runs) used
+    so far: the difference across a stage is what that stage cost."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (r.ru_utime + r.ru_stime) / 60

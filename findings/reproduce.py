@@ -1,7 +1,8 @@
 """
 Reproduce the paper's seven qualitative findings at small scale, and judge each one from the data.
 
-    python findings/reproduce.py                  # everything: 15-25 minutes on 2 CPU cores -> results/
+    python findings/reproduce.py                  # everything: 15-25 min on 2 CPU cores with 2 seeds -> results/
+                                                  # (each more seed of --seeds: 2 more runs)
     python findings/reproduce.py --quick          # the pipeline end to end in about a minute; judges nothing
     python findings/reproduce.py --device=cuda    # the same runs on a GPU
     python findings/reproduce.py --replot         # only redraw results/*.png from results/results.json
@@ -27,6 +28,8 @@ Runs, shared across findings (losses are nats per character on fixed val windows
   ao_tstd1  `ao`, target table init std 1 (not 0.02)  5 (a follow-up of ours, not a paper claim)
   ao_init   `ao_tstd1` + AdaLN Linear init std 0.2    5 (ours: the init of the whole target pathway)
   ao_seed2  `ao` with another seed: the run-to-run spread, the yardstick for findings 3, 5 and 7
+  ao_seedS, ao_noL2R_seedS   `ao` and `ao_noL2R` on every other seed S of --seeds: finding 3 compares their
+            means, and the spread of `ao`'s seeds is findings 3 and 5's yardstick
   mdm       the encoder MDM: same blocks, data, steps and tokens, the MDM ELBO     7
   judge     an L2R GPT, twice as deep, another seed: finding 7's judge (not a model it compares)
 Finding 4 evaluates `ao` with eval_ppl's ensemble estimator; finding 6 times sample.py's samplers on
@@ -36,7 +39,9 @@ Findings 6, 7 and 8 (the samplers put to the test) live in findings/sampling.py;
 evaluates, judges findings 1-7 and writes the report.
 
 Judging. "End" losses are the mean of the last 3 evals (less noisy than the last one). A difference
-smaller than the ao/ao_seed2 spread is reported as within noise, i.e. not reproduced.
+smaller than the run-to-run spread is reported as within noise, i.e. not reproduced: finding 3 compares the
+means of `ao` and `ao_noL2R` over every seed of --seeds against the larger of their seed ranges, findings 5a
+judge against the range of `ao`'s seeds, finding 7 against ao/ao_seed2's (two seeds: its samples cost more).
 """
 
 import json
@@ -77,18 +82,35 @@ sample_embd = 256        # finding 6: width of the random timing models (wide en
                          # per-call overhead, dominates on a CPU)
 gen_samples = 128        # finding 7: samples per sampler, setting and step count
 gen_batch = 64           # finding 7: samples per batch
-seed = 1337
+seed = 1337              # the first seed: every run's (the other seeds' runs are named _seedS)
+seeds = '1337,2,3,4'     # the seeds of the runs whose verdicts lean on a seed spread (SPREAD_RUNS); the first is
+                         # --seed's, the second 2 (ao_seed2's); 4, since 2 seeds' spread was ~10x too narrow
 # -----------------------------------------------------------------------------
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
 from aogpt.bins import load_bin  # noqa: E402
 from aogpt.checkpoint import run_checkpoints  # noqa: E402
-from aogpt.configurator import namespace, print_config, stop_on_ctrl_c  # noqa: E402
+from aogpt.configurator import namespace, print_config, seed_list, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import UserError, command, die, first_line  # noqa: E402
 from aogpt.paths import atomic_folder, atomic_json, atomic_write, make_folder  # noqa: E402
 from aogpt.rundir import forget_run  # noqa: E402
 from findings import report  # noqa: E402
+from findings.judging import (  # noqa: E402  (judging's pure functions, R.end and the others as before)
+    curve,
+    end,
+    judge_annealing,
+    judge_better,
+    judge_better_seeds,
+    mean_spread,
+    judge_ensemble,
+    judge_order,
+    judge_scaling,
+    judge_slower,
+    loglog_slope,
+    tokens_to_reach,
+    verdict,
+)
 from findings.sampling import (  # noqa: E402
     GEN_SETTINGS,
     SPEC_FIG,
@@ -119,6 +141,29 @@ RUNS = {  # name: (train.py overrides beyond the shared ones, what it is)
     'judge': ({'cond': 'none', 'order': 'l2r', 'n_layer': 4, 'seed': 3},
               "finding 7's judge: an L2R GPT, twice as deep, another seed"),
 }
+SPREAD_RUNS = ('ao', 'ao_noL2R')  # trained on every seed of --seeds: finding 3 compares their means
+
+
+def seeded(runs, bases, seeds):
+    """runs and a copy of each run of `bases` for each of `seeds`: `{base}_seed{s}`, its overrides with seed s (a
+    run runs already holds, ao_seed2, stays as it is: the same overrides, so the same command as before)."""
+    out = dict(runs)
+    for base in bases:
+        for s in seeds:
+            out.setdefault(f'{base}_seed{s}', ({**runs[base][0], 'seed': s}, f"{runs[base][1]}, seed {s}"))
+    return out
+
+
+def seeded_runs(c):
+    """(every run's spec, the runs to train): RUNS but ao_seed2, then SPREAD_RUNS' runs on each other seed of
+    c.seed_list (ao_seed2 is one of them; --quick trains the first seed only, so none)."""
+    return (seeded(RUNS, SPREAD_RUNS, c.seed_list[1:]),
+            [k for k in RUNS if k != 'ao_seed2'] + [f'{b}_seed{s}' for b in SPREAD_RUNS for s in c.seed_list[1:]])
+
+
+def seed_names(names, base):
+    """The runs of `base` among names: itself and its other seeds' `{base}_seedS`, in order of names."""
+    return [k for k in names if k == base or (k.startswith(base + '_seed') and k[len(base) + 5:].isdigit())]
 
 
 # ----------------------------------------------------------------------------- training runs
@@ -228,113 +273,6 @@ def wait_for_runs(c, todo, live, jobs, env, bar, n_runs):
             bar.write(f"  {name}: {time.time() - t0:.0f} s")
 
 
-# ----------------------------------------------------------------------------- judging (pure functions)
-
-def curve(log, key):
-    """(tokens, values) of one logged loss, skipping evals where it is undefined."""
-    pts = [(r['tokens'], r[key]) for r in log if r.get(key) is not None]
-    return [p[0] for p in pts], [p[1] for p in pts]
-
-
-def end(values, k=3):
-    """The mean of the last k evals: the end-of-run loss with less eval noise than the last point."""
-    v = values[-k:]
-    return sum(v) / len(v)
-
-
-def tokens_to_reach(tokens, values, target):
-    """The first logged token count at which a curve is at or below target (None if never)."""
-    return next((t for t, v in zip(tokens, values) if v <= target), None)
-
-
-def verdict(checks):
-    """checks: list of bools, one per sub-claim -> 'reproduced' | 'partly reproduced' | 'not reproduced'."""
-    if all(checks):
-        return 'reproduced'
-    return 'partly reproduced' if any(checks) else 'not reproduced'
-
-
-def judge_slower(fast, slow):
-    """Finding 1: does `slow` (AO's any-order loss) converge more slowly than `fast` (L2R)?
-    Each is (tokens, values) on the same eval schedule. Evidence: end losses, the share of evals after
-    the first where fast is lower, and how many tokens fast needed to reach slow's end loss."""
-    (tf, vf), (ts, vs) = fast, slow
-    pairs = [(a, b) for t, a, b in zip(tf, vf, vs) if t > 0]
-    below = sum(a < b for a, b in pairs)
-    reach = tokens_to_reach(tf, vf, end(vs))
-    ok = [end(vf) < end(vs), below == len(pairs)]
-    text = (f"end loss L2R {end(vf):.3f} vs AO any-order {end(vs):.3f}; L2R lower at {below}/{len(pairs)} "
-            f"evals; L2R reached AO's end loss after {reach:,} of {ts[-1]:,} tokens" if reach is not None else
-            f"end loss L2R {end(vf):.3f} vs AO any-order {end(vs):.3f}; L2R lower at {below}/{len(pairs)} evals")
-    return verdict(ok), text
-
-
-def judge_order(l2r, block, fixed):
-    """Finding 2: end losses l2r < block < fixed (each a list of values in its own training order)."""
-    a, b, f = end(l2r), end(block), end(fixed)
-    ok = [a < f, a < b < f]
-    return verdict(ok), f"end loss L2R {a:.3f} < block-wise {b:.3f} < fixed random {f:.3f}" if all(ok) else \
-        f"end loss L2R {a:.3f}, block-wise {b:.3f}, fixed random {f:.3f} (claim: L2R < block-wise < fixed random)"
-
-
-def judge_better(named, noise):
-    """Findings 3 and 5: named = [(what, value with, value without)]; the claim is with < without by
-    more than the run-to-run spread `noise` (None in quick mode: sign only)."""
-    checks, parts = [], []
-    for what, w, wo in named:
-        d = w - wo
-        ok = d < 0 and (noise is None or -d > noise)
-        checks.append(ok)
-        tag = '' if ok else (' (within noise)' if d < 0 else ' (worse)')
-        parts.append(f"{what} {wo:.3f} -> {w:.3f} ({d:+.3f}){tag}")
-    spread = f"; run-to-run spread {noise:.3f}" if noise is not None else ""
-    return verdict(checks), '; '.join(parts) + spread
-
-
-def judge_ensemble(ms, ppl, gain, gain_se):
-    """Finding 4: PPL falls as M grows. ppl[i] at M = ms[i]; gain[i] = paired NLL drop vs M = 1 on the
-    same draws, with its standard error. Claim holds if each step lowers the PPL and the gain at
-    the largest M is over 2 standard errors."""
-    steps_down = all(b < a for a, b in zip(ppl, ppl[1:]))
-    sig = gain[-1] > 2 * gain_se[-1]
-    text = ', '.join(f"M={m}: {p:.3f}" for m, p in zip(ms, ppl)) + \
-        f" (PPL per char); M={ms[-1]} vs M=1 on the same draws: {-gain[-1]:+.4f} ± {gain_se[-1]:.4f} nats"
-    return verdict([steps_down, sig]), text
-
-
-def loglog_slope(xs, ys):
-    """Least-squares slope of log y on log x: 0 = flat, 1 = linear."""
-    lx, ly = np.log(np.asarray(xs, float)), np.log(np.asarray(ys, float))
-    return float(np.polyfit(lx, ly, 1)[0])
-
-
-def judge_scaling(steps, t_dec, t_enc):
-    """Finding 6: decoder time flat in T (log-log slope < 0.3), encoder roughly linear (slope > 0.7)."""
-    sd, se = loglog_slope(steps, t_dec), loglog_slope(steps, t_enc)
-    text = (f"log-log slope decoder {sd:.2f}, encoder {se:.2f}; at T={steps[-1]}: decoder {t_dec[-1]:.2f} s, "
-            f"encoder {t_enc[-1]:.2f} s ({t_enc[-1] / t_dec[-1]:.1f}x)")
-    return verdict([sd < 0.3, se > 0.7]), text
-
-
-def judge_annealing(ppl, noise):
-    """Finding 7: without annealing the decoder's generative perplexity is higher than the encoder MDM's;
-    with top-p 0.95 and temperature 0.7 the two are comparable. ppl[(model, setting)]: the geometric mean
-    gen PPL over the judged step counts, for model 'ao' and 'mdm' and the first and last of GEN_SETTINGS;
-    noise[setting]: |log| of the ao / ao_seed2 ratio (the run-to-run spread; None: sign only). Holds if
-    log(ao / mdm) exceeds the spread without annealing, and is within it with annealing."""
-    plain, hot = GEN_SETTINGS[0], GEN_SETTINGS[-1]
-    gap = {s: math.log(ppl[('ao', s)] / ppl[('mdm', s)]) for s in (plain, hot)}
-    if noise is None:
-        ok = [gap[plain] > 0, abs(gap[hot]) < abs(gap[plain])]
-        spread = {plain: '', hot: ''}
-    else:
-        ok = [gap[plain] > noise[plain], abs(gap[hot]) <= noise[hot]]
-        spread = {s: f", run-to-run spread {math.exp(noise[s]) - 1:.0%}" for s in (plain, hot)}
-    text = '; '.join(f"top-p {s[0]} / T {s[1]}: AO-GPT {ppl[('ao', s)]:.2f} vs encoder MDM {ppl[('mdm', s)]:.2f} "
-                     f"({math.exp(gap[s]) - 1:+.0%}{spread[s]})" for s in (plain, hot))
-    return verdict(ok), text
-
-
 # ----------------------------------------------------------------------------- evaluations
 
 def val_chunks(n_chunks, n):
@@ -388,11 +326,13 @@ def main(argv=None):
         return redraw(c)
     t_all, timing = time.time(), {}
     prepare_data()
-    names = [k for k in RUNS if not (c.quick and k == 'ao_seed2')]
-    t0 = time.time()
+    runs, names = seeded_runs(c)
+    t0, cpu0 = time.time(), report.children_cpu_minutes()
     print(f"training {len(names)} runs of {c.max_iters} iterations ({DATASET}, {c.device})")
-    train_runs(c, names)
+    train_runs(c, names, runs)
+    c.runs = runs  # the report's commands
     timing['training'] = time.time() - t0
+    c.cpu_min = report.children_cpu_minutes() - cpu0
     logs = {k: read_log(os.path.join(c.runs_dir, k)) for k in names}
     t0 = time.time()
     chunks, ema, ens = evaluate_runs(c, names)
@@ -422,12 +362,32 @@ def read_config(argv):
     c = namespace(globals(), argv)
     if c.jobs < 0:
         die(f"--jobs must be 0 (one per core) or more, not {c.jobs}")
-    if c.seed == SEED2 and not c.replot:  # ao and ao_seed2 would be one run twice: a noise yardstick of zero
-        die(f"--seed={c.seed} is the second seed's (ao_seed2 and the other *_seed2 runs train with seed {SEED2} to "
-            f"measure the run-to-run spread): pick another --seed")
+    if not c.replot:
+        c.seed_list = seeds_setting(c)
     settle(c, 'reproduce', dict(max_iters=30, eval_interval=10, eval_iters=2, eval_chunks=16, ens_draws=1,
                                 sample_n=32, sample_batch=4, sample_embd=c.n_embd, gen_samples=8, gen_batch=8))
+    if c.quick and 'seeds' not in c.given and not c.replot:  # quick: one seed, as ever, unless asked for more
+        c.seed_list = c.seed_list[:1]
     return c, 'python findings/reproduce.py ' + ' '.join(argv) if argv else 'python findings/reproduce.py'
+
+
+def seeds_setting(c):
+    """--seeds as a list: the first is --seed's (a --seed alone replaces it, and both given must agree), the second
+    SEED2 (ao_seed2, findings 5b and 7's second model, and orders.py's *_seed2 runs); one line for anything else."""
+    seeds = seed_list('seeds', c.seeds)
+    if 'seed' in c.given and 'seeds' not in c.given:
+        seeds[0] = c.seed
+    if 'seed' in c.given and c.seed != seeds[0]:
+        die(f"--seed={c.seed} and --seeds={c.seeds} disagree: the first of --seeds is --seed; give one of them")
+    if seeds[0] in seeds[1:]:  # ao and ao_seedS would be one run twice: a noise yardstick of zero
+        nth = ['second', 'third', 'fourth', 'fifth'][seeds.index(seeds[0], 1) - 1] if len(seeds) < 6 else 'another'
+        die(f"--seed={c.seed} is the {nth} seed's (the *_seed{seeds[0]} runs train with it to measure the "
+            f"run-to-run spread): pick another --seed")
+    if len(seeds) > 1 and seeds[1] != SEED2:
+        die(f"--seeds={c.seeds}: the second seed must be {SEED2}, ao_seed2's (findings 5b and 7 compare it): "
+            f"--seeds={seeds[0]},{SEED2}{''.join(f',{s}' for s in seeds[1:] if s != SEED2)}")
+    c.seed = seeds[0]
+    return seeds
 
 
 def settle(c, name, quick):
@@ -588,8 +548,10 @@ def judge_findings(c, names, logs, ens, ema, samp, gen, figs):
     tok = lambda k, key: curve(logs[k], key)  # noqa: E731
     L = lambda k, key: end(curve(logs[k], key)[1])  # noqa: E731
     noise, gen_noise = None, None
-    if 'ao_seed2' in names:
-        noise = max(abs(L('ao', k) - L('ao_seed2', k)) for k in ('val_l2r', 'val_ao'))
+    seeds = {b: seed_names(names, b) for b in SPREAD_RUNS}  # ao, ao_seed2, ...; ao_noL2R, ao_noL2R_seed2, ...
+    per_seed = lambda b, key: [L(k, key) for k in seeds[b]]  # noqa: E731
+    if 'ao_seed2' in names:  # the range of ao's seeds (ao and ao_seed2's difference with two)
+        noise = max(max(per_seed('ao', k)) - min(per_seed('ao', k)) for k in ('val_l2r', 'val_ao'))
         g = gen_summary(gen)
         gen_noise = {s: abs(math.log(g[('ao', s)] / g[('ao_seed2', s)])) for s in GEN_SETTINGS}
     findings = [
@@ -598,8 +560,8 @@ def judge_findings(c, names, logs, ens, ema, samp, gen, figs):
         ('2', 'A fixed L2R order converges faster than a fixed random order; block-wise random lies between',
          figs[2], judge_order(tok('l2r', 'val_l2r')[1], tok('block', 'val_order')[1], tok('fixed', 'val_order')[1])),
         ('3', 'Adding 10% L2R data improves both the L2R loss and the any-order loss', figs[3],
-         judge_better([('L2R loss', L('ao', 'val_l2r'), L('ao_noL2R', 'val_l2r')),
-                       ('any-order loss', L('ao', 'val_ao'), L('ao_noL2R', 'val_ao'))], noise)),
+         judge_better_seeds([('L2R loss', per_seed('ao', 'val_l2r'), per_seed('ao_noL2R', 'val_l2r')),
+                             ('any-order loss', per_seed('ao', 'val_ao'), per_seed('ao_noL2R', 'val_ao'))])),
         ('4', 'Context-order ensembling lowers the any-order perplexity as M grows (1, 2, 4, 8, 16)', figs[4],
          judge_ensemble(list(ENSEMBLE_M), [math.exp(r['nll']) for r in ens], [r['gain'] for r in ens],
                         [r['gain_se'] for r in ens])),
@@ -632,13 +594,17 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, spec, finding
     L = lambda k, key: end(curve(logs[k], key)[1])  # noqa: E731
     md = [f"{report.TITLE}{' (QUICK: smoke test, nothing judged)' if c.quick else ''}", '',
           f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, in {total / 60:.1f} min "
-          f"(" + ', '.join(f"{k} {v / 60:.1f}" for k, v in timing.items()) + "; runs reused from an earlier "
-          f"invocation cost nothing here). Setting: character-level PTB, context {c.block_size}, "
-          f"{c.n_layer} layers x {c.n_embd}, {c.max_iters} iterations of {c.batch_size} x "
+          f"(" + ', '.join(f"{k} {v / 60:.1f}" for k, v in timing.items()) + f"; the training runs "
+          f"{getattr(c, 'cpu_min', 0):.1f} CPU-core-minutes; runs reused from an earlier invocation cost nothing "
+          f"here). Seeds {', '.join(map(str, c.seed_list))} for {' and '.join(f'`{b}`' for b in SPREAD_RUNS)} "
+          f"(their other seeds' runs are `_seedS`), seed {c.seed} for the others. Setting: character-level PTB, "
+          f"context {c.block_size}, {c.n_layer} layers x {c.n_embd}, {c.max_iters} iterations of {c.batch_size} x "
           f"{c.block_size} characters, LR {c.learning_rate} nearly constant after warmup, EMA "
           f"{c.ema_decay}. Losses are nats per character on {c.eval_iters * c.batch_size} fixed val "
           f"windows (EMA weights); \"end\" = mean of the last 3 evals.", '',
           "Earlier runs, trials and other hosts: the lab notebook, [notes.md](notes.md) (written by hand).", '',
+          report.verdict_changes(report.previous_verdicts(os.path.join(res, 'results.json'), lambda r: {
+              f['id']: f['verdict'] for f in r['findings']}), {i: v for i, _, _, (v, _) in findings}), '',
           '| # | claim | verdict | evidence |', '|---|---|---|---|']
     for i, claim, fig, (v, ev) in findings:
         figlink = f" ([plot]({fig}))" if fig else ''
@@ -647,8 +613,14 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, spec, finding
            'end ELBO | command |', '|---|---|---|---|---|---|---|']
     for k in names:
         f = lambda key: (f"{L(k, key):.3f}" if curve(logs[k], key)[1] else '')  # noqa: E731
-        md.append(f"| {k} | {RUNS[k][1]} | {f('val_l2r')} | {f('val_ao')} | {f('val_order')} | {f('val_elbo')} | "
-                  f"`python {' '.join(train_args(c, k))}` |")
+        md.append(f"| {k} | {c.runs[k][1]} | {f('val_l2r')} | {f('val_ao')} | {f('val_order')} | {f('val_elbo')} | "
+                  f"`python {' '.join(train_args(c, k, c.runs))}` |")
+    md += ['', "Finding 3's runs over their seeds (end losses, mean ± half the range):", '',
+           '| run | seeds | end L2R loss | end any-order loss |', '|---|---|---|---|']
+    for b in SPREAD_RUNS:
+        ks = seed_names(names, b)
+        md.append(f"| {b} | {len(ks)} | " + ' | '.join('{:.3f} ± {:.3f}'.format(*mean_spread([L(k, key) for k in ks]))
+                                                     for key in ('val_l2r', 'val_ao')) + ' |')
     md += ['', f"Finding 4 (`ao`, EMA, {len(chunks)} val windows of {c.block_size}, {c.ens_draws} "
            f"draws each, eval_ppl's fast estimator with nested members; gain = paired drop vs M = 1):", '',
            '| M | any-order NLL | PPL per char | gain (nats) |', '|---|---|---|---|']

@@ -519,7 +519,8 @@ def test_finding9_report_and_replot_from_its_record(tmp_path, capsys):
     # wall-clock: the step ratio times the step-time ratio (Muon 1.2x, its float32 iteration 1.1x AdamW's step)
     assert '1.20x AdamW\'s step time, so 0.80x the time' in row and '1.10x the step time, 0.67x the steps, 0.73x' in row
     assert '| 1 | 1.805 | 1.800 | 1.800 | 0.67 / 0.67 | 0.80 / 0.73 |' in md  # seed 1: end losses, ratios
-    assert md.count('| AO-GPT | any-order |') == 2 and md.count('`python train.py ') == len(d['commands'])
+    assert md.count('| AO-GPT | any-order |') == 3 and md.count('`python train.py ') == len(d['commands'])
+    assert '| AO-GPT | any-order | mean ± half range (2 seeds) |' in md  # the two seeds' rows, then their mean
     record = json.loads((tmp_path / O.RECORD).read_text())
     assert record['verdicts']['row'] == row
     for f in (O.FIG_CURVES, O.FIG_SWEEP):
