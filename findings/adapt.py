@@ -64,7 +64,7 @@ learning_rate = 6e-3           # AdamW's peak, every stage (finding 9's best for
 muon_lr = 0.01                 # Muon's (finding 9's best; its AdaLN Linears in Muon, as finding 9 chose)
 seeds = '1337,2,3,4'            # the final comparison's (at least 4: the seed spread is judged on them)
 lever_seeds = '1337,3'          # every lever's runs (a subset of seeds)
-recipe = 'tstd1_lr3'           # the lever (LEVERS) the final comparison adapts with: the levers' winner
+recipe = 'tstd1_semiar'        # the lever (LEVERS) the final comparison adapts with: the levers' winner
 # -----------------------------------------------------------------------------
 RECORD, FIG, SECTION = 'f11_adapt.json', 'f11_adapt.png', 'f11_adapt.md'
 LEVER_FIG = 'f11_levers.png'
