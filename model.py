@@ -457,8 +457,7 @@ class GPT(nn.Module):
             # two init-scale factors. At 0.02 each (the paper's) a small model sits ~1000 steps on a
             # plateau at the unigram loss; target_std=1 alone does not shorten it, target_std=1 with
             # adaln_std=0.2 removes it (README, finding 5a).
-            # This redraws the table after self.apply's generic draw on purpose: skipping that first draw
-            # would shift every later init value and change the committed results/ and README figures.
+            # Redrawn after self.apply's draw on purpose: skipping that would shift every later init value.
             s = config.target_std
             nn.init.trunc_normal_(self.transformer.wtpe.weight, std=s, a=-3 * s, b=3 * s)
             if config.adaln_std is not None:
@@ -632,32 +631,35 @@ class GPT(nn.Module):
         return self.estimate_flops_per_token(seq_len) * tokens_per_s / peak_flops
 
 
-def adapt(gpt, cond, **new):
+def adapt(gpt, cond, adaln_std=None, **new):
     """A GPT (causal, cond='none') as an any-order decoder (cond 'adaln' or 'sigma') of the same shape that
     computes exactly the GPT's distribution at step 0, for every order: slot k predicts from the tokens revealed
     before it, as the GPT does, whatever its target (for the L2R order, the GPT's own logits). Every weight the
     two share is copied; what the new model adds starts so that the target changes nothing yet, each step an
     identity that is exact in floating point (x * 1, x + 0, 1 * y), so the logits are the GPT's bit for bit:
-      adaln  every AdaLN Linear zero, weights and biases, except the gates' biases, 1: shift = scale = 0 and
-             gate = 1, so modulate(x) = x * (1 + 0) + 0 and the residual x + 1 * y (the final norm's shift and
-             scale alike). The target table keeps its draw (target_std), so the Linears' gradient, the upstream
-             one times SiLU(table), is not zero: the model starts learning to read the target at once.
+      adaln  the modulation Linear(SiLU(table[target])) is its bias when either factor is zero: biases zero but
+             the gates', 1 (shift = scale = 0, gate = 1: x * (1 + 0) + 0 and x + 1 * y; the final norm alike), and
+             adaln_std None: the Linears' weights zero, the table keeps its draw (target_std), so the Linears'
+             gradient (upstream times SiLU(table)) is not zero; adaln_std s: the Linears keep their draw at std s,
+             the table is zero (SiLU(0) = 0) and its gradient is SiLU'(0) = 1/2 times W^T upstream.
       sigma  the target table zero: x + 0 at the input; its gradient is the input's.
-    new: the new model's keys the GPT has no use for (target_dim, target_std). Its weights draw from torch's
-    global generator (the target table), as GPT(config) does."""
-    if not (gpt.config.causal and gpt.config.cond == 'none') or cond not in ('adaln', 'sigma'):
-        raise ValueError(f"adapt turns a GPT (causal=True, cond='none') into cond 'adaln' or 'sigma', not a model "
-                         f"with causal={gpt.config.causal}, cond={gpt.config.cond!r} into cond={cond!r}")
-    model = GPT(GPTConfig(**dict(asdict(gpt.config), **new, cond=cond, adaln_init='gate1', adaln_std=None)))
+    new: the new model's keys the GPT has no use for (target_dim, target_std); it draws as GPT(config) does."""
+    if not (gpt.config.causal and gpt.config.cond == 'none') or cond not in ('adaln', 'sigma' if adaln_std is None
+                                                                             else 'adaln'):
+        raise ValueError(f"adapt turns a GPT (causal=True, cond='none') into cond 'adaln' or 'sigma' (adaln_std: "
+                         f"'adaln' only), not a model with causal={gpt.config.causal}, cond={gpt.config.cond!r} into "
+                         f"cond={cond!r} with adaln_std={adaln_std}")
+    model = GPT(GPTConfig(**dict(asdict(gpt.config), **new, cond=cond, adaln_init='gate1', adaln_std=adaln_std)))
     missing, unexpected = model.load_state_dict(gpt.state_dict(), strict=False)
     assert not unexpected and all('wtpe' in k or 'adaLN' in k for k in missing), (missing, unexpected)
     tr = model.transformer
     with torch.no_grad():
-        if cond == 'sigma':
+        if cond == 'sigma' or adaln_std is not None:
             tr.wtpe.weight.zero_()
-        else:
+        if cond == 'adaln':
             for lin in [block.adaLN[1] for block in tr.h] + [tr.adaLN_f[1]]:
-                lin.weight.zero_()
+                if adaln_std is None:
+                    lin.weight.zero_()
                 lin.bias.zero_()
             for block in tr.h:
                 _open_gates(block.adaLN[1])

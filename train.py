@@ -44,7 +44,7 @@ from aogpt.configurator import configure, print_config, stop_at_safe_points, sto
 from aogpt.ema import EMA
 from aogpt.likelihood import mdm_corrupt
 from aogpt.optim import configure_optimizers
-from aogpt.orders import OLD_KEYS, l2r_mix, old_keys_line, one_block
+from aogpt.orders import OLD_KEYS, l2r_mix, old_keys_line, one_block, parse_warmup, warmup_order
 from aogpt.paths import append_jsonl
 from aogpt.plot import plot_log
 from aogpt.preflight import check_config, check_data, check_model, check_step_sizes, cost_warnings, lr_warnings
@@ -117,6 +117,8 @@ qkv_bias: bool = None  # biases in q, k, v; None: as bias
 order = 'mix:0.1*l2r+0.9*random'  # the order distribution (aogpt/orders.py): 10% L2R, else uniform (the paper's)
 l2r_frac_end: float = None  # if set, the L2R weight of order (random, l2r or a mix of the two) moves linearly here
 l2r_frac_iters = 0  # length of that schedule (0: lr_decay_iters)
+order_warmup = ''  # '' | nearl2r:A:B | semiar:A:B: trained first, its W or K growing A -> B (geometrically), then order
+order_warmup_iters = 0  # the steps order_warmup lasts (evals score `order` throughout)
 # optimizer: AdamW (the paper's), or Muon for the blocks' hidden matrices beside AdamW for the rest; every
 # group on one schedule, warmup then cosine decay
 optimizer = 'adamw'  # adamw | muon
@@ -132,6 +134,7 @@ lr_decay_iters = 500000
 min_lr = 6e-5
 muon_lr = 0.02  # optimizer=muon: Muon's peak; it decays to the same fraction of it as learning_rate to min_lr
 muon_adaln = True  # optimizer=muon: the AdaLN Linears in Muon too (measured better: finding 9); False: AdamW
+target_lr_scale = 1.0  # the target table's and AdaLN Linears' peak and floor, times this (adapting a GPT: finding 11)
 muon_dtype = 'bfloat16'  # optimizer=muon: Newton-Schulz in bfloat16 (torch's) | float32 (faster on CPUs without bf16 units)
 ema_decay = 0.9999  # EMA of the weights, warm-up min(decay, (1+n)/(10+n)); 0 disables
 # system
@@ -260,6 +263,7 @@ say(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {world_size} rank(s
     f"{gradient_accumulation_steps} micro-steps)")
 
 # ------------------------------------------------------------------ orders
+warmup = parse_warmup(order_warmup)  # None, or (kind, A, B): trained before `order` (checked in check_config)
 fixed_order = None  # (n,) for a fixed order (fixed:S, fixedblocks:K:S)
 if model_args['causal'] and train_order.fixed:
     fixed_order = train_order.permutation(block_size)
@@ -303,7 +307,8 @@ def train_micro_batch(it, m, law):
 # ------------------------------------------------------------------ optimizer, EMA, scaler
 # [AdamW] or [AdamW, Muon], each param group with its own peak and floor on the one schedule (get_lr)
 optimizers = configure_optimizers(model, weight_decay, learning_rate, (beta1, beta2), device_type, optimizer=optimizer,
-                                  min_lr=min_lr, muon_lr=muon_lr, muon_adaln=muon_adaln, muon_dtype=muon_dtype)
+                                  min_lr=min_lr, muon_lr=muon_lr, muon_adaln=muon_adaln, muon_dtype=muon_dtype,
+                                  target_lr_scale=target_lr_scale)
 with run.failing():
     check_step_sizes(optimizers, cfg)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
@@ -313,7 +318,8 @@ train_losses = []  # the training losses since the last eval, averaged into its 
 if ckpt is not None:
     def setup(c):  # what the saved optimizer states fit: another optimizer or AdaLN placement groups them otherwise
         muon = c.get('optimizer') == 'muon'
-        return c.get('optimizer', 'adamw') + (f", muon_adaln={c.get('muon_adaln')}" if muon else '')
+        return c.get('optimizer', 'adamw') + (f", muon_adaln={c.get('muon_adaln')}" if muon else '') + \
+            (', target_lr_scale != 1' if c.get('target_lr_scale', 1.0) != 1 else '')  # its own groups
     if setup(ckpt['config']) != setup(cfg):
         fail(f"{resume_path} was trained with optimizer={setup(ckpt['config'])}, but this config asks for "
              f"optimizer={setup(cfg)}: its optimizer state fits only its own setting, so resume with that, or "
@@ -435,7 +441,7 @@ while True:
     for opt in optimizers:
         for group in opt.param_groups:  # each group on the one curve, between its own peak and floor
             group['lr'] = get_lr(iter_num, group['initial_lr'], group['min_lr'])
-    law = order_at(iter_num)
+    law = warmup_order(warmup, iter_num / order_warmup_iters) if iter_num < order_warmup_iters else order_at(iter_num)
 
     resumed_here = iter_num == start_iter > 0 and not eval_only  # that eval is already in the log
     if (iter_num % eval_interval == 0 or iter_num == max_iters or eval_only) and not resumed_here:

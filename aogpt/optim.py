@@ -86,7 +86,7 @@ def newton_schulz(g, coefficients, steps, eps, dtype):
 
 
 def configure_optimizers(model, weight_decay, learning_rate, betas, device_type, optimizer='adamw', min_lr=0.0,
-                         muon_lr=0.02, muon_adaln=True, muon_dtype='bfloat16'):
+                         muon_lr=0.02, muon_adaln=True, muon_dtype='bfloat16', target_lr_scale=1.0):
     """The optimizers to step, AdamW first: optimizer='adamw' [AdamW] (the paper's), 'muon' [AdamW, Muon].
 
     Muon (torch.optim.Muon) takes the blocks' hidden matrices (attention c_attn/c_proj, MLP c_fc/c_proj; SwiGLU's c_fc
@@ -101,7 +101,12 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
     and min_lr, its floor, the same fraction min_lr / learning_rate of its peak for every group; the caller
     moves each group's lr along one warmup-and-decay curve between the two (train.py's get_lr). Another
     optimizer is one more entry here and in OPTIMIZER_KEYS: train.py's schedule, steps and checkpoint take the
-    list as it is."""
+    list as it is.
+
+    target_lr_scale: the target conditioning (the target table wtpe, the AdaLN Linears: what an adaptation adds to
+    a GPT) in groups of their own, each optimizer's peak and floor times this (finding 11's lever: the new parts
+    learn at their own rate beside the copied ones). At 1 there are no such groups, so the groups, and a saved
+    state's layout, are the ones every run before it had."""
     if optimizer not in OPTIMIZER_KEYS:
         raise ValueError(f"optimizer must be {' or '.join(OPTIMIZER_KEYS)}, got {optimizer!r}")
     # Decay every matrix (embeddings and AdaLN included, as in the paper's code); not biases or norms.
@@ -111,18 +116,26 @@ def configure_optimizers(model, weight_decay, learning_rate, betas, device_type,
     def to_muon(name):
         adaln = muon_adaln and 'adaLN' in name and name.endswith('.weight')
         return optimizer == 'muon' and (name.endswith(hidden) or adaln)
-    muon = [p for n, p in named if to_muon(n)]
+    muon = [(n, p) for n, p in named if to_muon(n)]
     swiglu = getattr(model, 'config', None) is not None and model.config.mlp == 'swiglu'
     pieces = {p: 2 for n, p in named if swiglu and to_muon(n) and n.endswith('.mlp.c_fc.weight')}  # [gate; up]
-    decay = [p for n, p in named if p.dim() >= 2 and not to_muon(n)]
-    no_decay = [p for n, p in named if p.dim() < 2]
-    schedule = dict(initial_lr=learning_rate, min_lr=min_lr)  # AdamW's
-    groups = [{'params': decay, 'weight_decay': weight_decay, **schedule},
-              {'params': no_decay, 'weight_decay': 0.0, **schedule}]
+    decay = [(n, p) for n, p in named if p.dim() >= 2 and not to_muon(n)]
+    no_decay = [(n, p) for n, p in named if p.dim() < 2]
+    target = (lambda n: 'wtpe' in n or 'adaLN' in n) if target_lr_scale != 1 else (lambda n: False)
+
+    def split(pairs, peak, floor, **kw):
+        """pairs' parameters as one group on (peak, floor), the target conditioning's as a group on the scaled pair
+        (only when it has any)."""
+        own = [{'params': [p for n, p in pairs if not target(n)], 'initial_lr': peak, 'min_lr': floor, **kw}]
+        new = [p for n, p in pairs if target(n)]
+        return own + ([{'params': new, 'initial_lr': peak * target_lr_scale, 'min_lr': floor * target_lr_scale,
+                        **kw}] if new else [])
+    groups = split(decay, learning_rate, min_lr, weight_decay=weight_decay) + \
+        split(no_decay, learning_rate, min_lr, weight_decay=0.0)
     fused = device_type == 'cuda'
     optimizers = [torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused)]
     if optimizer == 'muon':  # its floor: min_lr's fraction of muon_lr (min_lr <= learning_rate: 0 when that is)
         floor = min_lr * muon_lr / learning_rate if learning_rate > 0 else 0.0
-        optimizers.append(Muon([{'params': muon, 'initial_lr': muon_lr, 'min_lr': floor}], lr=muon_lr,
-                               weight_decay=weight_decay, ns_dtype=getattr(torch, muon_dtype), pieces=pieces))
+        optimizers.append(Muon(split(muon, muon_lr, floor), lr=muon_lr, weight_decay=weight_decay,
+                               ns_dtype=getattr(torch, muon_dtype), pieces=pieces))
     return optimizers

@@ -171,6 +171,33 @@ def l2r_mix(w):
     return Order([(w, 'l2r', None), (1 - w, 'random', None)], f"mix:{_num(w)}*l2r+{_num(1 - w)}*random")
 
 
+WARMUP_GRAMMAR = "'' (none), nearl2r:A:B (the window W from A > 0 to B) or semiar:A:B (the block K from A >= 1 to B)"
+
+
+def parse_warmup(spec):
+    """train.py's order_warmup, an order that moves toward `order` in the run's first order_warmup_iters steps:
+    '' -> None; 'nearl2r:A:B' or 'semiar:A:B' -> (kind, A, B), its parameter's start and end. Raises UserError."""
+    if spec == '':
+        return None
+    parts = spec.replace(' ', '').split(':') if isinstance(spec, str) else []
+    if len(parts) == 3 and parts[0] == 'nearl2r':
+        a, b = _real(parts[1], 0, math.inf), _real(parts[2], 0, math.inf)
+        if a and b:  # > 0: the growth is geometric
+            return 'nearl2r', a, b
+    if len(parts) == 3 and parts[0] == 'semiar' and _int(parts[1], 1) and _int(parts[2], 1):
+        return 'semiar', _int(parts[1], 1), _int(parts[2], 1)
+    raise UserError(f"order_warmup must be {WARMUP_GRAMMAR}, got {spec!r}")
+
+
+def warmup_order(warmup, frac):
+    """The law of order_warmup (kind, A, B) a fraction frac in [0, 1) of the way: its parameter A (B / A)^frac,
+    geometric (each doubling of the window or block takes as many steps), a block rounded to an integer."""
+    kind, a, b = warmup
+    p = a * (b / a) ** frac
+    p = max(1, round(p)) if kind == 'semiar' else p
+    return Order([(1.0, kind, p)], f"{kind}:{_num(p)}")
+
+
 def as_order(order):
     """An Order as it is, a spec string parsed."""
     return order if isinstance(order, Order) else parse_order(order)

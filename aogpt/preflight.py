@@ -28,12 +28,13 @@ from aogpt import ROOT
 from aogpt.bins import bin_problem, meta_dtype, open_bin, read_meta
 from aogpt.checkpoint import parse_hub_spec
 from aogpt.errors import UserError
-from aogpt.orders import parse_order
+from aogpt.orders import parse_order, parse_warmup
 from aogpt.tokenizer import get_codec
 from aogpt.optim import OPTIMIZER_KEYS
 from model import GPTConfig, config_fields
 
-ORDER_KEYS = ('order', 'l2r_frac_end', 'l2r_frac_iters')  # a decoder's order settings (the encoder MDM reads none)
+# a decoder's order settings (the encoder MDM reads none)
+ORDER_KEYS = ('order', 'l2r_frac_end', 'l2r_frac_iters', 'order_warmup', 'order_warmup_iters')
 
 
 def check_config(cfg, given=()):
@@ -47,7 +48,8 @@ def check_config(cfg, given=()):
     for k in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters', 'eval_interval', 'eval_iters',
               'eval_orders', 'log_interval'):
         need(cfg[k] >= 1, k, "an integer >= 1")
-    for k in ('ckpt_interval', 'keep_ckpt_every', 'warmup_iters', 'lr_decay_iters', 'l2r_frac_iters'):
+    for k in ('ckpt_interval', 'keep_ckpt_every', 'warmup_iters', 'lr_decay_iters', 'l2r_frac_iters',
+              'order_warmup_iters'):
         need(cfg[k] >= 0, k, "an integer >= 0")
     for k in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops', 'muon_lr'):
         need(0 <= cfg[k] < math.inf, k, "a number >= 0")
@@ -57,6 +59,7 @@ def check_config(cfg, given=()):
         need(0 <= cfg[k] < 1, k, "in [0, 1)")
     need(cfg['l2r_frac_end'] is None or 0 <= cfg['l2r_frac_end'] <= 1, 'l2r_frac_end',
          "a probability in [0, 1], or None")
+    need(0 < cfg['target_lr_scale'] < math.inf, 'target_lr_scale', "a number > 0 (1: the groups' own rates)")
     need(cfg['optimizer'] in OPTIMIZER_KEYS, 'optimizer', ' or '.join(OPTIMIZER_KEYS))
     need(cfg['muon_dtype'] in ('bfloat16', 'float32'), 'muon_dtype', "bfloat16 or float32")
     for other, keys in OPTIMIZER_KEYS.items():  # a setting of another optimizer than the run's would be ignored
@@ -66,6 +69,9 @@ def check_config(cfg, given=()):
                             f"optimizer={other!r}, but this run uses optimizer={cfg['optimizer']!r}: add "
                             f"--optimizer={other}, or leave {'it' if len(ignored) == 1 else 'them'} out")
     order = parse_order(cfg['order'])  # its line names the order
+    if (parse_warmup(cfg['order_warmup']) is None) != (cfg['order_warmup_iters'] == 0):
+        raise UserError(f"order_warmup={cfg['order_warmup']!r} and order_warmup_iters={cfg['order_warmup_iters']} go "
+                        f"together: an order to start on and the steps it lasts (both, or neither)")
     if order.fixed:
         order.permutation(cfg['block_size'])  # its blocks must divide the length
     need(cfg['dtype'] in ('auto', 'float32', 'bfloat16', 'float16'), 'dtype', "auto, float32, bfloat16 or float16")
@@ -141,7 +147,11 @@ def check_model(model_args, cfg, order, data_vocab, data_dir, given=()):
                         "vocab_size)")
     if cfg['block_size'] > model_args['block_size']:
         raise UserError(f"block_size {cfg['block_size']} > the model's {model_args['block_size']}")
-    if model_args['causal'] and model_args['cond'] == 'none' and not (order.is_l2r or order.fixed):
+    if model_args['cond'] == 'none' and cfg['target_lr_scale'] != 1:
+        raise UserError(f"target_lr_scale={cfg['target_lr_scale']} scales the target conditioning's learning rate, "
+                        f"but this model (cond='none') has none: leave it out, or set cond='adaln' or 'sigma'")
+    if model_args['causal'] and model_args['cond'] == 'none' and (cfg['order_warmup'] or not
+                                                                  (order.is_l2r or order.fixed)):
         raise UserError("a GPT (cond='none') is never told which position to predict, so it cannot train on random "
                         "orders: use order='l2r' (or a fixed order, fixed:S), or cond='adaln' / 'sigma'")
 
@@ -157,7 +167,10 @@ def check_orders(causal, cfg, order, given):
                             f"so {'it' if len(keys) == 1 else 'they'} would be ignored; leave "
                             f"{'it' if len(keys) == 1 else 'them'} out")
         return
-    schedule = [k for k in ORDER_KEYS[1:] if k in given]
+    if cfg['order_warmup'] and order.fixed:
+        raise UserError(f"order_warmup={cfg['order_warmup']!r} would be ignored: a run on a fixed order "
+                        f"({order.spec}) trains on it from the first step; leave it out")
+    schedule = [k for k in ORDER_KEYS[1:3] if k in given]
     if schedule and order.l2r_weight is None:
         raise UserError(f"{', '.join(schedule)} move{'s' if len(schedule) == 1 else ''} the L2R weight of order "
                         f"random, l2r or mix:w*l2r+(1-w)*random, but this run trains on order={order.spec!r}, so "

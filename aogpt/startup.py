@@ -169,18 +169,22 @@ def hf_folder(init_from):
 
 def adapted(src, cfg, given, where):
     """The GPT src adapted into the run's cond (model.adapt: exactly src at step 0), or the one line that says why
-    it cannot be: an encoder is not a GPT, and an init key that would draw the AdaLN Linears is moot."""
+    it cannot be: an encoder is not a GPT, closed gates are not the GPT, and of the two init scales (target_std:
+    the table drawn, the Linears zero; adaln_std: the Linears drawn, the table zero) one is the start's."""
     if not src.config.causal:
         raise UserError(f"{where} is an encoder MDM (causal=False): its attention sees every position, so it is no "
                         f"left-to-right model to adapt into cond={cfg['cond']!r}; adapt a GPT (causal=True, "
                         f"cond='none'), or train cond={cfg['cond']!r} from scratch")
-    moot = [f"{k}={cfg[k]!r}" for k, keep in (('adaln_init', 'gate1'), ('adaln_std', None))
-            if k in given and cfg[k] != keep] if cfg['cond'] == 'adaln' else []
-    if moot:
-        raise UserError(f"adapting {where} into cond='adaln' starts the AdaLN Linears at zero with their gates open, "
-                        f"so that the model is its source at step 0; {', '.join(moot)} would start them otherwise: "
-                        f"leave {'it' if len(moot) == 1 else 'them'} out")
-    return adapt(src, cfg['cond'], target_dim=cfg['target_dim'], target_std=cfg['target_std'])
+    if cfg['cond'] == 'adaln' and 'adaln_init' in given and cfg['adaln_init'] != 'gate1':
+        raise UserError(f"adapting {where} into cond='adaln' opens the AdaLN gates (adaln_init='gate1'), so that the "
+                        f"model is its source at step 0; adaln_init={cfg['adaln_init']!r} would close them: leave it "
+                        f"out")
+    std = cfg['adaln_std'] if cfg['cond'] == 'adaln' else None
+    if std is not None and 'target_std' in given:  # the table starts at zero: its std is never drawn with
+        raise UserError(f"adapting {where} with adaln_std={std} draws the AdaLN Linears and starts the target table "
+                        f"at zero (so that the model is its source at step 0), so target_std={cfg['target_std']} "
+                        f"would be ignored: set one of the two (target_std: the table drawn, the Linears at zero)")
+    return adapt(src, cfg['cond'], adaln_std=std, target_dim=cfg['target_dim'], target_std=cfg['target_std'])
 
 
 def resume_state(ckpt, optimizers, scaler, ema):

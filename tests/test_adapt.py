@@ -43,17 +43,21 @@ def logits(model, x, order=None):
         return model(x, order=order)[0]
 
 
-@pytest.mark.parametrize('cond', ['adaln', 'sigma'])
+@pytest.mark.parametrize('cond,adaln_std', [('adaln', None), ('adaln', 0.2), ('sigma', None)])
 @pytest.mark.parametrize('norm', ['rms', 'layer'])
-def test_adapt_computes_the_gpt_bit_for_bit_and_can_learn_the_target(cond, norm):
+def test_adapt_computes_the_gpt_bit_for_bit_and_can_learn_the_target(cond, adaln_std, norm):
     """Every order, not only L2R: slot k predicts from the tokens revealed before it, as the GPT fed the permuted
     tokens does; and adaln_table (the same function computed per position) as well. Then one backward pass: the
-    new parts get a gradient, so the model can start reading the target (a zero gradient would leave it a GPT)."""
+    new parts get a gradient, so the model can start reading the target (a zero gradient would leave it a GPT):
+    the Linears when the table is drawn, the table when the Linears are (adaln_std)."""
     src = gpt(norm=norm, tie_head=norm == 'layer')
     x = torch.randint(0, 64, (3, N), generator=torch.Generator().manual_seed(1))
     order = random_orders(3, N, generator=torch.Generator().manual_seed(2))
     torch.manual_seed(5)
-    model = adapt(src, cond, target_dim=8)
+    model = adapt(src, cond, adaln_std=adaln_std, target_dim=8)
+    if adaln_std is not None:  # the Linears drawn at that scale, not zero; the table zero
+        w = model.transformer.h[0].adaLN[1].weight
+        assert 0.5 * adaln_std < w.std() < 1.5 * adaln_std and not model.transformer.wtpe.weight.any()
     assert model.config.cond == cond and model.any_order
     for table in (False, True):
         model.config.adaln_table = table
@@ -62,7 +66,7 @@ def test_adapt_computes_the_gpt_bit_for_bit_and_can_learn_the_target(cond, norm)
     model.train()
     model(x, order=order, targets=x)[1].backward()
     new = ([b.adaLN[1].weight for b in model.transformer.h] + [model.transformer.adaLN_f[1].weight]
-           if cond == 'adaln' else [model.transformer.wtpe.weight])
+           if cond == 'adaln' and adaln_std is None else [model.transformer.wtpe.weight])
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in new)
     shared = dict(src.named_parameters())
     assert all(torch.equal(p, shared[k]) for k, p in model.named_parameters() if k in shared)
@@ -188,8 +192,11 @@ def other_sources(env):
     ('adapt_src', ['--cond=adaln', '--dataset=runs_other'], "runs_other is tokenized with a char codec (12 symbols), "
                                                             "but"),
     ('adapt_src', ['--cond=adaln', '--adaln_init=paper'],
-     "starts the AdaLN Linears at zero with their gates open, so that the model is its source at step 0; "
-     "adaln_init='paper' would start them otherwise: leave it out"),
+     "opens the AdaLN gates (adaln_init='gate1'), so that the model is its source at step 0; adaln_init='paper' "
+     "would close them: leave it out"),
+    ('adapt_src', ['--cond=adaln', '--adaln_std=0.2', '--target_std=1.0'],
+     "with adaln_std=0.2 draws the AdaLN Linears and starts the target table at zero (so that the model is its "
+     "source at step 0), so target_std=1.0 would be ignored"),
     ('gpt2', ['--cond=adaln'], "runs is tokenized with a char codec (12 symbols), but gpt2:"),
     ('gpt2', ['--cond=adaln', '--dataset=runs_gpt2', '--block_size=32'],
      "holds a model of block_size 16 (GPT-2's positions less the one the [None] start slot takes)"),

@@ -83,6 +83,7 @@ def test_l2r_logits_equal_the_source_in_float64_and_float32(tmp_path, name):
         worst = {'none': (ours(x)[0] - ref).abs().max().item()}
         for cond in ('adaln', 'sigma'):
             worst[cond] = (adapt(ours, cond).double().eval()(x)[0] - ref).abs().max().item()
+        worst['adaln_std'] = (adapt(ours, 'adaln', adaln_std=0.2).double().eval()(x)[0] - ref).abs().max().item()
     print(f"{name}: max |dlogit| float64 {worst}, float32 {(got32 - ref32).abs().max().item():.2e}")
     assert max(worst.values()) < 1e-10, worst
     torch.testing.assert_close(got32, ref32, atol=1e-5, rtol=0)

@@ -264,3 +264,18 @@ def test_a_scheduled_run_trained_at_its_end_on_the_schedules_end(cfg):
     (what sample.py's auto order reads: random, as before), not on its first law."""
     assert spec_of_config(cfg) == 'mix:0.1*l2r+0.9*random'
     assert spec_of_config(dict(cfg, l2r_frac_end=0.0)) == 'random'
+
+
+def test_order_warmup_grows_its_window_or_block_geometrically_from_a_to_b():
+    """train.py's order_warmup: its parameter A (B / A)^frac, each doubling taking as many steps (a block rounded to an
+    integer); a spec outside the grammar is one line naming the key."""
+    from aogpt.orders import parse_warmup, warmup_order
+    assert parse_warmup('') is None
+    w = parse_warmup('nearl2r:1:32')
+    assert [warmup_order(w, f).comps[0][2] for f in (0, 0.2, 0.4, 0.8)] == pytest.approx([1, 2, 4, 16])
+    s = parse_warmup('semiar:2:32')
+    assert [warmup_order(s, f).spec for f in (0, 0.25, 0.5, 0.99)] == ['semiar:2', 'semiar:4', 'semiar:8', 'semiar:31']
+    assert warmup_order(parse_warmup('semiar:16:1'), 0.5).spec == 'semiar:4'  # a shrinking block works as well
+    for bad in ('nearl2r:0:8', 'semiar:0:8', 'semiar:4', 'random:1:2', 'nearl2r:1:inf', 'semiar:1:²', 3):
+        with pytest.raises(UserError, match="order_warmup must be '' \\(none\\), nearl2r:A:B"):
+            parse_warmup(bad)

@@ -548,6 +548,8 @@ def _adapt_logs(speed, split_ao, split_l2r, seeds=(1, 2)):
             logs[f'ao_{opt}_s{s}'] = _log(1.0, 1.5, shift)
             logs[f'full{"_muon" if opt == "muon" else ""}_s{s}'] = _log(speed, 1.4, shift, n=21)
         logs[f'gpt_s{s}'] = [dict(r, val_ao=None) for r in _log(1.0, 1.2, shift)]
+        for name, *_ in AD.LEVERS:  # every lever as fast as the recipe, the plain adaptation slower
+            logs[f'{name}_s{s}'] = _log(1.0 if name == 'as_is' else speed, 1.4, shift, n=21)
         for S in (1500, 3000, 4500):
             logs[f'split{S}_s{s}'] = [dict(iter=k * 100, val_ao=split_ao + shift + (S - 3000) / 1e5,
                                            val_l2r=split_l2r + shift) for k in range((6000 - S) // 100 + 1)]
@@ -561,8 +563,9 @@ def _adapt_logs(speed, split_ao, split_l2r, seeds=(1, 2)):
 ])
 def test_finding11_verdict_follows_the_curves(speed, split_ao, split_l2r, want, checks):
     from findings import adapt as A
-    d = dict(logs=_adapt_logs(speed, split_ao, split_l2r), splits=[1500, 3000, 4500])
+    d = dict(logs=_adapt_logs(speed, split_ao, split_l2r), splits=[1500, 3000, 4500], lever_seeds=[2])
     j = A.judge(d, [1, 2], 6000, 0.3)
+    assert j['levers']['as_is'][0]['steps'] is None and len(j['levers']) == len(A.LEVERS)
     assert j['verdict'] == want and j['checks'] == checks and j['best'] == 1500  # the lowest any-order end
     r = j['sunk'][0]['adamw']
     if speed == 5.0:  # 1.4 + 2 exp(-5 t / 1000) = the scratch end (1.5 + 2 exp(-6), a mean of 3 evals): t ~ 590
@@ -579,24 +582,29 @@ def test_finding11_report_replot_and_bad_settings(tmp_path, capsys):
     from findings import adapt as A
     logs = _adapt_logs(5.0, 1.45, 0.9)
     d = dict(config=dict(budget=6000, sunk=2000, ratio=0.3, eval_interval=100, learning_rate=6e-3, muon_lr=0.01),
-             seeds=[1, 2], splits=[1500, 3000, 4500], reused=[], logs=logs, what={k: k for k in logs},
+             seeds=[1, 2], lever_seeds=[1, 2], recipe='tstd1', vocab=49, splits=[1500, 3000, 4500], reused=[],
+             logs=logs, what={k: k for k in logs},
              commands={k: f'python train.py {k}' for k in logs}, cpu_min=0.0)
     A.report(SimpleNamespace(results_dir=str(tmp_path), quick=False, device='cpu', runs_dir='runs'), d,
              'python findings/adapt.py')
     md = (tmp_path / A.SECTION).read_text()
     row = next(line for line in md.splitlines() if line.startswith('| 11 | '))
-    assert '**met**' in row and 'best split 1500 L2R + 4500 adaptation' in row
+    assert '**met**' in row and 'best split 1500 L2R + 4500 adaptation' in row and 'recipe tstd1' in row
+    assert f"| as_is | start | {A.LEVER_WHAT['as_is']} | 2 | " in md  # every lever tried, each seed
+    assert 'scores 3.4' in md and 'than a uniform guess over the 49 characters' not in md
     assert md.count('`python train.py ') == len(logs)
     assert json.loads((tmp_path / A.RECORD).read_text())['judged']['row'] == row
-    (tmp_path / A.FIG).unlink()
+    (tmp_path / A.FIG).unlink(), (tmp_path / A.LEVER_FIG).unlink()
     A.main(['--replot', f'--results_dir={tmp_path}'])
-    assert (tmp_path / A.FIG).exists()
+    assert (tmp_path / A.FIG).exists() and (tmp_path / A.LEVER_FIG).exists()
     dirs = ['--runs_dir', str(tmp_path / 'runs'), '--results_dir', str(tmp_path / 'res')]
     for argv, says in [(['--splits', '15'], "--splits must be a comma-separated list of steps in (0, budget=40), "
                                             "multiples of eval_interval=10"),
                        (['--splits', '10,10'], "--splits 10,10 names a split twice"),
                        (['--ratio', '1.5'], "--ratio must be in (0, 1], got 1.5"),
-                       (['--budget', '45'], "--budget (45) must be a multiple of --eval_interval (10)")]:
+                       (['--budget', '45'], "--budget (45) must be a multiple of --eval_interval (10)"),
+                       (['--lever_seeds', '9'], "--lever_seeds 9 must be among --seeds 1337,2,3,4"),
+                       (['--recipe', 'fast'], "--recipe must name a lever: as_is, tstd1, ")]:
         capsys.readouterr()
         with pytest.raises(SystemExit) as e:
             A.main(['--quick', *argv, *dirs])

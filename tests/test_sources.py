@@ -158,6 +158,35 @@ def test_a_source_starts_at_its_own_loss_with_its_tokenizer_as_the_codec(source,
         assert torch.equal(model(x)[0], again(x)[0])
 
 
+RECIPE_KEYS = ('target_std', 'adaln_std', 'target_lr_scale', 'order_warmup', 'order_warmup_iters')
+
+
+def recipe(config):
+    """finding 11's recipe as an adapt config carries it: its keys among RECIPE_KEYS, read as the configurator
+    reads a config file (plain assignments)."""
+    env = {}
+    exec(open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'config', config)).read(), env)
+    return {k: env[k] for k in RECIPE_KEYS if k in env}
+
+
+@pytest.mark.parametrize('config', ['adapt_smollm2_135m.py', 'adapt_qwen3_0p6b.py'])
+def test_the_adapt_configs_recipe_starts_at_the_source_and_trains_on_every_family(source, monkeypatch, config):
+    """The levers finding 11 chose, as config/adapt_*.py carries them, on a Llama and a Qwen3 folder: the adapted
+    model is still the source at step 0 (val_l2r = transformers' loss, as above), and it trains with them."""
+    family, root, folder, hf, data = source
+    keys = recipe(config)
+    assert keys, f"config/{config} carries no recipe key"
+    extra = [f'--{k}={v}' for k, v in keys.items()]
+    out = f'recipe_{config[:-3]}'
+    run_inprocess(monkeypatch, train_args(root, out, f'--init_from={folder}', '--cond=adaln', '--max_iters=2',
+                                          '--eval_interval=2', *extra))
+    val = torch.from_numpy(bins.load_bin(str(data), 'val').astype(np.int64))
+    first, last = log(root, out)[0], log(root, out)[-1]
+    assert first['val_l2r'] == pytest.approx(source_loss(hf, val, FAMILIES[family][5]), rel=1e-5)
+    assert last['iter'] == 2 and np.isfinite(last['val_ao'])
+    assert {k: load_checkpoint(str(root / out))['config'][k] for k in keys} == keys  # recorded as given
+
+
 def test_a_source_folder_judges_samples_in_its_own_codec(source):
     """genppl.load_judge(<Llama/Qwen folder>): the folder's model through the loader, its tokenizer as the codec,
     reading from its BOS, or where it has none from the samples' end of document when they share its

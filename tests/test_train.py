@@ -193,7 +193,7 @@ def is_perm(row):
 
 
 @pytest.mark.parametrize('mode', ['l2r', 'fixed_random', 'block_random', 'random0', 'random1', 'random_half',
-                                  'schedule'])
+                                  'schedule', 'warmup'])
 def test_every_order_mode_trains_on_exactly_its_orders(env, monkeypatch, mode, tmp_path):
     extra = {'l2r': ['--order=l2r'],
              'fixed_random': ['--order=fixed:3'],
@@ -201,7 +201,8 @@ def test_every_order_mode_trains_on_exactly_its_orders(env, monkeypatch, mode, t
              'random0': ['--order=random'],
              'random1': ['--order=mix:1*l2r+0*random'],  # the old l2r_frac=1: permutations drawn, all set to L2R
              'random_half': ['--order=mix:0.5*l2r+0.5*random'],
-             'schedule': ['--order=l2r', '--l2r_frac_end=0.0', '--l2r_frac_iters=4']}[mode]
+             'schedule': ['--order=l2r', '--l2r_frac_end=0.0', '--l2r_frac_iters=4'],
+             'warmup': ['--order=random', '--order_warmup=semiar:1:16', '--order_warmup_iters=2']}[mode]
     seen = capture_orders(monkeypatch)
     iters = 4
     run_inprocess(monkeypatch, args(env, tmp_path.name, f'--max_iters={iters}', f'--eval_interval={iters}',
@@ -229,6 +230,10 @@ def test_every_order_mode_trains_on_exactly_its_orders(env, monkeypatch, mode, t
         assert is_id.all()
     elif mode == 'random_half':
         assert 16 <= is_id.sum() <= 48  # Binomial(64, 0.5); outside is a <1e-4 event for a fixed seed
+    elif mode == 'warmup':  # semiar's block 1 (L2R) at step 0, 1 * 16^(1/2) = 4 at step 1, then the run's random
+        first, second, rest = rows[:16], rows[16:32], rows[32:]
+        assert (first == ident).all() and not is_id[16:].any()
+        assert ((second // 4) == (ident // 4)).all() and not (rest // 4 == ident // 4).all(1).any()
     else:  # l2r_frac 1 -> 0 linearly over 4 iterations: 1, .75, .5, .25
         per_iter = is_id.view(iters, -1).float().mean(1)
         assert per_iter[0] == 1.0 and per_iter[-1] < 1.0 and per_iter[-1] <= per_iter[1]
@@ -823,6 +828,31 @@ def test_muon_takes_the_blocks_hidden_matrices_and_adamw_the_rest():
     assert isinstance(only, torch.optim.AdamW) and sum(len(g['params']) for g in only.param_groups) == len(names)
 
 
+@pytest.mark.parametrize('optimizer', ['adamw', 'muon'])
+def test_target_lr_scale_gives_the_target_conditioning_its_own_peak_and_floor(optimizer):
+    """The target table and the AdaLN Linears (what an adaptation adds) train at target_lr_scale times each
+    optimizer's peak and floor, in groups of their own beside the unchanged ones; every parameter in exactly one
+    group. At 1 the groups are the ones every run had before the key (a saved state's layout)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, target_dim=8, block_size=N, vocab_size=64))
+    names = {p: n for n, p in model.named_parameters()}
+    new = {n for n in names.values() if 'wtpe' in n or 'adaLN' in n}
+    kw = dict(optimizer=optimizer, min_lr=1e-4, muon_lr=0.02)
+    plain = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), 'cpu', **kw)
+    scaled = configure_optimizers(model, 0.1, 1e-3, (0.9, 0.95), 'cpu', target_lr_scale=3.0, **kw)
+    for a, b in zip(plain, scaled):
+        assert len(a.param_groups) == (1 if optimizer == 'muon' and a is plain[-1] else 2)
+        peaks = {names[p]: (g['initial_lr'], g['min_lr']) for g in a.param_groups for p in g['params']}
+        for g in b.param_groups:
+            for p in g['params']:
+                lr, floor = peaks.pop(names[p])
+                k = 3.0 if names[p] in new else 1.0
+                assert (g['initial_lr'], g['min_lr']) == (pytest.approx(k * lr), pytest.approx(k * floor))
+                assert all(names[q] in new for q in g['params']) == (names[p] in new)  # groups never mix the two
+        assert not peaks  # every parameter once
+    assert len(scaled[0].param_groups) == 4  # decay and no_decay, each split
+
+
 def test_muon_step_is_torchs_and_float32_changes_only_the_iteration():
     """aogpt.optim.Muon with bfloat16 is torch.optim.Muon (its own step); Muon._step, the path muon_dtype=float32 takes,
     is torch's step bit for bit when run in bfloat16 (same ops in the same order, so exact on any CPU), for tall,
@@ -1156,6 +1186,16 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
      "trains on order='semiar:4', so they would be ignored"),
     (['--order=fixed:2', '--l2r_frac_end=0.5'], "but this run trains on order='fixed:2', so it would be ignored"),
     (['--l2r_frac_iters=100'], "l2r_frac_iters is the length of the l2r_frac_end schedule, but l2r_frac_end is not set"),
+    (['--order_warmup=nearl2r:1:8'], "order_warmup='nearl2r:1:8' and order_warmup_iters=0 go together"),
+    (['--order_warmup_iters=5'], "order_warmup='' and order_warmup_iters=5 go together"),
+    (['--order=fixed:2', '--order_warmup=semiar:1:4', '--order_warmup_iters=2'],
+     "order_warmup='semiar:1:4' would be ignored: a run on a fixed order (fixed:2) trains on it from the first step"),
+    (['--cond=none', '--order=l2r', '--order_warmup=semiar:1:4', '--order_warmup_iters=2'],
+     "a GPT (cond='none') is never told which position to predict"),
+    (['--cond=none', '--order=l2r', '--target_lr_scale=3'],
+     "target_lr_scale=3.0 scales the target conditioning's learning rate, but this model (cond='none') has none"),
+    (['--causal=False', '--cond=none', '--order_warmup=semiar:1:4', '--order_warmup_iters=2'],
+     "order_warmup, order_warmup_iters: the encoder MDM (causal=False) trains on random masks, not orders"),
     (['--causal=False', '--cond=none', '--order=nearl2r:2'],
      "order: the encoder MDM (causal=False) trains on random masks, not orders, so it would be ignored"),
     # the old spellings of the orders: one line with the new form
@@ -1188,7 +1228,8 @@ def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, ar
     '--beta1=1.0', '--beta2=1.5', '--ema_decay=1.0', '--max_iters=-3', '--max_iters=0', '--eval_interval=0',
     '--eval_iters=0', '--eval_orders=0', '--log_interval=0', '--batch_size=0', '--ckpt_interval=-1',
     '--keep_ckpt_every=-1', '--warmup_iters=-1', '--lr_decay_iters=-1', '--l2r_frac_iters=-1',
-    '--l2r_frac_end=-0.5', '--dtype=float8', '--device=tpu',
+    '--l2r_frac_end=-0.5', '--dtype=float8', '--device=tpu', '--order_warmup=nearl2r:0:4', '--order_warmup=semiar:2',
+    '--order_warmup_iters=-1', '--target_lr_scale=0',
     '--device=cuda:x', '--wandb_mode=maybe', '--out_dir=', '--peak_flops=-1', '--optimizer=lion', '--muon_lr=-0.02',
     '--loss_chunk=-1',
 ])
