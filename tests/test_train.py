@@ -1063,7 +1063,12 @@ def test_resuming_with_another_optimizer_is_refused_in_one_line(env, monkeypatch
             ('a', [], ['--optimizer=muon'],
              "optimizer=adamw, but this config asks for optimizer=muon, muon_adaln=True"),
             ('m', ['--optimizer=muon'], ['--optimizer=muon', '--muon_adaln=False'],
-             "optimizer=muon, muon_adaln=True, but this config asks for optimizer=muon, muon_adaln=False")]:
+             "optimizer=muon, muon_adaln=True, but this config asks for optimizer=muon, muon_adaln=False"),
+            # target_lr_scale != 1 puts the target conditioning in groups of its own (another layout of the state)
+            ('t', [], ['--target_lr_scale=3'],
+             "optimizer=adamw, but this config asks for optimizer=adamw, target_lr_scale != 1"),
+            ('u', ['--target_lr_scale=3'], [],
+             "optimizer=adamw, target_lr_scale != 1, but this config asks for optimizer=adamw")]:
         argv = args(env, '', f'--out_dir={tmp_path / name}', '--eval_interval=2')
         run_inprocess(monkeypatch, argv + ['--max_iters=2', *saved])
         before = (tmp_path / name / 'ckpt.pt').read_bytes()
