@@ -46,7 +46,7 @@ from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from aogpt.tokenizer import get_codec  # noqa: E402
 from findings import optimizers as O  # noqa: E402
 from findings import reproduce as R  # noqa: E402
-from findings.report import merge_section, nonfinite  # noqa: E402
+from findings.report import merge_section, nonfinite, previous_verdicts, verdict_changes  # noqa: E402
 
 # -----------------------------------------------------------------------------
 quick = False                  # tiny runs: the pipeline end to end; nothing is judged
@@ -337,6 +337,8 @@ def report(c, d, cmd):
                 f"(seeds {', '.join(map(str, seeds))}; scratch seed spread {j['noise']['val_ao']:.3f} any-order, "
                 f"{j['noise']['val_l2r']:.3f} L2R)")
     row = f"| 11 | {claim} ([plot]({FIG}), [levers]({LEVER_FIG})) | **{v}** | {evidence} |"
+    changes = verdict_changes(previous_verdicts(os.path.join(res, RECORD), lambda r: {'11': r['judged']['verdict']}),
+                              {'11': v})
     md = [f"## Finding 11: adapting a trained GPT into an AO-GPT{' (QUICK: nothing judged)' if c.quick else ''}", '',
           f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, "
           + (f"{d['cpu_min']:.1f} CPU-core-minutes for the runs it trained (runs reused cost nothing here)"
@@ -351,7 +353,7 @@ def report(c, d, cmd):
           f"steps for {budget} - S steps (finding 9's near-constant schedule, so the GPT at S steps is a GPT trained "
           f"for S). End: mean of the last 3 evals; steps to a loss interpolated on the eval curve; ± half the range "
           f"over {len(seeds)} seeds.", '',
-          '| # | claim | verdict | evidence |', '|---|---|---|---|', row, '',
+          changes, '', '| # | claim | verdict | evidence |', '|---|---|---|---|', row, '',
           f"**The start.** At step 0 the adapted model is the GPT, for every order: each slot predicts the character "
           f"after the last one revealed, whatever its target. On a uniform order that is the right position in few "
           f"slots, so the step-0 model scores {at0:.2f} nats/char any-order (seed mean)"
