@@ -47,8 +47,10 @@ _LAWS = {}
 
 def doc_law(model, order, given=None):
     """{first document: probability}: the exact law of whole sequences along `order` (enumeration),
-    summed over the sequences that share a first document (kept per model, order and prompt)."""
-    key = (id(model), order, None if given is None else tuple(given.tolist()))
+    summed over the sequences that share a first document (kept per model, order and prompt). Keyed by the model
+    itself, not id(model): m4 is built per backbone, and once one is collected the next may take its id, which
+    gave the rope model the paper model's law (a failure that came and went with the suite's order)."""
+    key = (model, order, None if given is None else tuple(given.tolist()))
     if key not in _LAWS:
         _LAWS[key] = _doc_law(model, order, given)
     return _LAWS[key]
