@@ -369,6 +369,10 @@ def report(c, d, cmd):
             md.append(f"| {name} | {fam} | {what} | {s} | {x['end_ao']:.3f} | "
                       f"{steps_text(x['steps'], x['ratio'], sunk)} | {x['at0_l2r']:.3f} / {x['max_l2r']:.3f} / "
                       f"{x['end_l2r']:.3f} | {x['l2r_kept'] if x['l2r_kept'] is not None else 'all the way'} |")
+    won = {n: [x['ratio'] for x in rows] for n, rows in j['levers'].items() if all(x['ratio'] for x in rows)}
+    md += ['', "Reached the scratch run's end on every seed, by the mean ratio: " + (', '.join(
+        f"{n} {sum(r) / len(r):.2f}x" for n, r in sorted(won.items(), key=lambda t: sum(t[1]))) or 'none')
+        + f". Did not, within {sunk} steps: " + (', '.join(n for n in j['levers'] if n not in won) or 'none') + '.']
     md += ['', f"**The recipe** ({d['recipe']}: {LEVER_WHAT[d['recipe']]}) from the GPT trained {budget} steps (a "
            f"sunk cost), every seed: adaptation steps to the end any-order loss of the scratch run with the same keys "
            f"(and of the paper-default one), against the scratch run's {budget}. L2R kept to step: the first eval at "

@@ -591,6 +591,7 @@ def test_finding11_report_replot_and_bad_settings(tmp_path, capsys):
     row = next(line for line in md.splitlines() if line.startswith('| 11 | '))
     assert '**met**' in row and 'best split 1500 L2R + 4500 adaptation' in row and 'recipe tstd1' in row
     assert f"| as_is | start | {A.LEVER_WHAT['as_is']} | 2 | " in md  # every lever tried, each seed
+    assert "Did not, within 2000 steps: as_is." in md  # the levers that lost, by name
     assert 'scores 3.4' in md and 'than a uniform guess over the 49 characters' not in md
     assert md.count('`python train.py ') == len(logs)
     assert json.loads((tmp_path / A.RECORD).read_text())['judged']['row'] == row
