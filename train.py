@@ -132,9 +132,9 @@ decay_lr = True
 warmup_iters = 2000
 lr_decay_iters = 500000
 min_lr = 6e-5
+target_lr_scale = 1.0  # the target table's and AdaLN Linears' peak and floor, times this (adapting a GPT: finding 11)
 muon_lr = 0.02  # optimizer=muon: Muon's peak; it decays to the same fraction of it as learning_rate to min_lr
 muon_adaln = True  # optimizer=muon: the AdaLN Linears in Muon too (measured better: finding 9); False: AdamW
-target_lr_scale = 1.0  # the target table's and AdaLN Linears' peak and floor, times this (adapting a GPT: finding 11)
 muon_dtype = 'bfloat16'  # optimizer=muon: Newton-Schulz in bfloat16 (torch's) | float32 (faster on CPUs without bf16 units)
 ema_decay = 0.9999  # EMA of the weights, warm-up min(decay, (1+n)/(10+n)); 0 disables
 # system

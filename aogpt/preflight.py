@@ -184,17 +184,17 @@ def check_orders(causal, cfg, order, given):
 def check_step_sizes(optimizers, cfg):
     """A learning rate so large that an optimizer step cannot even apply it: the step multiplies it into scalars
     that torch converts to the weights' float32, AdamW by up to 1/(1 - beta1) (its bias correction at the first
-    step), Muon by sqrt(max(1, rows/cols)) of each matrix (torch's 'original' adjustment), both by weight_decay.
-    Past float32's largest number that is a RuntimeError mid-step; any smaller rate that diverges ends as the
+    step), Muon by sqrt(max(1, rows/cols)) of each matrix (torch's 'original' adjustment), both by weight_decay,
+    and the target conditioning's groups by target_lr_scale. Past float32's largest number that is a RuntimeError mid-step; any smaller rate that diverges ends as the
     non-finite-loss line."""
     top = torch.finfo(torch.float32).max
     for opt in optimizers:
         muon = isinstance(opt, torch.optim.Muon)
         key = 'muon_lr' if muon else 'learning_rate'
         for g in opt.param_groups:
-            gain = (max(math.sqrt(max(1, p.shape[0] / p.shape[1])) for p in g['params']) if muon
+            gain = (max((math.sqrt(max(1, p.shape[0] / p.shape[1])) for p in g['params']), default=1.0) if muon
                     else 1 / (1 - g['betas'][0]))
-            gain = max(gain, g['weight_decay'])
+            gain = max(gain, g['weight_decay']) * g['initial_lr'] / cfg[key] if cfg[key] else 0.0  # target_lr_scale
             if cfg[key] * gain >= top:
                 raise UserError(f"{key}={cfg[key]:g} is too large for a step on float32 weights: "
                                 f"{'Muon' if muon else 'AdamW'} multiplies it by up to {gain:.3g}, past float32's "

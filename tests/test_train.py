@@ -1216,6 +1216,8 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     (['--learning_rate=1e39'], "learning_rate=1e+39 is too large for a step on float32 weights: AdamW multiplies it "
                                "by up to 10"),
     (['--optimizer=muon', '--muon_lr=1e300'], "muon_lr=1e+300 is too large for a step on float32 weights: Muon"),
+    (['--learning_rate=1', '--min_lr=0', '--target_lr_scale=1e38'],  # the scaled groups' step, not the peak's
+     "learning_rate=1 is too large for a step on float32 weights: AdamW multiplies it by up to 1e+39"),
     (['--learning_rate=3e37', '--min_lr=0'], "error: non-finite"),  # the loss line, not a traceback
 ])
 def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, argv, needle):
