@@ -388,6 +388,12 @@ def report(c, d, cmd):
                       f"{steps_text(x['paper_steps'], x['paper_ratio'], sunk)} | {x['at0_l2r']:.3f} / "
                       f"{x['max_l2r']:.3f} / {x['end_l2r']:.3f} ({x['scratch_l2r']:.3f}) | "
                       f"{x['l2r_kept'] if x['l2r_kept'] is not None else 'all the way'} |")
+    if pre == 'lfl':  # what the recipe's keys do without the GPT: the yardstick moves too
+        mean = lambda opt, key: O.mean_spread([r[opt][key] for r in j['sunk']])  # noqa: E731
+        md += ['', "From scratch, the recipe's keys alone move the end any-order loss " + '; '.join(
+            f"from {mean(opt, 'paper_target')[0]:.3f} ± {mean(opt, 'paper_target')[1]:.3f} to "
+            f"{mean(opt, 'target')[0]:.3f} ± {mean(opt, 'target')[1]:.3f} with {name}"
+            for opt, name in (('adamw', 'AdamW'), ('muon', 'Muon'))) + f" (mean ± half the range, {len(seeds)} seeds)."]
     md += ['', f"Equal total steps ({budget}): end losses of the two-stage runs (the recipe) against the like-for-like "
            f"scratch AO-GPT (AdamW), per seed:", '', '| L2R steps + adaptation | seed | any-order (two-stage / '
            'scratch) | L2R (two-stage / scratch) |', '|---|---|---|---|']

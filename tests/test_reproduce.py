@@ -592,9 +592,19 @@ def test_finding11_report_replot_and_bad_settings(tmp_path, capsys):
     assert '**met**' in row and 'best split 1500 L2R + 4500 adaptation' in row and 'recipe tstd1' in row
     assert f"| as_is | start | {A.LEVER_WHAT['as_is']} | 2 | " in md  # every lever tried, each seed
     assert "Did not, within 2000 steps: as_is." in md  # the levers that lost, by name
+    assert "the recipe's keys alone move" not in md  # no like-for-like runs here: the paper's scratch is the yardstick
     assert 'scores 3.4' in md and 'than a uniform guess over the 49 characters' not in md
     assert md.count('`python train.py ') == len(logs)
     assert json.loads((tmp_path / A.RECORD).read_text())['judged']['row'] == row
+    # like-for-like scratch runs (the recipe's keys from scratch) that end below the adaptation: claim 1 fails
+    # against them, while the paper-default scratch is still reached
+    lfl = dict(logs, **{f'lfl_{o}_s{s}': _log(1.0, 1.2, 0.01 * i) for i, s in enumerate((1, 2)) for o in ('adamw', 'muon')})
+    A.report(SimpleNamespace(results_dir=str(tmp_path / 'lfl'), quick=False, device='cpu', runs_dir='runs'),
+             dict(d, logs=lfl, what={k: k for k in lfl}, commands={k: k for k in lfl}), 'python findings/adapt.py')
+    md = (tmp_path / 'lfl' / A.SECTION).read_text()
+    j = json.loads((tmp_path / 'lfl' / A.RECORD).read_text())['judged']
+    assert j['checks'][0] is False and all(r['adamw']['paper_ratio'] < 0.3 for r in j['sunk'])
+    assert "the recipe's keys alone move the end any-order loss from 1.510 ± 0.005 to 1.210 ± 0.005 with AdamW" in md
     (tmp_path / A.FIG).unlink(), (tmp_path / A.LEVER_FIG).unlink()
     A.main(['--replot', f'--results_dir={tmp_path}'])
     assert (tmp_path / A.FIG).exists() and (tmp_path / A.LEVER_FIG).exists()
