@@ -192,9 +192,12 @@ def end_of(log, key):
 
 
 def l2r_kept(log, bar):
-    """How long an adapted run keeps the GPT's L2R edge: the first eval step whose L2R loss is above bar (the
-    scratch run's end L2R loss), None if it never is."""
-    return next((st for st, v in zip(*O.steps_of(log, 'val_l2r')) if v > bar), None)
+    """How long an adapted run keeps the GPT's L2R edge: (the first eval step whose L2R loss is above bar, the
+    scratch run's end L2R loss; the first step after it back at or below bar), each None if there is none."""
+    pts = list(zip(*O.steps_of(log, 'val_l2r')))
+    lost = next((st for st, v in pts if v > bar), None)
+    back = None if lost is None else next((st for st, v in pts if st > lost and v <= bar), None)
+    return lost, back
 
 
 def sunk_row(logs, run, scratch, paper, budget):
@@ -207,7 +210,7 @@ def sunk_row(logs, run, scratch, paper, budget):
                 at0_ao=O.steps_of(logs[run], 'val_ao')[1][0], end_ao=end_of(logs[run], 'val_ao'),
                 at0_l2r=l2r[0], max_l2r=max(l2r), end_l2r=end_of(logs[run], 'val_l2r'),
                 scratch_l2r=end_of(logs[scratch], 'val_l2r'),
-                l2r_kept=l2r_kept(logs[run], end_of(logs[scratch], 'val_l2r')))
+                **dict(zip(('l2r_kept', 'l2r_back'), l2r_kept(logs[run], end_of(logs[scratch], 'val_l2r')))))
 
 
 def judge(d, seeds, budget, ratio):
@@ -311,6 +314,13 @@ def draw(c, d):
                'val loss (nats/char)', sharey=True)
 
 
+def kept_text(x):
+    """The L2R edge's cell: never lost, or lost at step a and back by step b (or never back)."""
+    if x['l2r_kept'] is None:
+        return 'never'
+    return f"{x['l2r_kept']} / {x['l2r_back'] if x['l2r_back'] is not None else 'never'}"
+
+
 def steps_text(steps, ratio, sunk):
     return f"{steps:.0f} ({ratio:.2f}x)" if steps is not None else f"not within {sunk}"
 
@@ -363,23 +373,24 @@ def report(c, d, cmd):
           f"steps with AdamW, against the paper-default scratch AO-GPT of the same seed; every lever tried is here, "
           f"the ones that lost too):", '',
           '| lever | family | what | seed | end any-order | steps to scratch\'s end (x budget) | L2R at 0 / worst / '
-          'end | L2R kept to step |', '|---|---|---|---|---|---|---|---|']
+          'end | L2R above scratch\'s end: from / back by step |', '|---|---|---|---|---|---|---|---|']
     for name, _, fam, what in LEVERS:
         for s, x in zip(d['lever_seeds'], j['levers'][name]):
             md.append(f"| {name} | {fam} | {what} | {s} | {x['end_ao']:.3f} | "
                       f"{steps_text(x['steps'], x['ratio'], sunk)} | {x['at0_l2r']:.3f} / {x['max_l2r']:.3f} / "
-                      f"{x['end_l2r']:.3f} | {x['l2r_kept'] if x['l2r_kept'] is not None else 'all the way'} |")
+                      f"{x['end_l2r']:.3f} | {kept_text(x)} |")
     won = {n: [x['ratio'] for x in rows] for n, rows in j['levers'].items() if all(x['ratio'] for x in rows)}
     md += ['', "Reached the scratch run's end on every seed, by the mean ratio: " + (', '.join(
         f"{n} {sum(r) / len(r):.2f}x" for n, r in sorted(won.items(), key=lambda t: sum(t[1]))) or 'none')
         + f". Did not, within {sunk} steps: " + (', '.join(n for n in j['levers'] if n not in won) or 'none') + '.']
     md += ['', f"**The recipe** ({d['recipe']}: {LEVER_WHAT[d['recipe']]}) from the GPT trained {budget} steps (a "
            f"sunk cost), every seed: adaptation steps to the end any-order loss of the scratch run with the same keys "
-           f"(and of the paper-default one), against the scratch run's {budget}. L2R kept to step: the first eval at "
-           f"which the adapted model's L2R loss is above the like-for-like scratch run's end L2R loss.", '',
+           f"(and of the paper-default one), against the scratch run's {budget}. L2R above scratch's end: the first eval "
+           f"at which the adapted model's L2R loss is above the like-for-like scratch run's end L2R loss, and the first "
+           f"after it back at or below (never: the GPT's L2R edge is not regained within the run).", '',
            '| seed | optimizer | scratch end any-order: like for like / paper | adapted: step 0 / end any-order | '
            'steps to like for like (x budget) | steps to paper (x budget) | L2R: step 0 / worst / end (scratch end) '
-           '| L2R kept to step |', '|---|---|---|---|---|---|---|---|']
+           '| L2R above scratch\'s end: from / back by step |', '|---|---|---|---|---|---|---|---|']
     for r in j['sunk']:
         for opt in ('adamw', 'muon'):
             x = r[opt]
@@ -387,7 +398,7 @@ def report(c, d, cmd):
                       f"{x['end_ao']:.3f} | {steps_text(x['steps'], x['ratio'], sunk)} | "
                       f"{steps_text(x['paper_steps'], x['paper_ratio'], sunk)} | {x['at0_l2r']:.3f} / "
                       f"{x['max_l2r']:.3f} / {x['end_l2r']:.3f} ({x['scratch_l2r']:.3f}) | "
-                      f"{x['l2r_kept'] if x['l2r_kept'] is not None else 'all the way'} |")
+                      f"{kept_text(x)} |")
     if pre == 'lfl':  # what the recipe's keys do without the GPT: the yardstick moves too
         mean = lambda opt, key: O.mean_spread([r[opt][key] for r in j['sunk']])  # noqa: E731
         md += ['', "From scratch, the recipe's keys alone move the end any-order loss " + '; '.join(

@@ -566,6 +566,9 @@ def test_finding11_verdict_follows_the_curves(speed, split_ao, split_l2r, want, 
     d = dict(logs=_adapt_logs(speed, split_ao, split_l2r), splits=[1500, 3000, 4500], lever_seeds=[2])
     j = A.judge(d, [1, 2], 6000, 0.3)
     assert j['levers']['as_is'][0]['steps'] is None and len(j['levers']) == len(A.LEVERS)
+    # the L2R edge over scratch's end: lost at the first eval above it, back at the first one after at or below
+    curve = [dict(iter=i * 100, val_l2r=v) for i, v in enumerate((1.5, 2.3, 1.9, 1.8))]
+    assert [A.l2r_kept(curve, bar) for bar in (1.95, 2.5, 1.7)] == [(100, 200), (None, None), (100, None)]
     assert j['verdict'] == want and j['checks'] == checks and j['best'] == 1500  # the lowest any-order end
     r = j['sunk'][0]['adamw']
     if speed == 5.0:  # 1.4 + 2 exp(-5 t / 1000) = the scratch end (1.5 + 2 exp(-6), a mean of 3 evals): t ~ 590
