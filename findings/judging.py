@@ -62,15 +62,21 @@ def judge_order(l2r, block, fixed):
 def judge_better(named, noise):
     """Findings 3 and 5: named = [(what, value with, value without)]; the claim is with < without by
     more than the run-to-run spread `noise` (None in quick mode: sign only)."""
+    v, text = _better([(what, w, wo, f"{wo:.3f} -> {w:.3f}") for what, w, wo in named], noise)
+    return v, text + (f"; run-to-run spread {noise:.3f}" if noise is not None else "")
+
+
+def _better(rows, noise):
+    """rows [(what, with, without, the change as text)]: each claim is with < without by more than noise (None:
+    sign only); the verdict and the evidence."""
     checks, parts = [], []
-    for what, w, wo in named:
+    for what, w, wo, change in rows:
         d = w - wo
         ok = d < 0 and (noise is None or -d > noise)
         checks.append(ok)
         tag = '' if ok else (' (within noise)' if d < 0 else ' (worse)')
-        parts.append(f"{what} {wo:.3f} -> {w:.3f} ({d:+.3f}){tag}")
-    spread = f"; run-to-run spread {noise:.3f}" if noise is not None else ""
-    return verdict(checks), '; '.join(parts) + spread
+        parts.append(f"{what} {change} ({d:+.3f}){tag}")
+    return verdict(checks), '; '.join(parts)
 
 
 def judge_ensemble(ms, ppl, gain, gain_se):
@@ -129,13 +135,10 @@ def judge_better_seeds(named):
     seeds, one run each side. With one seed: sign only. The evidence gives each mean ± half its range."""
     n = min(len(v) for _, w, wo in named for v in (w, wo))
     noise = max(2 * mean_spread(v)[1] for _, w, wo in named for v in (w, wo)) if n > 1 else None
-    checks, parts = [], []
+    rows = []
     for what, w, wo in named:
         (mw, sw), (mo, so) = mean_spread(w), mean_spread(wo)
-        d = mw - mo
-        ok = d < 0 and (noise is None or -d > noise)
-        checks.append(ok)
-        tag = '' if ok else (' (within noise)' if d < 0 else ' (worse)')
-        parts.append(f"{what} {mo:.3f} ± {so:.3f} -> {mw:.3f} ± {sw:.3f} ({d:+.3f}){tag}")
-    spread = f"; means ± half range over {n} seeds, the larger seed range {noise:.3f}" if noise is not None else ""
-    return verdict(checks), '; '.join(parts) + spread
+        rows.append((what, mw, mo, f"{mo:.3f} ± {so:.3f} -> {mw:.3f} ± {sw:.3f}"))
+    v, text = _better(rows, noise)
+    return v, text + (f"; means ± half range over {n} seeds, the larger seed range {noise:.3f}" if noise is not None
+                      else "")
