@@ -2,7 +2,7 @@
 Finding 11 (ours): what adapting a trained left-to-right GPT into an AO-GPT buys, and the levers that make it pay,
 at the findings' CPU scale: reproduce.py's setting (character-level PTB, context 32, 2 layers x 64) and commands.
 
-    python findings/adapt.py              # about 150 CPU-core-minutes (2 jobs) -> results/f11_*
+    python findings/adapt.py              # about 100 CPU-core-minutes (2 jobs) -> results/f11_*
     python findings/adapt.py --quick      # the pipeline end to end in tiny runs; judges nothing
     python findings/adapt.py --replot     # only redraw results/f11_*.png from results/f11_adapt.json
 
