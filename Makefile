@@ -29,7 +29,7 @@ test-all: $(STAMP)  # the whole suite, slow end-to-end checks included (what CI 
 demo: $(STAMP)
 	PYTHON=$(BIN)/python bash findings/demo.sh
 
-findings: $(STAMP)  # about 30 minutes on 2 CPU cores with 4 seeds (29.6 on 2026-11-28), + finding 10's 10 runs (about 25 CPU-core-minutes); writes results/
+findings: $(STAMP)  # about 30 minutes on 2 CPU cores with 4 seeds (29.6 on 2026-11-28), + finding 10's runs (about 60 CPU-core-minutes on 4 seeds); writes results/
 	$(BIN)/python findings/reproduce.py
 	$(BIN)/python findings/orders.py
 
