@@ -185,8 +185,8 @@ def check_step_sizes(optimizers, cfg):
     """A learning rate so large that an optimizer step cannot even apply it: the step multiplies it into scalars
     that torch converts to the weights' float32, AdamW by up to 1/(1 - beta1) (its bias correction at the first
     step), Muon by sqrt(max(1, rows/cols)) of each matrix (torch's 'original' adjustment), both by weight_decay,
-    and the target conditioning's groups by target_lr_scale. Past float32's largest number that is a RuntimeError mid-step; any smaller rate that diverges ends as the
-    non-finite-loss line."""
+    and the target conditioning's groups by target_lr_scale. Past float32's largest number that is a RuntimeError
+    mid-step; any smaller rate that diverges ends as the non-finite-loss line."""
     top = torch.finfo(torch.float32).max
     for opt in optimizers:
         muon = isinstance(opt, torch.optim.Muon)

@@ -33,7 +33,6 @@ starts over from its GPT checkpoint.
 import json
 import math
 import os
-import resource
 import sys
 import time
 
@@ -46,7 +45,8 @@ from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from aogpt.tokenizer import get_codec  # noqa: E402
 from findings import optimizers as O  # noqa: E402
 from findings import reproduce as R  # noqa: E402
-from findings.report import merge_section, nonfinite, previous_verdicts, verdict_changes  # noqa: E402
+from findings.report import (children_cpu_minutes, merge_section, nonfinite, previous_verdicts,  # noqa: E402
+                             verdict_changes)
 
 # -----------------------------------------------------------------------------
 quick = False                  # tiny runs: the pipeline end to end; nothing is judged
@@ -384,10 +384,10 @@ def report(c, d, cmd):
         f"{n} {sum(r) / len(r):.2f}x" for n, r in sorted(won.items(), key=lambda t: sum(t[1]))) or 'none')
         + f". Did not, within {sunk} steps: " + (', '.join(n for n in j['levers'] if n not in won) or 'none') + '.']
     md += ['', f"**The recipe** ({d['recipe']}: {LEVER_WHAT[d['recipe']]}) from the GPT trained {budget} steps (a "
-           f"sunk cost), every seed: adaptation steps to the end any-order loss of the scratch run with the same keys "
-           f"(and of the paper-default one), against the scratch run's {budget}. L2R above scratch's end: the first eval "
-           f"at which the adapted model's L2R loss is above the like-for-like scratch run's end L2R loss, and the first "
-           f"after it back at or below (never: the GPT's L2R edge is not regained within the run).", '',
+           f"sunk cost), every seed: adaptation steps to the end any-order loss of the scratch run with the same "
+           f"keys (and of the paper-default one), against the scratch run's {budget}. L2R above scratch's end: the "
+           f"first eval at which the adapted model's L2R loss is above the like-for-like scratch run's end L2R loss, "
+           f"and the first after it back at or below (never: the GPT's L2R edge is not regained within the run).", '',
            '| seed | optimizer | scratch end any-order: like for like / paper | adapted: step 0 / end any-order | '
            'steps to like for like (x budget) | steps to paper (x budget) | L2R: step 0 / worst / end (scratch end) '
            '| L2R above scratch\'s end: from / back by step |', '|---|---|---|---|---|---|---|---|']
@@ -404,7 +404,8 @@ def report(c, d, cmd):
         md += ['', "From scratch, the recipe's keys alone move the end any-order loss " + '; '.join(
             f"from {mean(opt, 'paper_target')[0]:.3f} ± {mean(opt, 'paper_target')[1]:.3f} to "
             f"{mean(opt, 'target')[0]:.3f} ± {mean(opt, 'target')[1]:.3f} with {name}"
-            for opt, name in (('adamw', 'AdamW'), ('muon', 'Muon'))) + f" (mean ± half the range, {len(seeds)} seeds)."]
+            for opt, name in (('adamw', 'AdamW'), ('muon', 'Muon')))
+            + f" (mean ± half the range, {len(seeds)} seeds)."]
     md += ['', f"Equal total steps ({budget}): end losses of the two-stage runs (the recipe) against the like-for-like "
            f"scratch AO-GPT (AdamW), per seed:", '', '| L2R steps + adaptation | seed | any-order (two-stage / '
            'scratch) | L2R (two-stage / scratch) |', '|---|---|---|---|']
@@ -516,10 +517,9 @@ def main(argv=None):
         c.rc.eval_iters = 2
     c.rc.device, c.rc.jobs, c.rc.eval_interval = c.device, c.jobs, c.eval_interval
     R.prepare_data()
-    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu0 = children_cpu_minutes()
     d = study(c)
-    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    d['cpu_min'] = (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) / 60
+    d['cpu_min'] = children_cpu_minutes() - cpu0
     report(c, d, cmd)
 
 

@@ -35,7 +35,6 @@ reused and resumed as reproduce.py's are (runs_dir).
 import copy
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -48,7 +47,7 @@ from aogpt.errors import UserError, command, die, first_line  # noqa: E402
 from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 from findings.judging import mean_spread  # noqa: E402  (O.mean_spread too: adapt.py's)
-from findings.report import merge_section, previous_verdicts, verdict_changes  # noqa: E402
+from findings.report import children_cpu_minutes, merge_section, previous_verdicts, verdict_changes  # noqa: E402
 
 # -----------------------------------------------------------------------------
 quick = False                  # tiny runs: the pipeline end to end; nothing is judged
@@ -458,10 +457,9 @@ def main(argv=None):
         c.rc.eval_iters = 2
     c.rc.device, c.rc.jobs, c.rc.eval_interval = c.device, c.jobs, c.eval_interval
     R.prepare_data()
-    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu0 = children_cpu_minutes()
     d = extended(c) if c.extend else study(c)
-    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    d['cpu_min'] = (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) / 60
+    d['cpu_min'] = children_cpu_minutes() - cpu0
     report(c, d, cmd)
 
 

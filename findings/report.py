@@ -6,9 +6,11 @@ write into results/README.md, and the check a record passes before any plot is r
 if __name__ == '__main__':  # run as a script (python findings/report.py): one line, not an ImportError
     raise SystemExit('error: findings/report.py is part of the findings pipeline, with nothing to run: run '
                      'findings/reproduce.py, optimizers.py or orders.py')
+import json
 import math
 import os
 import re
+import resource
 
 from aogpt.paths import atomic_write
 
@@ -79,7 +81,6 @@ def nonfinite(d, at='the record'):
 def previous_verdicts(path, pick):
     """{id: verdict} of the record at path as it stands before this run rewrites it ({} if there is none or it
     cannot be read: a first run, or a record of an older shape). pick: the loaded record -> {id: verdict}."""
-    import json
     try:
         with open(path, encoding='utf-8') as f:
             return {str(k): v for k, v in pick(json.load(f)).items()}
@@ -103,6 +104,5 @@ def verdict_changes(old, new):
 def children_cpu_minutes():
     """CPU-core-minutes (user + system) that this process's finished child processes (the training runs) used
     so far: the difference across a stage is what that stage cost."""
-    import resource
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (r.ru_utime + r.ru_stime) / 60
