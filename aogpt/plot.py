@@ -69,10 +69,12 @@ def _save(plt, fig, path, rect=(0, 0, 1, 1)):
     from aogpt.errors import UserError
     from aogpt.paths import atomic_write
     fig.tight_layout(rect=rect)
-    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends)
+    # what the tight crop keeps besides the axes: given a list, savefig keeps only it, so the figure's own texts
+    # (a suptitle) go in too, or they are cut off
+    extra = [ax.get_legend() for ax in fig.axes if ax.get_legend()] + list(fig.legends) + list(fig.texts)
     try:
         atomic_write(path, lambda f: fig.savefig(f, format='png', dpi=110, bbox_inches='tight',
-                                                 bbox_extra_artists=legends))
+                                                 bbox_extra_artists=extra))
     except OSError as e:
         raise UserError(f"cannot write {path} ({e.strerror or e})") from None
     finally:
@@ -110,14 +112,18 @@ def xy(path, title, xs, series, xlabel, ylabel, logx=True, logy=False):
     finish(plt, fig, ax, path, title, xlabel, ylabel)
 
 
-def lines(path, title, panels, ylabel, logy=False, sharey=True):
-    """panels: [(subtitle, series, xlabel, logx)] side by side, sharing the y axis unless not sharey; series:
-    [(label, xs, ys, style)], each line on its own xs. One legend under the figure: every panel's labels,
-    each once."""
+def lines(path, title, panels, ylabel, logy=False, sharey=True, cols=None):
+    """panels: [(subtitle, series, xlabel, logx)] side by side (or in rows of `cols`), sharing the y axis unless
+    not sharey; series: [(label, xs, ys, style)], each line on its own xs. One legend under the figure: every
+    panel's labels, each once."""
     plt = _pyplot()
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.6), sharey=sharey, squeeze=False)
-    for i, (ax, (subtitle, series, xlabel, logx)) in enumerate(zip(axes[0], panels)):
+    cols = min(cols or len(panels), len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), sharey=sharey, squeeze=False)
+    for ax in axes.flat[len(panels):]:  # the last row's empty places
+        ax.set_visible(False)
+    for i, (ax, (subtitle, series, xlabel, logx)) in enumerate(zip(axes.flat, panels)):
         for label, xs, ys, style in series:
             ax.plot(xs, ys, style, label=label, lw=1.5, ms=4)
         for on, axis, scale in ((logx, ax.xaxis, ax.set_xscale), (logy, ax.yaxis, ax.set_yscale)):
@@ -129,11 +135,10 @@ def lines(path, title, panels, ylabel, logy=False, sharey=True):
         ticks = sorted({x for _, xs, _, _ in series for x in xs})
         if len(ticks) <= 8:  # a few shared x values (steps T, say): label each of them
             ax.set_xticks(ticks, [f'{t:g}' for t in ticks])
-        _label(ax, subtitle, xlabel, ylabel if i == 0 or not sharey else '', legend=False)
+        _label(ax, subtitle, xlabel, ylabel if i % cols == 0 or not sharey else '', legend=False)
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
     legend_below(fig)  # one legend for every panel, under them all
-    _save(plt, fig, path)
+    _save(plt, fig, path, rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()))  # the top 0.3 inch: the title's
 
 
 LOG_FIELDS = ('iter', 'tokens')  # what every eval record of train.py's log.jsonl holds, and its readers index

@@ -22,6 +22,27 @@ def test_curves_and_xy(tmp_path):
     assert is_png(tmp_path / 'c.png') and is_png(tmp_path / 'x.png')
 
 
+def png_size(path):
+    """(width, height) in pixels, from the PNG's IHDR chunk."""
+    data = open(path, 'rb').read(24)
+    return int.from_bytes(data[16:20], 'big'), int.from_bytes(data[20:24], 'big')
+
+
+def test_panels_in_rows_keep_the_figure_title(tmp_path):
+    """lines(): panels in rows of `cols`, and the figure's title in the PNG. The tight crop keeps only the artists
+    it is given, and the title was once cut off every multi-panel figure: the same figure with a title must be
+    taller than without one."""
+    panel = ('p', [('a', [0, 1, 2], [3.0, 2.0, 1.5], '-'), ('b', [0, 2], [2.5, 2.5], 'k--')], 'steps', False)
+    for title in ('', 'a title'):
+        plot.lines(tmp_path / f'row{bool(title)}.png', title, [panel] * 3, 'loss')
+        plot.lines(tmp_path / f'grid{bool(title)}.png', title, [panel] * 3, 'loss', cols=2)
+    (w, h), (gw, gh) = png_size(tmp_path / 'rowFalse.png'), png_size(tmp_path / 'gridFalse.png')
+    assert gw < w * 0.8 and gh > h * 1.6  # 3 panels as 2 rows of 2: narrower and about twice as tall
+    for name in ('row', 'grid'):
+        plain, titled = png_size(tmp_path / f'{name}False.png'), png_size(tmp_path / f'{name}True.png')
+        assert titled[1] >= plain[1] + 15, (name, plain, titled)  # a line of 11-point text at 110 dpi is ~17 px
+
+
 def test_loss_curves_from_a_log_with_nulls_and_a_torn_line(tmp_path):
     recs = [dict(iter=i, tokens=1000 * i, train_loss=None if i == 0 else 3 - 0.1 * i, val_l2r=2.9 - 0.1 * i,
                  val_ao=3.0 - 0.08 * i, val_order=None, val_elbo=None) for i in range(6)]
