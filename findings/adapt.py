@@ -34,6 +34,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
@@ -45,8 +46,7 @@ from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from aogpt.tokenizer import get_codec  # noqa: E402
 from findings import optimizers as O  # noqa: E402
 from findings import reproduce as R  # noqa: E402
-from findings.report import (children_cpu_minutes, merge_section, nonfinite, previous_verdicts,  # noqa: E402
-                             verdict_changes)
+from findings.report import children_cpu_minutes, merge_section, nonfinite, verdicts_against  # noqa: E402
 
 # -----------------------------------------------------------------------------
 quick = False                  # tiny runs: the pipeline end to end; nothing is judged
@@ -247,8 +247,9 @@ def judge(d, seeds, budget, ratio):
 def ratio_text(ratios, budget):
     """Per-seed step ratios (None: not reached) as text: mean ± half the range, or how many were not reached."""
     if any(x is None for x in ratios):
-        return (f"not reached in {sum(x is None for x in ratios)} of {len(ratios)} seeds within the adaptation's "
-                f"steps; reached: " + (', '.join(f"{x:.2f}x" for x in ratios if x is not None) or 'none'))
+        got = [f"{x:.2f}x" for x in ratios if x is not None]
+        return (f"reached on {len(got)} of {len(ratios)} seeds within the adaptation's steps"
+                + (f" ({', '.join(got)})" if got else ''))
     m, s = O.mean_spread(ratios)
     return f"{m:.2f}x ± {s:.2f} of {budget} steps (seeds: {', '.join(f'{x:.2f}' for x in ratios)})"
 
@@ -296,22 +297,20 @@ def draw(c, d):
     plot.lines(os.path.join(c.results_dir, FIG), f"Finding 11: a trained GPT adapted with the recipe ({d['recipe']}) "
                f"against AO-GPTs from scratch (evals every {d['config']['eval_interval']} steps, from the first)",
                panels, 'val loss (nats/char)', sharey=False)
-    panels = []
-    for family, title in (('start', "the start's scales"), ('rate', "the new parts' learning rate"),
-                          ('order', 'the order distribution'), ('combined', 'combined')):
+    panels, sunk = [], d['config']['sunk']
+    for name, _, fam, what in LEVERS:  # a panel per lever: its seeds against the committed start and scratch's end
         series = []
         for i, s in enumerate(d['lever_seeds']):
-            sunk = d['config']['sunk']
             series.append((f"scratch AO-GPT's end ({budget} steps), AdamW, seed {s}", [0, sunk],
                            [end_of(logs[f'ao_adamw_s{s}'], 'val_ao')] * 2, 'k' + dash(i)))
-            for j, (name, _, fam, _) in enumerate(LEVERS):  # a lever's colour is its place in LEVERS
-                if fam == family or name in ('as_is', 'tstd1'):  # the references, in every panel
-                    st, v = O.steps_of(logs[f'{name}_s{s}'], 'val_ao')
-                    series.append((f"{name}, seed {s}", st[1:], v[1:], f'C{j % 10}' + dash(i)))
-        panels.append((f"levers: {title}", series, 'adaptation steps', False))
-    plot.lines(os.path.join(c.results_dir, LEVER_FIG), f"Finding 11's levers: any-order val loss of the GPT at "
-               f"{budget} steps adapted with each (AdamW), against the scratch AO-GPT's end loss", panels,
-               'val loss (nats/char)', sharey=True)
+            for run, label, col in ((f'as_is_s{s}', 'as committed (as_is)', 'C7'), (f'{name}_s{s}', 'the lever', 'C1')):
+                if label == 'the lever' or name != 'as_is':  # as_is's own panel: the lever is the reference
+                    st, v = O.steps_of(logs[run], 'val_ao')
+                    series.append((f"{label}, seed {s}", st[1:], v[1:], col + dash(i)))
+        panels.append((textwrap.fill(f"{name} ({fam}): {what}", 60), series, 'adaptation steps', False))
+    plot.lines(os.path.join(c.results_dir, LEVER_FIG), f"Finding 11's levers, one panel each: any-order val loss of "
+               f"the GPT at {budget} steps adapted with the lever (AdamW), against the committed start and the scratch "
+               f"AO-GPT's end loss", panels, 'val loss (nats/char)', sharey=True, cols=4)
 
 
 def kept_text(x):
@@ -347,8 +346,8 @@ def report(c, d, cmd):
                 f"(seeds {', '.join(map(str, seeds))}; scratch seed spread {j['noise']['val_ao']:.3f} any-order, "
                 f"{j['noise']['val_l2r']:.3f} L2R)")
     row = f"| 11 | {claim} ([plot]({FIG}), [levers]({LEVER_FIG})) | **{v}** | {evidence} |"
-    changes = verdict_changes(previous_verdicts(os.path.join(res, RECORD), lambda r: {'11': r['judged']['verdict']}),
-                              {'11': v})
+    changes, d['verdicts_before'] = verdicts_against(os.path.join(res, RECORD),
+                                                     lambda r: {'11': r['judged']['verdict']}, {'11': v})
     md = [f"## Finding 11: adapting a trained GPT into an AO-GPT{' (QUICK: nothing judged)' if c.quick else ''}", '',
           f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, "
           + (f"{d['cpu_min']:.1f} CPU-core-minutes for the runs it trained (runs reused cost nothing here)"

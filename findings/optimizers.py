@@ -47,7 +47,7 @@ from aogpt.errors import UserError, command, die, first_line  # noqa: E402
 from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 from findings.judging import mean_spread  # noqa: E402  (O.mean_spread too: adapt.py's)
-from findings.report import children_cpu_minutes, merge_section, previous_verdicts, verdict_changes  # noqa: E402
+from findings.report import children_cpu_minutes, merge_section, verdicts_against  # noqa: E402
 
 # -----------------------------------------------------------------------------
 quick = False                  # tiny runs: the pipeline end to end; nothing is judged
@@ -223,9 +223,9 @@ def report(c, d, cmd):
                 + ('narrower' if narrow == 'narrower' else 'not narrower beyond the seed spread'))
     if c.quick:
         v = 'not judged (--quick)'
-    old = previous_verdicts(os.path.join(res, RECORD), lambda r: {
-        '9': r['verdicts']['ao_any_order'][0], "9 (finding 1's gap under Muon)": gap_verdict(r['verdicts']['gap'])[0]})
-    changes = verdict_changes(old, {'9': v, "9 (finding 1's gap under Muon)": narrow})
+    changes, d['verdicts_before'] = verdicts_against(os.path.join(res, RECORD), lambda r: {
+        '9': r['verdicts']['ao_any_order'][0], "9 (finding 1's gap under Muon)": gap_verdict(r['verdicts']['gap'])[0]},
+        {'9': v, "9 (finding 1's gap under Muon)": narrow})
     others = '; '.join(f"{NAMES[k.split()[0]]} {NAMES[k.split()[1]]}: {verdict_line(rows)[1]}"
                        for k, rows in judged.items() if k != 'ao val_ao')
     ms = {r['optimizer']: r['ms'] for r in d['step_times']['rows']}

@@ -38,7 +38,7 @@ from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 from findings import sampling as S  # noqa: E402
 from findings.judging import mean_spread  # noqa: E402
-from findings.report import children_cpu_minutes, merge_section, previous_verdicts, verdict_changes  # noqa: E402
+from findings.report import children_cpu_minutes, merge_section, verdicts_against  # noqa: E402
 
 FAMILIES = {  # the distributions compared: (name of its first-seed run, order spec, what it is)
     'uniform + 10% L2R': ('ao', 'mix:0.1*l2r+0.9*random', "the paper's: uniform orders, 10% L2R sequences"),
@@ -215,7 +215,7 @@ CLAIM = ("(ours) Which training order distribution trades best between exact L2R
 def section(c, cmd, rows, summary, verdict, timing, runs, cpu=0.0, changes=''):
     """The report: the findings-table row, the table per distribution (seed means, ± half the seed range),
     the runs and their commands, and the plot. cpu: the CPU-core-minutes of the runs it trained; changes: the
-    verdict's change against the previous record (report.verdict_changes)."""
+    verdict's change against the previous record (report.verdicts_against)."""
     pm = lambda v, fmt='.3f': f"{v[0]:{fmt}}" + (f" ± {v[1]:{fmt}}" if v[1] is not None else '')  # noqa: E731
     seeds = sorted({len([r for r in rows if r['family'] == f]) for f in summary})
     Ts = sorted(int(T) for T in rows[0]['generation'])
@@ -280,10 +280,11 @@ def main(argv=None):
     summary = summarize(rows)
     verdict = judge_orders(summary)
     path = os.path.join(c.results_dir, 'orders.json')
-    changes = verdict_changes(previous_verdicts(path, lambda r: {'10': r['verdict']['verdict']}), {'10': verdict[0]})
+    changes, before = verdicts_against(path, lambda r: {'10': r['verdict']['verdict']}, {'10': verdict[0]})
     atomic_json(path,  # first: the plot can be redrawn from it
                 dict(config=c.config, command=cmd, runs={r: specs[r][0] for r in runs}, rows=rows, cpu_min=cpu,
-                     verdict=dict(id='10', claim=CLAIM, verdict=verdict[0], evidence=verdict[1])))
+                     verdict=dict(id='10', claim=CLAIM, verdict=verdict[0], evidence=verdict[1]),
+                     verdicts_before=before))
     draw(c, rows, summary)
     sec = section(c, cmd, rows, summary, verdict, time.time() - t0, specs, cpu, changes)
     atomic_write(os.path.join(c.results_dir, 'f10_orders.md'), lambda f: f.write(sec), 'w')

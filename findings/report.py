@@ -79,24 +79,38 @@ def nonfinite(d, at='the record'):
 
 
 def previous_verdicts(path, pick):
-    """{id: verdict} of the record at path as it stands before this run rewrites it ({} if there is none or it
-    cannot be read: a first run, or a record of an older shape). pick: the loaded record -> {id: verdict}."""
+    """({id: verdict}, {id: verdict} before its last change) of the record at path as it stands before this run
+    rewrites it ({} each if there is none or it cannot be read: a first run, or a record of an older shape).
+    pick: the loaded record -> {id: verdict}."""
     try:
         with open(path, encoding='utf-8') as f:
-            return {str(k): v for k, v in pick(json.load(f)).items()}
+            record = json.load(f)
+        return ({str(k): v for k, v in pick(record).items()},
+                {str(k): v for k, v in (record.get('verdicts_before') or {}).items()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
-        return {}
+        return {}, {}
 
 
-def verdict_changes(old, new):
-    """One sentence for a report: which verdicts changed against the previous record (old, new: {id: verdict}),
+def verdicts_against(path, pick, new):
+    """(sentence, before): which verdicts (new: {id: verdict}) changed against the record at path, and the
+    verdicts the record being written keeps as its `verdicts_before`. A rerun that judges as the record did (the
+    section rewritten from the same runs, say) tells the change that record told, against the last record that
+    judged otherwise, so a rewrite never erases what a wider spread overturned."""
+    old, before = previous_verdicts(path, pick)
+    if old == new and before and before != new:
+        return verdict_changes(before, new, 'the last record that judged otherwise'), before
+    return verdict_changes(old, new), old
+
+
+def verdict_changes(old, new, against='the previous record'):
+    """One sentence for a report: which verdicts changed against an earlier record (old, new: {id: verdict}),
     so that a rerun with more seeds says what the wider spread overturned."""
     if not old:
-        return "Verdicts against the previous record: none to compare with (no earlier record here)."
+        return f"Verdicts against {against}: none to compare with (no earlier record here)."
     changed = [f"{k}: {old[k]} -> **{v}**" for k, v in new.items() if k in old and old[k] != v]
     same = [k for k, v in new.items() if k in old and old[k] == v]
     fresh = [k for k in new if k not in old]
-    return ("Verdicts against the previous record: " + ('; '.join(changed) if changed else 'none changed')
+    return (f"Verdicts against {against}: " + ('; '.join(changed) if changed else 'none changed')
             + (f"; unchanged: {', '.join(same)}" if same and changed else '')
             + (f"; new: {', '.join(fresh)}" if fresh else '') + '.')
 

@@ -592,6 +592,8 @@ def judge_findings(c, names, logs, ens, ema, samp, gen, figs):
 def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, spec, findings, timing, total):
     res = c.results_dir
     L = lambda k, key: end(curve(logs[k], key)[1])  # noqa: E731
+    changes, before = report.verdicts_against(os.path.join(res, 'results.json'), lambda r: {
+        f['id']: f['verdict'] for f in r['findings']}, {i: v for i, _, _, (v, _) in findings})
     md = [f"{report.TITLE}{' (QUICK: smoke test, nothing judged)' if c.quick else ''}", '',
           f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, in {total / 60:.1f} min "
           f"(" + ', '.join(f"{k} {v / 60:.1f}" for k, v in timing.items()) + f"; the training runs "
@@ -603,8 +605,7 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, spec, finding
           f"{c.ema_decay}. Losses are nats per character on {c.eval_iters * c.batch_size} fixed val "
           f"windows (EMA weights); \"end\" = mean of the last 3 evals.", '',
           "Earlier runs, trials and other hosts: the lab notebook, [notes.md](notes.md) (written by hand).", '',
-          report.verdict_changes(report.previous_verdicts(os.path.join(res, 'results.json'), lambda r: {
-              f['id']: f['verdict'] for f in r['findings']}), {i: v for i, _, _, (v, _) in findings}), '',
+          changes, '',
           '| # | claim | verdict | evidence |', '|---|---|---|---|']
     for i, claim, fig, (v, ev) in findings:
         figlink = f" ([plot]({fig}))" if fig else ''
@@ -658,7 +659,8 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, spec, finding
     atomic_json(os.path.join(res, 'results.json'),
                 dict(config=c.config, command=cmd, logs=logs, ensemble=ens, ema=ema, sampling=samp, generation=gen,
                      timing=timing, findings=[dict(id=i, claim=cl, verdict=v, evidence=ev)
-                                              for i, cl, _, (v, ev) in findings], speculative=spec))
+                                              for i, cl, _, (v, ev) in findings], speculative=spec,
+                     verdicts_before=before))
     print()
     for i, claim, _, (v, ev) in findings:
         print(f"[{i}] {claim}\n     {v}: {ev}")

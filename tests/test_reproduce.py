@@ -608,6 +608,7 @@ def test_finding11_report_replot_and_bad_settings(tmp_path, capsys):
     j = json.loads((tmp_path / 'lfl' / A.RECORD).read_text())['judged']
     assert j['checks'][0] is False and all(r['adamw']['paper_ratio'] < 0.3 for r in j['sunk'])
     assert "the recipe's keys alone move the end any-order loss from 1.510 ± 0.005 to 1.210 ± 0.005 with AdamW" in md
+    assert "against scratch with the same keys: reached on 0 of 2 seeds within the adaptation's steps with AdamW" in md
     (tmp_path / A.FIG).unlink(), (tmp_path / A.LEVER_FIG).unlink()
     A.main(['--replot', f'--results_dir={tmp_path}'])
     assert (tmp_path / A.FIG).exists() and (tmp_path / A.LEVER_FIG).exists()

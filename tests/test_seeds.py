@@ -75,10 +75,12 @@ def test_extend_with_new_seeds_trains_only_their_compared_runs(tmp_path, monkeyp
     md = (tmp_path / 'res' / OPT.SECTION).read_text()
     assert md.count('mean ± half range (3 seeds)') == 3 and 'Verdicts against the previous record: ' in md
     assert '9: met -> **not met**' in md  # seed 3's Muon is slower than 0.7x: the wider spread overturns it
-    # the record's own seeds again: nothing new to train (the step times only)
+    # the record's own seeds again: nothing new to train (the step times only), and the section still says what
+    # the third seed overturned
     trained.clear()
     _extend(tmp_path, monkeypatch, ['--seeds=1,2,3'], trained)
-    assert trained == [] and 'none changed' in (tmp_path / 'res' / OPT.SECTION).read_text()
+    assert trained == [] and ('Verdicts against the last record that judged otherwise: 9: met -> **not met**'
+                              in (tmp_path / 'res' / OPT.SECTION).read_text())
 
 
 @pytest.mark.parametrize('seeds', ['--seeds=2,1,3', '--seeds=1', '--seeds=1,3'])
@@ -181,8 +183,30 @@ def test_verdict_changes_name_what_changed():
 def test_previous_verdicts_read_an_old_record_or_none(tmp_path):
     p = tmp_path / 'results.json'
     pick = lambda r: {f['id']: f['verdict'] for f in r['findings']}  # noqa: E731
-    assert report.previous_verdicts(str(p), pick) == {}
+    assert report.previous_verdicts(str(p), pick) == ({}, {})
     p.write_text(json.dumps(dict(findings=[dict(id='3', verdict='reproduced')])))
-    assert report.previous_verdicts(str(p), pick) == {'3': 'reproduced'}
+    assert report.previous_verdicts(str(p), pick) == ({'3': 'reproduced'}, {})
     p.write_text('{"findings": 3}')
-    assert report.previous_verdicts(str(p), pick) == {}
+    assert report.previous_verdicts(str(p), pick) == ({}, {})
+
+
+def test_a_rewrite_from_the_same_runs_keeps_the_change_it_told(tmp_path):
+    """A section rewritten with the same verdicts (the same runs, a new wording) still says what the last change
+    overturned, against the last record that judged otherwise; a new change is told against the record it replaces."""
+    p = tmp_path / 'f11_adapt.json'
+    pick = lambda r: {'11': r['verdict']}  # noqa: E731
+
+    def rerun(verdict):
+        text, before = report.verdicts_against(str(p), pick, {'11': verdict})
+        p.write_text(json.dumps(dict(verdict=verdict, verdicts_before=before)))
+        return text
+
+    assert 'none to compare with' in rerun('partly met')
+    assert rerun('partly met') == 'Verdicts against the previous record: none changed.'
+    told = 'Verdicts against the previous record: 11: partly met -> **not met**.'
+    assert rerun('not met') == told
+    again = 'Verdicts against the last record that judged otherwise: 11: partly met -> **not met**.'
+    assert rerun('not met') == again and rerun('not met') == again  # every rewrite keeps it
+    assert rerun('met') == 'Verdicts against the previous record: 11: not met -> **met**.'
+    p.write_text(json.dumps(dict(verdict='met')))  # a record written before verdicts_before existed
+    assert rerun('met') == 'Verdicts against the previous record: none changed.'
