@@ -18,6 +18,8 @@ reproduce.py's `ao` orders (uniform, 10% L2R). Runs:
   ao_<opt>_s<seed>      finding 9's AO-GPT runs at their best learning rates, AdamW and Muon (`budget` steps; reused
                         from results/f9_optimizers.json when its commands are these, else trained here)
   lfl_<opt>_s<seed>     like for like: the same from scratch with the recipe's keys (the ones a scratch run reads)
+  part<i>_adamw_s<seed> the recipe's parts apart (its order schedule's keys together, each other key alone), from
+                        scratch with AdamW, when it has more than one: which of them moves the yardstick
 Every stage uses finding 9's best AdamW learning rate (learning_rate) and Muon's (muon_lr) unless a lever sets
 it; an eval every eval_interval steps, on the EMA weights.
 
@@ -139,6 +141,18 @@ def recipe_keys(c):
     return dict(next(over for name, over, _, _ in LEVERS if name == c.recipe))
 
 
+PART_OF = dict(order_warmup_iters='order_warmup', l2r_frac_end='order', l2r_frac_iters='order', min_lr='learning_rate')
+
+
+def recipe_parts(keys):
+    """The recipe's keys in parts a scratch run can take apart: a schedule's keys with the key they schedule
+    (PART_OF), each other key alone; [] when there is only one part."""
+    parts = {}
+    for k, v in keys.items():
+        parts.setdefault(PART_OF.get(k, k), {})[k] = v
+    return list(parts.values()) if len(parts) > 1 else []
+
+
 def scratch_runs(c):
     """{name: (overrides, what)} of finding 9's AO-GPT runs at their best settings, AdamW and Muon, per seed, and the
     like-for-like ones: the same with the recipe's keys (every lever key is one a scratch run reads too)."""
@@ -150,7 +164,14 @@ def scratch_runs(c):
             out[f'ao_{opt}_s{s}'] = (over, what)
             if keys:
                 out[f'lfl_{opt}_s{s}'] = (dict(over, **keys), f"{what}, with the recipe's keys ({c.recipe})")
+        over, what = O.run('ao', 'adamw', c.learning_rate, s)[1]
+        for i, part in enumerate(recipe_parts(keys), 1):
+            out[f'part{i}_adamw_s{s}'] = (dict(over, **part), f"{what}, with the recipe's {keys_text(part)} alone")
     return out
+
+
+def keys_text(keys):
+    return ', '.join(f"{k}={v}" for k, v in keys.items())
 
 
 def lfl(d):
@@ -238,10 +259,14 @@ def judge(d, seeds, budget, ratio):
     best = min(splits, key=lambda S: splits[S]['mean_ao_diff'])
     levers = {name: [sunk_row(logs, f'{name}_s{s}', f'ao_adamw_s{s}', f'ao_adamw_s{s}', budget)
                      for s in d['lever_seeds']] for name, _, _, _ in LEVERS}
+    parts = [dict(keys=keys, ends=ends, mean=O.mean_spread(ends)) for keys, ends in
+             ((keys, [end_of(logs[f'part{i}_adamw_s{s}'], 'val_ao') for s in seeds])
+              for i, keys in enumerate(d.get('parts', []), 1))]  # a record from before the parts has none
     c1 = all(r['adamw']['ratio'] is not None and r['adamw']['ratio'] <= ratio for r in sunk)
     checks = [c1, splits[best]['as_good_ao'], splits[best]['better_l2r']]
     verdict = 'met' if all(checks) else 'partly met' if any(checks) else 'not met'
-    return dict(sunk=sunk, noise=noise, splits=splits, best=best, checks=checks, verdict=verdict, levers=levers)
+    return dict(sunk=sunk, noise=noise, splits=splits, best=best, checks=checks, verdict=verdict, levers=levers,
+                parts=parts)
 
 
 def ratio_text(ratios, budget):
@@ -405,6 +430,10 @@ def report(c, d, cmd):
             f"{mean(opt, 'target')[0]:.3f} ± {mean(opt, 'target')[1]:.3f} with {name}"
             for opt, name in (('adamw', 'AdamW'), ('muon', 'Muon')))
             + f" (mean ± half the range, {len(seeds)} seeds)."]
+        if j['parts']:
+            md[-1] += (" Apart, with AdamW: " + '; '.join(f"{x['keys']} alone {x['mean'][0]:.3f} ± {x['mean'][1]:.3f} "
+                                                          f"({', '.join(f'{e:.3f}' for e in x['ends'])})"
+                                                          for x in j['parts']) + '.')
     md += ['', f"Equal total steps ({budget}): end losses of the two-stage runs (the recipe) against the like-for-like "
            f"scratch AO-GPT (AdamW), per seed:", '', '| L2R steps + adaptation | seed | any-order (two-stage / '
            'scratch) | L2R (two-stage / scratch) |', '|---|---|---|---|']
@@ -466,7 +495,7 @@ def study(c):
     order = list(gpts) + list(scratch) + list(levers) + list(full) + [f'split{S}_s{s}' for S in c.split_list
                                                                       for s in seeds]
     return dict(config=c.config, seeds=seeds, lever_seeds=c.lever_list, recipe=c.recipe, splits=c.split_list,
-                reused=sorted(reused), vocab=get_codec(os.path.join('data', R.DATASET)).vocab_size,
+                parts=[keys_text(p) for p in recipe_parts(recipe_keys(c))], reused=sorted(reused), vocab=get_codec(os.path.join('data', R.DATASET)).vocab_size,
                 logs={k: logs[k] for k in order}, what={k: what[k] for k in order},
                 commands={k: cmds[k] for k in order})
 

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -105,7 +106,6 @@ def test_gen_summary_is_a_geometric_mean_over_the_judged_steps():
 def test_runs_differ_only_in_what_they_test():
     """Every comparison must be like with like: two runs' train.py commands may differ only in out_dir
     and the overrides that define them (order mode, L2R fraction, conditioning, seed)."""
-    from types import SimpleNamespace
     c = SimpleNamespace(runs_dir='r', device='cpu', n_layer=2, n_head=2, n_embd=32, target_dim=16, block_size=64,
                         batch_size=4, max_iters=100, learning_rate=1e-3, ema_decay=0.99, eval_interval=10,
                         eval_iters=2, eval_orders=2, seed=1)
@@ -476,7 +476,6 @@ def test_finding9_ratio_follows_the_curves(speed, want):
 def test_finding9_runs_differ_only_in_the_optimizer_and_its_keys():
     """Like with like: a finding-9 command is reproduce.py's command for that model plus only the optimizer's
     keys (learning rates, optimizer, muon_lr, muon_adaln) and the seed."""
-    from types import SimpleNamespace
 
     from findings import optimizers as O
     c = SimpleNamespace(runs_dir='r', device='cpu', n_layer=2, n_head=2, n_embd=32, target_dim=16, block_size=64,
@@ -495,7 +494,6 @@ def test_finding9_runs_differ_only_in_the_optimizer_and_its_keys():
 def test_finding9_report_and_replot_from_its_record(tmp_path, capsys):
     """The report from synthetic runs: the findings-table row, the section, the record and both plots; --replot
     redraws the plots from the record alone, and a spoilt record is one line."""
-    from types import SimpleNamespace
 
     from findings import optimizers as O
     logs = {f'{m}_{o}_s{s}': _log(1.0 if o == 'adamw' else 1.5, 1.5 + (0.3 if m == 'ao' else 0), 0.01 * i)
@@ -577,10 +575,30 @@ def test_finding11_verdict_follows_the_curves(speed, split_ao, split_l2r, want, 
         assert r['steps'] is None and r['ratio'] is None
 
 
+def test_the_recipe_in_parts():
+    """A scratch run takes the recipe apart: a schedule's keys go with the key they schedule, each other key alone;
+    a one-part recipe has nothing to take apart."""
+    from findings import adapt as A
+    keys = lambda name: next(over for n, over, _, _ in A.LEVERS if n == name)  # noqa: E731
+    assert A.recipe_parts(keys('tstd1_semiar')) == [dict(target_std=1.0),
+                                                    dict(order_warmup='semiar:1:32', order_warmup_iters=500)]
+    assert A.recipe_parts(keys('tstd1_body')) == [dict(target_std=1.0), dict(target_lr_scale=3.0),
+                                                  dict(learning_rate=2e-3, min_lr=2e-4)]
+    assert A.recipe_parts(keys('tstd1_l2r')) == [dict(target_std=1.0),
+                                                 dict(order='l2r', l2r_frac_end=0.1, l2r_frac_iters=500)]
+    assert A.recipe_parts(keys('tstd1')) == [] and A.recipe_parts({}) == []
+    c = SimpleNamespace(recipe='tstd1_semiar', seed_list=[1, 2], learning_rate=6e-3, muon_lr=0.01)
+    runs = A.scratch_runs(c)
+    assert sorted(k for k in runs if k.startswith('part')) == ['part1_adamw_s1', 'part1_adamw_s2', 'part2_adamw_s1',
+                                                                'part2_adamw_s2']
+    over, what = runs['part2_adamw_s1']
+    assert over == dict(runs['ao_adamw_s1'][0], order_warmup='semiar:1:32', order_warmup_iters=500)
+    assert what.endswith("with the recipe's order_warmup=semiar:1:32, order_warmup_iters=500 alone")
+
+
 def test_finding11_report_replot_and_bad_settings(tmp_path, capsys):
     """The report from synthetic runs (row, section, record, plot); --replot from the record alone; settings that
     cannot make the study are one line each, before any run."""
-    from types import SimpleNamespace
 
     from findings import adapt as A
     logs = _adapt_logs(5.0, 1.45, 0.9)
@@ -602,13 +620,19 @@ def test_finding11_report_replot_and_bad_settings(tmp_path, capsys):
     # like-for-like scratch runs (the recipe's keys from scratch) that end below the adaptation: claim 1 fails
     # against them, while the paper-default scratch is still reached
     lfl = dict(logs, **{f'lfl_{o}_s{s}': _log(1.0, 1.2, 0.01 * i) for i, s in enumerate((1, 2)) for o in ('adamw', 'muon')})
+    lfl.update({f'part{p}_adamw_s{s}': _log(1.0, 1.2 + 0.1 * p, 0.01 * i) for i, s in enumerate((1, 2)) for p in (1, 2)})
+    parts = ['target_std=1.0', 'order_warmup=semiar:1:32, order_warmup_iters=500']
     A.report(SimpleNamespace(results_dir=str(tmp_path / 'lfl'), quick=False, device='cpu', runs_dir='runs'),
-             dict(d, logs=lfl, what={k: k for k in lfl}, commands={k: k for k in lfl}), 'python findings/adapt.py')
+             dict(d, logs=lfl, what={k: k for k in lfl}, commands={k: k for k in lfl}, parts=parts),
+             'python findings/adapt.py')
     md = (tmp_path / 'lfl' / A.SECTION).read_text()
     j = json.loads((tmp_path / 'lfl' / A.RECORD).read_text())['judged']
     assert j['checks'][0] is False and all(r['adamw']['paper_ratio'] < 0.3 for r in j['sunk'])
     assert "the recipe's keys alone move the end any-order loss from 1.510 ± 0.005 to 1.210 ± 0.005 with AdamW" in md
     assert "against scratch with the same keys: reached on 0 of 2 seeds within the adaptation's steps with AdamW" in md
+    # each part of the recipe from scratch, apart: its seeds' ends and their mean (1.3 + 2 exp(-6), + 0.01 on seed 2)
+    assert ("Apart, with AdamW: target_std=1.0 alone 1.310 ± 0.005 (1.305, 1.315); order_warmup=semiar:1:32, "
+            "order_warmup_iters=500 alone 1.410 ± 0.005 (1.405, 1.415).") in md
     (tmp_path / A.FIG).unlink(), (tmp_path / A.LEVER_FIG).unlink()
     A.main(['--replot', f'--results_dir={tmp_path}'])
     assert (tmp_path / A.FIG).exists() and (tmp_path / A.LEVER_FIG).exists()
