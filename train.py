@@ -42,6 +42,7 @@ from aogpt.bins import meta_dtype, open_bin, read_meta
 from aogpt.checkpoint import CKPT_NAME, save_checkpoint
 from aogpt.configurator import configure, print_config, stop_at_safe_points, stop_requested
 from aogpt.ema import EMA
+from aogpt.errors import first_line, out_of_memory
 from aogpt.likelihood import mdm_corrupt
 from aogpt.optim import configure_optimizers
 from aogpt.orders import OLD_KEYS, l2r_mix, old_keys_line, one_block, parse_warmup, warmup_order
@@ -154,6 +155,21 @@ show_bar = progress and master and sys.stderr.isatty()
 run = Run(master)  # its progress bar and out_dir lock, and one line and a released out_dir however it ends
 say, fail = run.say, run.fail  # and `with run.failing():` makes a library's UserError fail's line
 iter_num, last_saved = 0, None  # optimizer steps done; (path, iteration) of the last checkpoint
+
+
+def out_of_memory_line(kind, e, tb, previous=sys.excepthook):
+    """Out of memory anywhere in the run (a step, an eval, a save): fail's one line, what to change and what is
+    kept, not torch's traceback; any other exception as before."""
+    if not out_of_memory(e):
+        return previous(kind, e, tb)
+    fail(f"out of memory at iteration {iter_num} ({first_line(e, 160)}): lower batch_size and raise "
+         f"gradient_accumulation_steps as much (the same tokens per step), or set loss_chunk (the head and its loss a "
+         f"chunk of rows at a time); " + (f"{last_saved[0]} (iteration {last_saved[1]}) is intact, and a run with "
+                                         f"init_from=auto goes on from it" if last_saved else
+                                         "no checkpoint was written"))
+
+
+sys.excepthook = out_of_memory_line
 
 
 def interrupted_at():

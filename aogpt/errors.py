@@ -60,16 +60,30 @@ def die(msg, code=1):
     raise SystemExit(code)
 
 
+def out_of_memory(e):
+    """Whether e is torch running out of memory: a GPU's OutOfMemoryError, or the CPU allocator's failure (a
+    RuntimeError of its own wording)."""
+    torch = sys.modules.get('torch')  # nothing to ask if torch was never imported
+    return ((torch is not None and isinstance(e, torch.OutOfMemoryError))
+            or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e)))
+
+
 def command(main):
     """A command's main(): a UserError raised anywhere below it ends the command as die() does, with its one
-    line (on stderr, and in torchrun's report) and its exit status. Called from code (the tests do), main() then
-    raises SystemExit, as the command would exit."""
+    line (on stderr, and in torchrun's report) and its exit status; so does running out of memory, with the
+    allocator's first line and what to change. Called from code (the tests do), main() then raises SystemExit, as
+    the command would exit."""
     @functools.wraps(main)
     def run(*args, **kwargs):
         try:
             return main(*args, **kwargs)
         except UserError as e:
             die(e.msg, e.code)
+        except RuntimeError as e:
+            if not out_of_memory(e):
+                raise
+            die(f"out of memory ({first_line(e, 160)}): run with smaller batches (this command's --batch_size, and "
+                f"the like) or on a device with more memory")
     return run
 
 

@@ -3,6 +3,7 @@ import ast
 import os
 
 import pytest
+import torch
 
 from aogpt.configurator import configure, split_list
 from aogpt.errors import UserError
@@ -222,3 +223,23 @@ def test_split_list_parses_and_checks_each_value():
         with pytest.raises(UserError, match=r"^--k must be a comma-separated list of") as e:
             split_list('k', text, typ, ok)
         assert e.value.code == 2 and repr(text) in e.value.msg
+
+
+@pytest.mark.parametrize('err', [torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 8.00 GiB\nmore'),
+                                 RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't "
+                                              "allocate memory: you tried to allocate 85899345920 bytes.")])
+def test_a_command_out_of_memory_is_one_line(err, capsys):
+    """sample.py, eval_ppl.py, eval_harness.py and export.py (errors.command) end in one line when torch runs out of
+    memory on a GPU or on the CPU, not a traceback; any other RuntimeError is still raised."""
+    from aogpt.errors import command
+
+    @command
+    def main(e):
+        raise e
+    with pytest.raises(SystemExit) as stop:
+        main(err)
+    line = capsys.readouterr().err.strip()
+    assert stop.value.code == 1 and len(line.splitlines()) == 1
+    assert line.startswith(f"error: out of memory ({str(err).splitlines()[0]}): run with smaller batches")
+    with pytest.raises(RuntimeError, match='shape mismatch'):
+        main(RuntimeError('shape mismatch'))

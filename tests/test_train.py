@@ -407,6 +407,42 @@ def test_exact_resume_after_kill_is_bit_identical(env, optimizer):
     assert strip(la) == strip(lb) and [r['iter'] for r in lb] == [0, 4, 8]
 
 
+@pytest.mark.parametrize('where,at', [('step', 3), ('eval', 4)])
+def test_out_of_memory_is_one_line_and_keeps_the_last_checkpoint(env, where, at):
+    """A GPU running out of memory mid-run (simulated: torch's OutOfMemoryError from the training step of iteration
+    3, or from the eval at iteration 4) ends the run in one line that says what to change and which checkpoint is
+    intact, not a traceback; the out_dir is let go, and the same command goes on from that checkpoint."""
+    oom = f"""
+    import torch
+    from model import GPT
+    steps = [0]  # training forwards so far: one per iteration (gradient_accumulation_steps=1)
+    orig = GPT.forward
+    def forward(self, *a, **k):
+        training = torch.is_grad_enabled()
+        if training:
+            steps[0] += 1
+        if ({where!r} == 'step' and training and steps[0] == {at} + 1) or \\
+                ({where!r} == 'eval' and not training and steps[0] == {at}):
+            raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total '
+                                         'capacity of 79.19 GiB of which 1.2 GiB is free.\\nmore lines')
+        return orig(self, *a, **k)
+    GPT.forward = forward
+    """
+    out = f'oom_{where}'
+    common = ['--max_iters=8', '--eval_interval=2', '--gradient_accumulation_steps=1']
+    p = run(env, args(env, out, *common), pre=oom, check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and 'Traceback' not in p.stderr and len(lines) == 1, p.stderr
+    assert lines[0].startswith(f'error: out of memory at iteration {at} (CUDA out of memory. Tried to allocate 20.00 '
+                               f'GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.2 GiB is free.): lower '
+                               f'batch_size and raise gradient_accumulation_steps as much'), lines[0]
+    assert lines[0].endswith(f"{env / out / 'ckpt.pt'} (iteration 2) is intact, and a run with init_from=auto goes "
+                             f"on from it")
+    assert load_checkpoint(str(env / out))['iter_num'] == 2
+    p = run(env, args(env, out, *common, "--init_from=auto"))  # the lock was let go: this run may take the out_dir
+    assert 'resumed' in p.stdout and load_checkpoint(str(env / out))['iter_num'] == 8
+
+
 def on_second_save(action):
     """Wrapper code for run(pre=...): torch.save runs `action` (code over obj, f, a, k and orig, the real
     save) at its second call, i.e. while the second checkpoint is being written, then saves as usual."""
