@@ -41,7 +41,7 @@ findings-optimizers: $(STAMP)  # finding 9, Muon against AdamW: about 45 CPU-cor
 	$(BIN)/python findings/optimizers.py
 
 .PHONY: findings-adapt
-findings-adapt: $(STAMP)  # finding 11, a trained GPT adapted into an AO-GPT, 15 levers and the recipe on 4 seeds: about 100 CPU-core-minutes of its own runs (finding 9's scratch runs reused from results/); its section joins results/README.md
+findings-adapt: $(STAMP)  # finding 11, a trained GPT adapted into an AO-GPT, 15 levers, the recipe on 4 seeds and its parts from scratch: about 127 CPU-core-minutes of its own runs (the parts' 8 runs: 26.9 on 2026-11-28) (finding 9's scratch runs reused from results/); its section joins results/README.md
 	$(BIN)/python findings/adapt.py
 
 clean:

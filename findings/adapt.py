@@ -2,7 +2,7 @@
 Finding 11 (ours): what adapting a trained left-to-right GPT into an AO-GPT buys, and the levers that make it pay,
 at the findings' CPU scale: reproduce.py's setting (character-level PTB, context 32, 2 layers x 64) and commands.
 
-    python findings/adapt.py              # about 100 CPU-core-minutes (2 jobs) -> results/f11_*
+    python findings/adapt.py              # about 127 CPU-core-minutes (2 jobs) -> results/f11_*
     python findings/adapt.py --quick      # the pipeline end to end in tiny runs; judges nothing
     python findings/adapt.py --replot     # only redraw results/f11_*.png from results/f11_adapt.json
 
@@ -259,9 +259,13 @@ def judge(d, seeds, budget, ratio):
     best = min(splits, key=lambda S: splits[S]['mean_ao_diff'])
     levers = {name: [sunk_row(logs, f'{name}_s{s}', f'ao_adamw_s{s}', f'ao_adamw_s{s}', budget)
                      for s in d['lever_seeds']] for name, _, _, _ in LEVERS}
-    parts = [dict(keys=keys, ends=ends, mean=O.mean_spread(ends)) for keys, ends in
-             ((keys, [end_of(logs[f'part{i}_adamw_s{s}'], 'val_ao') for s in seeds])
-              for i, keys in enumerate(d.get('parts', []), 1))]  # a record from before the parts has none
+    paper = [end_of(logs[f'ao_adamw_s{s}'], 'val_ao') for s in seeds]
+    parts = []
+    for i, keys in enumerate(d.get('parts', []), 1):  # a record from before the parts has none
+        ends = [end_of(logs[f'part{i}_adamw_s{s}'], 'val_ao') for s in seeds]
+        diffs = [e - p for e, p in zip(ends, paper)]  # against the paper-default scratch run of the same seed
+        parts.append(dict(keys=keys, ends=ends, mean=O.mean_spread(ends), diffs=diffs,
+                          lower=sum(x < 0 for x in diffs)))
     c1 = all(r['adamw']['ratio'] is not None and r['adamw']['ratio'] <= ratio for r in sunk)
     checks = [c1, splits[best]['as_good_ao'], splits[best]['better_l2r']]
     verdict = 'met' if all(checks) else 'partly met' if any(checks) else 'not met'
@@ -431,9 +435,10 @@ def report(c, d, cmd):
             for opt, name in (('adamw', 'AdamW'), ('muon', 'Muon')))
             + f" (mean ± half the range, {len(seeds)} seeds)."]
         if j['parts']:
-            md[-1] += (" Apart, with AdamW: " + '; '.join(f"{x['keys']} alone {x['mean'][0]:.3f} ± {x['mean'][1]:.3f} "
-                                                          f"({', '.join(f'{e:.3f}' for e in x['ends'])})"
-                                                          for x in j['parts']) + '.')
+            md[-1] += (" Apart, with AdamW (against the paper-default scratch run of the same seed): " + '; '.join(
+                f"{x['keys']} alone {x['mean'][0]:.3f} ± {x['mean'][1]:.3f} ({', '.join(f'{e:.3f}' for e in x['ends'])}"
+                f"; {sum(x['diffs']) / len(x['diffs']):+.3f} on average, lower on {x['lower']} of {len(x['diffs'])} "
+                f"seeds)" for x in j['parts']) + '.')
     md += ['', f"Equal total steps ({budget}): end losses of the two-stage runs (the recipe) against the like-for-like "
            f"scratch AO-GPT (AdamW), per seed:", '', '| L2R steps + adaptation | seed | any-order (two-stage / '
            'scratch) | L2R (two-stage / scratch) |', '|---|---|---|---|']
