@@ -415,13 +415,13 @@ def test_replot_swaps_the_results_folder_whole(tmp_path, capsys, monkeypatch):
 
 def test_no_legend_lies_over_data(tmp_path, monkeypatch):
     """Every plot make findings draws (finding 8's legend of 25 entries once covered its data): no legend's
-    box overlaps any axes' box."""
+    box overlaps any axes' box, and a figure's title overlaps no panel, its title included."""
     from aogpt import plot
     _record_with(tmp_path, lambda d: None)
     real, seen = plot._save, []
 
-    def checked(plt, fig, path):
-        fig.tight_layout()
+    def checked(plt, fig, path, rect=(0, 0, 1, 1)):
+        fig.tight_layout(rect=rect)
         fig.canvas.draw()
         r = fig.canvas.get_renderer()
         boxes = [lg.get_window_extent(r) for lg in [ax.get_legend() for ax in fig.axes if ax.get_legend()]
@@ -429,8 +429,11 @@ def test_no_legend_lies_over_data(tmp_path, monkeypatch):
         for i, box in enumerate(boxes):
             assert not any(box.overlaps(ax.get_window_extent(r)) for ax in fig.axes), os.path.basename(path)
             assert not any(box.overlaps(other) for other in boxes[i + 1:]), os.path.basename(path)
+        for text in fig.texts:  # a suptitle
+            assert not any(text.get_window_extent(r).overlaps(ax.get_tightbbox(r)) for ax in fig.axes
+                           if ax.get_visible()), os.path.basename(path)
         seen.append(os.path.basename(path))
-        real(plt, fig, path)
+        real(plt, fig, path, rect)
     monkeypatch.setattr(plot, '_save', checked)
     R.main(['--replot', f'--results_dir={tmp_path}'])
     assert sorted(seen) == sorted(R.FIGS.values())
