@@ -332,10 +332,10 @@ def draw(c, d):
         for i, s in enumerate(d['lever_seeds']):
             series.append((f"scratch AO-GPT's end ({budget} steps), AdamW, seed {s}", [0, sunk],
                            [end_of(logs[f'ao_adamw_s{s}'], 'val_ao')] * 2, 'k' + dash(i)))
-            for run, label, col in ((f'as_is_s{s}', 'as committed (as_is)', 'C7'), (f'{name}_s{s}', 'the lever', 'C1')):
-                if label == 'the lever' or name != 'as_is':  # as_is's own panel: the lever is the reference
-                    st, v = O.steps_of(logs[run], 'val_ao')
-                    series.append((f"{label}, seed {s}", st[1:], v[1:], col + dash(i)))
+            ref = [] if name == 'as_is' else [(f'as_is_s{s}', 'as committed (as_is)', 'C7')]  # as_is is its own
+            for run, label, col in ref + [(f'{name}_s{s}', 'the lever', 'C1')]:
+                st, v = O.steps_of(logs[run], 'val_ao')
+                series.append((f"{label}, seed {s}", st[1:], v[1:], col + dash(i)))
         panels.append((textwrap.fill(f"{name} ({fam}): {what}", 60), series, 'adaptation steps', False))
     plot.lines(os.path.join(c.results_dir, LEVER_FIG), f"Finding 11's levers, one panel each: any-order val loss of "
                f"the GPT at {budget} steps adapted with the lever (AdamW), against the committed start and the scratch "
