@@ -48,7 +48,7 @@ from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from aogpt.tokenizer import get_codec  # noqa: E402
 from findings import optimizers as O  # noqa: E402
 from findings import reproduce as R  # noqa: E402
-from findings.report import children_cpu_minutes, merge_section, nonfinite, verdicts_against  # noqa: E402
+from findings.report import children_cpu_minutes, merge_section, nonfinite, trained_cost, verdicts_against  # noqa: E402
 
 # -----------------------------------------------------------------------------
 quick = False                  # tiny runs: the pipeline end to end; nothing is judged
@@ -379,8 +379,7 @@ def report(c, d, cmd):
                                                      lambda r: {'11': r['judged']['verdict']}, {'11': v})
     md = [f"## Finding 11: adapting a trained GPT into an AO-GPT{' (QUICK: nothing judged)' if c.quick else ''}", '',
           f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, "
-          + (f"{d['cpu_min']:.1f} CPU-core-minutes for the runs it trained (runs reused cost nothing here)"
-             if d['cpu_min'] >= 0.05 else "every run reused from an earlier invocation")
+          + trained_cost(d['cpu_min'])
           + f". Setting: reproduce.py's (character-level PTB, context 32, 2 layers x 64, 32 x 32 characters a step, "
           f"EMA weights), eval every {cfg['eval_interval']} steps, AdamW at {cfg['learning_rate']:g} and Muon at "
           f"{cfg['muon_lr']:g} (finding 9's best) unless a lever sets them. The GPT (cond='none') trains left to "

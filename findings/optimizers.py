@@ -47,7 +47,7 @@ from aogpt.errors import UserError, command, die, first_line  # noqa: E402
 from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 from findings.judging import mean_spread  # noqa: E402  (O.mean_spread too: adapt.py's)
-from findings.report import children_cpu_minutes, merge_section, verdicts_against  # noqa: E402
+from findings.report import children_cpu_minutes, merge_section, trained_cost, verdicts_against  # noqa: E402
 
 # -----------------------------------------------------------------------------
 quick = False                  # tiny runs: the pipeline end to end; nothing is judged
@@ -242,9 +242,8 @@ def report(c, d, cmd):
            f"{wall_text}; best: {d['best_text']} |")
     md = [f"## Finding 9: Muon beside AdamW, steps to a target loss{' (QUICK: nothing judged)' if c.quick else ''}",
           '', f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, "
-          + (f"{d['cpu_min']:.1f} CPU-core-minutes for what it ran (training runs, the step timing; runs reused "
-             f"cost nothing here)"
-             if d['cpu_min'] >= 0.05 else "every run reused from an earlier invocation (its cost: notes.md)")
+          + trained_cost(d['cpu_min'], 'its training runs and the step timing',
+                         'an earlier invocation (its cost: notes.md)')
           + ". Setting: reproduce.py's "
           f"(character-level PTB, context 32, 2 layers x 64, 32 x 32 characters a step, EMA weights), eval every "
           f"{d['config']['eval_interval']} steps; the sweep {d['config']['sweep_iters']} steps on seed {seeds[0]}, "

@@ -38,7 +38,7 @@ from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 from findings import sampling as S  # noqa: E402
 from findings.judging import mean_spread  # noqa: E402
-from findings.report import children_cpu_minutes, merge_section, verdicts_against  # noqa: E402
+from findings.report import children_cpu_minutes, merge_section, trained_cost, verdicts_against  # noqa: E402
 
 FAMILIES = {  # the distributions compared: (name of its first-seed run, order spec, what it is)
     'uniform + 10% L2R': ('ao', 'mix:0.1*l2r+0.9*random', "the paper's: uniform orders, 10% L2R sequences"),
@@ -222,9 +222,9 @@ def section(c, cmd, rows, summary, verdict, timing, runs, cpu=0.0, changes=''):
     cells = [g for r in rows for g in list(r['generation'].values()) + [r['speculative']]]
     se = sum(g['nll_se'] for g in cells) / len(cells)
     md = [MARK, f"## Finding 10 (ours): training order distributions{' (QUICK: nothing judged)' if c.quick else ''}",
-          '', f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, in {timing / 60:.1f} min "
-          f"(the training runs {cpu:.1f} CPU-core-minutes; runs reused from reproduce.py or an earlier invocation "
-          f"cost nothing here). reproduce.py's setting and its `ao`, `ao_seedS` and `judge` runs; each distribution "
+          '', f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, in {timing / 60:.1f} min; "
+          f"{trained_cost(cpu, reused='reproduce.py or an earlier invocation')}. reproduce.py's setting and its "
+          f"`ao`, `ao_seedS` and `judge` runs; each distribution "
           f"trained on seeds {', '.join(map(str, c.seed_list))} ({'/'.join(map(str, seeds))} seeds a distribution "
           f"here). "
           f"Losses: nats per character on {c.eval_chunks} val windows of {c.block_size}, EMA weights, eval_ppl's "

@@ -115,6 +115,14 @@ def verdict_changes(old, new, against='the previous record'):
             + (f"; new: {', '.join(fresh)}" if fresh else '') + '.')
 
 
+def trained_cost(cpu_min, what='the runs it trained', reused='an earlier invocation'):
+    """What an invocation cost, for a section's first line: the CPU-core-minutes of what it ran, or, when it ran
+    nothing (every run reused), where the runs came from, not a cost of 0.0 that reads as the finding's."""
+    if cpu_min >= 0.05:
+        return f"{cpu_min:.1f} CPU-core-minutes for {what} (runs reused cost nothing here)"
+    return f"every run reused from {reused}"
+
+
 def children_cpu_minutes():
     """CPU-core-minutes (user + system) that this process's finished child processes (the training runs) used
     so far: the difference across a stage is what that stage cost."""

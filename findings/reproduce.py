@@ -596,9 +596,9 @@ def write_report(c, cmd, names, logs, chunks, ens, ema, samp, gen, spec, finding
         f['id']: f['verdict'] for f in r['findings']}, {i: v for i, _, _, (v, _) in findings})
     md = [f"{report.TITLE}{' (QUICK: smoke test, nothing judged)' if c.quick else ''}", '',
           f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, in {total / 60:.1f} min "
-          f"(" + ', '.join(f"{k} {v / 60:.1f}" for k, v in timing.items()) + f"; the training runs "
-          f"{getattr(c, 'cpu_min', 0):.1f} CPU-core-minutes; runs reused from an earlier invocation cost nothing "
-          f"here). Seeds {', '.join(map(str, c.seed_list))} for {' and '.join(f'`{b}`' for b in SPREAD_RUNS)} "
+          f"(" + ', '.join(f"{k} {v / 60:.1f}" for k, v in timing.items()) + "); "
+          f"{report.trained_cost(getattr(c, 'cpu_min', 0))}. Seeds {', '.join(map(str, c.seed_list))} for "
+          f"{' and '.join(f'`{b}`' for b in SPREAD_RUNS)} "
           f"(their other seeds' runs are `_seedS`), seed {c.seed} for the others. Setting: character-level PTB, "
           f"context {c.block_size}, {c.n_layer} layers x {c.n_embd}, {c.max_iters} iterations of {c.batch_size} x "
           f"{c.block_size} characters, LR {c.learning_rate} nearly constant after warmup, EMA "

@@ -521,6 +521,7 @@ def test_finding9_report_and_replot_from_its_record(tmp_path, capsys):
     assert '1.20x AdamW\'s step time, so 0.80x the time' in row and '1.10x the step time, 0.67x the steps, 0.73x' in row
     assert '| 1 | 1.805 | 1.800 | 1.800 | 0.67 / 0.67 | 0.80 / 0.73 |' in md  # seed 1: end losses, ratios
     assert md.count('| AO-GPT | any-order |') == 3 and md.count('`python train.py ') == len(d['commands'])
+    assert 'every run reused from an earlier invocation' in md and 'CPU-core-minutes' not in md  # nothing trained
     assert '| AO-GPT | any-order | mean ± half range (2 seeds) |' in md  # the two seeds' rows, then their mean
     record = json.loads((tmp_path / O.RECORD).read_text())
     assert record['verdicts']['row'] == row
@@ -597,6 +598,22 @@ def test_the_recipe_in_parts():
     over, what = runs['part2_adamw_s1']
     assert over == dict(runs['ao_adamw_s1'][0], order_warmup='semiar:1:32', order_warmup_iters=500)
     assert what.endswith("with the recipe's order_warmup=semiar:1:32, order_warmup_iters=500 alone")
+
+
+def test_a_section_says_what_its_invocation_cost_or_that_it_reused_every_run():
+    """A rerun that reused every run said "the training runs 0.0 CPU-core-minutes" (finding 10's section), which
+    reads as the finding's cost; it says where the runs came from instead. One phrase for all four scripts."""
+    assert report.trained_cost(12.34) == "12.3 CPU-core-minutes for the runs it trained (runs reused cost nothing here)"
+    for cpu in (0.0, 0.04):
+        assert report.trained_cost(cpu, reused='reproduce.py') == "every run reused from reproduce.py"
+    c, _ = R.read_config([])
+    rows = json.load(open(os.path.join(R.ROOT, 'results', 'orders.json')))['rows']  # the committed record's
+    summary = O.summarize(rows)
+    sec = O.section(c, 'python findings/orders.py', rows, summary, O.judge_orders(summary), 66.0, O.all_runs(c), 0.0)
+    assert 'in 1.1 min; every run reused from reproduce.py or an earlier invocation.' in sec
+    assert 'CPU-core-minutes' not in sec
+    sec = O.section(c, 'python findings/orders.py', rows, summary, O.judge_orders(summary), 66.0, O.all_runs(c), 62.5)
+    assert 'in 1.1 min; 62.5 CPU-core-minutes for the runs it trained (runs reused cost nothing here).' in sec
 
 
 def test_finding11_report_replot_and_bad_settings(tmp_path, capsys):
