@@ -607,7 +607,8 @@ def test_a_section_says_what_its_invocation_cost_or_that_it_reused_every_run():
     for cpu in (0.0, 0.04):
         assert report.trained_cost(cpu, reused='reproduce.py') == "every run reused from reproduce.py"
     c, _ = R.read_config([])
-    rows = json.load(open(os.path.join(R.ROOT, 'results', 'orders.json')))['rows']  # the committed record's
+    with open(os.path.join(R.ROOT, 'results', 'orders.json'), encoding='utf-8') as f:
+        rows = json.load(f)['rows']  # the committed record's
     summary = O.summarize(rows)
     sec = O.section(c, 'python findings/orders.py', rows, summary, O.judge_orders(summary), 66.0, O.all_runs(c), 0.0)
     assert 'in 1.1 min; every run reused from reproduce.py or an earlier invocation.' in sec
