@@ -6,6 +6,7 @@ if __name__ == '__main__':  # run as a script (python bench/common.py): one line
                      'bench/*.py')
 import os
 import sys
+import time
 from datetime import date
 
 import torch
@@ -27,6 +28,35 @@ def append_benchmark(title, cuda, description, table):
     with open(os.path.join(ROOT, 'BENCHMARKS.md'), 'a') as f:
         f.write(f"\n### {title}: {dev}, {date.today()}, torch {torch.__version__}\n\n"
                 f"`{env}python {' '.join(sys.argv)}`  \n{description}\n\n{table}\n")
+
+
+def _mean_seconds(fn, device, warmup, reps):
+    """Seconds per call of fn, the device synchronised on both sides of the timed calls."""
+    sync = torch.cuda.synchronize if str(device).startswith('cuda') else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / reps
+
+
+def measure_matmul_peak(device, size=8192):
+    """bf16 dense matmul FLOP/s on this device (size^3 products, the mean of 20 after 3 warm-ups): the rate an
+    MFU or a compute-bound floor is counted against, what the chip reaches rather than its datasheet."""
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    return 2 * size ** 3 / _mean_seconds(lambda: a @ b, device, 3, 20)
+
+
+def measure_copy_bandwidth(device, numel=2 ** 30):
+    """Memory bytes/s of a device-to-device copy of numel bf16 values (2 GiB; bytes read + bytes written, the
+    mean of 10 after 3 warm-ups): the rate a memory-bound floor is counted against."""
+    src = torch.empty(numel, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * src.element_size() / _mean_seconds(lambda: dst.copy_(src), device, 3, 10)
 
 
 def check_settings(config, at_least=None, one_of=None, model=None):

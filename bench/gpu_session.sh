@@ -12,7 +12,9 @@
 #   2 sampling, medium random weights, n = 1024, B = 32: graphed AO at T = 64, 256, 1024, graphed AR, the
 #     plain encoder MDM and the best one (graphed, skipping empty steps), the encoders as their per-pass
 #     time x their counted passes (labelled so in the table); the exact speculative sampler (fused and
-#     two-call, graphed) against graphed AR in L2R order and graphed AO at T = n in random order
+#     two-call, graphed) against graphed AR in L2R order and graphed AO at T = n in random order; then this
+#     GPU's two ceilings (bf16 matmul, HBM copy) and the samplers' floors counted at them, which the timings
+#     are read against (a target missed is explained by its distance to the floor)
 #   3 training, AO-GPT-small, bf16, compiled: tokens/s of ao_table and gpt in one run, and of ao_table on the
 #     rotary/SwiGLU/GQA block at equal parameters (#49, #51: one more compile, about a minute)
 #   then, while BUDGET seconds last: the optimizer step of optimizer=muon against AdamW (#32), and the
@@ -54,6 +56,7 @@ step 90 $PY -m pytest -q -p no:cacheprovider tests/test_sample.py tests/test_spe
 step 180 $PY bench/sample_speed.py --device=cuda $MED --steps=64,256,1024 --samplers=ao_graph,ar_graph,mdm,mdm_cache_graph --encoder_passes=64 --repeats=2 --write=True
 step 100 $PY bench/sample_speed.py --device=cuda $MED --steps=1024 --samplers=spec_fused_graph,spec_graph,ar_graph --spec_order=l2r --spec_k=auto --repeats=2 --write=True
 step 100 $PY bench/sample_speed.py --device=cuda $MED --steps=1024 --samplers=spec_fused_graph,spec_graph,ao_graph --spec_order=random --spec_k=auto --repeats=2 --write=True
+step 60 $PY bench/sample_roofline.py --device=cuda --write=True
 
 # 3 training
 step 210 $PY bench/train_speed.py --device=cuda $SMALL --compile=True --iters=15 --warmup=3 --models=ao_table,ao_table:rope,gpt --write=True

@@ -7,7 +7,14 @@ fixed-shape columns are the floors of the CUDA-graph path, which pads rows and a
 to a span (the live length rounded up to kv_bucket slots); a second table compares span buckets: the
 floor they cost and the graphs a run captures.
 
-    python bench/sample_roofline.py                       # medium, n = 1024, B = 32, H100 SXM figures
+    python bench/sample_roofline.py                       # medium, n = 1024, B = 32, the H100's ceilings
+    python bench/sample_roofline.py --device=cuda --write=True   # at this GPU's ceilings, measured first
+
+The ceilings: a bf16 matmul's FLOP/s and HBM bytes/s. --peak_flops and --hbm_bandwidth set them; left out,
+they are measured on --device=cuda (bench/common.py: an 8192^3 product, a 2 GiB copy), and on the CPU, where
+nothing measured would mean anything for a GPU, they are H100_CEILINGS (the matmul rate BENCHMARKS.md measured
+on an H100, and its datasheet bandwidth). The count itself runs on the CPU in seconds; a GPU adds only the two
+measurements, so a floor and the timings it explains can come from one session on one device.
 
 The exact speculative sampler (aogpt/speculative.py) is counted last. Its calls depend on how many drafts the
 model accepts, which a count cannot know: each sample is taken to accept each draft independently with
@@ -37,7 +44,7 @@ from aogpt.errors import exit_in_one_line  # noqa: E402
 from aogpt.generate import ao_calls, draw_plan  # noqa: E402
 from aogpt.samplers import Sampling  # noqa: E402
 from aogpt.speculative import Speculation, row_slots  # noqa: E402
-from bench.common import check_settings  # noqa: E402
+from bench.common import append_benchmark, check_settings, measure_copy_bandwidth, measure_matmul_peak  # noqa: E402
 
 n_layer = 24
 n_embd = 1024
@@ -46,8 +53,10 @@ target_dim = 128             # AO-GPT's per-token AdaLN: Linear(target_dim -> 6 
 n = 1024                     # sequence length
 batch_size = 32
 steps = '64,128,256,512,1024'
-peak_flops = 792e12          # bf16 matmul FLOP/s: the H100 peak measured in BENCHMARKS.md (datasheet 989e12)
-hbm_bandwidth = 3.35e12      # bytes/s: H100 SXM HBM3 datasheet
+device = 'cpu'               # cuda: measure the ceilings left out on this GPU (the count runs on the CPU)
+peak_flops: float = None     # bf16 matmul FLOP/s; None: measured on cuda, the H100's (H100_CEILINGS) on the CPU
+hbm_bandwidth: float = None  # HBM bytes/s; None: likewise
+write = False                # append the tables to BENCHMARKS.md (device, date, command, the ceilings used)
 seed = 0                     # the sampler's seed: the same plans bench/sample_speed.py times
 kv_bucket = KV_BUCKET         # the fixed-shape spans: the sampler's own default
 buckets = '0,64,128,256'     # span buckets to compare (0: attend over the whole cache)
@@ -57,7 +66,24 @@ exit_in_one_line()  # from here on a UserError is its one line, not a traceback
 config = configure(globals())
 print_config(config)
 check_settings(config, at_least=dict(n_layer=1, n_embd=1, vocab_size=1, target_dim=1, n=1, batch_size=1, kv_bucket=0,
-                                     peak_flops=1, hbm_bandwidth=1))
+                                     **{k: 1 for k in ('peak_flops', 'hbm_bandwidth') if config[k] is not None}))
+H100_CEILINGS = (792e12, 3.35e12)  # bf16 matmul measured on an H100 on 2026-11-22 (BENCHMARKS.md); HBM3 datasheet
+cuda = device.startswith('cuda')
+source = dict(peak_flops='given', hbm_bandwidth='given')
+for key, measure, h100 in (('peak_flops', measure_matmul_peak, H100_CEILINGS[0]),
+                           ('hbm_bandwidth', measure_copy_bandwidth, H100_CEILINGS[1])):
+    if config[key] is None:
+        config[key], source[key] = (measure(device), 'measured') if cuda else (h100, "the H100's")
+peak_flops, hbm_bandwidth = config['peak_flops'], config['hbm_bandwidth']
+ceilings = (f"{peak_flops / 1e12:.0f} TFLOP/s bf16 matmul ({source['peak_flops']}), {hbm_bandwidth / 1e12:.2f} TB/s "
+            f"HBM ({source['hbm_bandwidth']})")
+print(f"ceilings: {ceilings}")
+tables = []  # what --write appends: every table, with the line above it
+
+
+def show(text):
+    print(text)
+    tables.append(text)
 Ts = split_list('steps', steps, int, lambda t: t >= 1, 'step counts >= 1')
 bks = split_list('buckets', buckets, int, lambda b: b >= 0, 'span buckets >= 0')
 KS = split_list('spec_ks', spec_ks, int, lambda k: k >= 2, 'draft lengths >= 2')
@@ -132,8 +158,7 @@ for T, (counts, plan) in plans.items():
                  f"{ar_s:.3f} | {ar_fixed:.3f} | {mdm_s:.2f} | {mdmc_s:.2f} | {mdm_s / ao_s:.1f}x | "
                  f"{mdmc_s / ao_s:.1f}x | {ao_s / ar_s:.2f} | {ao_fixed / ar_fixed:.2f} | "
                  f"{bound} of {len(plan)} |")
-print(f"Fixed shapes with kv_bucket = {kv_bucket}:")
-print('\n'.join(lines))
+show(f"Fixed shapes with kv_bucket = {kv_bucket}:\n\n" + '\n'.join(lines))
 print(f"AR: {n} calls, each reading the {W * (P_block + d * V) / 1e9:.2f} GB of weights: "
       f"{ar_Y / 1e9:.0f} GB and {ar_F / 1e12:.1f} TFLOP in all")
 
@@ -144,7 +169,8 @@ for name, plan, adaln in [(f'AO, T = {T}', p, True) for T, (_, p) in plans.items
     dyn = decoder_time(plan, adaln)[0]
     cells = [decoder_time(plan, adaln, fixed=True, bucket=b) for b in bks]
     lines.append(f"| {name} | " + ' | '.join(f"{c[0] / dyn:.2f}x, {c[3]}" for c in cells) + ' |')
-print('\n'.join(lines))
+show('What the span buckets buy (the fixed-shape floor over the dynamic one, and the CUDA graphs a run captures):\n\n'
+     + '\n'.join(lines))
 
 
 def spec_plan(k, alpha, commit, rng):
@@ -213,6 +239,10 @@ for fused, k, alpha in [(f, k, a) for f in (False, True) for k in KS for a in AL
     lines.append(f"| {'fused' if fused else 'two calls'} | {k} | {alpha} | {len(per)} / "
                  f"{sum(r for r, _, _ in per)} | {dyn:.3f} | {fix:.3f} | {mn} | "
                  f"{ar_s / dyn:.2f}x | {ar_fixed / fix:.2f}x | {ao_n_s / dyn:.2f}x | {ao_n_fixed / fix:.2f}x |")
-print(f"Exact speculative sampling, n = {n}, B = {B} (AR floor {ar_s:.3f} s, fixed {ar_fixed:.3f} s; AO at T = n "
-      f"floor {ao_n_s:.3f} s, fixed {ao_n_fixed:.3f} s):")
-print('\n'.join(lines))
+show(f"Exact speculative sampling, n = {n}, B = {B} (AR floor {ar_s:.3f} s, fixed {ar_fixed:.3f} s; AO at T = n "
+     f"floor {ao_n_s:.3f} s, fixed {ao_n_fixed:.3f} s):\n\n" + '\n'.join(lines))
+if write:
+    append_benchmark('Sampling floor, counted', cuda,
+                     f"A count, not a timing: {n_layer}L/{n_embd}d, n = {n}, B = {B}, bf16 weights and K/V, each call "
+                     f"the larger of its FLOPs and its HBM bytes over the ceilings: {ceilings}.", '\n\n'.join(tables))
+    print("appended the tables to BENCHMARKS.md")

@@ -45,7 +45,7 @@ from aogpt.optim import configure_optimizers  # noqa: E402
 from aogpt.orders import random_orders  # noqa: E402
 from aogpt.paths import check_writable  # noqa: E402
 from aogpt.runtime import fast_math  # noqa: E402
-from bench.common import append_benchmark, check_settings  # noqa: E402
+from bench.common import append_benchmark, check_settings, measure_matmul_peak  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 device = 'cpu'
@@ -105,22 +105,8 @@ def sync():
         torch.cuda.synchronize()
 
 
-def measure_matmul_peak():
-    """bf16 dense matmul rate on this GPU: the MFU denominator we can actually reach."""
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(20):
-        a @ b
-    sync()
-    return 20 * 2 * 8192 ** 3 / (time.perf_counter() - t0)
-
-
 if peak_flops is None and cuda:
-    peak_flops = measure_matmul_peak()
+    peak_flops = measure_matmul_peak(device)
     print(f"measured bf16 matmul peak: {peak_flops / 1e12:.0f} TFLOP/s")
 
 # kernel (GPU) or op (CPU) names -> what they do; the first match wins, the rest is 'other'

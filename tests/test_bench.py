@@ -20,6 +20,8 @@ TOY = {
     'bench/train_speed.py': '--n_layer=1 --n_head=2 --n_embd=32 --block_size=32 --batch_size=2 --iters=1 '
                             '--warmup=1',
     'bench/profile_sampler.py': '--n_layer=1 --n_head=2 --n_embd=32 --n=32 --batch_size=2 --steps=4',
+    'bench/sample_roofline.py': '--n_layer=1 --n_embd=32 --vocab_size=64 --target_dim=8 --n=32 --batch_size=2 '
+                                '--steps=4,16 --buckets=0,8 --spec_ks=2 --spec_alphas=0.5',
 }
 
 
@@ -59,10 +61,22 @@ def on_cpu(argv):
 COMMANDS = suite_commands() + suite_commands('bench/gpu_session.sh')
 
 
+def test_the_ceilings_count_what_they_time(monkeypatch):
+    """bench/common.py's ceilings (what sample_roofline.py measures on the GPU before counting, and train_speed.py's
+    MFU denominator): a matmul's 2 n^3 FLOPs and a copy's bytes read plus written, over the seconds per call.
+    A clock that advances one second a reading makes every timed loop last one second, so the rates are exact;
+    on the CPU at small sizes, the same code the GPU runs but its synchronisation."""
+    from bench import common
+    clock = iter(range(100))
+    monkeypatch.setattr(common.time, 'perf_counter', lambda: float(next(clock)))
+    assert common.measure_matmul_peak('cpu', size=64) == 2 * 64 ** 3 * 20  # 20 products in one second
+    assert common.measure_copy_bandwidth('cpu', numel=1024) == 2 * 1024 * 2 * 10  # 10 copies of 2 KiB, read + written
+
+
 def test_the_suite_is_read_whole():
     groups = {g for g, _ in COMMANDS}
     assert {'sample', 'graphs', 'spans', 'tune', 'train', 'optimizer', 'session'} <= groups
-    assert sum(g == 'session' for g, _ in COMMANDS) == 6
+    assert sum(g == 'session' for g, _ in COMMANDS) == 7
     assert sum(g == 'spans' for g, _ in COMMANDS) == 3 and sum(g == 'tune' for g, _ in COMMANDS) == 2
     assert all(argv[0] in TOY for _, argv in COMMANDS)
 
