@@ -40,8 +40,9 @@ import torch  # noqa: E402
 
 from aogpt.configurator import configure, print_config, split_list  # noqa: E402
 from aogpt.engine import KV_BUCKET, KVCache, SlotStepper  # noqa: E402
-from aogpt.errors import exit_in_one_line  # noqa: E402
+from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
 from aogpt.generate import ao_calls, draw_plan  # noqa: E402
+from aogpt.runtime import resolve_device  # noqa: E402
 from aogpt.samplers import Sampling  # noqa: E402
 from aogpt.speculative import Speculation, row_slots  # noqa: E402
 from bench.common import append_benchmark, check_settings, measure_copy_bandwidth, measure_matmul_peak  # noqa: E402
@@ -68,7 +69,11 @@ print_config(config)
 check_settings(config, at_least=dict(n_layer=1, n_embd=1, vocab_size=1, target_dim=1, n=1, batch_size=1, kv_bucket=0,
                                      **{k: 1 for k in ('peak_flops', 'hbm_bandwidth') if config[k] is not None}))
 H100_CEILINGS = (792e12, 3.35e12)  # bf16 matmul measured on an H100 on 2026-11-22 (BENCHMARKS.md); HBM3 datasheet
+device = resolve_device(device)  # 'auto' -> cuda where there is one
 cuda = device.startswith('cuda')
+if not cuda and device != 'cpu':
+    raise UserError(f"--device must be cpu (the H100's ceilings) or cuda (this GPU's, measured), got {device!r}: "
+                    f"the count runs on the CPU, and only a CUDA GPU's ceilings are measured")
 source = dict(peak_flops='given', hbm_bandwidth='given')
 for key, measure, h100 in (('peak_flops', measure_matmul_peak, H100_CEILINGS[0]),
                            ('hbm_bandwidth', measure_copy_bandwidth, H100_CEILINGS[1])):

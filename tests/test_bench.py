@@ -134,6 +134,8 @@ def test_an_encoder_timed_per_pass_counts_the_passes_a_full_run_makes():
     (['bench/profile_sampler.py', '--stepper=foo'], "error: --stepper must be one of dynamic, static, cuda_graph"),
     (['bench/sample_roofline.py', '--spec_alphas=0.5,1.5'], "error: --spec_alphas must be a comma-separated list of "
                                                             "acceptance probabilities in (0, 1), got '0.5,1.5'"),
+    (['bench/sample_roofline.py', '--peak_flops=0'], "error: --peak_flops must be at least 1, got 0.0"),
+    (['bench/sample_roofline.py', '--device=cuda:99'], "error: --device cuda:99, but "),
     (['bench/loss_memory.py', '--chunks=0,-4'], "error: --chunks must be a comma-separated list of loss_chunk settings "
                                                 ">= 0 (0: off), got '0,-4'"),
     (['bench/memory_budget.py', '--source=gpt5'], "error: --source must be one of qwen3_0p6b, smollm2_135m, got 'gpt5'"),
