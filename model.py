@@ -94,12 +94,9 @@ class GPTConfig:
         self.validate()
 
     def validate(self):
-        """Raise ValueError naming the first field that cannot make a model, and the values it may take.
-
-        The one check of a model's shape and switches: every script builds its model through GPT(config),
-        which calls this again (a config may be edited after it was made). Errors, not asserts, so that
-        `python -O` keeps them and the scripts can turn them into one line.
-        """
+        """Raise ValueError naming the first field that cannot make a model, and the values it may take: the one
+        check of a model's shape and switches (GPT(config) calls it again: a config may be edited after it was
+        made). Errors, not asserts, so that `python -O` keeps them and the scripts can turn them into one line."""
         def need(ok, key, what):
             if not ok:
                 raise ValueError(f"{key} must be {what}, got {getattr(self, key)!r}")
@@ -382,9 +379,18 @@ class Block(nn.Module):
 
 def _open_gates(linear):
     """Set the bias of an AdaLN Linear so both gates start at 1 (a plain pre-norm block)."""
-    b = linear.bias.data.view(6, -1)  # shift, scale, gate for attention, then for the MLP
-    b[2].fill_(1.0)
-    b[5].fill_(1.0)
+    linear.bias.data.view(6, -1)[[2, 5]] = 1.0  # rows: shift, scale, gate for attention, then for the MLP
+
+
+@torch.no_grad()
+def trunc_normal_(w, std, a, b):
+    """normal(0, std) draws, each outside [a, b] drawn again until none is: ours, as torch's changes between releases
+    (an inverse CDF before 2.13), so that a seed makes the same model on any torch, the one every run trained from."""
+    lo, hi = (w.new_tensor(v, device='cpu').item() for v in (a, b))  # the bounds as w's dtype holds them
+    x = w if w.is_meta else w.normal_(0.0, std)  # (a model on the meta device has no values to draw)
+    while not x.is_meta and bool((out := (x < lo) | (x > hi)).any()):
+        x = torch.where(out, torch.empty_like(x).normal_(0.0, std), x)  # a whole fresh draw, as torch's
+    return w.copy_(x)
 
 
 def parallel_mask(r, n_parallel, L=0, device=None):
@@ -451,7 +457,7 @@ class GPT(nn.Module):
         self.apply(self._init_weights)
         for pn, p in self.named_parameters():
             if pn.endswith('c_proj.weight'):  # GPT-2's scaled init of the residual projections
-                nn.init.trunc_normal_(p, std=0.02 / math.sqrt(2 * config.n_layer), a=-0.06, b=0.06)
+                trunc_normal_(p, std=0.02 / math.sqrt(2 * config.n_layer), a=-0.06, b=0.06)
         if config.cond == 'adaln':
             # The target reaches the residual stream only through table -> SiLU -> Linear, a product of
             # two init-scale factors. At 0.02 each (the paper's) a small model sits ~1000 steps on a
@@ -459,11 +465,11 @@ class GPT(nn.Module):
             # adaln_std=0.2 removes it (README, finding 5a).
             # Redrawn after self.apply's draw on purpose: skipping that would shift every later init value.
             s = config.target_std
-            nn.init.trunc_normal_(self.transformer.wtpe.weight, std=s, a=-3 * s, b=3 * s)
+            trunc_normal_(self.transformer.wtpe.weight, std=s, a=-3 * s, b=3 * s)
             if config.adaln_std is not None:
                 s = config.adaln_std
                 for lin in [b.adaLN[1] for b in self.transformer.h] + [self.transformer.adaLN_f[1]]:
-                    nn.init.trunc_normal_(lin.weight, std=s, a=-3 * s, b=3 * s)
+                    trunc_normal_(lin.weight, std=s, a=-3 * s, b=3 * s)
         if config.cond == 'adaln' and config.adaln_init == 'gate1':
             # gates start at 1, so each block starts as a plain pre-norm block (as the GPT baseline does);
             # the paper's init has all biases 0, i.e. gates near 0, which trains more slowly at first
@@ -471,13 +477,10 @@ class GPT(nn.Module):
                 _open_gates(block.adaLN[1])
 
     def _init_weights(self, module):
-        # truncated normal (+-3 sigma) as in the paper's code; biases zero
-        if isinstance(module, nn.Linear):
-            nn.init.trunc_normal_(module.weight, std=0.02, a=-0.06, b=0.06)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.trunc_normal_(module.weight, std=0.02, a=-0.06, b=0.06)
+        if isinstance(module, (nn.Linear, nn.Embedding)):  # truncated normal (+-3 sigma) as in the paper's code
+            trunc_normal_(module.weight, std=0.02, a=-0.06, b=0.06)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     @property
     def any_order(self):
@@ -684,12 +687,7 @@ def _check_ids(name, x, shape=None):
 def strip_prefixes(sd):
     """A state dict's parameter names without the wrappers' prefixes, '_orig_mod.' (torch.compile) and
     'module.' (DDP), wherever they are: the names GPT itself gives."""
-    out = {}
-    for k, v in sd.items():
-        for p in ('_orig_mod.', 'module.'):
-            k = k.replace(p, '')
-        out[k] = v
-    return out
+    return {k.replace('_orig_mod.', '').replace('module.', ''): v for k, v in sd.items()}
 
 
 def config_fields():
