@@ -385,7 +385,7 @@ def _open_gates(linear):
 @torch.no_grad()
 def trunc_normal_(w, std, a, b):
     """normal(0, std) draws, each outside [a, b] drawn again until none is: ours, as torch's changes between releases
-    (an inverse CDF before 2.13), so that a seed makes the same model on any torch, the one every run trained from."""
+    (an inverse CDF up to 2.11), so that a seed makes the same model on any torch, the one every run trained from."""
     lo, hi = (w.new_tensor(v, device='cpu').item() for v in (a, b))  # the bounds as w's dtype holds them
     x = w if w.is_meta else w.normal_(0.0, std)  # (a model on the meta device has no values to draw)
     while not x.is_meta and bool((out := (x < lo) | (x > hi)).any()):
