@@ -499,7 +499,8 @@ def study(c):
     order = list(gpts) + list(scratch) + list(levers) + list(full) + [f'split{S}_s{s}' for S in c.split_list
                                                                       for s in seeds]
     return dict(config=c.config, seeds=seeds, lever_seeds=c.lever_list, recipe=c.recipe, splits=c.split_list,
-                parts=[keys_text(p) for p in recipe_parts(recipe_keys(c))], reused=sorted(reused), vocab=get_codec(os.path.join('data', R.DATASET)).vocab_size,
+                parts=[keys_text(p) for p in recipe_parts(keys)], reused=sorted(reused),
+                vocab=get_codec(os.path.join('data', R.DATASET)).vocab_size,
                 logs={k: logs[k] for k in order}, what={k: what[k] for k in order},
                 commands={k: cmds[k] for k in order})
 
