@@ -377,9 +377,10 @@ class Block(nn.Module):
         return mlp.residual(x, self.mlp(mlp.norm(self.ln_2, x)))
 
 
-def _open_gates(linear):
-    """Set the bias of an AdaLN Linear so both gates start at 1 (a plain pre-norm block)."""
-    linear.bias.data.view(6, -1)[[2, 5]] = 1.0  # rows: shift, scale, gate for attention, then for the MLP
+def _open_gates(bias):
+    """An AdaLN Linear's bias with both gates at 1 (a plain pre-norm block: as the GPT baseline starts)."""
+    bias.view(6, -1)[[2, 5]] = 1.0  # rows: shift, scale, gate for attention, then for the MLP
+    return bias
 
 
 @torch.no_grad()
@@ -387,8 +388,8 @@ def trunc_normal_(w, std, a, b):
     """normal(0, std) draws, each outside [a, b] drawn again until none is: ours, as torch's changes between releases
     (an inverse CDF up to 2.11), so that a seed makes the same model on any torch, the one every run trained from."""
     lo, hi = (w.new_tensor(v, device='cpu').item() for v in (a, b))  # the bounds as w's dtype holds them
-    x = w if w.is_meta else w.normal_(0.0, std)  # (a model on the meta device has no values to draw)
-    while not x.is_meta and bool((out := (x < lo) | (x > hi)).any()):
+    x = w.normal_(0.0, std)
+    while bool((out := (x < lo) | (x > hi)).any()):
         x = torch.where(out, torch.empty_like(x).normal_(0.0, std), x)  # a whole fresh draw, as torch's
     return w.copy_(x)
 
@@ -454,33 +455,42 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(d, config.vocab_size, bias=config.head_bias)
         if config.tie_head:
             self.transformer.wte.weight = self.lm_head.weight
-        self.apply(self._init_weights)
+        if not self.lm_head.weight.is_meta:  # on the meta device the caller fills the weights (aogpt/parallel.py)
+            params = dict(self.named_parameters())
+            with torch.no_grad():
+                for name, value in self.initial_values():
+                    params[name].copy_(value)
+
+    def initial_values(self):
+        """The initial weights as (name, whole value on the CPU), in the order a seed draws them: what GPT(config)
+        copies in, and what a model built on the meta device takes its rows of, one tensor at a time (parallel.py).
+        A name can come again: c_proj's and AdaLN's own draws replace the generic ones, drawn first all the same."""
+        cfg, names = self.config, {p: n for n, p in self.named_parameters()}  # a tied weight: by its first name
+
+        def draw(p, std, a=-0.06, b=0.06):  # truncated normal (+-3 sigma) as in the paper's code
+            return names[p], trunc_normal_(torch.empty(p.shape, device='cpu'), std, a, b)
+        for m in self.modules():  # what self.apply visited (the leaves: the same order)
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                yield draw(m.weight, 0.02)
+            if isinstance(m, Norm):
+                yield names[m.weight], torch.ones(m.weight.shape)
+            if isinstance(m, (nn.Linear, Norm)) and m.bias is not None:
+                gates = cfg.adaln_init == 'gate1' and '.adaLN.' in names[m.bias]  # a block's AdaLN (not adaLN_f)
+                yield names[m.bias], _open_gates(torch.zeros(m.bias.shape)) if gates else torch.zeros(m.bias.shape)
         for pn, p in self.named_parameters():
             if pn.endswith('c_proj.weight'):  # GPT-2's scaled init of the residual projections
-                trunc_normal_(p, std=0.02 / math.sqrt(2 * config.n_layer), a=-0.06, b=0.06)
-        if config.cond == 'adaln':
+                yield draw(p, 0.02 / math.sqrt(2 * cfg.n_layer))
+        if cfg.cond == 'adaln':
             # The target reaches the residual stream only through table -> SiLU -> Linear, a product of
             # two init-scale factors. At 0.02 each (the paper's) a small model sits ~1000 steps on a
             # plateau at the unigram loss; target_std=1 alone does not shorten it, target_std=1 with
             # adaln_std=0.2 removes it (README, finding 5a).
-            # Redrawn after self.apply's draw on purpose: skipping that would shift every later init value.
-            s = config.target_std
-            trunc_normal_(self.transformer.wtpe.weight, std=s, a=-3 * s, b=3 * s)
-            if config.adaln_std is not None:
-                s = config.adaln_std
+            s = cfg.target_std
+            yield draw(self.transformer.wtpe.weight, s, -3 * s, 3 * s)
+            if cfg.adaln_std is not None:
+                s = cfg.adaln_std
                 for lin in [b.adaLN[1] for b in self.transformer.h] + [self.transformer.adaLN_f[1]]:
-                    trunc_normal_(lin.weight, std=s, a=-3 * s, b=3 * s)
-        if config.cond == 'adaln' and config.adaln_init == 'gate1':
-            # gates start at 1, so each block starts as a plain pre-norm block (as the GPT baseline does);
-            # the paper's init has all biases 0, i.e. gates near 0, which trains more slowly at first
-            for block in self.transformer.h:
-                _open_gates(block.adaLN[1])
-
-    def _init_weights(self, module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):  # truncated normal (+-3 sigma) as in the paper's code
-            trunc_normal_(module.weight, std=0.02, a=-0.06, b=0.06)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
+                    yield draw(lin.weight, s, -3 * s, 3 * s)
 
     @property
     def any_order(self):
@@ -600,17 +610,9 @@ class GPT(nn.Module):
         return self.forward_slots(tok, pos, tgt, mask=mask, n_logits=k)
 
     # ------------------------------------------------------------------ sizes
-    def get_num_params(self, non_embedding=False):
-        """All parameters (tied ones once). non_embedding drops the lookup tables, not the head."""
-        n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
-            tr = self.transformer
-            n -= tr.wnonee.weight.numel() + (tr.wpe.weight.numel() if 'wpe' in tr else 0)
-            if 'wtpe' in tr:
-                n -= tr.wtpe.weight.numel()
-            if not self.config.tie_head:
-                n -= tr.wte.weight.numel()
-        return n
+    def get_num_params(self):
+        """All parameters (tied ones once), the lookup tables included."""
+        return sum(p.numel() for p in self.parameters())
 
     def estimate_flops_per_token(self, seq_len=None):
         """Training FLOPs per token (forward + backward): 6 x matmul params + attention, as in PaLM/nanoGPT.
@@ -630,9 +632,6 @@ class GPT(nn.Module):
         n_matmul = cfg.n_layer * block + adaln + d * cfg.vocab_size
         return 6 * n_matmul + 12 * cfg.n_layer * nh * hd * T
 
-    def estimate_mfu(self, tokens_per_s, peak_flops, seq_len=None):
-        return self.estimate_flops_per_token(seq_len) * tokens_per_s / peak_flops
-
 
 def adapt(gpt, cond, adaln_std=None, **new):
     """A GPT (causal, cond='none') as an any-order decoder (cond 'adaln' or 'sigma') of the same shape that
@@ -647,26 +646,31 @@ def adapt(gpt, cond, adaln_std=None, **new):
              the table is zero (SiLU(0) = 0) and its gradient is SiLU'(0) = 1/2 times W^T upstream.
       sigma  the target table zero: x + 0 at the input; its gradient is the input's.
     new: the new model's keys the GPT has no use for (target_dim, target_std); it draws as GPT(config) does."""
-    if not (gpt.config.causal and gpt.config.cond == 'none') or cond not in ('adaln', 'sigma' if adaln_std is None
-                                                                             else 'adaln'):
-        raise ValueError(f"adapt turns a GPT (causal=True, cond='none') into cond 'adaln' or 'sigma' (adaln_std: "
-                         f"'adaln' only), not a model with causal={gpt.config.causal}, cond={gpt.config.cond!r} into "
-                         f"cond={cond!r} with adaln_std={adaln_std}")
-    model = GPT(GPTConfig(**dict(asdict(gpt.config), **new, cond=cond, adaln_init='gate1', adaln_std=adaln_std)))
+    model = GPT(adapted_config(gpt.config, cond, adaln_std, **new))  # its biases: zero, the gates' 1 (gate1)
     missing, unexpected = model.load_state_dict(gpt.state_dict(), strict=False)
     assert not unexpected and all('wtpe' in k or 'adaLN' in k for k in missing), (missing, unexpected)
-    tr = model.transformer
+    params = dict(model.named_parameters())
     with torch.no_grad():
-        if cond == 'sigma' or adaln_std is not None:
-            tr.wtpe.weight.zero_()
-        if cond == 'adaln':
-            for lin in [block.adaLN[1] for block in tr.h] + [tr.adaLN_f[1]]:
-                if adaln_std is None:
-                    lin.weight.zero_()
-                lin.bias.zero_()
-            for block in tr.h:
-                _open_gates(block.adaLN[1])
+        for name in missing:
+            adapted_start(model.config, name, params[name])
     return model
+
+
+def adapted_config(config, cond, adaln_std=None, **new):
+    """The config adapt gives a GPT's config (one line for a model or a cond it cannot adapt)."""
+    if not (config.causal and config.cond == 'none') or cond not in ('adaln', 'sigma' if adaln_std is None
+                                                                     else 'adaln'):
+        raise ValueError(f"adapt turns a GPT (causal=True, cond='none') into cond 'adaln' or 'sigma' (adaln_std: "
+                         f"'adaln' only), not a model with causal={config.causal}, cond={config.cond!r} into "
+                         f"cond={cond!r} with adaln_std={adaln_std}")
+    return GPTConfig(**dict(asdict(config), **new, cond=cond, adaln_init='gate1', adaln_std=adaln_std))
+
+
+def adapted_start(config, name, value):
+    """A new parameter of an adapted model (config: adapted_config's) as adapt starts it from its draw, in place."""
+    table = name.endswith('wtpe.weight') and (config.cond == 'sigma' or config.adaln_std is not None)
+    linear = 'adaLN' in name and name.endswith('.weight') and config.adaln_std is None
+    return value.zero_() if table or linear else value
 
 
 # ---------------------------------------------------------------------- helpers shared by the scripts
@@ -692,7 +696,3 @@ def strip_prefixes(sd):
 
 def config_fields():
     return {f.name: f.default for f in fields(GPTConfig)}
-
-
-def model_args(config):
-    return asdict(config)

@@ -445,7 +445,7 @@ t_interval, tokens_interval, t_eval_window, tokens_eval_window = 0.0, 0, 0.0, 0
 def speed():
     """Throughput since the last log line, and with peak_flops the MFU of one rank."""
     tps = tokens_interval / t_interval
-    mfu = f", mfu {raw_model.estimate_mfu(tps / world_size, peak_flops, block_size):.1%}" if peak_flops > 0 else ""
+    mfu = f", mfu {flops_per_token * tps / world_size / peak_flops:.1%}" if peak_flops > 0 else ""
     return f"{tps:,.0f} tok/s{mfu}"
 
 

@@ -232,7 +232,7 @@ def bench_interleaved(names):
 def result(name, model, dt, act_mem):
     """A table row: the model, its sizes, dt seconds a step, activation memory (CUDA) or None."""
     tok_s = batch_size * block_size / dt
-    mfu = model.estimate_mfu(tok_s, peak_flops, block_size) if peak_flops else None
+    mfu = model.estimate_flops_per_token(block_size) * tok_s / peak_flops if peak_flops else None
     block = sum(p.numel() for p in model.transformer.h[0].parameters())  # AdaLN's Linear included
     return dict(model=name, params=model.get_num_params(), block_params=block, ms=dt * 1e3, tok_s=tok_s, mfu=mfu,
                 act_mem=act_mem, flops_tok=model.estimate_flops_per_token(block_size))

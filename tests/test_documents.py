@@ -182,13 +182,13 @@ def write_ckpt(path, vocab=50304, end=50256, codec=None, seed=1, end_bias=0.0):
     varied places (its logit is large where the hidden state points its way); end_bias adds to its logit
     everywhere (20: the end symbol is drawn at almost every draw, whatever torch's random weights are)."""
     from aogpt.checkpoint import save_checkpoint
-    from model import model_args
+    from dataclasses import asdict
     model = tiny(vocab_size=vocab, block_size=16, seed=seed)
     with torch.no_grad():
         w = model.lm_head.weight
         w[end] = w[end] / w[end].norm() * 8.0
         model.lm_head.bias[end] += end_bias
-    ck = dict(format='aogpt-v1', model_args=model_args(model.config), model=model.state_dict(),
+    ck = dict(format='aogpt-v1', model_args=asdict(model.config), model=model.state_dict(),
               config={'dataset': 'no-such-dataset'}, order=None)
     if codec is not None:
         ck['codec'] = codec.record()

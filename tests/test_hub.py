@@ -12,6 +12,7 @@ import pickle
 import runpy
 import subprocess
 import sys
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from aogpt import genppl
 from aogpt.checkpoint import checkpoint_codec, load_checkpoint, load_model, save_checkpoint
 from aogpt.errors import UserError
 from aogpt.families import load_hf
-from model import GPT, GPTConfig, model_args
+from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = ("the quick brown fox jumps over the lazy dog . " * 3 + "\n") * 40
@@ -41,7 +42,7 @@ def make_run(path, kind='adaln', seed=0, codec=CODEC, extra_config=None, **extra
     raw = {k: v.clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(seed + 100)
     ema = {k: v.detach() + 0.2 * torch.randn(v.shape, generator=g) for k, v in model.named_parameters()}
-    ckpt = dict(format='aogpt-v1', model_args=model_args(model.config), model=raw,
+    ckpt = dict(format='aogpt-v1', model_args=asdict(model.config), model=raw,
                 ema=dict(decay=0.99, num_updates=9, params=ema), iter_num=9, tokens=9 * 64,
                 config={'dataset': 'tinychars', 'learning_rate': 1e-3, **(extra_config or {})}, order=None, **extra)
     if codec:

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -19,7 +20,6 @@ from aogpt.errors import UserError
 from aogpt.generate import generate_ao, generate_ar, generate_mdm, reveal_counts, sample_tokens, time_grid
 from aogpt.samplers import EncoderPlan, Sampling
 from aogpt.genppl import judge_nll, unigram_entropy
-from model import model_args
 from sample import encode_template
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1010,7 +1010,7 @@ def test_unigram_entropy():
 def write_ckpt(path, **kw):
     model = tiny(vocab_size=50304, block_size=16, **kw)
     ema = {'decay': 0.999, 'num_updates': 1, 'params': {k: v.clone() for k, v in model.named_parameters()}}
-    save_checkpoint(dict(format='aogpt-v1', model_args=model_args(model.config), model=model.state_dict(),
+    save_checkpoint(dict(format='aogpt-v1', model_args=asdict(model.config), model=model.state_dict(),
                          ema=ema, config={'dataset': 'no-such-dataset'}, order=None), str(path))
 
 
@@ -1238,7 +1238,7 @@ def test_auto_order_is_the_training_order_distribution(tmp_path, cli, trained):
     """A checkpoint trained on an order distribution samples along it by default (--order auto): the same
     samples as naming it, not the uniform order's; its config in the old spelling (order_mode) or the new."""
     model = tiny(vocab_size=50304, block_size=16)
-    save_checkpoint(dict(format='aogpt-v1', model_args=model_args(model.config), model=model.state_dict(),
+    save_checkpoint(dict(format='aogpt-v1', model_args=asdict(model.config), model=model.state_dict(),
                          config={'dataset': 'no-such-dataset', **trained}, order=None),
                     str(tmp_path / 'ckpt.pt'))
     got, said = {}, {}
@@ -1263,7 +1263,7 @@ def test_a_boolean_flag_alone_as_the_readme_types_it(tmp_path, cli):
 def test_script_runs(tmp_path):
     """`python sample.py` as a subprocess: encoder MDM with the caching trick."""
     model = tiny(causal=False, cond='none', vocab_size=50304, mask_token_id=50257, block_size=16)
-    save_checkpoint(dict(format='aogpt-v1', model_args=model_args(model.config), model=model.state_dict(),
+    save_checkpoint(dict(format='aogpt-v1', model_args=asdict(model.config), model=model.state_dict(),
                          config={}), str(tmp_path / 'ckpt.pt'))
     r = subprocess.run([sys.executable, 'sample.py', '--out_dir', str(tmp_path), '--device', 'cpu',
                         '--steps', '64', '--batch_size', '2'], cwd=ROOT, capture_output=True, text=True)
@@ -1427,7 +1427,7 @@ def test_an_order_is_parsed_once_and_carried_to_the_sampler(tmp_path, cli, monke
     (once a spec was parsed in sample.py, generate_ao's check and free_order, and drawn from text)."""
     from aogpt import orders
     model = tiny(vocab_size=50304, block_size=16)
-    save_checkpoint(dict(format='aogpt-v1', model_args=model_args(model.config), model=model.state_dict(),
+    save_checkpoint(dict(format='aogpt-v1', model_args=asdict(model.config), model=model.state_dict(),
                          config={'dataset': 'no-such-dataset', 'order': 'semiar:4'}, order=None),
                     str(tmp_path / 'ckpt.pt'))
     made, init = [], orders.Order.__init__
