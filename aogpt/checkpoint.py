@@ -224,22 +224,6 @@ def _legacy_torch(head):
     return False
 
 
-def read_hf_weights(folder):
-    """A Hugging Face model folder's weights (model.safetensors, else pytorch_model.bin through load_checkpoint's
-    weights_only checks), for aogpt.families.load_hf: one line for a bad file, never an unpickling traceback."""
-    st = os.path.join(folder, 'model.safetensors')
-    if os.path.exists(st):
-        from safetensors.torch import load_file
-        try:
-            return load_file(st)
-        except Exception as e:
-            raise UserError(f"cannot read {st}: it is truncated, corrupt or not a safetensors file ({first_line(e)})")
-    binary = os.path.join(folder, 'pytorch_model.bin')
-    if not os.path.exists(binary):
-        raise UserError(f"{folder} holds neither model.safetensors nor pytorch_model.bin")
-    return load_checkpoint(binary)
-
-
 def detect_format(ckpt):
     """'aogpt' (ours), 'paper-aogpt', 'paper-sigma' (the paper's released files), or None."""
     if ckpt.get('format') == 'aogpt-v1':

@@ -4,6 +4,7 @@ read into a GPTConfig, and its names for the weights mapped to ours, every tenso
 
     model = load_hf(folder, state_dict=None, cond='none', **overrides)    the source itself, or adapted into cond
     model, source = hf_source(folder, state_dict=None, **overrides)       and what it was: the record a run keeps
+    config, source, rows = source_rows(folder, ...)     without the model: each parameter's rows, read when asked
 
 Families: gpt2, llama (SmolLM2 is one), mistral (without a sliding window), qwen2, qwen3. In the identity order the
 model is its source run on [none_id] + x: [None] is the source's own BOS embedding (bos_token_id), or, where it has
@@ -12,13 +13,15 @@ one: <|endoftext|>); the record says which. A field that
 would change the function and that the block cannot represent (a sliding window, another rope type, MoE, soft
 caps, biases where the block has none) is a UserError naming it, never ignored: a silently different model is the
 worst outcome. Weights are read from safetensors (one file, or the shards model.safetensors.index.json lists);
-GPT-2's pytorch_model.bin through checkpoint.read_hf_weights' weights_only checks. Nothing is unpickled.
+GPT-2's pytorch_model.bin through checkpoint.load_checkpoint's weights_only checks (open_weights: the one
+place HF weights are read, only the rows asked for). Nothing is unpickled.
 """
 
 if __name__ == '__main__':  # run as a script (python aogpt/families.py): one line, not an ImportError
     raise SystemExit("error: aogpt/families.py is a library module, with nothing to run: the commands are train.py, "
                      "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
 
+import functools
 import json
 import os
 
@@ -26,6 +29,7 @@ import torch
 
 from aogpt.checkpoint import file_sha256
 from aogpt.errors import UserError
+from aogpt.parallel import materialise
 from model import GPT, LLAMA3_KEYS, GPTConfig, adapt
 
 ROTARY = ('llama', 'mistral', 'qwen2', 'qwen3')
@@ -175,11 +179,20 @@ def _their_shapes(ours, how, parts, cfg):
     return [(r,) + tuple(ours[1:]) for r in rows]
 
 
-def read_safetensors(folder):
-    """Every tensor of a folder's safetensors (model.safetensors, or the shards its index names) and the sha256 of
-    each file read. A bad file is one line."""
-    from safetensors.torch import load_file
+def open_weights(folder, hash_files=True):
+    """A Hugging Face folder's tensors by their names, each read only when indexed (a torch tensor, or a safetensors
+    slice: .shape, [rows], [:, columns]), and {file: sha256} of the files (None unless hash_files): model.safetensors
+    or the shards model.safetensors.index.json lists, else GPT-2's pytorch_model.bin (through load_checkpoint's
+    weights_only, memory-mapped: nothing unpickled, pages read as used). The one place HF weights are read. A bad
+    file is one line."""
     index = os.path.join(folder, 'model.safetensors.index.json')
+    if not os.path.exists(os.path.join(folder, 'model.safetensors')) and not os.path.exists(index):
+        binary = os.path.join(folder, 'pytorch_model.bin')
+        if not os.path.exists(binary):
+            raise UserError(f"{folder} holds neither model.safetensors, model.safetensors.index.json nor "
+                            f"pytorch_model.bin")
+        from aogpt.checkpoint import load_checkpoint
+        return load_checkpoint(binary), {'pytorch_model.bin': file_sha256(binary)} if hash_files else None
     if os.path.exists(index):
         try:
             with open(index) as f:
@@ -188,27 +201,39 @@ def read_safetensors(folder):
             raise UserError(f"cannot read {index}: not a safetensors index with a weight_map ({e})")
     else:
         files = ['model.safetensors']
-    sd, sha = {}, {}
+    from safetensors import safe_open
+    tensors, sha = {}, {} if hash_files else None
     for name in files:
         path = os.path.join(folder, name)
         if not os.path.exists(path):
-            raise UserError(f"{folder} has no {name}" + (" (its index names it)" if len(files) > 1 or
-                                                         os.path.exists(index) else ""))
+            raise UserError(f"{folder} has no {name}" + (" (its index names it)" if os.path.exists(index) else ""))
         try:
-            sd.update(load_file(path))
+            handle = safe_open(path, framework='pt')
+            tensors.update({t: _Slices(handle, t) for t in handle.keys()})
         except Exception as e:
             raise UserError(f"cannot read {path}: it is truncated, corrupt or not a safetensors file ({e})")
-        sha[name] = file_sha256(path)
-    return sd, sha
+        if hash_files:
+            sha[name] = file_sha256(path)
+    return tensors, sha
 
 
-def hf_source(folder, state_dict=None, doc_end=None, **overrides):
-    """The source model (cond='none'), and its record {family, folder, revision (a hub snapshot's commit, else None),
-    none_id, none_from, weights_sha256: {file: sha256} (None when state_dict was given)}. Every one
-    of their tensors is checked: a missing, extra or misshapen one is a UserError naming it. doc_end: the id that
-    ends the data's documents, which [None] takes where the source has no BOS (a Qwen whose config.json names a
-    chat turn's end as its eos, trained on data ended by <|endoftext|>); none_from then says 'doc_end'. overrides:
-    GPTConfig keys (block_size may shrink the context; dropout and the like)."""
+class _Slices:
+    """One tensor of a safetensors file, read only when indexed (the rows or columns asked for)."""
+
+    def __init__(self, handle, name):
+        self.handle, self.name = handle, name
+        self.shape = torch.Size(handle.get_slice(name).get_shape())
+
+    def __getitem__(self, index):
+        return self.handle.get_slice(self.name)[index]
+
+
+def source_rows(folder, state_dict=None, doc_end=None, hash_files=True, **overrides):
+    """(config, record, rows): the source's GPTConfig (cond='none'), its record (hf_source's), and {each of our
+    parameters' names: rows(a, b), its rows [a, b) read from their tensors}, which reads only those rows of the files
+    (a sharded model's rank asks for its own: aogpt/parallel.py). Every one of their tensors is checked first, by name
+    and shape from the files' headers: a missing, extra or misshapen one is a UserError naming it. state_dict: their
+    tensors already in memory; hash_files: whether the record gets each file's sha256 (reading every byte)."""
     hf = read_config(folder)
     where = os.path.join(folder, '')
     family = hf['model_type']
@@ -218,15 +243,7 @@ def hf_source(folder, state_dict=None, doc_end=None, **overrides):
             raise UserError(f"{where}: the documents' end id {doc_end} is not one of its {args['vocab_size']} rows")
         none_id, none_from = doc_end, 'doc_end'
     cfg = GPTConfig(**dict(args, **overrides))
-    sha = None
-    if state_dict is None:
-        if family == 'gpt2' and not os.path.exists(os.path.join(folder, 'model.safetensors')):
-            from aogpt.checkpoint import read_hf_weights  # GPT-2's pytorch_model.bin, weights_only
-            state_dict = read_hf_weights(folder)
-            sha = {'pytorch_model.bin': file_sha256(os.path.join(folder, 'pytorch_model.bin'))}
-        else:
-            state_dict, sha = read_safetensors(folder)
-    theirs = dict(state_dict)
+    theirs, sha = (dict(state_dict), None) if state_dict is not None else open_weights(folder, hash_files)
     if family == 'gpt2':  # with or without the 'transformer.' prefix; the causal-mask buffers are not weights
         theirs = {k.removeprefix('transformer.'): v for k, v in theirs.items()
                   if not k.endswith(('.attn.bias', '.attn.masked_bias'))}
@@ -234,30 +251,57 @@ def hf_source(folder, state_dict=None, doc_end=None, **overrides):
         theirs = {k: v for k, v in theirs.items() if not k.endswith('rotary_emb.inv_freq')}
     if cfg.tie_head:
         theirs.pop('lm_head.weight', None)  # a tied head is the embedding (some files store the copy)
-    model = GPT(cfg)
-    sd = model.state_dict()
+    with torch.device('meta'):
+        shapes = {k: tuple(v.shape) for k, v in GPT(cfg).state_dict().items()}  # no memory
     names = hf_names(cfg, family)
     wanted = {t for _, parts in names.values() for t in parts}
     for t in sorted(wanted - set(theirs)):
         raise UserError(f"{where}: the weights have no {t}, which a {family} of this config.json needs")
     for t in sorted(set(theirs) - wanted):
         raise UserError(f"{where}: the weights hold {t}, which a {family} of this config.json has no use for")
-    with torch.no_grad():
-        for ours, (how, parts) in names.items():
-            shape = tuple(sd[ours].shape)
-            if ours == 'transformer.wpe.weight':  # GPT-2's rows: n_positions of config.json; block_size may cut
-                shape = (args['block_size'] + 1, shape[1])
-            for t, want in zip(parts, _their_shapes(shape, how, parts, cfg)):
-                if tuple(theirs[t].shape) != want:
-                    raise UserError(f"{where}: {t} has shape {tuple(theirs[t].shape)}, this config.json needs {want}")
-            v = [theirs[t] for t in parts]
-            v = v[0].t() if how == 't' else torch.cat(v) if how == 'cat' else v[0]
-            sd[ours].copy_(v[:sd[ours].shape[0]] if ours == 'transformer.wpe.weight' else v)
-        sd['transformer.wnonee.weight'].copy_(sd['transformer.wte.weight'][none_id:none_id + 1])
+    rows = {}
+    for ours, (how, parts) in names.items():
+        shape = shapes[ours]
+        if ours == 'transformer.wpe.weight':  # GPT-2's rows: n_positions of config.json; block_size may cut
+            shape = (args['block_size'] + 1, shape[1])
+        for t, want in zip(parts, _their_shapes(shape, how, parts, cfg)):
+            if tuple(theirs[t].shape) != want:
+                raise UserError(f"{where}: {t} has shape {tuple(theirs[t].shape)}, this config.json needs {want}")
+        rows[ours] = functools.partial(_read_rows, how, [theirs[t] for t in parts])
+    embedding = theirs[names['transformer.wte.weight'][1][0]]
+    rows['transformer.wnonee.weight'] = lambda a, b: embedding[none_id:none_id + 1][a:b]  # [None]: that token's row
     here = os.path.abspath(folder)  # a hub download lives in .../snapshots/<commit>: that commit is its revision
     revision = os.path.basename(here) if os.path.basename(os.path.dirname(here)) == 'snapshots' else None
-    source = dict(family=family, folder=here, revision=revision, none_id=none_id, none_from=none_from,
-                  weights_sha256=sha)
+    return cfg, dict(family=family, folder=here, revision=revision, none_id=none_id, none_from=none_from,
+                     weights_sha256=sha), rows
+
+
+def _read_rows(how, parts, a, b):
+    """Rows [a, b) of one of our parameters from their tensors: 'copy' one tensor's rows, 't' the columns of GPT-2's
+    Conv1D (transposed), 'cat' the rows of their parts stacked (q, k, v or gate, up), each part read only where
+    [a, b) meets it."""
+    if how == 't':
+        return parts[0][:, a:b].t()
+    out, start = [], 0
+    for t in parts:
+        lo, hi = max(a, start), min(b, start + t.shape[0])
+        if lo < hi:
+            out.append(t[lo - start:hi - start])
+        start += t.shape[0]
+    return torch.cat(out) if len(out) > 1 else out[0] if out else parts[0][0:0]
+
+
+def hf_source(folder, state_dict=None, doc_end=None, **overrides):
+    """The source model (cond='none'), and its record {family, folder, revision (a hub snapshot's commit, else None),
+    none_id, none_from, weights_sha256: {file: sha256} (None when state_dict was given)}. Built on the meta device
+    and filled from source_rows (every tensor checked there): no draws, no second copy. doc_end: the id that ends
+    the data's documents, which [None] takes where the source has no BOS (a Qwen whose config.json names a chat
+    turn's end as its eos, trained on data ended by <|endoftext|>); none_from then says 'doc_end'. overrides:
+    GPTConfig keys (block_size may shrink the context; dropout and the like)."""
+    cfg, source, rows = source_rows(folder, state_dict, doc_end, **overrides)
+    with torch.device('meta'):
+        model = GPT(cfg)
+    materialise(model, 'cpu', rows.items())
     return model, source
 
 

@@ -153,7 +153,7 @@ def load_judge(path, device, samples_codec=None):
     that same tokenizer.json (samples_codec: a model trained from this source), the judge ends documents where
     they do (their eot: a Qwen's <|endoftext|>, not the <|im_end|> its config.json names). Else a checkpoint of
     ours."""
-    from aogpt.checkpoint import is_export, load_model, read_hf_weights, resolve_path
+    from aogpt.checkpoint import is_export, load_model, resolve_path
     from aogpt.errors import UserError
     from aogpt.families import load_hf, read_config
     from aogpt.startup import hf_folder
@@ -161,7 +161,7 @@ def load_judge(path, device, samples_codec=None):
     where = hf_folder(path) if path.startswith('hf:') else resolve_path(path)
     if where is not None and os.path.isdir(where) and not is_export(where):
         if read_config(where)['model_type'] == 'gpt2':
-            return load_hf(where, read_hf_weights(where)).to(device).eval(), gpt2_codec(), True
+            return load_hf(where).to(device).eval(), gpt2_codec(), True
         if not os.path.isfile(os.path.join(where, TOKENIZER_FILE)):
             raise UserError(f"judge {path} holds no {TOKENIZER_FILE}, so nothing says which text its ids are: a "
                             f"judge folder needs its tokenizer")

@@ -39,9 +39,10 @@ class Muon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
-        if self.ns_dtype == torch.bfloat16 and not self.pieces:
+        sharded = any(_is_sharded(p) for g in self.param_groups for p in g['params'])
+        if self.ns_dtype == torch.bfloat16 and not self.pieces and not sharded:
             return super().step(closure)
-        return self._step(closure)
+        return self._step(closure)  # torch's step takes FSDP's row shards for whole matrices: silently wrong
 
     @torch.no_grad()
     def _step(self, closure=None):
@@ -61,14 +62,35 @@ class Muon(torch.optim.Muon):
                 buf.lerp_(p.grad, 1 - momentum)
                 update = p.grad.lerp(buf, momentum) if group['nesterov'] else buf
                 p.mul_(1 - lr * group['weight_decay'])
+                # Newton-Schulz needs each matrix whole: a sharded update (FSDP: this rank's rows) is all-gathered,
+                # every rank orthogonalises the whole matrix and keeps its own rows of the result (Moonlight's
+                # distributed Muon: exact, at the price of W copies of the iteration)
+                whole = update.full_tensor() if _is_sharded(update) else update
+                a, b, rows = _rows(p)  # the rows [a, b) of p held here, and the tensor holding them
                 m = self.pieces.get(p, 1)
-                for piece, u in zip(p.chunk(m), update.chunk(m)):  # (m = 1: p itself, torch's step)
+                for i, u in enumerate(whole.chunk(m)):  # (m = 1: p itself, torch's step)
                     u = newton_schulz(u, group['ns_coefficients'], group['ns_steps'], group['eps'], self.ns_dtype)
-                    A, B = piece.shape[:2]  # torch's two lr adjustments: 'original' (its default), 'match_rms_adamw'
+                    A, B = u.shape[:2]  # torch's two lr adjustments: 'original' (its default), 'match_rms_adamw'
                     ratio = 0.2 * math.sqrt(max(A, B)) if group['adjust_lr_fn'] == 'match_rms_adamw' else \
                         math.sqrt(max(1, A / B))
-                    piece.add_(u, alpha=-lr * ratio)
+                    lo, hi = max(a, i * A), min(b, (i + 1) * A)  # the piece's rows [i A, (i + 1) A) held here
+                    if lo < hi:
+                        rows[lo - a:hi - a].add_(u[lo - i * A:hi - i * A], alpha=-lr * ratio)
         return loss
+
+
+def _is_sharded(t):
+    from torch.distributed.tensor import DTensor
+    return isinstance(t, DTensor)
+
+
+def _rows(p):
+    """(a, b, rows): the rows [a, b) of p this rank holds, and the tensor holding them (all of p unless sharded)."""
+    if not _is_sharded(p):
+        return 0, p.shape[0], p
+    from aogpt.parallel import shard_rows
+    a, b = shard_rows(p.shape[0], p.device_mesh.get_local_rank(), p.device_mesh.size())
+    return a, b, p.to_local()
 
 
 def newton_schulz(g, coefficients, steps, eps, dtype):
