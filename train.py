@@ -35,17 +35,18 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from aogpt.bins import meta_dtype, open_bin, read_meta
-from aogpt.checkpoint import CKPT_NAME, save_checkpoint
+from aogpt import sharded
+from aogpt.checkpoint import CKPT_NAME, save_checkpoint, weights_sha256
 from aogpt.configurator import configure, print_config, stop_at_safe_points, stop_requested
 from aogpt.ema import EMA
 from aogpt.errors import first_line, out_of_memory
 from aogpt.likelihood import mdm_corrupt
 from aogpt.optim import configure_optimizers
 from aogpt.orders import OLD_KEYS, l2r_mix, old_keys_line, one_block, parse_warmup, warmup_order
+from aogpt.parallel import build
 from aogpt.paths import append_jsonl
 from aogpt.plot import plot_log
 from aogpt.preflight import check_config, check_data, check_model, check_step_sizes, cost_warnings, lr_warnings
@@ -53,7 +54,7 @@ from aogpt.rundir import LOG_NAME, PLOT_NAME, Run, claim_out_dir, keep_copy, rel
 from aogpt.runtime import autocast, fast_math, gpu_peak_flops, resolve_device, start_ranks
 from aogpt.startup import model_source, resume_state
 from aogpt.valloss import progress_of, val_losses, val_passes, val_windows
-from model import GPT, GPTConfig
+from model import GPTConfig
 
 stop_at_safe_points()  # a Ctrl-C or SIGTERM is recorded, and the run ends at its next stop_point()
 
@@ -142,6 +143,8 @@ ema_decay = 0.9999  # EMA of the weights, warm-up min(decay, (1+n)/(10+n)); 0 di
 device = 'auto'  # auto (cuda if available, else cpu) | cpu | cuda | cuda:N
 dtype = 'auto'  # auto: bfloat16 autocast on CUDA (float16 if unsupported), float32 on CPU
 compile = False  # torch.compile the model (opt-in)
+fsdp = False  # shard weights, gradients, optimizer states and EMA over the ranks (FSDP2: past one GPU); saves DCP folders
+activation_checkpointing = False  # recompute each block in backward instead of keeping its activations (same math)
 peak_flops = 0.0  # peak FLOP/s of one device for MFU (0: known GPUs by name; none on CPU)
 seed = 1337
 # -----------------------------------------------------------------------------
@@ -197,7 +200,7 @@ with run.failing():
 # ------------------------------------------------------------------ devices and processes
 with run.failing():
     device = resolve_device(device)
-rank, world_size, device = start_ranks(device)  # one process, or this torchrun rank's (on its own GPU)
+rank, world_size, device = start_ranks(device, group=fsdp)  # one process, or this torchrun rank's (on its own GPU)
 device_type = device.split(':')[0]
 if gradient_accumulation_steps % world_size:
     fail(f"gradient_accumulation_steps ({gradient_accumulation_steps}) counts micro-steps over all "
@@ -207,6 +210,9 @@ my_micro_steps = range(rank * local_steps, (rank + 1) * local_steps)  # global m
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 
 ctx, dtype = autocast(device, dtype)
+if fsdp and dtype == 'float16':
+    fail("fsdp=True trains in bfloat16 or float32: float16 needs a gradient scaler, which the sharded path does not "
+         "take; use dtype=bfloat16 (or float32)")
 fast_math(device)  # TF32 on CUDA; on the CPU, denormals flushed to zero
 
 if master:
@@ -255,27 +261,29 @@ dev_gen = torch.Generator(device=device)
 torch.manual_seed(seed)  # the initial weights (identical on every rank; DDP also broadcasts rank 0's)
 
 with run.failing():
-    source_args, weights, ckpt, resume_path, started_from = model_source(cfg, _given, codec, data_dir, say)
+    source_args, weights, ckpt, resume_path, started_from = model_source(cfg, _given, codec, data_dir, say, lazy=fsdp)
 model_args = dict(source_args, dropout=dropout, adaln_table=adaln_table, loss_chunk=loss_chunk)
 # the record (ckpt.pt's config, an export's train_config, its model card) says what the model is: a resume or a
 # fine-tune takes its shape from the checkpoint, whatever defaults the config left in place (block_size stays the
 # length trained on, which may be shorter than the model's)
 cfg.update({k: v for k, v in model_args.items() if k in cfg and k != 'block_size'})
 try:
-    model = GPT(GPTConfig(**model_args))
+    GPTConfig(**model_args)
 except ValueError as e:  # e.g. a mask_token_id beyond the vocab_size derived from the data
     fail(f"{e} (vocab_size {model_args['vocab_size']} for the {data_vocab} ids of {data_dir})")
-if weights is not None:
-    model.load_state_dict(weights)
-del weights
-
 with run.failing():
     check_model(model_args, cfg, train_order, data_vocab, data_dir, _given)  # against the data, orders, settings
-if not model_args['causal']:
-    model.transformer.wnonee.weight.requires_grad_(False)  # the encoder never uses [None]; DDP needs all used
-model.to(device)
-say(f"model: {model.get_num_params() / 1e6:.2f}M parameters; {world_size} rank(s) on {device_type}, "
-    f"{dtype}; {tokens_per_iter:,} tokens per iteration ({batch_size} x {block_size} x "
+# model: what the loop calls (compiled, DDP); raw_model: the GPT (sharded in place with fsdp) the rest takes
+if compile:
+    say("compiling the model (takes a minute)...")
+model, raw_model = build(model_args, weights, device, fsdp=fsdp, ddp=ddp, dtype=dtype, compile=compile,
+                         activation_checkpointing=activation_checkpointing,
+                         frozen=[] if model_args['causal'] else ['transformer.wnonee.weight'])  # encoder: no [None]
+if started_from is not None and started_from['weights_sha256'] is None:  # a source read in shards: hash what arrived
+    started_from['weights_sha256'] = weights_sha256(raw_model, names=set(weights))
+del weights
+say(f"model: {raw_model.get_num_params() / 1e6:.2f}M parameters; {world_size} rank(s){' (FSDP)' * fsdp} on "
+    f"{device_type}, {dtype}; {tokens_per_iter:,} tokens per iteration ({batch_size} x {block_size} x "
     f"{gradient_accumulation_steps} micro-steps)")
 
 # ------------------------------------------------------------------ orders
@@ -322,13 +330,13 @@ def train_micro_batch(it, m, law):
 
 # ------------------------------------------------------------------ optimizer, EMA, scaler
 # [AdamW] or [AdamW, Muon], each param group with its own peak and floor on the one schedule (get_lr)
-optimizers = configure_optimizers(model, weight_decay, learning_rate, (beta1, beta2), device_type, optimizer=optimizer,
-                                  min_lr=min_lr, muon_lr=muon_lr, muon_adaln=muon_adaln, muon_dtype=muon_dtype,
-                                  target_lr_scale=target_lr_scale)
+optimizers = configure_optimizers(raw_model, weight_decay, learning_rate, (beta1, beta2), device_type,
+                                  optimizer=optimizer, min_lr=min_lr, muon_lr=muon_lr, muon_adaln=muon_adaln,
+                                  muon_dtype=muon_dtype, target_lr_scale=target_lr_scale)
 with run.failing():
     check_step_sizes(optimizers, cfg)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
-ema = EMA(model, ema_decay) if ema_decay > 0 else None  # see ema.py
+ema = EMA(raw_model, ema_decay) if ema_decay > 0 else None  # see ema.py
 best_val_loss, elapsed, t_start = float('inf'), 0.0, time.time()  # elapsed: the run's seconds before t_start
 train_losses = []  # the training losses since the last eval, averaged into its train_loss
 if ckpt is not None:
@@ -341,7 +349,8 @@ if ckpt is not None:
              f"optimizer={setup(cfg)}: its optimizer state fits only its own setting, so resume with that, or "
              f"fine-tune from it with a fresh optimizer (init_from={resume_path}, in another out_dir)")
     with run.failing():
-        iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizers, scaler, ema)
+        iter_num, best_val_loss, elapsed, train_losses = resume_state(ckpt, optimizers, scaler, ema, raw_model,
+                                                                      resume_path)
     last_saved = (resume_path, iter_num)
     say(f"resumed {resume_path} at iteration {iter_num}")
     if iter_num >= max_iters and not eval_only:
@@ -350,12 +359,6 @@ if ckpt is not None:
 start_iter = iter_num
 stop_point()
 
-raw_model = model
-if compile:
-    say("compiling the model (takes a minute)...")
-    model = torch.compile(model)
-if ddp:
-    model = DDP(model, device_ids=[torch.cuda.current_device()] if device_type == 'cuda' else None)
 
 
 def get_lr(it, peak=learning_rate, floor=min_lr):
@@ -382,7 +385,10 @@ def evaluate():
     use_ema = eval_ema and ema is not None
     if use_ema:
         ema.swap()
-    mine = progress_of(range(rank, len(val_batches), world_size), f"eval {iter_num}", show_bar, say)
+    mine = list(range(rank, len(val_batches), world_size))
+    if fsdp:  # a forward all-gathers: every rank makes as many (None: a pass not counted)
+        mine += [None] * (-(-len(val_batches) // world_size) - len(mine))
+    mine = progress_of(mine, f"eval {iter_num}", show_bar, say)
     mine = (stop_point() or i for i in mine)  # a long eval still answers a Ctrl-C within a val batch
     out = val_losses(raw_model, val_batches, mine, read_windows, ctx, eval_orders, order_at(iter_num), fixed_order)
     if use_ema:
@@ -392,28 +398,34 @@ def evaluate():
 
 # ------------------------------------------------------------------ checkpoints and logs
 def save():
-    """Write ckpt.pt (rank 0), and its copy every keep_ckpt_every. A Ctrl-C meanwhile is answered at the next
-    stop_point, after the write; a failed write (a full disk) stops the run with one line and leaves the previous
-    checkpoint as it was."""
+    """Write the checkpoint: ckpt.pt (rank 0), and its copy every keep_ckpt_every; with fsdp, a sharded folder
+    ckpt_<iter>.dcp that every rank writes its rows into (aogpt/sharded.py), the older ones then dropped but those
+    keep_ckpt_every keeps. A Ctrl-C meanwhile is answered at the next stop_point, after the write; a failed write (a
+    full disk) stops the run with one line and leaves the previous checkpoint as it was."""
     global last_saved
-    if master:
-        try:
-            ckpt = dict(format='aogpt-v1', model_args=model_args, codec=codec.record(),
-                        model=raw_model.state_dict(), ema=ema.state_dict() if ema is not None else None,
-                        optimizers=[opt.state_dict() for opt in optimizers], scaler=scaler.state_dict(),
-                        iter_num=iter_num, best_val_loss=best_val_loss, config=cfg,
-                        order=fixed_order.cpu() if fixed_order is not None else None, train_losses=train_losses,
-                        tokens=iter_num * tokens_per_iter, elapsed=elapsed + time.time() - t_start,
-                        started_from=started_from)
-            save_checkpoint(ckpt, ckpt_path)
+    record = dict(model_args=model_args, codec=codec.record(), scaler=scaler.state_dict(), iter_num=iter_num,
+                  best_val_loss=best_val_loss, config=cfg, train_losses=train_losses, tokens=iter_num * tokens_per_iter,
+                  elapsed=elapsed + time.time() - t_start, started_from=started_from)
+    path = os.path.join(out_dir, sharded.save_name(iter_num)) if fsdp else ckpt_path
+    try:
+        if fsdp:
+            ema_record = dict(decay=ema.decay, num_updates=ema.num_updates) if ema is not None else None
+            sharded.save(out_dir, iter_num, raw_model, optimizers, ema, dict(
+                record, ema=ema_record, optimizers=[type(o).__name__ for o in optimizers],
+                order=fixed_order.tolist() if fixed_order is not None else None), keep_ckpt_every)
+        elif master:
+            save_checkpoint(dict(record, format='aogpt-v1', model=raw_model.state_dict(),
+                                 ema=ema.state_dict() if ema is not None else None,
+                                 optimizers=[opt.state_dict() for opt in optimizers],
+                                 order=fixed_order.cpu() if fixed_order is not None else None), ckpt_path)
             if keep_ckpt_every and iter_num % keep_ckpt_every == 0:
                 keep_copy(ckpt_path, iter_num)
-        except OSError as e:  # save_checkpoint removed its temp file
-            fail(f"could not write {ckpt_path} at iteration {iter_num} ({e}); "
-                 + (f"the previous one (iteration {last_saved[1]}) is intact" if last_saved else
-                    "no checkpoint was written"))
-        say(f"saved {ckpt_path} (iteration {iter_num})")
-    last_saved = (ckpt_path, iter_num)
+    except OSError as e:  # the temp file or folder is gone
+        fail(f"could not write {path} at iteration {iter_num} ({e}); "
+             + (f"the previous one (iteration {last_saved[1]}) is intact" if last_saved else
+                "no checkpoint was written"))
+    say(f"saved {path} (iteration {iter_num})")
+    last_saved = (path, iter_num)
 
 
 if master:
@@ -504,7 +516,7 @@ while True:
     for j, m in enumerate(my_micro_steps):
         stop_point()  # a step's gradients are dropped with it: the checkpoint is of the last whole step
         batch = train_micro_batch(iter_num, m, law)
-        if ddp:
+        if ddp and not fsdp:  # (FSDP reduce-scatters every micro-step: no whole gradient is ever held)
             model.require_backward_grad_sync = (j == local_steps - 1)
         with ctx:
             _, loss = model(**batch)  # through the DDP / compiled wrapper, so its hooks run
@@ -561,7 +573,7 @@ stop_point()  # a signal during the last eval or save: the run is whole, but the
 if master and wandb_log:
     wandb.finish()  # it writes into out_dir: before the lock goes
 run.lock = release_out_dir(run.lock)  # the OS would at exit; a caller that runs train.py in-process may start another run here
-if ddp:
+if dist.is_initialized():  # torchrun's ranks, or fsdp's world of one
     dist.barrier()  # no rank tears down gloo while a peer still has a collective in flight
     dist.destroy_process_group()
     # torch 2.13's gloo backend can still abort the process at interpreter exit ("terminate called

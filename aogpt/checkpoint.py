@@ -42,7 +42,7 @@ from dataclasses import fields
 
 import torch
 
-from aogpt import ROOT
+from aogpt import ROOT, sharded
 from aogpt.errors import UserError, first_line
 from aogpt.paths import append_jsonl, atomic_write, check_writable
 from aogpt.paper_ckpt import convert_paper_checkpoint
@@ -110,8 +110,10 @@ def resolve_path(path):
         return fetch_from_hub(path)
     if os.path.isdir(path):
         run, export = os.path.join(path, CKPT_NAME), os.path.join(path, EXPORT_CONFIG)
-        if os.path.exists(export) and not os.path.exists(run):  # a run's ckpt.pt wins over an export
+        if sharded.is_save(path) or (os.path.exists(export) and not os.path.exists(run)):  # a run's ckpt.pt wins
             return path
+        if not os.path.exists(run) and sharded.saves(path):  # a sharded run: its newest save
+            return sharded.saves(path)[0]
         path = run
     elif os.path.basename(path) in (EXPORT_CONFIG, EXPORT_WEIGHTS) and os.path.exists(path):
         return os.path.dirname(path) or '.'  # a file of an export names its folder
@@ -139,12 +141,14 @@ def resolve_path(path):
 
 def run_checkpoints(folder):
     """The checkpoints a train.py run dir holds, the one to resume first: ckpt.pt (always the newest, since
-    the periodic copies ckpt_<iter>.pt are links to earlier ones), then the copies, newest first."""
+    the periodic copies ckpt_<iter>.pt are links to earlier ones), then the copies, newest first; a sharded run's
+    (fsdp=True) whole save folders ckpt_<iter>.dcp, newest first (aogpt/sharded.py)."""
     try:
         copies = sorted((f for f in os.listdir(folder) if re.fullmatch(r'ckpt_\d+\.pt', f)), reverse=True)
     except OSError:
         return []
-    return [os.path.join(folder, f) for f in [CKPT_NAME] * os.path.exists(os.path.join(folder, CKPT_NAME)) + copies]
+    return [os.path.join(folder, f) for f in [CKPT_NAME] * os.path.exists(os.path.join(folder, CKPT_NAME)) + copies] \
+        + sharded.saves(folder)
 
 
 def runs_here(root='.', limit=6):
@@ -166,6 +170,8 @@ def load_checkpoint(path):
     be mmapped and are read normally. An exported folder is read by read_export (no torch.load at all).
     """
     path = resolve_path(path)
+    if sharded.is_save(path):
+        return sharded.read(path)
     if os.path.isdir(path):
         return read_export(path)
     # torch warns while it fails on a foreign file (e.g. "pickle protocol 240"): a failure is our one
@@ -487,13 +493,16 @@ def file_sha256(path):
     return h.hexdigest()
 
 
-def weights_sha256(model):
+def weights_sha256(model, names=None):
     """The sha256 of a model's weights as float32, by name (so a float32 export of a checkpoint has the
-    checkpoint's, and a tied head counts once): what a run records of the model it started from."""
+    checkpoint's, and a tied head counts once): what a run records of the model it started from. names: only
+    those (a source's, in the model adapted from it). A sharded model's (FSDP) is its whole weights', each
+    gathered in turn: every rank must call it."""
     h = hashlib.sha256()
     for k, v in sorted(strip_prefixes(model.state_dict()).items()):  # a compiled model's keys too
-        if model.config.tie_head and k == 'lm_head.weight':
+        if (model.config.tie_head and k == 'lm_head.weight') or (names is not None and k not in names):
             continue
+        v = v.full_tensor() if hasattr(v, 'full_tensor') else v
         h.update(k.encode())
         h.update(v.detach().to('cpu', torch.float32).contiguous().numpy().tobytes())
     return h.hexdigest()

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, adapted_start
 
 # GPT's entry points besides forward: FSDP2 all-gathers the root's weights (embeddings, final norm, head) only around
 # forward, so each of these gathers them itself when called from outside (sampling or scoring a sharded model)
@@ -67,9 +67,23 @@ def build(model_args, weights, device, *, fsdp=False, ddp=False, activation_chec
         for block in raw.transformer.h:
             block.compile()
     shard(raw, device, dtype)
-    materialise(raw, device, itertools.chain(constructor_draws(raw), raw.initial_values()) if weights is None else
-                weights)
+    materialise(raw, device, start_values(raw, weights))
     return raw, raw
+
+
+def start_values(raw, weights):
+    """The (name, value) a model built on meta starts from: GPT(config)'s init where weights is None; else weights
+    (name -> a tensor, or rows(a, b)), and for the parameters they lack (what an adaptation of a GPT adds: the
+    target table, the AdaLN Linears) the values model.adapt starts them at, from the draws GPT(config) makes (made
+    again here, whole values dropped but those new ones): what the unsharded run computes, bit for bit."""
+    init = itertools.chain(constructor_draws(raw), raw.initial_values())
+    if weights is None:
+        return init
+    params = dict(raw.named_parameters(remove_duplicate=False))
+    if {id(p) for p in params.values()} <= {id(params[n]) for n in weights if n in params}:
+        return weights.items()
+    drawn = ((n, adapted_start(raw.config, n, v)) for n, v in init if n not in weights)
+    return itertools.chain(drawn, weights.items())
 
 
 def constructor_draws(model):
@@ -119,8 +133,18 @@ def shard(model, device, dtype='float32'):
     for name in ENTRY_POINTS:
         setattr(model, name, functools.partial(_gathered, model, getattr(model, name)))
     model.register_forward_pre_hook(lambda m, args: _depth(m, +1))  # inside forward, the root is gathered already
-    model.register_forward_hook(lambda m, args, out: _depth(m, -1))
+    model.register_forward_hook(_after_forward)
     return model
+
+
+def _after_forward(model, args, out):
+    """FSDP2 keeps the root's weights gathered after its forward, for the backward that follows; after a forward
+    without gradients (an eval) nothing follows, and the gathered copies would stay registered as the model's
+    parameters: the optimizers would not find theirs at a save, and an EMA swap would write into the shards while
+    the next forward reads the stale gathered copy. So such a forward lets them go."""
+    _depth(model, -1)
+    if not torch.is_grad_enabled() and not model.__dict__['_inside']:
+        model.reshard()
 
 
 def _depth(model, step):
@@ -155,7 +179,7 @@ def _local(p):
     """A parameter's rows on this rank: (a, b, the tensor that holds them)."""
     from torch.distributed.tensor import DTensor
     if not isinstance(p, DTensor):
-        return 0, p.shape[0] if p.dim() else 1, p
+        return 0, p.shape[0], p
     local = p.to_local()
     a, b = shard_rows(p.shape[0], p.device_mesh.get_local_rank(), p.device_mesh.size())
     assert local.shape[0] == b - a, (p.shape, local.shape, a, b)  # fully_shard's cut, as shard_rows says
@@ -173,13 +197,12 @@ def materialise(model, device, values):
         model.to_empty(device=device)
     finally:
         torch.__future__.set_swap_module_params_on_conversion(swap)
-    params, filled = dict(model.named_parameters()), set()
+    params, filled = dict(model.named_parameters(remove_duplicate=False)), set()  # a tied weight: by both names
     for name, value in values:
         a, b, local = _local(params[name])
-        rows = value(a, b) if callable(value) else value[a:b] if value.dim() else value
-        local.copy_(rows)
-        filled.add(name)
-    missing = sorted(set(params) - filled)
+        local.copy_(value(a, b) if callable(value) else value[a:b])
+        filled.add(id(params[name]))
+    missing = [n for n, p in model.named_parameters() if id(p) not in filled]
     if missing:
         raise ValueError(f"materialise: no value for {missing[:5]}")
 

@@ -32,6 +32,7 @@ except ImportError:
 
 from tqdm import tqdm
 
+from aogpt import sharded
 from aogpt.checkpoint import CKPT_NAME, is_export, run_checkpoints
 from aogpt.configurator import ignore_signals
 from aogpt.errors import UserError, die, tell_torchrun
@@ -160,6 +161,8 @@ def rewind_out_dir(out_dir, log_path, start_iter, eval_only, say=print):
     for f in os.listdir(out_dir):
         if is_temp(f) and f[1:].rpartition('.tmp.')[0] in ours:
             os.remove(os.path.join(out_dir, f))
+        elif f.startswith('.') and sharded.SAVE.fullmatch(f[1:].split('.tmp.')[0].split('.old.')[0]):
+            sharded.clean(out_dir, f)  # a sharded save killed mid-write, or the one it replaced
     if start_iter > 0 and os.path.exists(log_path):  # drop evals logged after the checkpoint we resumed
         records, cut = read_jsonl(log_path, LOG_FIELDS)
         if cut:

@@ -94,12 +94,16 @@ def gpu_peak_flops(device_name):
     return next((f for key, f in PEAK_FLOPS if key in device_name), 0.0)
 
 
-def start_ranks(device):
+def start_ranks(device, group=False):
     """(rank, world size, this rank's device): one process, or one per torchrun rank (NCCL on CUDA, gloo
-    on the CPU), each rank on its own GPU."""
-    if int(os.environ.get('RANK', -1)) == -1:
-        return 0, 1, device
+    on the CPU), each rank on its own GPU. group: one process gets a process group of its own too (a world of
+    one: FSDP shards over a group, even of one)."""
     import torch.distributed as dist
+    if int(os.environ.get('RANK', -1)) == -1:
+        if group:
+            dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo', store=dist.HashStore(),
+                                    rank=0, world_size=1)
+        return 0, 1, device
     rank, world_size = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
     if device.startswith('cuda'):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"

@@ -21,21 +21,25 @@ from dataclasses import asdict
 
 from aogpt.checkpoint import (CKPT_NAME, checkpoint_codec, is_export, load_checkpoint, load_model, resolve_path,
                               run_checkpoints, weights_sha256)
+from aogpt import sharded
 from aogpt.errors import UserError
-from aogpt.families import hf_source, read_config
+from aogpt.families import hf_source, read_config, source_rows
 from aogpt.orders import new_spelling
 from aogpt.tokenizer import TOKENIZER_FILE, TOKENIZERS, folder_codec, gpt2_codec
-from model import GPTConfig, adapt, config_fields, strip_prefixes
+from model import GPTConfig, adapt, adapted_config, config_fields, strip_prefixes
 
 
-def model_source(cfg, given, codec, data_dir, say=print):
+def model_source(cfg, given, codec, data_dir, say=print, lazy=False):
     """The model train.py starts from, by init_from: (its GPTConfig arguments, its weights or None, the checkpoint
     being resumed or None, that checkpoint's path or None, and started_from: where the model came from, which every
     checkpoint of the run keeps, {init_from, path, weights: 'ema' | 'raw' | None, weights_sha256 of the source as
     loaded, its cond, adapted: whether its cond changed}, or None). Only the shape comes from here; how the weights
     train (dropout, adaln_table: the same function computed another way) always follows the run's config. given: the
     keys the config files and command line set (only these may contradict a fine-tune's source); codec: that of
-    the data in data_dir. say: how train.py speaks (rank 0 prints). A source that cannot be used is a UserError."""
+    the data in data_dir. say: how train.py speaks (rank 0 prints). A source that cannot be used is a UserError.
+    lazy (fsdp=True): a Hugging Face folder's weights come as {name: rows(a, b)}, read only where a rank asks
+    (families.source_rows; their weights_sha256 is left None, for train.py to hash the sharded model), and a sharded
+    run's save is resumed from its meta.json alone (weights None: sharded.load puts them in after sharding)."""
     out_dir, init_from, block_size = cfg['out_dir'], cfg['init_from'], cfg['block_size']
     held = run_checkpoints(out_dir)  # ckpt.pt, else the newest periodic copy (ckpt.pt deleted or lost)
     resume_path = held[0] if held else os.path.join(out_dir, CKPT_NAME)
@@ -52,8 +56,12 @@ def model_source(cfg, given, codec, data_dir, say=print):
     if init_from == 'resume':
         if not os.path.exists(resume_path):
             raise UserError(f"init_from=resume but {resume_path} does not exist: use init_from=scratch, or auto")
-        ck = load_checkpoint(resume_path)
-        if ck.get('format') != 'aogpt-v1' or optimizer_states(ck) is None:
+        if sharded.is_save(resume_path) != bool(cfg.get('fsdp')):
+            raise UserError(f"{resume_path} is a {'sharded' if sharded.is_save(resume_path) else 'single-file'} "
+                            f"checkpoint, so its run resumes with fsdp={sharded.is_save(resume_path)}: its optimizer "
+                            f"state is kept in that layout (to change it, fine-tune from it into another out_dir)")
+        ck = sharded.read_meta(resume_path) if sharded.is_save(resume_path) else load_checkpoint(resume_path)
+        if ck.get('format') not in ('aogpt-v1', sharded.FORMAT) or optimizer_states(ck) is None:
             raise UserError(f"{resume_path} is not a train.py checkpoint, so it cannot be resumed: fine-tune from it "
                             f"with init_from={resume_path}")
         check_codec(checkpoint_codec(ck), codec, data_dir, resume_path)
@@ -69,51 +77,66 @@ def model_source(cfg, given, codec, data_dir, say=print):
         if changed:
             say("resuming with changed keys (checkpoint -> now): " +
                 ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
-        return trained, strip_prefixes(ck['model']), ck, resume_path, ck.get('started_from')
+        weights = strip_prefixes(ck['model']) if 'model' in ck else None  # sharded: sharded.load, after sharding
+        return trained, weights, ck, resume_path, ck.get('started_from')
+    return _fine_tune(cfg, given, codec, data_dir, init_from, say, lazy)
+
+
+def _fine_tune(cfg, given, codec, data_dir, init_from, say, lazy):
+    """model_source for a model to fine-tune or adapt: a Hugging Face folder, or a checkpoint (ours, an export, the
+    paper's released ones)."""
     hf_dir = hf_folder(init_from)
     gpt2 = hf_dir is not None and read_config(hf_dir)['model_type'] == 'gpt2'
+    src = weights = None
     if hf_dir is not None:  # the source itself (cond='none'), then the same path as any: by default into the run's cond
         theirs = gpt2_codec() if gpt2 else source_tokenizer(hf_dir, codec, data_dir, init_from)
-        src, source = hf_source(hf_dir, doc_end=None if theirs is None or gpt2 else theirs.eot)
+        doc_end = None if theirs is None or gpt2 else theirs.eot
+        if lazy:  # each parameter's rows, read where a rank asks for them
+            config, source, weights = source_rows(hf_dir, doc_end=doc_end)
+        else:
+            src, source = hf_source(hf_dir, doc_end=doc_end)
+            config = src.config
         if theirs is not None and not gpt2:  # GPT-2's [None] is its bos_token_id, as before (its codec is tiktoken's)
             check_none(source, theirs, init_from)
         used_ema, path = None, hf_dir
         given = set(given) | {'cond'}
     else:  # a checkpoint (ours, an export, or the paper's released ones)
         src, src_ckpt, used_ema = load_model(init_from, 'cpu', use_ema=None if cfg['init_ema'] else False)
-        theirs, path = checkpoint_codec(src_ckpt), resolve_path(init_from)
+        theirs, path, config = checkpoint_codec(src_ckpt), resolve_path(init_from), src.config
     if theirs is None:  # a folder with no tokenizer.json: no codec to compare; its ids are the data's, checked to fit
-        if codec.vocab_size > src.config.vocab_size:
+        if codec.vocab_size > config.vocab_size:
             raise UserError(f"{data_dir}'s codec has {codec.vocab_size} symbols, more than {init_from}'s vocabulary "
-                            f"({src.config.vocab_size}): tokenize the data with {init_from}'s tokenizer")
+                            f"({config.vocab_size}): tokenize the data with {init_from}'s tokenizer")
         say(f"warning: {init_from} holds no {TOKENIZER_FILE}, so {data_dir}'s ids ({codec.name} codec) are read as its "
             f"token ids unchecked")
     else:
         check_codec(theirs, codec, data_dir, init_from)
-    if src.config.block_size < block_size:
-        raise UserError(f"{init_from} holds a model of block_size {src.config.block_size}" +
+    if config.block_size < cfg['block_size']:
+        raise UserError(f"{init_from} holds a model of block_size {config.block_size}" +
                         (" (GPT-2's positions less the one the [None] start slot takes)" if gpt2 else "") +
-                        f": use block_size<={src.config.block_size}")
+                        f": use block_size<={config.block_size}")
     started_from = dict(init_from=init_from, path=os.path.abspath(path), weights=(None if used_ema is None else
-                        'ema' if used_ema else 'raw'), weights_sha256=weights_sha256(src), cond=src.config.cond,
-                        adapted=False)
+                        'ema' if used_ema else 'raw'), weights_sha256=None if src is None else weights_sha256(src),
+                        cond=config.cond, adapted=False)
     if hf_dir is not None:  # which family, which token [None] took, the sha256 of each weights file read
         started_from['source'] = source
     which = '' if used_ema is None else f" ({'EMA' if used_ema else 'raw'} weights)"
-    if 'cond' in given and cfg['cond'] != src.config.cond and src.config.cond == 'none':
-        src = adapted(src, cfg, given, init_from)
+    if 'cond' in given and cfg['cond'] != config.cond and config.cond == 'none':
+        cond, std, new = adapted(config, cfg, given, init_from)
+        config = adapted_config(config, cond, std, **new)  # lazy: the new parameters are drawn once sharded
+        src = None if src is None else adapt(src, cond, adaln_std=std, **new)
         started_from['adapted'] = True
         say(f"adapting the GPT {init_from}{which} into cond={cfg['cond']!r}: every weight copied, the new ones set "
             f"so that at step 0 it computes exactly its source's distribution")
     else:
-        shape = ', '.join(f"{k}={getattr(src.config, k)!r}" for k in ('causal', 'cond', 'n_layer', 'n_head', 'n_embd'))
+        shape = ', '.join(f"{k}={getattr(config, k)!r}" for k in ('causal', 'cond', 'n_layer', 'n_head', 'n_embd'))
         say(f"fine-tuning from {init_from}{which}; model shape from it ({shape}), whatever the config above says of "
             f"keys not set")
-    args = asdict(src.config)  # a fine-tune or an adaptation: only the keys set may contradict it
+    args = asdict(config)  # a fine-tune or an adaptation: only the keys set may contradict it
     refuse_other_model(args, shape_keys(cfg, args, given), cfg, init_from, "a fine-tuned model keeps its source's "
                        "shape (only a GPT's cond may change: cond='adaln' or 'sigma' adapts it). Leave these keys "
                        "out (the shape comes from the checkpoint), or train the new model from scratch")
-    return args, src.state_dict(), None, None, started_from
+    return args, weights if src is None else src.state_dict(), None, None, started_from
 
 
 def source_tokenizer(folder, codec, data_dir, where):
@@ -167,11 +190,12 @@ def hf_folder(init_from):
     return None
 
 
-def adapted(src, cfg, given, where):
-    """The GPT src adapted into the run's cond (model.adapt: exactly src at step 0), or the one line that says why
-    it cannot be: an encoder is not a GPT, closed gates are not the GPT, and of the two init scales (target_std:
-    the table drawn, the Linears zero; adaln_std: the Linears drawn, the table zero) one is the start's."""
-    if not src.config.causal:
+def adapted(config, cfg, given, where):
+    """How a GPT of this config adapts into the run's cond (model.adapt: exactly the GPT at step 0): (cond, adaln_std,
+    the new keys), or the one line that says why it cannot: an encoder is not a GPT, closed gates are not the GPT,
+    and of the two init scales (target_std: the table drawn, the Linears zero; adaln_std: the Linears drawn, the
+    table zero) one is the start's."""
+    if not config.causal:
         raise UserError(f"{where} is an encoder MDM (causal=False): its attention sees every position, so it is no "
                         f"left-to-right model to adapt into cond={cfg['cond']!r}; adapt a GPT (causal=True, "
                         f"cond='none'), or train cond={cfg['cond']!r} from scratch")
@@ -184,10 +208,10 @@ def adapted(src, cfg, given, where):
         raise UserError(f"adapting {where} with adaln_std={std} draws the AdaLN Linears and starts the target table "
                         f"at zero (so that the model is its source at step 0), so target_std={cfg['target_std']} "
                         f"would be ignored: set one of the two (target_std: the table drawn, the Linears at zero)")
-    return adapt(src, cfg['cond'], adaln_std=std, target_dim=cfg['target_dim'], target_std=cfg['target_std'])
+    return cfg['cond'], std, dict(target_dim=cfg['target_dim'], target_std=cfg['target_std'])
 
 
-def resume_state(ckpt, optimizers, scaler, ema):
+def resume_state(ckpt, optimizers, scaler, ema, raw=None, path=None):
     """Put back what a resumed train.py checkpoint holds besides the weights: the optimizers' states (in
     configure_optimizers' order), the scaler's and the EMA's (ema.py; an EMA the checkpoint lacks starts from the
     resumed weights). Returns (iter_num, best_val_loss, elapsed seconds, the training losses since the last eval,
@@ -195,7 +219,17 @@ def resume_state(ckpt, optimizers, scaler, ema):
     iteration). The settings stay the config's: each group keeps the hyperparameters it was configured with
     (initial_lr, min_lr, weight_decay, betas, ...), where torch's load_state_dict would put back the saved groups'
     ones (or none of the newer keys, from an older checkpoint): a resume that changes --weight_decay trains with
-    the new value, as the 'resuming with changed keys' line says. lr itself is set by the schedule every step."""
+    the new value, as the 'resuming with changed keys' line says. lr itself is set by the schedule every step.
+    A sharded save (ckpt: its meta.json) puts its tensors into raw (the sharded model), the optimizers and the EMA
+    from the folder at path (sharded.load: each rank its rows, at any world size)."""
+    if ckpt.get('format') == sharded.FORMAT:
+        sharded.load(path, raw, optimizers, ema)
+        ema_state = ckpt.get('ema')
+        if ema is not None and ema_state:
+            ema.num_updates = ema_state['num_updates']
+        if ckpt.get('scaler'):
+            scaler.load_state_dict(ckpt['scaler'])
+        return ckpt['iter_num'], ckpt['best_val_loss'], ckpt['elapsed'], list(ckpt['train_losses'])
     states = optimizer_states(ckpt)
     if len(states) != len(optimizers):  # train.py refuses another setup before this, by its config keys
         raise UserError(f"the checkpoint holds {len(states)} optimizer states, but this run steps {len(optimizers)} "

@@ -74,16 +74,18 @@ def progress_of(items, what, show_bar, say):
 
 @torch.no_grad()
 def val_losses(model, batches, mine, read, ctx, eval_orders, order, fixed_order=None):
-    """Token-weighted val NLLs of `model` over batches[k] for k in `mine` (this rank's share), summed over the
-    ranks: val_l2r, val_ao, val_order, val_elbo (None where not defined) and val_loss, the one of them under
-    the orders being trained (order, an Order: the law trained at this step). read(split, starts) gives the
-    (B, n) token windows on the model's device."""
+    """Token-weighted val NLLs of `model` over batches[k] for k in `mine` (this rank's share; a k of None: a pass
+    counted nowhere, for the collectives' sake), summed over the ranks: val_l2r, val_ao, val_order, val_elbo (None
+    where not defined) and val_loss, the one of them under the orders being trained (order, an Order: the law
+    trained at this step). read(split, starts) gives the (B, n) token windows on the model's device."""
     model.eval()
     causal, mask_id = model.config.causal, model.config.mask_token_id
     device = next(model.parameters()).device
     s = torch.zeros(8, device=device, dtype=torch.float64)  # (nll, tokens) for l2r, ao, order, elbo
     gen = torch.Generator(device=device)
-    for k in mine:
+    for k in mine:  # k None: a pass that counts nothing (FSDP: every rank makes as many forward calls)
+        acc = s if k is not None else torch.zeros_like(s)
+        k = 0 if k is None else k
         x = read('val', batches[k])
         B, ntok = x.size(0), x.numel()
         with ctx:
@@ -91,24 +93,24 @@ def val_losses(model, batches, mine, read, ctx, eval_orders, order, fixed_order=
                 for j in range(eval_orders):
                     xt, t = mdm_corrupt(x, mask_id, generator=gen.manual_seed(eval_seed(k, j)))
                     _, nll = model(xt, targets=x, reduction='none')
-                    s[6] += (nll.sum(1) / t).sum()
-                    s[7] += ntok
+                    acc[6] += (nll.sum(1) / t).sum()
+                    acc[7] += ntok
                 continue
-            s[0] += model(x, targets=x, reduction='none')[1].sum()
-            s[1] += ntok
+            acc[0] += model(x, targets=x, reduction='none')[1].sum()
+            acc[1] += ntok
             if model.any_order:
                 for j in range(eval_orders):
                     sigma = random_orders(B, x.size(1), device=device, generator=gen.manual_seed(eval_seed(k, j)))
-                    s[2] += model(x, order=sigma, targets=x, reduction='none')[1].sum()
-                    s[3] += ntok
+                    acc[2] += model(x, order=sigma, targets=x, reduction='none')[1].sum()
+                    acc[3] += ntok
             if fixed_order is not None:
-                s[4] += model(x, order=fixed_order.expand(B, -1), targets=x, reduction='none')[1].sum()
-                s[5] += ntok
+                acc[4] += model(x, order=fixed_order.expand(B, -1), targets=x, reduction='none')[1].sum()
+                acc[5] += ntok
             elif own_draws(model, order, fixed_order):  # the run's own order distribution
                 for j in range(eval_orders):
                     sigma = order.draw(B, x.size(1), device=device, generator=gen.manual_seed(eval_seed(k, j)))
-                    s[4] += model(x, order=sigma, targets=x, reduction='none')[1].sum()
-                    s[5] += ntok
+                    acc[4] += model(x, order=sigma, targets=x, reduction='none')[1].sum()
+                    acc[5] += ntok
     if dist.is_initialized():
         dist.all_reduce(s)
     model.train()
