@@ -52,7 +52,7 @@ from aogpt.plot import plot_log
 from aogpt.preflight import check_config, check_data, check_model, check_step_sizes, cost_warnings, lr_warnings
 from aogpt.rundir import LOG_NAME, PLOT_NAME, Run, claim_out_dir, keep_copy, release_out_dir, rewind_out_dir
 from aogpt.runtime import autocast, fast_math, gpu_peak_flops, resolve_device, start_ranks
-from aogpt.startup import model_source, resume_state
+from aogpt.startup import model_source, restarted, resume_state
 from aogpt.valloss import progress_of, val_losses, val_passes, val_windows
 from model import GPTConfig
 
@@ -215,6 +215,15 @@ if fsdp and dtype == 'float16':
          "take; use dtype=bfloat16 (or float32)")
 fast_math(device)  # TF32 on CUDA; on the CPU, denormals flushed to zero
 
+restart = torch.tensor(0)  # a fine-tune's command run again (torchrun --max-restarts) into its own run: resume it
+if master:
+    with run.failing():
+        restart += restarted(out_dir, init_from, cfg['init_ema'], eval_only)
+if dist.is_initialized():
+    dist.broadcast(restart, 0)
+if restart:
+    say(f"{out_dir} holds the run this command started from {init_from} (the same weights' sha256): resuming it")
+    init_from = cfg['init_from'] = 'resume'
 if master:
     with run.failing():  # made, locked and proven writable before the first step; and no other run's (check_room)
         run.lock = claim_out_dir(out_dir, init_from, eval_only)
@@ -576,6 +585,7 @@ run.lock = release_out_dir(run.lock)  # the OS would at exit; a caller that runs
 if dist.is_initialized():  # torchrun's ranks, or fsdp's world of one
     dist.barrier()  # no rank tears down gloo while a peer still has a collective in flight
     dist.destroy_process_group()
+if ddp:
     # torch 2.13's gloo backend can still abort the process at interpreter exit ("terminate called
     # without an active exception", now and then on a loaded 2-core machine), and torchrun then
     # reports a finished run as failed. Everything is saved and flushed by now, so leave without

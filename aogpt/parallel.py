@@ -28,6 +28,7 @@ if __name__ == '__main__':  # run as a script (python aogpt/parallel.py): one li
 
 import functools
 import itertools
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -36,7 +37,7 @@ import torch.utils.checkpoint
 from model import GPT, GPTConfig, adapted_start
 
 # GPT's entry points besides forward: FSDP2 all-gathers the root's weights (embeddings, final norm, head) only around
-# forward, so each of these gathers them itself when called from outside (sampling or scoring a sharded model)
+# forward, so each of these gathers them itself when called from outside without gradients (sampling, scoring)
 ENTRY_POINTS = ('forward_slots', 'hidden_slots', 'forward_queries', 'encoder_hidden', 'encoder_logits')
 
 
@@ -132,6 +133,9 @@ def shard(model, device, dtype='float32'):
     fully_shard(model, mesh=mesh, mp_policy=mp)
     for name in ENTRY_POINTS:
         setattr(model, name, functools.partial(_gathered, model, getattr(model, name)))
+    # forward's logits are a view (the head's matmul, reshaped); FSDP warns that an in-place op on one would skip its
+    # backward hook, but nothing here changes them in place (train.py's loss is divided out of place)
+    warnings.filterwarnings('ignore', message=r'FSDP2-wrapped module \(FSDPGPT\) returned a view tensor')
     model.register_forward_pre_hook(lambda m, args: _depth(m, +1))  # inside forward, the root is gathered already
     model.register_forward_hook(_after_forward)
     return model
@@ -152,13 +156,11 @@ def _depth(model, step):
 
 
 def _gathered(model, method, *args, **kwargs):
-    """An entry point of a sharded model: the root's weights all-gathered around it, unless forward (or another
-    entry point) already holds them. For sampling and scoring only: its gradients would not be reduce-scattered."""
-    if model.__dict__.get('_inside', 0):
+    """An entry point of a sharded model: the root's weights all-gathered around it when it is called from outside
+    (sampling, scoring: without gradients). With gradients it runs inside forward or its recomputation in backward
+    (loss_chunk's head), where FSDP holds the root's weights gathered already."""
+    if model.__dict__.get('_inside', 0) or torch.is_grad_enabled():
         return method(*args, **kwargs)
-    if torch.is_grad_enabled():
-        raise RuntimeError(f"{method.__name__} of a sharded model computes no gradients: call it under torch.no_grad(),"
-                           f" or train through forward")
     model.unshard()
     _depth(model, +1)
     try:

@@ -101,6 +101,8 @@ def start_ranks(device, group=False):
     import torch.distributed as dist
     if int(os.environ.get('RANK', -1)) == -1:
         if group:
+            if dist.is_initialized():  # an earlier run in this process (a caller running train.py in-process)
+                dist.destroy_process_group()
             dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo', store=dist.HashStore(),
                                     rank=0, world_size=1)
         return 0, 1, device

@@ -64,7 +64,10 @@ def _tensors(raw, optimizers, ema):
     EMA, each a DTensor's rows or a replicated tensor."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     osd = get_optimizer_state_dict(raw, optimizers)
-    state = {'model': get_model_state_dict(raw), 'optim': osd['state']}
+    model = get_model_state_dict(raw)
+    if raw.config.tie_head:  # one weight under two names: safetensors keeps it once, as wte (exports do the same)
+        model.pop('lm_head.weight')
+    state = {'model': model, 'optim': osd['state']}
     if ema is not None:
         state['ema'] = ema.params
     return state, osd
@@ -175,13 +178,14 @@ def load(folder, raw, optimizers, ema):
     """Every rank: put a save's weights, optimizer states and EMA into the run's (sharded or not: DCP takes each rank's
     rows of every tensor, whatever the world size that wrote it). The optimizers keep their configured settings (lr,
     weight_decay, ...: what the resuming config says), as resume_state does for ckpt.pt. Returns meta.json."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
     meta = read_meta(folder)
     state, osd = _tensors(raw, optimizers, ema)
     if ema is None or meta.get('ema') is None:  # an EMA the save lacks starts from the resumed weights
         state.pop('ema', None)
     _load(state, folder)
-    set_model_state_dict(raw, state['model'])
+    set_model_state_dict(raw, state['model'], options=StateDictOptions(strict=not raw.config.tie_head))
     set_optimizer_state_dict(raw, optimizers, dict(osd, state=state['optim']))
     if ema is not None and 'ema' not in state:
         ema.params = {n: p.detach().clone().float() for n, p in ema.live.items()}
@@ -201,7 +205,10 @@ def read(folder):
              if k.startswith(('model.', 'ema.'))}
     _load(state, folder)
     ckpt = {k: v for k, v in meta.items() if k not in ('ema', 'order')}
-    ckpt.update(format='aogpt-v1', sharded=folder, model={k[6:]: v for k, v in state.items() if k.startswith('model.')},
+    model = {k[6:]: v for k, v in state.items() if k.startswith('model.')}
+    if meta['model_args'].get('tie_head'):
+        model['lm_head.weight'] = model['transformer.wte.weight']
+    ckpt.update(format='aogpt-v1', sharded=folder, model=model,
                 order=None if meta.get('order') is None else torch.tensor(meta['order']))
     if meta.get('ema') is not None:
         ckpt['ema'] = dict(meta['ema'], params={k[4:]: v for k, v in state.items() if k.startswith('ema.')})

@@ -19,11 +19,11 @@ import hashlib
 import os
 from dataclasses import asdict
 
+from aogpt import sharded
 from aogpt.checkpoint import (CKPT_NAME, checkpoint_codec, is_export, load_checkpoint, load_model, resolve_path,
                               run_checkpoints, weights_sha256)
-from aogpt import sharded
 from aogpt.errors import UserError
-from aogpt.families import hf_source, read_config, source_rows
+from aogpt.families import hf_source, open_weights, read_config, source_rows
 from aogpt.orders import new_spelling
 from aogpt.tokenizer import TOKENIZER_FILE, TOKENIZERS, folder_codec, gpt2_codec
 from model import GPTConfig, adapt, adapted_config, config_fields, strip_prefixes
@@ -137,6 +137,26 @@ def _fine_tune(cfg, given, codec, data_dir, init_from, say, lazy):
                        "shape (only a GPT's cond may change: cond='adaln' or 'sigma' adapts it). Leave these keys "
                        "out (the shape comes from the checkpoint), or train the new model from scratch")
     return args, weights if src is None else src.state_dict(), None, None, started_from
+
+
+def restarted(out_dir, init_from, init_ema, eval_only):
+    """Whether out_dir holds checkpoints of a run started from init_from's very weights (its started_from: the same
+    sha256, of the files of a Hugging Face folder, else of the model's weights): the same fine-tune or adaptation
+    command run again, as torchrun --max-restarts does after a failure, which resumes its own run. Another source
+    into that folder stays refused (rundir.check_room); before the first save there is nothing to resume, and the
+    command starts over from its source."""
+    held = run_checkpoints(out_dir)
+    if eval_only or not held or init_from in ('scratch', 'resume', 'auto'):
+        return False
+    record = (sharded.read_meta(held[0]) if sharded.is_save(held[0]) else load_checkpoint(held[0])).get('started_from')
+    if not record or record.get('init_from') is None:
+        return False
+    folder = hf_folder(init_from)
+    if folder is not None:
+        recorded = (record.get('source') or {}).get('weights_sha256')
+        return bool(recorded) and open_weights(folder)[1] == recorded
+    model, _, _ = load_model(init_from, 'cpu', use_ema=None if init_ema else False)
+    return weights_sha256(model) == record.get('weights_sha256')
 
 
 def source_tokenizer(folder, codec, data_dir, where):

@@ -1,32 +1,74 @@
-"""fsdp=True: train.py's sharded path (aogpt/parallel.py, aogpt/sharded.py) on CPU, with gloo ranks under torchrun,
-against the same runs unsharded in one process."""
+"""fsdp=True: train.py's sharded path (aogpt/parallel.py, aogpt/sharded.py) on CPU, with gloo ranks under torchrun (and
+a world of one in this process), against the same runs unsharded in one process.
+
+Tolerances. A world of one is one process's run bit for bit (its reduce-scatter over one rank is the identity), and so
+is a resume at the same world size. Two ranks sum each gradient in another order than one process accumulating the
+same micro-steps: float32 rounding, a few ulps (2^-23 relative each) per step, which the next steps carry on.
+AdamW normalises every update by its running RMS, so such a perturbation moves a weight by about lr x (relative
+gradient change) per step, and over 20 steps at lr 1e-2 the losses (about 2 to 6) stay within 1e-5 of each other,
+as DDP's own test holds them (test_train.assert_same_run); Muon runs its Newton-Schulz iteration in float32 there
+(muon_dtype), as the DDP test does, for the reason that test gives."""
+import json
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
+import torch
+from test_train import args, env, run, run_inprocess  # noqa: F401 (env: a fixture)
+
+from aogpt.checkpoint import load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENVIRON = dict(os.environ, OMP_NUM_THREADS='1', WANDB_MODE='disabled')
+CHECKS = os.path.join(ROOT, 'tests', 'fsdp_checks.py')
+ROPE = ['--pos=rope', '--mlp=swiglu', '--mlp_hidden=48', '--n_kv_head=1', '--bias=False', '--qkv_bias=True']
 
 
-def torchrun(script, *argv, nproc=2, check=True):
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}', script, *argv]
+def torchrun(*argv, nproc=2):
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}', *argv]
     p = subprocess.run(cmd, capture_output=True, text=True, env=ENVIRON, cwd=ROOT, timeout=600)
     if p.returncode != 0 and 'connectFullMesh' in p.stderr:  # gloo's loopback connect can race on a loaded machine
         p = subprocess.run(cmd, capture_output=True, text=True, env=ENVIRON, cwd=ROOT, timeout=600)
-    if check and p.returncode != 0:
-        raise AssertionError(f"{' '.join(argv)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    assert p.returncode == 0, f"{' '.join(argv)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
     return p
 
 
-CHECKS = os.path.join(ROOT, 'tests', 'fsdp_checks.py')
+def same_weights(a, b, atol=0.0):
+    """Two runs' checkpoints (ckpt.pt or a sharded save) hold the same weights and EMA: bit for bit (atol 0) or to
+    atol (rtol 1e-4)."""
+    ca, cb = load_checkpoint(str(a)), load_checkpoint(str(b))
+    assert ca['iter_num'] == cb['iter_num']
+    for part in ('model', 'ema'):
+        ta, tb = (ca['model'], cb['model']) if part == 'model' else (ca['ema']['params'], cb['ema']['params'])
+        assert set(ta) == set(tb)
+        for k in ta:
+            if atol == 0:
+                assert torch.equal(ta[k], tb[k]), (part, k)
+            else:
+                torch.testing.assert_close(ta[k], tb[k], atol=atol, rtol=1e-4)
 
+
+def same_logs(a, b, tol=0.0):
+    la, lb = ([json.loads(line) for line in open(os.path.join(d, 'log.jsonl'))] for d in (a, b))
+    assert [r['iter'] for r in la] == [r['iter'] for r in lb]
+    for ra, rb in zip(la, lb):
+        for k in ('train_loss', 'val_l2r', 'val_ao', 'val_elbo', 'val_loss'):
+            if ra[k] is None:
+                assert rb[k] is None
+            else:
+                assert abs(ra[k] - rb[k]) <= tol, (k, ra, rb)
+    return la
+
+
+# ---------------------------------------------------------------------------------------------- the sharded model
 
 def test_a_sharded_model_is_the_unsharded_one():
     """On 2 gloo ranks (tests/fsdp_checks.py): built on meta from a seed, every formulation's gathered weights are
     GPT(config)'s bit for bit; every entry point gives its numbers; a Muon step on the same gradients is the
-    unsharded one bit for bit; each rank holds at most 55% of the weights, gradients, AdamW state and EMA."""
+    unsharded one bit for bit (and torch's Muon on the shards is not); each rank holds at most 55% of the weights,
+    gradients, AdamW state and EMA."""
     p = torchrun(CHECKS, 'init', 'entry_points', 'muon_step', 'bytes')
     for check in ('init', 'entry_points', 'muon_step', 'bytes'):
         assert p.stdout.count(f'ok {check} ') == 2, p.stdout
@@ -38,3 +80,168 @@ def test_sharded_steps_are_the_unsharded_ones():
     block, the rope block and the encoder: losses, norms, weights and EMA as one process's."""
     p = torchrun(CHECKS, 'steps')
     assert p.stdout.count('ok steps ') == 2, p.stdout
+
+
+@pytest.mark.parametrize('block', ['paper', 'rope'])
+def test_activation_checkpointing_gives_the_same_gradients(block):
+    """Each block recomputed in backward: the gradients of every parameter equal those kept in memory (float64; the
+    recomputation runs the same ops on the same inputs, dropout's draws replayed), and the weights' names stay."""
+    from aogpt.parallel import recompute_blocks
+    from model import GPT, GPTConfig
+    cfg = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32, target_dim=16, dropout=0.1)
+    if block == 'rope':
+        cfg.update(pos='rope', mlp='swiglu', n_kv_head=1, bias=False)
+    grads = []
+    for ac in (False, True):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**cfg)).double()
+        names = [n for n, _ in model.named_parameters()]
+        if ac:
+            recompute_blocks(model)
+        x = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(1))
+        order = torch.stack([torch.randperm(16, generator=torch.Generator().manual_seed(i)) for i in range(3)])
+        torch.manual_seed(2)  # dropout's draws
+        model(x, order=order, targets=x)[1].backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+        assert [n for n, _ in model.named_parameters()] == names
+    for n in grads[0]:
+        assert torch.equal(grads[0][n], grads[1][n]), n
+
+
+# ---------------------------------------------------------------------------------------------- train.py, one rank
+
+ONE_RANK = {  # settings a world of one runs bit for bit as one unsharded process
+    'ao': [],
+    'rope_muon_ac': ROPE + ['--optimizer=muon', '--muon_dtype=float32', '--activation_checkpointing=True'],
+    'mdm_chunks': ['--causal=False', '--cond=none', '--loss_chunk=24', '--dropout=0.1'],
+    'table_fixed': ['--adaln_table=True', '--order=fixed:3', '--dropout=0.1', '--keep_ckpt_every=2'],
+}
+
+
+@pytest.mark.parametrize('case', list(ONE_RANK))
+def test_a_world_of_one_is_the_unsharded_run_bit_for_bit(env, monkeypatch, case, tmp_path):
+    """fsdp=True without torchrun runs as a world of one: its reduce-scatter over one rank is the identity, so its
+    losses, weights and EMA are the unsharded run's bit for bit, whatever the formulation, block, optimizer,
+    recomputation or loss chunking; its export is the same folder (the same safetensors bytes)."""
+    common = ['--max_iters=4', '--eval_interval=2', *ONE_RANK[case]]
+    run_inprocess(monkeypatch, args(env, f'one_{case}', *common))
+    run_inprocess(monkeypatch, args(env, f'one_{case}_fsdp', *common, '--fsdp=True'))
+    same_logs(env / f'one_{case}', env / f'one_{case}_fsdp')
+    same_weights(env / f'one_{case}', env / f'one_{case}_fsdp')
+    held = sorted(os.listdir(env / f'one_{case}_fsdp'))
+    assert [f for f in held if f.endswith('.dcp')] == (['ckpt_0000002.dcp', 'ckpt_0000004.dcp']
+                                                       if case == 'table_fixed' else ['ckpt_0000004.dcp'])
+    if case == 'ao':
+        import export  # noqa: E402 (a command: imported where it is used)
+        outs = []
+        for run_dir in (f'one_{case}', f'one_{case}_fsdp'):
+            export.main([f"--ckpt={env / run_dir}", f"--dest={tmp_path / run_dir}"])
+            outs.append((tmp_path / run_dir / 'model.safetensors').read_bytes())
+        assert outs[0] == outs[1]
+
+
+def test_a_sharded_run_refuses_what_it_cannot_do(env, monkeypatch, capsys):
+    """One line each, never a silent fallback: float16 (its gradient scaler does not take shards), and a resume that
+    would change fsdp (the optimizer states are kept in the layout the run saved)."""
+    def line(*extra):
+        with pytest.raises(SystemExit) as e:
+            run_inprocess(monkeypatch, args(env, *extra))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 1 and len(err) == 1, err
+        return err[0]
+    assert 'trains in bfloat16 or float32' in line('f16', '--fsdp=True', '--dtype=float16', '--max_iters=1')
+    run_inprocess(monkeypatch, args(env, 'plain_run', '--max_iters=2', '--eval_interval=2'))
+    assert 'resumes with fsdp=False' in line('plain_run', '--fsdp=True', '--init_from=auto', '--max_iters=4')
+    run_inprocess(monkeypatch, args(env, 'sharded_run', '--max_iters=2', '--eval_interval=2', '--fsdp=True'))
+    assert 'resumes with fsdp=True' in line('sharded_run', '--init_from=auto', '--max_iters=4')
+
+
+# ---------------------------------------------------------------------------------------------- train.py, two ranks
+
+@pytest.mark.slow
+@pytest.mark.parametrize('case', ['paper_adamw_ac', 'rope_muon'])
+def test_two_ranks_match_one_process_over_20_steps(env, case):
+    """torchrun, 2 gloo ranks, fsdp=True against one unsharded process on the same global batch (4 micro-steps: 2
+    per rank), 20 steps: every logged loss within 1e-5 (the module's docstring), the weights and EMA to 1e-5.
+    The paper's block with AdamW and activation checkpointing; the rope block with Muon."""
+    extra = ['--activation_checkpointing=True'] if case == 'paper_adamw_ac' else \
+        ROPE + ['--optimizer=muon', '--muon_dtype=float32']
+    common = ['--max_iters=20', '--eval_interval=10', '--batch_size=4', '--gradient_accumulation_steps=4', *extra]
+    run(env, args(env, f'w1_{case}', *common))
+    p = run(env, args(env, f'w2_{case}', *common, '--fsdp=True'), torchrun=True)
+    assert '2 rank(s) (FSDP)' in p.stdout
+    recs = same_logs(env / f'w1_{case}', env / f'w2_{case}', tol=1e-5)
+    assert recs[-1]['val_ao'] < recs[0]['val_ao'] - 0.3  # the runs moved
+    same_weights(env / f'w1_{case}', env / f'w2_{case}', atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_sharded_resume_is_bit_identical_and_reshards(env):
+    """2 ranks for 6 steps in one go == 3 steps, then a resume on 2 ranks (bit for bit: the same shards, the same
+    summation order); the 3-step save resumed on one process (2 -> 1), and a one-process save resumed on 2 ranks
+    (1 -> 2), each within the float32 summation bound of the module's docstring."""
+    common = ['--eval_interval=3', '--batch_size=4', '--gradient_accumulation_steps=4', '--fsdp=True']
+    run(env, args(env, 'r_whole', *common, '--max_iters=6'), torchrun=True)
+    run(env, args(env, 'r_split', *common, '--max_iters=3'), torchrun=True)
+    os.system(f"cp -r {env / 'r_split'} {env / 'r_to1'}")
+    p = run(env, args(env, 'r_split', *common, '--max_iters=6', '--init_from=auto'), torchrun=True)
+    assert 'resumed' in p.stdout
+    same_logs(env / 'r_whole', env / 'r_split')
+    same_weights(env / 'r_whole', env / 'r_split')
+    run(env, args(env, 'r_to1', *common, '--max_iters=6', '--init_from=auto'))
+    same_logs(env / 'r_whole', env / 'r_to1', tol=1e-5)
+    same_weights(env / 'r_whole', env / 'r_to1', atol=1e-5)
+    run(env, args(env, 'r_from1', *common, '--max_iters=3'))
+    assert load_checkpoint(str(env / 'r_from1'))['world_size'] == 1
+    run(env, args(env, 'r_from1', *common, '--max_iters=6', '--init_from=auto'), torchrun=True)
+    same_logs(env / 'r_whole', env / 'r_from1', tol=1e-5)
+    same_weights(env / 'r_whole', env / 'r_from1', atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_kill_during_a_sharded_save_loses_nothing(env):
+    """Rank 1 is SIGKILLed while it writes its rows of the second save: the first save stays whole and loadable,
+    the half-written one never gets a save's name, and torchrun --max-restarts=1 resumes both ranks from the first
+    (init_from=auto), cleaning the temp folder, to the uninterrupted run's numbers bit for bit."""
+    common = ['--eval_interval=3', '--batch_size=4', '--gradient_accumulation_steps=4', '--fsdp=True',
+              '--max_iters=6']
+    run(env, args(env, 'k_whole', *common), torchrun=True)
+    kill = """
+    import signal
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    orig = HuggingFaceStorageWriter.write_data
+    calls = [0]
+    def write_data(self, plan, planner):
+        calls[0] += 1
+        if calls[0] == 2 and os.environ['RANK'] == '1' and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':
+            open(os.path.join(str(self.path), 'half.safetensors'), 'wb').write(b'x' * 100)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return orig(self, plan, planner)
+    HuggingFaceStorageWriter.write_data = write_data
+    """
+    p = run(env, args(env, 'k_split', *common, '--init_from=auto'), pre=kill, torchrun=True, restarts=1)
+    assert 'resumed' in p.stdout and 'ckpt_0000003.dcp' in p.stdout
+    assert not [f for f in os.listdir(env / 'k_split') if '.tmp.' in f]
+    same_logs(env / 'k_whole', env / 'k_split')
+    same_weights(env / 'k_whole', env / 'k_split')
+
+
+@pytest.mark.slow
+def test_two_nodes_of_one_process_each_are_one_process(env):
+    """Two torchrun invocations, --nnodes=2 --node_rank=0/1, one process each, meeting at a rendezvous on
+    127.0.0.1: the run a multi-node job makes, within the float32 summation bound of one process's."""
+    common = ['--max_iters=4', '--eval_interval=2', '--batch_size=4', '--gradient_accumulation_steps=4']
+    run(env, args(env, 'n_one', *common))
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    argv = [os.path.join(ROOT, 'train.py'), *args(env, 'n_two', *common, '--fsdp=True')]
+    nodes = [subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nnodes=2', f'--node_rank={r}',
+                               '--nproc_per_node=1', '--rdzv_backend=c10d', f'--rdzv_endpoint=127.0.0.1:{port}',
+                               '--rdzv_id=aogpt-test', *argv], cwd=ROOT, env=ENVIRON, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [n.communicate(timeout=600) for n in nodes]
+    assert all(n.returncode == 0 for n in nodes), outs
+    assert '2 rank(s) (FSDP)' in outs[0][0] + outs[1][0]
+    same_logs(env / 'n_one', env / 'n_two', tol=1e-5)
+    same_weights(env / 'n_one', env / 'n_two', atol=1e-5)
