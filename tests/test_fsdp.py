@@ -10,10 +10,12 @@ as DDP's own test holds them (test_train.assert_same_run); Muon runs its Newton-
 (muon_dtype), as the DDP test does, for the reason that test gives."""
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from test_train import args, env, run, run_inprocess  # noqa: F401 (env: a fixture)
@@ -245,3 +247,135 @@ def test_two_nodes_of_one_process_each_are_one_process(env):
     assert '2 rank(s) (FSDP)' in outs[0][0] + outs[1][0]
     same_logs(env / 'n_one', env / 'n_two', tol=1e-5)
     same_weights(env / 'n_one', env / 'n_two', atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- from a source folder
+
+@pytest.fixture(scope='module')
+def sources(tmp_path_factory):
+    """A tiny Qwen3 (tied head) and Llama folder built by transformers, each with data prepared by its tokenizer
+    (tests/test_sources.py's build_source): {family: (root, folder, transformers model, data)}."""
+    from test_sources import build_source
+    out = {}
+    for family in ('qwen3', 'llama'):
+        root = tmp_path_factory.mktemp(f'fsdp_{family}')
+        out[family] = (root, *build_source(root, family))
+    return out
+
+
+def source_args(root, out, folder, *extra):
+    return [str(root / 'tiny.py'), f"--data_root={root / 'data'}", '--dataset=book', f'--out_dir={root / out}',
+            f'--init_from={folder}', *extra]
+
+
+@pytest.mark.parametrize('family', ['qwen3', 'llama', 'gpt2'])
+def test_a_source_parameter_is_read_by_rows(family, sources, tmp_path):
+    """families.source_rows: every parameter's rows [a, b), for cuts of every size, are the rows of the model
+    hf_source builds (GPT-2's Conv1D columns transposed, fused q/k/v and gate/up across their tensors' edges, [None]'s
+    one row, GPT-2's positions cut to block_size), so a rank that reads only its rows holds its shard of that model."""
+    from aogpt.families import hf_source, source_rows
+    if family == 'gpt2':
+        import transformers
+        cfg = transformers.GPT2Config(vocab_size=70, n_positions=24, n_embd=16, n_layer=2, n_head=2, bos_token_id=0,
+                                      eos_token_id=0)
+        transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
+        folder, over = str(tmp_path), dict(block_size=13)
+    else:
+        folder, over = str(sources[family][1]), {}
+    whole, _ = hf_source(folder, **over)
+    _, _, rows = source_rows(folder, **over)
+    params = dict(whole.named_parameters())
+    assert set(rows) == set(params)
+    for name, read in rows.items():
+        n = params[name].shape[0]
+        for parts in (1, 2, 3, 5):
+            size = -(-n // parts)
+            got = torch.cat([read(min(n, i * size), min(n, (i + 1) * size)) for i in range(parts)])
+            assert torch.equal(got.float(), params[name].detach()), (name, parts)
+
+
+@pytest.mark.slow
+def test_a_sharded_start_from_a_folder_is_exact_and_reads_only_its_rows(sources):
+    """2 ranks, --init_from=<Qwen3 folder> --cond=adaln --eval_only: val_l2r is the source's own loss computed by
+    transformers (rel 1e-5: float32 sums in another order, as tests/test_sources.py holds it), and no rank reads the
+    whole state dict: each reads at most 55% of the source's elements, every element read by exactly one rank."""
+    from test_sources import FAMILIES, source_loss
+    from aogpt import bins
+    root, folder, hf, data = sources['qwen3']
+    count = f"""
+    import json, torch
+    from aogpt import families
+    orig, seen = families._read_rows, [0]
+    def counted(how, parts, a, b):
+        out = orig(how, parts, a, b)
+        seen[0] += out.numel()
+        with open({str(root)!r} + '/read_rank' + os.environ['RANK'], 'w') as f:
+            f.write(str(seen[0]))
+        return out
+    families._read_rows = counted
+    """
+    run(root, source_args(root, 'exact', folder, '--cond=adaln', '--eval_only=True', '--fsdp=True',
+                          '--gradient_accumulation_steps=2'), pre=count,
+        torchrun=True)
+    val = torch.from_numpy(bins.load_bin(str(data), 'val').astype(np.int64))
+    got = [json.loads(line) for line in open(root / 'exact' / 'log.jsonl')][-1]['val_l2r']
+    assert got == pytest.approx(source_loss(hf, val, FAMILIES['qwen3'][5]), rel=1e-5)
+    total = sum(p.numel() for n, p in hf.named_parameters() if n != 'lm_head.weight')  # tied: the embedding's
+    read = [int((root / f'read_rank{r}').read_text()) for r in (0, 1)]
+    assert sum(read) == total and max(read) <= 0.55 * total, (read, total)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('family', ['qwen3', 'llama'])
+def test_two_ranks_adapt_a_folder_as_one_process(sources, family):
+    """An adaptation from a source folder (its rows read by each rank, the new table drawn as one process draws it),
+    2 ranks against one unsharded process over 20 steps: Qwen3 (tied head) with AdamW, Llama with Muon, to the
+    module's float32 bound. The same command run again with more steps (torchrun --max-restarts' rerun) resumes
+    its own run."""
+    root, folder, _, _ = sources[family]
+    extra = ['--optimizer=muon', '--muon_dtype=float32'] if family == 'llama' else []
+    common = ['--max_iters=20', '--eval_interval=10', '--batch_size=2', '--gradient_accumulation_steps=4', *extra]
+    run(root, source_args(root, 'one', folder, *common))
+    run(root, source_args(root, 'two', folder, *common, '--fsdp=True'), torchrun=True)
+    recs = same_logs(root / 'one', root / 'two', tol=1e-5)
+    assert recs[-1]['val_ao'] < recs[0]['val_ao'] - 0.05  # the runs moved
+    same_weights(root / 'one', root / 'two', atol=1e-5)
+    a, b = (load_checkpoint(str(root / d))['started_from'] for d in ('one', 'two'))
+    assert a == dict(b, path=a['path']) and a['weights_sha256'] is not None  # the same record, hash included
+    p = run(root, source_args(root, 'two', folder, *common[1:], '--max_iters=22', '--fsdp=True'), torchrun=True)
+    assert 'holds the run this command started' in p.stdout and 'resumed' in p.stdout
+
+
+def test_a_fine_tune_command_run_again_resumes_its_own_run(sources, monkeypatch, capsys):
+    """The same --init_from=<folder> command into an out_dir holding its run resumes it (bit for bit the run in one
+    go); a command with another source there is refused in one line; a command killed before its first save starts
+    over from its source (step 0 is the source's loss), never from scratch."""
+    root, folder, _, _ = sources['llama']
+    common = ['--eval_interval=2', '--batch_size=2']
+    run_inprocess(monkeypatch, source_args(root, 'ft_whole', folder, *common, '--max_iters=4'))
+    run_inprocess(monkeypatch, source_args(root, 'ft_split', folder, *common, '--max_iters=2'))
+    run_inprocess(monkeypatch, source_args(root, 'ft_split', folder, *common, '--max_iters=4'))
+    assert 'holds the run this command started' in capsys.readouterr().out
+    same_logs(root / 'ft_whole', root / 'ft_split')
+    same_weights(root / 'ft_whole', root / 'ft_split')
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, source_args(root, 'ft_split', sources['qwen3'][1], *common, '--max_iters=6'))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'already holds checkpoints' in err[0], err
+    # killed before its first save (SIGKILL in iteration 1): only the step-0 eval is logged; the same command run
+    # again starts over from its source, not from scratch, and is then the run in one go
+    kill = """
+    import signal, torch
+    from model import GPT
+    orig = GPT.forward
+    def forward(self, *a, **k):
+        if torch.is_grad_enabled():
+            os.kill(os.getpid(), signal.SIGKILL)
+        return orig(self, *a, **k)
+    GPT.forward = forward
+    """
+    p = run(root, source_args(root, 'ft_early', folder, *common, '--max_iters=4'), pre=kill, check=False)
+    assert p.returncode == -signal.SIGKILL and not os.path.exists(root / 'ft_early' / 'ckpt.pt')
+    run_inprocess(monkeypatch, source_args(root, 'ft_early', folder, *common, '--max_iters=4'))
+    assert 'resum' not in capsys.readouterr().out
+    same_logs(root / 'ft_whole', root / 'ft_early')
