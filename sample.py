@@ -61,8 +61,9 @@ fused = False              # speculative: one forward call a round (the next dra
 stepper = 'dynamic'        # forward calls: dynamic | static (fixed padded shapes) | cuda_graph (static, replayed)
 cache_trick = True         # encoder MDM: a step that reveals nothing reuses the last pass (MDLM)
 mdm_counts = 'shared'      # encoder MDM: shared (one count per step for the batch) | independent (per sample)
-gen_ppl = ''               # judge: a checkpoint of ours (any --ckpt form), or HF GPT-2 (a dir or hf:owner/repo)
-gen_ppl_mode = 'auto'      # none: all n scored after [None]; hf: no BOS, token 0 unscored; auto: hf for HF
+gen_ppl = ''               # judge: a checkpoint of ours (any --ckpt form), or a Hugging Face model (a folder or
+                           # hf:owner/repo): GPT-2, or a Llama, Mistral, Qwen2 or Qwen3 with its tokenizer.json
+gen_ppl_mode = 'auto'      # none: all n scored after [None]; hf: no BOS, token 0 unscored; auto: hf for an HF GPT-2
 judge_batch_size = 16      # judge forward batch, >= 1
 trace = ''                 # write an HTML page of how each sample (of the last batch) filled in, step by step
 save = ''                  # write the samples (ids, text) and stats as JSON to this file (its folder must exist)
