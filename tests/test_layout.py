@@ -209,3 +209,20 @@ def test_the_readme_stays_at_most_220_lines():
     results/. 220 lines at most."""
     n = sum(1 for _ in open(os.path.join(ROOT, 'README.md')))
     assert n <= 220, f"README.md has {n} lines: move detail into docs/"
+
+
+def test_make_help_lists_every_target_with_a_line_and_each_has_a_recipe():
+    """`make help` is the Makefile's table of contents: every target declared .PHONY, each with a line saying what
+    it does, and every such target has a rule that does something, a recipe or prerequisites (`make bench` was
+    declared and had neither)."""
+    text = open(os.path.join(ROOT, 'Makefile')).read()
+    phony = {t for line in text.splitlines() if line.startswith('.PHONY:') for t in line.split(':', 1)[1].split()}
+    lines = text.splitlines()
+    for t in phony:
+        rule = [i for i, line in enumerate(lines) if line.split(':')[0] == t and not line.startswith('.')]
+        prerequisites = rule and lines[rule[0]].split(':', 1)[1].split('#')[0].strip()
+        assert rule and (lines[rule[0] + 1].startswith('\t') or prerequisites), f"make {t} has no rule that does anything"
+    p = subprocess.run(['make', '-s', 'help'], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    listed = {line.split()[1]: line.split(None, 2)[2] for line in p.stdout.splitlines() if line.startswith('  make ')}
+    assert p.returncode == 0 and set(listed) == phony and 'help' in phony, (p.stdout, p.stderr)
+    assert all(len(d) > 10 for d in listed.values()), listed
