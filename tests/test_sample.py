@@ -1062,6 +1062,12 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     (['--template', 'a [BLANK:x] b'], '[BLANK:x]'),
     (['--template', 'a [BLANK b [BLANK]'], 'unclosed or malformed [BLANK'),
     (['--template', 'a [BLANK:0] b'], '[BLANK:0]'),
+    # checked against the window before the blank's positions are made: an OverflowError and MemoryErrors once
+    (['--template', 'a [BLANK:99999999999999999999] b'], "too long: [BLANK:99999999999999999999] takes it past the "
+                                                         "model's block_size, 16 tokens"),
+    (['--template', 'a [BLANK:9999999999] b'], "too long: [BLANK:9999999999] takes it past"),
+    (['--template', 'a [BLANK] b', '--blank_len', '9999999999'], "too long: [BLANK] (--blank_len 9999999999)"),
+    (['--template', 'a [BLANK:' + '9' * 5000 + ']'], "too long: [BLANK:999"),  # past int()'s 4300 digits too
     (['--device', 'cuda'], 'CUDA is not available'),
     (['--judge_batch_size', '0'], 'invalid --judge_batch_size=0'),
     (['--length', '-5'], 'invalid --length=-5'),
