@@ -49,7 +49,7 @@ from aogpt.checkpoint import check_record_path, fingerprint, load_model, record_
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die
 from aogpt.evalsets import EVAL_SETS, chunks_fingerprint, load_eval_chunks, parse_paths, parse_revisions
-from aogpt.likelihood import nll_any_order, nll_ensemble, nll_fixed, nll_l2r, nll_order
+from aogpt.likelihood import MAX_DRAWS, nll_any_order, nll_ensemble, nll_fixed, nll_l2r, nll_order
 from aogpt.orders import one_block, order_of_config, parse_order
 from aogpt.plot import plot_eval
 from aogpt.runtime import autocast, script_device, start_ranks
@@ -140,6 +140,8 @@ def read_config(argv):
                     ('max_chunks', c.max_chunks >= 0), ('ensemble_mode', c.ensemble_mode in ('fast', 'exact'))):
         if not ok:
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
+    if c.ensemble > MAX_DRAWS:
+        die(f"--ensemble must be from 0 to {MAX_DRAWS} orderings (each is a forward pass per draw), got {c.ensemble}")
     c.law = None  # the parsed --order, once
     if str(c.order).isdigit():  # the old --orders was this count: never read a number as a distribution
         die(f"--order names the order distribution (e.g. semiar:{c.order}); the orders drawn per chunk are "
