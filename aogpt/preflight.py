@@ -51,6 +51,7 @@ def check_config(cfg, given=()):
     for k in ('ckpt_interval', 'keep_ckpt_every', 'warmup_iters', 'lr_decay_iters', 'l2r_frac_iters',
               'order_warmup_iters'):
         need(cfg[k] >= 0, k, "an integer >= 0")
+    micro_batch_fits(cfg['batch_size'], cfg['block_size'])
     for k in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops', 'muon_lr'):
         need(0 <= cfg[k] < math.inf, k, "a number >= 0")
     need(not cfg['decay_lr'] or cfg['min_lr'] <= cfg['learning_rate'], 'min_lr',
@@ -95,6 +96,22 @@ def check_config(cfg, given=()):
     if init_from.startswith('hf:'):
         parse_hub_spec(init_from)  # a malformed hub id fails here, before any data is read
     return order
+
+
+def micro_batch_fits(batch_size, block_size):
+    """A micro-batch is gathered on the host as int64 ids before it goes anywhere: one whose ids alone pass this
+    machine's memory can never be read, so it is refused before anything is (the gather itself would fail in the
+    allocator, but only after the first eval)."""
+    try:
+        ram = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    except (ValueError, OSError, AttributeError):  # not a POSIX system that says: the gather's own line remains
+        return
+    need = batch_size * block_size * 8
+    if need > ram:
+        raise UserError(f"batch_size {batch_size:,} x block_size {block_size:,} tokens a micro-step: their ids alone "
+                        f"take {need / 2 ** 30:,.0f} GiB as int64, more than this machine's {ram / 2 ** 30:,.0f} GiB "
+                        f"of memory; lower batch_size and raise gradient_accumulation_steps as much (the same tokens "
+                        f"per step)")
 
 
 def check_data(cfg, say=print):

@@ -241,7 +241,8 @@ def test_split_list_parses_and_checks_each_value():
 
 @pytest.mark.parametrize('err', [torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 8.00 GiB\nmore'),
                                  RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't "
-                                              "allocate memory: you tried to allocate 85899345920 bytes.")])
+                                              "allocate memory: you tried to allocate 85899345920 bytes."),
+                                 MemoryError('Unable to allocate 11.9 GiB for an array with shape (100000000, 16)')])
 def test_a_command_out_of_memory_is_one_line(err, capsys):
     """sample.py, eval_ppl.py, eval_harness.py and export.py (errors.command) end in one line when torch runs out of
     memory on a GPU or on the CPU, not a traceback; any other RuntimeError is still raised."""

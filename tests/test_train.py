@@ -443,6 +443,28 @@ def test_out_of_memory_is_one_line_and_keeps_the_last_checkpoint(env, where, at)
     assert 'resumed' in p.stdout and load_checkpoint(str(env / out))['iter_num'] == 8
 
 
+def test_a_micro_batch_past_the_memory_is_one_line(env, monkeypatch, capsys, tmp_path):
+    """A micro-batch gathered as a list of B slices filled the memory before anything failed (at batch_size 10^8,
+    24 GB; the process then ignored SIGTERM until the kernel killed it), and under a memory limit it was a
+    MemoryError traceback. Now: ids that alone pass the machine's memory are refused before anything is read, and a
+    batch past a limit fails at its one gather, in the out-of-memory line, within seconds."""
+    with pytest.raises(SystemExit) as e:
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "huge"}', f'--batch_size={2 ** 58}'))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: batch_size {2 ** 58:,} x block_size 16 tokens a micro-step: their ids alone take")
+    assert not (tmp_path / 'huge').exists()
+    # 10^8 x 16 ids fit this machine, not a 4 GB address space: the gather's MemoryError is the out-of-memory line
+    limit = "import resource\nresource.setrlimit(resource.RLIMIT_AS, (4 * 2 ** 30, 4 * 2 ** 30))\n"
+    t0 = time.time()
+    p = run(env, args(env, 'gather', '--batch_size=100000000', '--eval_iters=1'), pre=limit, check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and 'Traceback' not in p.stderr and len(lines) == 1, p.stderr[-3000:]
+    assert lines[0].startswith('error: out of memory at iteration 0 (Unable to allocate ') and \
+        lines[0].endswith('no checkpoint was written'), lines[0]
+    print(f"the gather failed after {time.time() - t0:.1f} s")
+
+
 def on_second_save(action):
     """Wrapper code for run(pre=...): torch.save runs `action` (code over obj, f, a, k and orig, the real
     save) at its second call, i.e. while the second checkpoint is being written, then saves as usual."""
