@@ -80,11 +80,55 @@ def _rope(hf, where):
     return theta, {k: scaling[k] for k in LLAMA3_KEYS}
 
 
+# Each family's config.json keys that size the block: integers >= 1 (None: the class's default, where it has one),
+# and numbers; and the key each GPTConfig field is read from, so that a value the block cannot take is named as the
+# source's config.json spells it (JSON's 32.0 or "32" reached GPTConfig as a TypeError, or a ValueError naming ours)
+SIZES = {'gpt2': ('n_positions', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'n_inner'),
+         'rotary': ('max_position_embeddings', 'vocab_size', 'num_hidden_layers', 'num_attention_heads', 'hidden_size',
+                    'num_key_value_heads', 'head_dim', 'intermediate_size')}
+NUMBERS = {'gpt2': ('layer_norm_epsilon',), 'rotary': ('rms_norm_eps', 'rope_theta')}
+FIELD_KEYS = {'gpt2': dict(zip(('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'mlp_hidden', 'norm_eps'),
+                               SIZES['gpt2'][:6] + NUMBERS['gpt2'])),
+              'rotary': dict(zip(('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'n_kv_head', 'head_dim',
+                                  'mlp_hidden', 'norm_eps', 'rope_theta'), SIZES['rotary'] + NUMBERS['rotary']))}
+
+
+def check_sizes(hf, where=''):
+    """config.json's sizes and numbers, as the block needs them: one line naming the key and the folder."""
+    kind = 'gpt2' if hf['model_type'] == 'gpt2' else 'rotary'
+    params = hf.get('rope_parameters') if isinstance(hf.get('rope_parameters'), dict) else {}
+    for key in SIZES[kind]:
+        v = hf.get(key)
+        if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            raise UserError(f"{where}config.json: {key}={v!r} must be an integer >= 1 for this block")
+    for key in NUMBERS[kind]:
+        v = params.get(key, hf.get(key))
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float('inf')):
+            raise UserError(f"{where}config.json: {key}={v!r} must be a number > 0 for this block")
+
+
+def source_config(hf, args, where='', **overrides):
+    """GPTConfig(**args, **overrides) of a source's config.json (hf_config's args), or the line that names the
+    config.json key whose value the block cannot take (an override's own ValueError is the caller's)."""
+    try:
+        return GPTConfig(**dict(args, **overrides))
+    except ValueError as e:
+        field = str(e).split()[0]
+        if field in overrides:
+            raise
+        key = FIELD_KEYS['gpt2' if hf['model_type'] == 'gpt2' else 'rotary'].get(field)
+        if field == 'rope_scaling':
+            key = 'rope_parameters' if isinstance(hf.get('rope_parameters'), dict) else 'rope_scaling'
+        shown = f"{key}={hf.get(key)!r}" if key in hf else f"its {key or field}"
+        raise UserError(f"{where}config.json: {shown} cannot make this block ({e})") from None
+
+
 def hf_config(hf, where=''):
     """GPTConfig arguments of a source's config.json (cond='none': the source itself), and [None]'s token id and
     which config field gave it."""
     f = lambda key, default=KeyError: _field(hf, key, default, where)  # noqa: E731
     family = hf['model_type']
+    check_sizes(hf, where)
     for key in ('attn_logit_softcapping', 'final_logit_softcapping', 'num_experts', 'num_local_experts'):
         if hf.get(key):
             _refuse(where, key, hf[key], "changes the function (soft caps, a mixture of experts)")
@@ -217,7 +261,7 @@ def hf_source(folder, state_dict=None, doc_end=None, **overrides):
         if not 0 <= doc_end < args['vocab_size']:
             raise UserError(f"{where}: the documents' end id {doc_end} is not one of its {args['vocab_size']} rows")
         none_id, none_from = doc_end, 'doc_end'
-    cfg = GPTConfig(**dict(args, **overrides))
+    cfg = source_config(hf, args, where, **overrides)
     sha = None
     if state_dict is None:
         if family == 'gpt2' and not os.path.exists(os.path.join(folder, 'model.safetensors')):

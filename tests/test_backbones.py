@@ -134,6 +134,21 @@ def _edit_config(folder, **kw):
     ('llama_gqa_tied', dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
     ('mistral', dict(sliding_window=4), "sliding_window=4"),
     ('gpt2', dict(activation_function='relu'), "activation_function='relu'"),
+    # values the block cannot take, named as config.json spells them (once a TypeError or a ValueError naming ours)
+    ('llama_gqa_tied', dict(num_key_value_heads=3), "num_key_value_heads=3 cannot make this block (n_kv_head must be "
+                                                    "a divisor of n_head (4), got 3)"),
+    ('llama_gqa_tied', dict(hidden_size=32.0), "hidden_size=32.0 must be an integer >= 1"),
+    ('llama_gqa_tied', dict(hidden_size='32'), "hidden_size='32' must be an integer >= 1"),
+    ('mistral', dict(num_hidden_layers=-2), "num_hidden_layers=-2 must be an integer >= 1"),
+    ('qwen2_bias', dict(vocab_size=True), "vocab_size=True must be an integer >= 1"),
+    ('qwen3_headdim', dict(rms_norm_eps='1e-6'), "rms_norm_eps='1e-6' must be a number > 0"),
+    ('qwen2_bias', dict(rope_parameters=dict(rope_type='default', rope_theta=True)), "rope_theta=True must be a number"),
+    ('llama3_scaled', dict(rope_parameters=dict(rope_type='llama3', rope_theta=5e5, factor=8.0, low_freq_factor=0.0,
+                                                high_freq_factor=4.0, original_max_position_embeddings=8)),
+     "rope_parameters={'rope_type': 'llama3', 'rope_theta': 500000.0, 'factor': 8.0, 'low_freq_factor': 0.0"),
+    ('gpt2', dict(n_layer=-1), "n_layer=-1 must be an integer >= 1"),
+    ('gpt2', dict(n_embd=32.0), "n_embd=32.0 must be an integer >= 1"),
+    ('gpt2', dict(n_positions=1), "n_positions=1 cannot make this block (block_size must be an integer >= 1, got 0)"),
 ])
 def test_what_the_block_cannot_represent_is_refused_by_name(tmp_path, name, edit, needle):
     _, folder = build(tmp_path, name)
@@ -141,6 +156,24 @@ def test_what_the_block_cannot_represent_is_refused_by_name(tmp_path, name, edit
     with pytest.raises(UserError, match='config.json') as e:
         load_hf(str(folder))
     assert needle in str(e.value) and '\n' not in str(e.value)
+
+
+def test_a_config_the_block_cannot_take_is_one_line_in_train_and_as_a_judge(env, monkeypatch, capsys, tmp_path):
+    """train.py --init_from=<folder> and sample.py --gen_ppl <folder> both read config.json through hf_source: a
+    value the block cannot take was a ValueError or TypeError traceback in each."""
+    from aogpt.genppl import load_judge
+    _, folder = build(tmp_path, 'llama_gqa_tied')
+    _edit_config(folder, num_key_value_heads=3)
+    capsys.readouterr()  # save_pretrained's bar
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "run"}', f'--init_from={folder}'))
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: {folder}/config.json: num_key_value_heads=3 cannot make this block (n_kv_head must be a "
+                   f"divisor of n_head (4), got 3)"), err
+    _, judge = build(tmp_path, 'gpt2')
+    _edit_config(judge, n_embd=32.0)
+    with pytest.raises(UserError, match=r"config.json: n_embd=32.0 must be an integer >= 1"):
+        load_judge(str(judge), 'cpu')
 
 
 def test_the_4x_config_layout_reads_the_same(tmp_path):
