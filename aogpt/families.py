@@ -246,13 +246,14 @@ def read_safetensors(folder):
     return sd, sha
 
 
-def hf_source(folder, state_dict=None, doc_end=None, **overrides):
+def hf_source(folder, state_dict=None, doc_end=None, say=print, **overrides):
     """The source model (cond='none'), and its record {family, folder, revision (a hub snapshot's commit, else None),
     none_id, none_from, weights_sha256: {file: sha256} (None when state_dict was given)}. Every one
     of their tensors is checked: a missing, extra or misshapen one is a UserError naming it. doc_end: the id that
     ends the data's documents, which [None] takes where the source has no BOS (a Qwen whose config.json names a
     chat turn's end as its eos, trained on data ended by <|endoftext|>); none_from then says 'doc_end'. overrides:
-    GPTConfig keys (block_size may shrink the context; dropout and the like)."""
+    GPTConfig keys (block_size may shrink the context; dropout and the like). say: where a note goes (a tied head
+    that the weights untie)."""
     hf = read_config(folder)
     where = os.path.join(folder, '')
     family = hf['model_type']
@@ -276,6 +277,14 @@ def hf_source(folder, state_dict=None, doc_end=None, **overrides):
                   if not k.endswith(('.attn.bias', '.attn.masked_bias'))}
     else:
         theirs = {k: v for k, v in theirs.items() if not k.endswith('rotary_emb.inv_freq')}
+    head = theirs.get('lm_head.weight')
+    emb = theirs.get('wte.weight' if family == 'gpt2' else 'model.embed_tokens.weight')
+    if cfg.tie_head and head is not None and emb is not None and not torch.equal(head, emb):
+        # config.json ties them, but the file holds another head: transformers keeps it, untied (with a warning), so
+        # the source is that model; dropping the head would load another one
+        cfg = source_config(hf, dict(args, tie_head=False), where, **overrides)
+        say(f"note: {where}config.json ties the head to the embedding (tie_word_embeddings), but its weights hold "
+            f"another lm_head.weight: loaded untied, as transformers loads it")
     if cfg.tie_head:
         theirs.pop('lm_head.weight', None)  # a tied head is the embedding (some files store the copy)
     model = GPT(cfg)

@@ -74,7 +74,7 @@ def model_source(cfg, given, codec, data_dir, say=print):
     gpt2 = hf_dir is not None and read_config(hf_dir)['model_type'] == 'gpt2'
     if hf_dir is not None:  # the source itself (cond='none'), then the same path as any: by default into the run's cond
         theirs = gpt2_codec() if gpt2 else source_tokenizer(hf_dir, codec, data_dir, init_from)
-        src, source = hf_source(hf_dir, doc_end=None if theirs is None or gpt2 else theirs.eot)
+        src, source = hf_source(hf_dir, doc_end=None if theirs is None or gpt2 else theirs.eot, say=say)
         if theirs is not None and not gpt2:  # GPT-2's [None] is its bos_token_id, as before (its codec is tiktoken's)
             check_none(source, theirs, init_from)
         used_ema, path = None, hf_dir
