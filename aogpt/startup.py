@@ -24,7 +24,7 @@ from aogpt.checkpoint import (CKPT_NAME, checkpoint_codec, is_export, load_check
 from aogpt.errors import UserError
 from aogpt.families import hf_source, read_config
 from aogpt.orders import new_spelling
-from aogpt.tokenizer import TOKENIZER_FILE, TOKENIZERS, folder_codec, gpt2_codec
+from aogpt.tokenizer import TOKENIZER_FILE, TOKENIZERS, folder_codec, gpt2_codec, is_gpt2_vocabulary
 from model import GPTConfig, adapt, config_fields, strip_prefixes
 
 
@@ -72,10 +72,11 @@ def model_source(cfg, given, codec, data_dir, say=print):
         return trained, strip_prefixes(ck['model']), ck, resume_path, ck.get('started_from')
     hf_dir = hf_folder(init_from)
     gpt2 = hf_dir is not None and read_config(hf_dir)['model_type'] == 'gpt2'
+    bpe = gpt2 and is_gpt2_vocabulary(hf_dir)  # GPT-2's ids: tiktoken's codec; a tokenizer.json of its own is read
     if hf_dir is not None:  # the source itself (cond='none'), then the same path as any: by default into the run's cond
-        theirs = gpt2_codec() if gpt2 else source_tokenizer(hf_dir, codec, data_dir, init_from)
-        src, source = hf_source(hf_dir, doc_end=None if theirs is None or gpt2 else theirs.eot, say=say)
-        if theirs is not None and not gpt2:  # GPT-2's [None] is its bos_token_id, as before (its codec is tiktoken's)
+        theirs = gpt2_codec() if bpe else source_tokenizer(hf_dir, codec, data_dir, init_from)
+        src, source = hf_source(hf_dir, doc_end=None if theirs is None or bpe else theirs.eot, say=say)
+        if theirs is not None and not bpe:  # GPT-2's [None] is its bos_token_id, as before (its codec is tiktoken's)
             check_none(source, theirs, init_from)
         used_ema, path = None, hf_dir
         given = set(given) | {'cond'}
