@@ -7,6 +7,7 @@ class-3 bound of tests/README.md (16-48 wide, 2 layers, logits ≤ 10). A negati
 position off by one) moves the logits by far more, so the comparison has power."""
 import hashlib
 import json
+import os
 
 import numpy as np
 import pytest
@@ -174,6 +175,23 @@ def test_a_config_the_block_cannot_take_is_one_line_in_train_and_as_a_judge(env,
     _edit_config(judge, n_embd=32.0)
     with pytest.raises(UserError, match=r"config.json: n_embd=32.0 must be an integer >= 1"):
         load_judge(str(judge), 'cpu')
+
+
+@pytest.mark.parametrize('init_from', ['source', 'scratch', 'auto'])
+def test_a_source_folder_is_not_a_run_directory(env, monkeypatch, capsys, tmp_path, init_from):
+    """--init_from=F --out_dir=F wrote the run's ckpt.pt into the Hugging Face folder it started from, and from then
+    on --init_from=F meant the trained run, not the source (as an export folder, which was refused already). Now
+    any start into a model folder is one line, the folder untouched."""
+    _, folder = build(tmp_path, 'qwen2_bias')
+    before = sorted(os.listdir(folder))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={folder}', '--max_iters=1',
+                                        f'--init_from={folder if init_from == "source" else init_from}'))
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: out_dir {folder} is a Hugging Face model folder (its config.json: a qwen2), not a run "
+                   f"directory: train into a new folder, e.g. --init_from={folder} --out_dir=<a new folder>"), err
+    assert sorted(os.listdir(folder)) == before
 
 
 def test_the_4x_config_layout_reads_the_same(tmp_path):
