@@ -221,7 +221,8 @@ def test_make_help_lists_every_target_with_a_line_and_each_has_a_recipe():
     for t in phony:
         rule = [i for i, line in enumerate(lines) if line.split(':')[0] == t and not line.startswith('.')]
         prerequisites = rule and lines[rule[0]].split(':', 1)[1].split('#')[0].strip()
-        assert rule and (lines[rule[0] + 1].startswith('\t') or prerequisites), f"make {t} has no rule that does anything"
+        does = rule and (lines[rule[0] + 1].startswith('\t') or prerequisites)
+        assert does, f"make {t} has no rule that does anything"
     p = subprocess.run(['make', '-s', 'help'], cwd=ROOT, capture_output=True, text=True, timeout=60)
     listed = {line.split()[1]: line.split(None, 2)[2] for line in p.stdout.splitlines() if line.startswith('  make ')}
     assert p.returncode == 0 and set(listed) == phony and 'help' in phony, (p.stdout, p.stderr)

@@ -1450,5 +1450,6 @@ def test_help_says_which_judges_work_and_ends_its_sentences(capsys):
         sample.read_config(['--help'])
     assert e.value.code == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith('  --')}
-    assert 'Qwen3 with its tokenizer.json' in lines['--gen_ppl'] and 'auto: hf for an HF GPT-2' in lines['--gen_ppl_mode']
+    assert 'Qwen3 with its tokenizer.json' in lines['--gen_ppl']
+    assert 'auto: hf for an HF GPT-2' in lines['--gen_ppl_mode']
     assert lines['--until_eot'].endswith("samplers stop once it is settled (docs/sampling.md)")

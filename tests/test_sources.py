@@ -221,7 +221,8 @@ def test_a_gpt2_folder_with_its_own_tokenizer_uses_it(tmp_path, monkeypatch):
     from aogpt.tokenizer import byte_chars, gpt2_encoding, is_gpt2_vocabulary
     folder, hf, data = build_source(tmp_path, 'gpt2', spec=GPT2_OWN)
     assert not is_gpt2_vocabulary(str(folder))
-    run_inprocess(monkeypatch, train_args(tmp_path, 'eval', f'--init_from={folder}', '--cond=adaln', '--eval_only=True'))
+    run_inprocess(monkeypatch, train_args(tmp_path, 'eval', f'--init_from={folder}', '--cond=adaln',
+                                          '--eval_only=True'))
     val = torch.from_numpy(bins.load_bin(str(data), 'val').astype(np.int64))
     assert log(tmp_path, 'eval')[-1]['val_l2r'] == pytest.approx(source_loss(hf, val, 0), rel=1e-5)  # as above
     judge, codec, is_hf = load_judge(str(folder), 'cpu')

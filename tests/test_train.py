@@ -1256,7 +1256,8 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     (['--optimizer=muon', '--cond=none', '--order=l2r', '--muon_adaln=False'],  # a GPT: no AdaLN to place
      "muon_adaln=False: read only by AO-GPT's AdaLN (cond='adaln'), and this run trains a GPT (causal=True, "
      "cond='none') with learned positions and a gelu MLP, so it would be recorded and change nothing; leave it out"),
-    (['--optimizer=muon', '--cond=sigma', '--muon_adaln=True'], "this run trains a sigma-GPT (causal=True, cond='sigma')"),
+    (['--optimizer=muon', '--cond=sigma', '--muon_adaln=True'],
+     "this run trains a sigma-GPT (causal=True, cond='sigma')"),
     (['--causal=False', '--cond=none', '--mask_token_id=500'],  # beyond the vocab derived from the data
      "mask_token_id must be a token id in [0, vocab_size=64) for the encoder MDM's [MASK], got 500 (vocab_size 64"),
     # order settings given on purpose that the run would ignore (each once trained bit-identically to leaving it out)
@@ -1330,8 +1331,9 @@ BLOCKS = {'paper': dict(), 'rope': dict(BACKBONES['rope'])}
 # values of each GPTConfig key, the first that differs from the base's taken, valid on every formulation and block
 OTHER = dict(block_size=[N + 1], vocab_size=[13], n_layer=[3], n_head=[4, 2], n_embd=[24], dropout=[0.5],
              bias=[False, True], norm=['layer'], qk_norm=[False], tie_head=[True], head_bias=[False], gelu=['tanh'],
-             mask_token_id=[11], rope_theta=[7.0], rope_scaling=[dict(factor=8.0, low_freq_factor=1.0,
-                                                                   high_freq_factor=4.0, original_max_position_embeddings=8)],
+             mask_token_id=[11], rope_theta=[7.0],
+             rope_scaling=[dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                original_max_position_embeddings=8)],
              mlp_hidden=[40], n_kv_head=[1], head_dim=[4], norm_eps=[0.1], qkv_bias=[False, True], target_dim=[4],
              adaln_init=['paper'], target_std=[1.0], adaln_std=[0.3])
 SAME_FUNCTION = {'adaln_table', 'loss_chunk'}  # read, and by design the same function computed another way
