@@ -54,7 +54,8 @@ from torch.nn import functional as F
 
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die, first_line
-from aogpt.likelihood import context_orderings, continuation_orders, mixture_nll, stratified_counts, uniform_subsets
+from aogpt.likelihood import (MAX_DRAWS, context_orderings, continuation_orders, mixture_nll, stratified_counts,
+                              uniform_subsets)
 from aogpt.runtime import autocast, resolve_device, script_device, start_ranks
 
 # ----------------------------------------------------------------------------------------------- CLI defaults
@@ -91,14 +92,15 @@ except ImportError:  # pragma: no cover
 
 
 def parse_likelihood(spec):
-    """'l2r' -> ('l2r', 0); 'orders:K' -> ('orders', K); 'ensemble:M' -> ('ensemble', M). A ValueError
-    names the valid forms."""
+    """'l2r' -> ('l2r', 0); 'orders:K' -> ('orders', K); 'ensemble:M' -> ('ensemble', M), K and M in
+    [1, MAX_DRAWS]. A ValueError names the valid forms."""
     kind, _, k = str(spec).partition(':')
     if kind == 'l2r' and not k:
         return 'l2r', 0
-    if kind in ('orders', 'ensemble') and k.isdigit() and int(k) >= 1:
+    if kind in ('orders', 'ensemble') and k.isascii() and k.isdigit() and len(k) < 19 and 1 <= int(k) <= MAX_DRAWS:
         return kind, int(k)
-    raise ValueError(f"--likelihood must be l2r, orders:K or ensemble:M (K, M >= 1), got {spec!r}")
+    raise ValueError(f"--likelihood must be l2r, orders:K or ensemble:M with K, M from 1 to {MAX_DRAWS} (each is a "
+                     f"forward pass per request), got {str(spec)[:60]!r}")
 
 
 def context_seed(seed, tokens):
@@ -144,6 +146,8 @@ class AOGPTLM(TemplateLM):
             raise ValueError(f"{likelihood} needs an any-order model (cond adaln or sigma); this one is L2R only")
         self.encoder = not cfg.causal
         self.hf, self.orders_score, self.mc, self.seed = bos == 'hf', orders_score, int(mc), int(seed)
+        if not 1 <= self.mc <= MAX_DRAWS:
+            raise ValueError(f"mc must be from 1 to {MAX_DRAWS} masks (each is a forward pass per request), got {mc}")
         self._batch = int(batch_size) if str(batch_size).isdigit() else 16  # the harness may pass 'auto'
         self._max_gen_toks = int(max_gen_toks)
         self._device = torch.device(dev)
@@ -465,10 +469,12 @@ def read_config(argv):
     except ValueError as e:
         die(str(e))
     for key, ok in (('orders_score', c.orders_score in ('mean', 'lme')), ('bos', c.bos in ('none', 'hf')),
-                    ('mc', c.mc >= 1), ('batch_size', c.batch_size >= 1), ('limit', c.limit >= 0),
+                    ('batch_size', c.batch_size >= 1), ('limit', c.limit >= 0),
                     ('max_gen_toks', c.max_gen_toks >= 1), ('num_fewshot', c.num_fewshot is None or c.num_fewshot >= 0)):
         if not ok:
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
+    if not 1 <= c.mc <= MAX_DRAWS:
+        die(f"--mc must be from 1 to {MAX_DRAWS} masks (each is a forward pass per request), got {c.mc}")
     if c.include_path and not os.path.isdir(c.include_path):
         die(f"--include_path {c.include_path}: no such folder")
     c.device = script_device(c.device, c.dtype)[0]  # a device this machine lacks, or a bad --dtype: one line

@@ -30,23 +30,14 @@ Columns (per-token NLL -> PPL = exp(mean NLL) over every token of every block_si
              any-order - (mean member - ensemble), the gain measured on identical draws (a control
              variate: same expectation, much less noise); the JSON also has the direct estimate.
 
-End of text (EOT, 50256; a char codec's newline) is scored as an ordinary token of the window in every set,
-never skipped: each column's PPL counts the EOT predictions among its tokens. owt reads val.bin as
-data/openwebtext/prepare.py wrote it, documents packed with an EOT after each, as in training; the other
-sets (aogpt/evalsets.py) append one EOT after each of their documents, concatenate, and cut block_size
-windows that ignore document boundaries, so a window starts mid-document and its conditionals see across
-an EOT into the previous document (SEDD's, RADD's and the paper's pipeline). In PTB a document is one
-sentence, a few dozen tokens, so EOTs, the sentence boundaries, are a few percent of the scored tokens;
-in WikiText a document is a line, in LAMBADA a passage, in LM1B a sentence. MDLM's zero-shot protocol
-wraps its sets without EOS between sequences: its numbers are not this protocol's (docs/sampling.md,
-"Documents").
+End of text (EOT; a char codec's newline) is scored as an ordinary token of the window in every set, never
+skipped; how each set is read and cut into windows across its documents: aogpt/evalsets.py.
 
 The estimators are aogpt/likelihood.py's; each returns a token-weighted sum (sum_nll, n_tokens), so DDP ranks
 all-reduce sums and PPL = exp(sum_nll / n_tokens).
 """
 
 import difflib
-import hashlib
 import math
 import os
 import sys
@@ -57,8 +48,8 @@ import torch
 from aogpt.checkpoint import check_record_path, fingerprint, load_model, record_path, save_record
 from aogpt.configurator import namespace, print_config, stop_on_ctrl_c
 from aogpt.errors import UserError, command, die
-from aogpt.evalsets import EVAL_SETS, load_eval_chunks, parse_revisions
-from aogpt.likelihood import nll_any_order, nll_ensemble, nll_fixed, nll_l2r, nll_order
+from aogpt.evalsets import EVAL_SETS, chunks_fingerprint, load_eval_chunks, parse_paths, parse_revisions
+from aogpt.likelihood import MAX_DRAWS, nll_any_order, nll_ensemble, nll_fixed, nll_l2r, nll_order
 from aogpt.orders import one_block, order_of_config, parse_order
 from aogpt.plot import plot_eval
 from aogpt.runtime import autocast, script_device, start_ranks
@@ -149,6 +140,8 @@ def read_config(argv):
                     ('max_chunks', c.max_chunks >= 0), ('ensemble_mode', c.ensemble_mode in ('fast', 'exact'))):
         if not ok:
             die(f"invalid --{key}={getattr(c, key)!r} (see --help for the valid values)")
+    if c.ensemble > MAX_DRAWS:
+        die(f"--ensemble must be from 0 to {MAX_DRAWS} orderings (each is a forward pass per draw), got {c.ensemble}")
     c.law = None  # the parsed --order, once
     if str(c.order).isdigit():  # the old --orders was this count: never read a number as a distribution
         die(f"--order names the order distribution (e.g. semiar:{c.order}); the orders drawn per chunk are "
@@ -169,7 +162,7 @@ def read_config(argv):
         near = difflib.get_close_matches(unknown[0], EVAL_SETS, n=1)
         die(f"unknown eval set {unknown[0]!r}" + (f" (did you mean {near[0]!r}?)" if near else "") +
             f"; choose from {', '.join(EVAL_SETS)}")
-    c.paths = _parse_paths(c.data_path)
+    c.paths = parse_paths(c.data_path)
     unused = sorted(set(c.paths) - set(c.names))
     if unused:
         die(f"--data_path names {unused} are not in --datasets {c.names}")
@@ -301,7 +294,7 @@ def evaluate_set(model, name, chunks, c, ctx, rank, world, char):
         torch.distributed.all_reduce(t)
     mean = {k: t[2 * i].item() / t[2 * i + 1].item() for i, k in enumerate(keys)}
     row = {'chunks': len(chunks), 'tokens': chunks.numel(), 'source': c.sources.get(name),
-           'data': data_fingerprint(chunks)}
+           'data': chunks_fingerprint(chunks)}
     for k in ('l2r', 'any_order', 'order', 'ensemble'):
         row[k] = {'nll': mean[k], 'ppl': math.exp(mean[k])} if k in cols and k != 'ensemble' else None
     if spec is not None:
@@ -328,16 +321,6 @@ def _kind(model, own=None):
     if not c.causal:
         return 'encoder MDM'
     return {'adaln': 'AO-GPT', 'sigma': 'sigma-GPT', 'none': f"GPT ({own[0] if own else 'L2R'})"}[c.cond]
-
-
-def _parse_paths(spec):
-    paths = {}
-    for item in filter(None, (s.strip() for s in spec.split(','))):
-        if '=' not in item:
-            die(f"--data_path expects name=path[,name=path...], got {item!r}")
-        name, path = item.split('=', 1)
-        paths[name.strip()] = os.path.expanduser(path.strip())
-    return paths
 
 
 def _columns(model, c, char):
@@ -392,12 +375,6 @@ def print_table(model, c, results, skipped, used_ema, codec, n, world):
         print(f"{name:<{w}} {'skipped':>7}")
     for s in _notes(model, c, results):
         print(f"note: {s}")
-
-
-def data_fingerprint(chunks):
-    """A short hash of the token ids scored (every rank's chunks, in order): two records with the same one scored
-    the same tokens, whatever cache, revision or local file they came from; the weights have theirs too."""
-    return hashlib.sha256(chunks.to('cpu', torch.int64).contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 def json_path(c):

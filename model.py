@@ -94,9 +94,8 @@ class GPTConfig:
         self.validate()
 
     def validate(self):
-        """Raise ValueError naming the first field that cannot make a model, and the values it may take: the one
-        check of a model's shape and switches (GPT(config) calls it again: a config may be edited after it was
-        made). Errors, not asserts, so that `python -O` keeps them and the scripts can turn them into one line."""
+        """Raise ValueError naming the first field that cannot make a model and the values it may take (GPT(config)
+        checks again: a config may be edited); errors, not asserts, so `python -O` keeps them as one line each."""
         def need(ok, key, what):
             if not ok:
                 raise ValueError(f"{key} must be {what}, got {getattr(self, key)!r}")
@@ -117,9 +116,13 @@ class GPTConfig:
         need(self.qkv_bias in (None, True, False), 'qkv_bias', "True, False or None (as bias)")
         for k in ('rope_theta', 'norm_eps'):
             need(isinstance(getattr(self, k), numbers.Real) and 0 < getattr(self, k) < math.inf, k, "a number > 0")
-        need(self.rope_scaling is None or (isinstance(self.rope_scaling, dict) and set(self.rope_scaling) == set(
-            LLAMA3_KEYS) and all(isinstance(v, numbers.Real) for v in self.rope_scaling.values())), 'rope_scaling',
-             f"None or Llama 3's dict of numbers {', '.join(LLAMA3_KEYS)}")
+        r = self.rope_scaling if isinstance(self.rope_scaling, dict) else {}  # Llama 3's law: rotary divides by each
+        law = set(r) == set(LLAMA3_KEYS) and all(isinstance(v, numbers.Real) and not isinstance(v, bool) and
+                                                  math.isfinite(v) for v in r.values())
+        law = law and r['factor'] >= 1 and 0 < r['low_freq_factor'] < r['high_freq_factor']
+        law = law and is_int(r['original_max_position_embeddings']) and r['original_max_position_embeddings'] >= 1
+        need(self.rope_scaling is None or law, 'rope_scaling', "None or Llama 3's dict: factor >= 1, 0 < "
+             "low_freq_factor < high_freq_factor, original_max_position_embeddings an integer >= 1")
         need(isinstance(self.dropout, numbers.Real) and 0 <= self.dropout < 1, 'dropout', "in [0, 1)")
         need(self.cond in ('adaln', 'sigma', 'none'), 'cond', "'adaln', 'sigma' or 'none'")
         need(self.norm in ('rms', 'layer'), 'norm', "'rms' or 'layer'")
@@ -676,9 +679,8 @@ def adapted_start(config, name, value):
 # ---------------------------------------------------------------------- helpers shared by the scripts
 
 def _check_ids(name, x, shape=None):
-    """forward's inputs, idx (B, n) and order / targets of its shape, are integer tensors: a wrong one is one
-    line naming it, not a dtype error from deep inside an embedding, gather or cross-entropy. (The values are
-    not looked at: that would cost a device sync every call.)"""
+    """forward's inputs, idx (B, n) and order / targets of its shape, are integer tensors: a wrong one is one line
+    naming it, not a dtype error from deep inside an embedding or gather (values unread: a device sync a call)."""
     if x is None and shape is not None:
         return
     ok = torch.is_tensor(x) and not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
@@ -689,8 +691,7 @@ def _check_ids(name, x, shape=None):
 
 
 def strip_prefixes(sd):
-    """A state dict's parameter names without the wrappers' prefixes, '_orig_mod.' (torch.compile) and
-    'module.' (DDP), wherever they are: the names GPT itself gives."""
+    """A state dict's names without torch.compile's '_orig_mod.' and DDP's 'module.', wherever they are: GPT's own."""
     return {k.replace('_orig_mod.', '').replace('module.', ''): v for k, v in sd.items()}
 
 

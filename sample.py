@@ -61,8 +61,9 @@ fused = False              # speculative: one forward call a round (the next dra
 stepper = 'dynamic'        # forward calls: dynamic | static (fixed padded shapes) | cuda_graph (static, replayed)
 cache_trick = True         # encoder MDM: a step that reveals nothing reuses the last pass (MDLM)
 mdm_counts = 'shared'      # encoder MDM: shared (one count per step for the batch) | independent (per sample)
-gen_ppl = ''               # judge: a checkpoint of ours (any --ckpt form), or HF GPT-2 (a dir or hf:owner/repo)
-gen_ppl_mode = 'auto'      # none: all n scored after [None]; hf: no BOS, token 0 unscored; auto: hf for HF
+gen_ppl = ''               # judge: a checkpoint of ours (any --ckpt form), or a Hugging Face model (a folder or
+                           # hf:owner/repo): GPT-2, or a Llama, Mistral, Qwen2 or Qwen3 with its tokenizer.json
+gen_ppl_mode = 'auto'      # none: all n scored after [None]; hf: no BOS, token 0 unscored; auto: hf for an HF GPT-2
 judge_batch_size = 16      # judge forward batch, >= 1
 trace = ''                 # write an HTML page of how each sample (of the last batch) filled in, step by step
 save = ''                  # write the samples (ids, text) and stats as JSON to this file (its folder must exist)
@@ -79,20 +80,28 @@ until_eot = False          # each sample is its first document, cut at its first
 _BLANK = re.compile(r'\[BLANK(?::([^\[\]]*))?\]')
 
 
-def encode_template(text, codec, blank_len):
+def encode_template(text, codec, blank_len, limit=None):
     """Template text -> ids with -1 for each position to fill. `[BLANK]` is blank_len tokens and
     `[BLANK:k]` is k tokens, k >= 1. Whitespace before a blank is left to the blank: with GPT-2's BPE a
     word carries its leading space, so "The [BLANK] sat" gives "The", k free tokens, " sat". A malformed
-    blank ([BLANK:-2], [BLANK:x], an unclosed [BLANK) is an error, never kept as literal text."""
+    blank ([BLANK:-2], [BLANK:x], an unclosed [BLANK) is an error, never kept as literal text. limit: the
+    most tokens the template may take (the model's window), checked before a blank's positions are made (a
+    [BLANK:9999999999] would fill the memory first)."""
     if blank_len < 1:
         raise ValueError(f"--blank_len must be >= 1, got {blank_len}")
     ids, at = [], 0
     for m in _BLANK.finditer(text):
-        k = blank_len if m.group(1) is None else int(m.group(1)) if m.group(1).isdigit() else 0
+        digits = m.group(1)
+        k = blank_len if digits is None else int(digits) if digits.isdigit() and len(digits) < 19 else \
+            2 ** 63 if digits.isdigit() else 0  # 19 digits and more: past any window (and int64)
         if k < 1:
             raise ValueError(f"{m.group(0)}: a blank is [BLANK] or [BLANK:k] with k >= 1 tokens")
         piece = text[at:m.start()].rstrip()
-        ids += (codec.encode(piece) if piece else []) + [-1] * k
+        ids += codec.encode(piece) if piece else []
+        if limit is not None and len(ids) + k > limit:
+            what = m.group(0) if digits else f"[BLANK] (--blank_len {blank_len})"
+            raise ValueError(f"the template is too long: {what} takes it past the model's block_size, {limit} tokens")
+        ids += [-1] * k
         at = m.end()
     if '[BLANK' in text[at:] or any('[BLANK' in text[a:b] for a, b in _gaps(text)):
         raise ValueError("an unclosed or malformed [BLANK in the template: write [BLANK] or [BLANK:k]")
@@ -246,7 +255,7 @@ def layout(c, codec, block_size, family):
     if c.template and (c.prompt or c.suffix):
         die("use either --template or --prompt/--suffix, not both")
     try:
-        lay = encode_template(c.template, codec, c.blank_len) if c.template else []
+        lay = encode_template(c.template, codec, c.blank_len, block_size) if c.template else []
     except ValueError as e:
         die(f"--template: {e}")
     if 'blank_len' in c.given and c.template and all(m.group(1) is not None for m in _BLANK.finditer(c.template)):

@@ -247,7 +247,9 @@ def read_windows(split, starts):
         fail(f"{path} now holds {len(data):,} tokens, fewer than the {n_train if split == 'train' else n_val:,} it "
              f"held when the run started: it was replaced or cut mid-run; put the full file back and continue with "
              f"--init_from=auto" + (f" (the last checkpoint is iteration {last_saved[1]})" if last_saved else ""))
-    windows = np.stack([data[s:s + block_size] for s in starts])
+    # one gather (B, n) from a view of every window: a batch past the memory fails in the allocator at once (a
+    # MemoryError: the out-of-memory line), where a list of B slices filled the memory first
+    windows = np.lib.stride_tricks.sliding_window_view(data, block_size)[np.asarray(starts, dtype=np.int64)]
     top = int(windows.max())
     if top >= data_vocab:  # a hand-made bin: such an id would train the padding rows, or be the mask
         fail(f"{path} holds token id {top}, but its codec (meta.json) has {data_vocab} "
@@ -318,7 +320,7 @@ def order_at(it):
 def train_micro_batch(it, m, law):
     """Global micro-step m of iteration it: a pure function of (seed, it, m), whatever the world size."""
     cpu_gen.manual_seed(seed_for(it, m, 0))
-    starts = torch.randint(n_train - block_size + 1, (batch_size,), generator=cpu_gen).tolist()
+    starts = torch.randint(n_train - block_size + 1, (batch_size,), generator=cpu_gen).numpy()
     x = read_windows('train', starts)
     dev_gen.manual_seed(seed_for(it, m, 1))
     s = seed_for(it, m, 2)  # dropout draws from the default generators

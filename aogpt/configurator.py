@@ -129,13 +129,19 @@ def _parse_value(text, typ, nullable):
 
 def _help_text(g, defaults):
     """`--help`: the script's docstring, then each key, its default and its source comment."""
-    comments = {}
+    comments, key = {}, None
     path = g.get('__file__')
     if path and os.path.exists(path):
         for line in open(path):
             m = re.match(r'^(\w+)\s*(?::[^=]*)?=\s*.*?#\s*(.*)$', line)
+            more = re.match(r'^\s+#\s*(.*)$', line)  # a comment carried on under the key's own
             if m and m.group(1) in defaults:
-                comments[m.group(1)] = m.group(2).strip()
+                key = m.group(1)
+                comments[key] = m.group(2).strip()
+            elif more and key:
+                comments[key] += ' ' + more.group(1).strip()
+            else:
+                key = None
     out = []
     doc = (g.get('__doc__') or '').strip()
     if doc:

@@ -61,10 +61,10 @@ def die(msg, code=1):
 
 
 def out_of_memory(e):
-    """Whether e is torch running out of memory: a GPU's OutOfMemoryError, or the CPU allocator's failure (a
-    RuntimeError of its own wording)."""
+    """Whether e is running out of memory: a GPU's OutOfMemoryError, torch's CPU allocator's failure (a
+    RuntimeError of its own wording), or Python's and numpy's MemoryError (a batch gathered on the host)."""
     torch = sys.modules.get('torch')  # nothing to ask if torch was never imported
-    return ((torch is not None and isinstance(e, torch.OutOfMemoryError))
+    return ((torch is not None and isinstance(e, torch.OutOfMemoryError)) or isinstance(e, MemoryError)
             or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e)))
 
 
@@ -79,7 +79,7 @@ def command(main):
             return main(*args, **kwargs)
         except UserError as e:
             die(e.msg, e.code)
-        except RuntimeError as e:
+        except (RuntimeError, MemoryError) as e:
             if not out_of_memory(e):
                 raise
             die(f"out of memory ({first_line(e, 160)}): run with smaller batches (this command's --batch_size, and "

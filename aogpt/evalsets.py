@@ -25,6 +25,14 @@ Where the data comes from (name: HF dataset, or local copy via path=):
            with wiki.test.raw), e.g. lambada_test.jsonl for lambada.
   owt      data/openwebtext/val.bin written by data/openwebtext/prepare.py (or path= to a .bin / dir); its
            documents are decoded and encoded again when the model's codec is not the bin's.
+What it means for the scores: the EOT after each document is scored as an ordinary token of its window, never
+skipped, so each PPL counts the EOT predictions among its tokens. owt's val.bin packs documents with an EOT after
+each, as in training; the other sets' windows ignore document boundaries, so a window starts mid-document and its
+conditionals see across an EOT into the previous document (SEDD's, RADD's and the paper's pipeline). In PTB a
+document is one sentence, a few dozen tokens, so EOTs, the sentence boundaries, are a few percent of the scored
+tokens. MDLM's zero-shot protocol wraps its sets without EOS between sequences: its numbers are not this
+protocol's (docs/sampling.md, "Documents").
+
 Without network and without a local copy, loading raises UserError: one line naming the path= option,
 at once (we ask huggingface_hub whether its endpoint answers within ~1.5 s and switch the HF libraries to
 offline mode if not, instead of letting them retry for ~20 s).
@@ -312,6 +320,26 @@ def parse_revisions(spec):
                             f"those are {', '.join(hub_sets)}")
         revs[name] = rev
     return revs
+
+
+def parse_paths(spec):
+    """'wikitext2=/data/wiki.test.raw,lambada=l.jsonl' -> {name: path}: eval_ppl.py's --data_path, local copies
+    of sets instead of the hub's."""
+    paths = {}
+    for item in filter(None, (s.strip() for s in spec.split(','))):
+        if '=' not in item:
+            raise UserError(f"--data_path expects name=path[,name=path...], got {item!r}")
+        name, path = item.split('=', 1)
+        paths[name.strip()] = os.path.expanduser(path.strip())
+    return paths
+
+
+def chunks_fingerprint(chunks):
+    """A short hash of the token ids scored (every rank's chunks, in order): two records with the same one scored
+    the same tokens, whatever cache, revision or local file they came from; the weights have theirs too."""
+    import hashlib
+    import torch
+    return hashlib.sha256(chunks.to('cpu', torch.int64).contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------------------------- chunking

@@ -84,11 +84,55 @@ def _rope(hf, where):
     return theta, {k: scaling[k] for k in LLAMA3_KEYS}
 
 
+# Each family's config.json keys that size the block: integers >= 1 (None: the class's default, where it has one),
+# and numbers; and the key each GPTConfig field is read from, so that a value the block cannot take is named as the
+# source's config.json spells it (JSON's 32.0 or "32" reached GPTConfig as a TypeError, or a ValueError naming ours)
+SIZES = {'gpt2': ('n_positions', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'n_inner'),
+         'rotary': ('max_position_embeddings', 'vocab_size', 'num_hidden_layers', 'num_attention_heads', 'hidden_size',
+                    'num_key_value_heads', 'head_dim', 'intermediate_size')}
+NUMBERS = {'gpt2': ('layer_norm_epsilon',), 'rotary': ('rms_norm_eps', 'rope_theta')}
+FIELD_KEYS = {'gpt2': dict(zip(('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'mlp_hidden', 'norm_eps'),
+                               SIZES['gpt2'][:6] + NUMBERS['gpt2'])),
+              'rotary': dict(zip(('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'n_kv_head', 'head_dim',
+                                  'mlp_hidden', 'norm_eps', 'rope_theta'), SIZES['rotary'] + NUMBERS['rotary']))}
+
+
+def check_sizes(hf, where=''):
+    """config.json's sizes and numbers, as the block needs them: one line naming the key and the folder."""
+    kind = 'gpt2' if hf['model_type'] == 'gpt2' else 'rotary'
+    params = hf.get('rope_parameters') if isinstance(hf.get('rope_parameters'), dict) else {}
+    for key in SIZES[kind]:
+        v = hf.get(key)
+        if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            raise UserError(f"{where}config.json: {key}={v!r} must be an integer >= 1 for this block")
+    for key in NUMBERS[kind]:
+        v = params.get(key, hf.get(key))
+        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float('inf')):
+            raise UserError(f"{where}config.json: {key}={v!r} must be a number > 0 for this block")
+
+
+def source_config(hf, args, where='', **overrides):
+    """GPTConfig(**args, **overrides) of a source's config.json (hf_config's args), or the line that names the
+    config.json key whose value the block cannot take (an override's own ValueError is the caller's)."""
+    try:
+        return GPTConfig(**dict(args, **overrides))
+    except ValueError as e:
+        field = str(e).split()[0]
+        if field in overrides:
+            raise
+        key = FIELD_KEYS['gpt2' if hf['model_type'] == 'gpt2' else 'rotary'].get(field)
+        if field == 'rope_scaling':
+            key = 'rope_parameters' if isinstance(hf.get('rope_parameters'), dict) else 'rope_scaling'
+        shown = f"{key}={hf.get(key)!r}" if key in hf else f"its {key or field}"
+        raise UserError(f"{where}config.json: {shown} cannot make this block ({e})") from None
+
+
 def hf_config(hf, where=''):
     """GPTConfig arguments of a source's config.json (cond='none': the source itself), and [None]'s token id and
     which config field gave it."""
     f = lambda key, default=KeyError: _field(hf, key, default, where)  # noqa: E731
     family = hf['model_type']
+    check_sizes(hf, where)
     for key in ('attn_logit_softcapping', 'final_logit_softcapping', 'num_experts', 'num_local_experts'):
         if hf.get(key):
             _refuse(where, key, hf[key], "changes the function (soft caps, a mixture of experts)")
@@ -228,12 +272,20 @@ class _Slices:
         return self.handle.get_slice(self.name)[index]
 
 
-def source_rows(folder, state_dict=None, doc_end=None, hash_files=True, **overrides):
+def _equal(a, b, rows=4096):
+    """Whether two of their tensors are equal bit for bit, read rows at a time (an embedding of 150k rows is not read
+    whole)."""
+    return tuple(a.shape) == tuple(b.shape) and all(torch.equal(a[i:i + rows], b[i:i + rows])
+                                                    for i in range(0, a.shape[0], rows))
+
+
+def source_rows(folder, state_dict=None, doc_end=None, hash_files=True, say=print, **overrides):
     """(config, record, rows): the source's GPTConfig (cond='none'), its record (hf_source's), and {each of our
     parameters' names: rows(a, b), its rows [a, b) read from their tensors}, which reads only those rows of the files
     (a sharded model's rank asks for its own: aogpt/parallel.py). Every one of their tensors is checked first, by name
     and shape from the files' headers: a missing, extra or misshapen one is a UserError naming it. state_dict: their
-    tensors already in memory; hash_files: whether the record gets each file's sha256 (reading every byte)."""
+    tensors already in memory; hash_files: whether the record gets each file's sha256 (reading every byte); say:
+    where a note goes (a tied head that the weights untie)."""
     hf = read_config(folder)
     where = os.path.join(folder, '')
     family = hf['model_type']
@@ -242,13 +294,21 @@ def source_rows(folder, state_dict=None, doc_end=None, hash_files=True, **overri
         if not 0 <= doc_end < args['vocab_size']:
             raise UserError(f"{where}: the documents' end id {doc_end} is not one of its {args['vocab_size']} rows")
         none_id, none_from = doc_end, 'doc_end'
-    cfg = GPTConfig(**dict(args, **overrides))
+    cfg = source_config(hf, args, where, **overrides)
     theirs, sha = (dict(state_dict), None) if state_dict is not None else open_weights(folder, hash_files)
     if family == 'gpt2':  # with or without the 'transformer.' prefix; the causal-mask buffers are not weights
         theirs = {k.removeprefix('transformer.'): v for k, v in theirs.items()
                   if not k.endswith(('.attn.bias', '.attn.masked_bias'))}
     else:
         theirs = {k: v for k, v in theirs.items() if not k.endswith('rotary_emb.inv_freq')}
+    head = theirs.get('lm_head.weight')
+    emb = theirs.get('wte.weight' if family == 'gpt2' else 'model.embed_tokens.weight')
+    if cfg.tie_head and head is not None and emb is not None and not _equal(head, emb):
+        # config.json ties them, but the file holds another head: transformers keeps it, untied (with a warning), so
+        # the source is that model; dropping the head would load another one
+        cfg = source_config(hf, dict(args, tie_head=False), where, **overrides)
+        say(f"note: {where}config.json ties the head to the embedding (tie_word_embeddings), but its weights hold "
+            f"another lm_head.weight: loaded untied, as transformers loads it")
     if cfg.tie_head:
         theirs.pop('lm_head.weight', None)  # a tied head is the embedding (some files store the copy)
     with torch.device('meta'):
@@ -291,14 +351,15 @@ def _read_rows(how, parts, a, b):
     return torch.cat(out) if len(out) > 1 else out[0] if out else parts[0][0:0]
 
 
-def hf_source(folder, state_dict=None, doc_end=None, **overrides):
+def hf_source(folder, state_dict=None, doc_end=None, say=print, **overrides):
     """The source model (cond='none'), and its record {family, folder, revision (a hub snapshot's commit, else None),
     none_id, none_from, weights_sha256: {file: sha256} (None when state_dict was given)}. Built on the meta device
     and filled from source_rows (every tensor checked there): no draws, no second copy. doc_end: the id that ends
     the data's documents, which [None] takes where the source has no BOS (a Qwen whose config.json names a chat
     turn's end as its eos, trained on data ended by <|endoftext|>); none_from then says 'doc_end'. overrides:
-    GPTConfig keys (block_size may shrink the context; dropout and the like)."""
-    cfg, source, rows = source_rows(folder, state_dict, doc_end, **overrides)
+    GPTConfig keys (block_size may shrink the context; dropout and the like). say: where a note goes (a tied head
+    that the weights untie)."""
+    cfg, source, rows = source_rows(folder, state_dict, doc_end, say=say, **overrides)
     with torch.device('meta'):
         model = GPT(cfg)
     materialise(model, 'cpu', rows.items())

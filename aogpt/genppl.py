@@ -148,19 +148,19 @@ def unigram_entropy(tokens):
 def load_judge(path, device, samples_codec=None):
     """A judge model, its codec, and whether it is an HF GPT-2 folder, which alone can take the HF GPT-2 recipe
     (mode 'hf'). A Hugging Face folder (local or hf:) goes through the one loader (families.hf_source: every tensor
-    checked) with its own codec: GPT-2's BPE, or the folder's tokenizer.json (a Llama or Qwen judge, whose [None]
-    is its BOS or document separator, scores every token from it: mode 'none'). Where the samples were drawn in
-    that same tokenizer.json (samples_codec: a model trained from this source), the judge ends documents where
-    they do (their eot: a Qwen's <|endoftext|>, not the <|im_end|> its config.json names). Else a checkpoint of
-    ours."""
+    checked) with its own codec: GPT-2's BPE, or the folder's tokenizer.json (a GPT-2 of another vocabulary, a
+    Llama or Qwen judge, whose [None] is its BOS or document separator, scores every token from it: mode 'none').
+    Where the samples were drawn in that same tokenizer.json (samples_codec: a model trained from this source), the
+    judge ends documents where they do (their eot: a Qwen's <|endoftext|>, not the <|im_end|> its config.json
+    names). Else a checkpoint of ours."""
     from aogpt.checkpoint import is_export, load_model, resolve_path
     from aogpt.errors import UserError
     from aogpt.families import load_hf, read_config
     from aogpt.startup import hf_folder
-    from aogpt.tokenizer import TOKENIZER_FILE, folder_codec, gpt2_codec
+    from aogpt.tokenizer import TOKENIZER_FILE, folder_codec, gpt2_codec, is_gpt2_vocabulary
     where = hf_folder(path) if path.startswith('hf:') else resolve_path(path)
     if where is not None and os.path.isdir(where) and not is_export(where):
-        if read_config(where)['model_type'] == 'gpt2':
+        if read_config(where)['model_type'] == 'gpt2' and is_gpt2_vocabulary(where):  # else its tokenizer.json, below
             return load_hf(where).to(device).eval(), gpt2_codec(), True
         if not os.path.isfile(os.path.join(where, TOKENIZER_FILE)):
             raise UserError(f"judge {path} holds no {TOKENIZER_FILE}, so nothing says which text its ids are: a "

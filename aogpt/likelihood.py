@@ -18,6 +18,11 @@ from torch.nn import functional as F
 
 from aogpt.orders import UNIFORM, draw_orders, random_orders
 
+# The most orders, context orderings or masks a command draws per request or chunk (eval_harness.py's orders:K,
+# ensemble:M and --mc, eval_ppl.py's --ensemble): each is a forward pass, and its rows are held until they run, so
+# a count past this is a typo (ensemble:1e20 grew its memory for minutes) or a run of days, not a finer estimate.
+MAX_DRAWS = 4096
+
 # ----------------------------------------------------------------------------------------------- the MDM's draws
 # (what train.py, valloss.py and the ELBO estimators below corrupt a batch with)
 

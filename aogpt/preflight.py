@@ -36,6 +36,69 @@ from model import GPTConfig, config_fields
 # a decoder's order settings (the encoder MDM reads none)
 ORDER_KEYS = ('order', 'l2r_frac_end', 'l2r_frac_iters', 'order_warmup', 'order_warmup_iters')
 
+# Which models read each key: every GPTConfig field and every train.py key, by the formulation (AO-GPT, sigma-GPT,
+# GPT, encoder MDM) and the block (learned or rotary positions, a GELU or SwiGLU MLP) that reads it. A key given on
+# purpose to a model that never reads it is refused in one line (check_model): it would be recorded in the checkpoint
+# and the card and change nothing. A new key joins a row (tests/test_train.py fails until it does); one every model
+# reads goes in 'every'. Other conditions (the optimizer, the order distribution) are checked beside: OPTIMIZER_KEYS,
+# check_orders.
+READERS = {  # reader: (whether a model, as its GPTConfig arguments, reads it; what reads it)
+    'every': (lambda m: True, "every model"),
+    'adaln': (lambda m: m['cond'] == 'adaln', "AO-GPT's AdaLN (cond='adaln')"),
+    'target': (lambda m: m['cond'] != 'none', "a target conditioning (cond='adaln' or 'sigma')"),
+    'draws': (lambda m: m['cond'] != 'none' or not m['causal'], "a model scored on drawn orders or masks (cond="
+              "'adaln' or 'sigma', or the encoder MDM); a GPT's evals are left to right or its fixed order"),
+    'decoder': (lambda m: m['causal'], "a decoder (causal=True): the encoder MDM trains on random masks, not orders"),
+    'encoder': (lambda m: not m['causal'], "the encoder MDM (causal=False)"),
+    'rope': (lambda m: m['pos'] == 'rope', "rotary positions (pos='rope')"),
+    'gelu': (lambda m: m['mlp'] == 'gelu', "the GELU MLP (mlp='gelu'; SwiGLU's is silu)"),
+}
+READ_BY = {
+    'every': ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'dropout', 'bias', 'causal', 'cond', 'norm',
+              'qk_norm', 'tie_head', 'head_bias', 'pos', 'mlp', 'mlp_hidden', 'n_kv_head', 'head_dim', 'norm_eps',
+              'qkv_bias', 'loss_chunk',  # GPTConfig's; then train.py's
+              'out_dir', 'init_from', 'init_ema', 'eval_interval', 'eval_iters', 'eval_ema', 'eval_only',
+              'log_interval', 'progress', 'ckpt_interval', 'keep_ckpt_every', 'always_save_checkpoint', 'wandb_log',
+              'wandb_project', 'wandb_run_name', 'wandb_mode', 'dataset', 'data_root', 'gradient_accumulation_steps',
+              'batch_size', 'optimizer', 'learning_rate', 'max_iters', 'weight_decay', 'beta1', 'beta2', 'grad_clip',
+              'decay_lr', 'warmup_iters', 'lr_decay_iters', 'min_lr', 'muon_lr', 'muon_dtype', 'ema_decay', 'device',
+              'dtype', 'compile', 'fsdp', 'activation_checkpointing', 'peak_flops', 'seed'),
+    'adaln': ('target_dim', 'adaln_table', 'adaln_init', 'target_std', 'adaln_std', 'muon_adaln'),
+    'target': ('target_lr_scale',),
+    'draws': ('eval_orders',),
+    'decoder': ORDER_KEYS,
+    'encoder': ('mask_token_id',),
+    'rope': ('rope_theta', 'rope_scaling'),
+    'gelu': ('gelu',),
+}
+
+
+def model_reads(key, model):
+    """Whether a model (its GPTConfig arguments) reads this key (READ_BY)."""
+    return next(READERS[r][0](model) for r, keys in READ_BY.items() if key in keys)
+
+
+def describe(model):
+    """A model in the words a line refusing a key uses: its formulation, positions and MLP."""
+    kind = ('the encoder MDM' if not model['causal'] else {'adaln': 'an AO-GPT', 'sigma': 'a sigma-GPT',
+                                                              'none': 'a GPT'}[model['cond']])
+    return (f"{kind} (causal={model['causal']}, cond={model['cond']!r}) with {model['pos']} positions and a "
+            f"{model['mlp']} MLP")
+
+
+def check_read(model, cfg, given):
+    """A key given on purpose that this model never reads (READ_BY): one line naming it, what reads it, and the
+    model (an adaptation's: the source adapted into the run's cond). given: the keys the config files and command
+    line set."""
+    for reader, keys in READ_BY.items():
+        reads, who = READERS[reader]
+        unread = [k for k in keys if k in given and not reads(model)]
+        if unread:
+            one = len(unread) == 1
+            raise UserError(f"{', '.join(f'{k}={cfg[k]!r}' for k in unread)}: read only by {who}, and this run trains "
+                            f"{describe(model)}, so {'it' if one else 'they'} would be recorded and change nothing; "
+                            f"leave {'it' if one else 'them'} out")
+
 
 def check_config(cfg, given=()):
     """Every key is checked here, before anything is read or written: a bad value costs one line, not a run.
@@ -51,6 +114,7 @@ def check_config(cfg, given=()):
     for k in ('ckpt_interval', 'keep_ckpt_every', 'warmup_iters', 'lr_decay_iters', 'l2r_frac_iters',
               'order_warmup_iters'):
         need(cfg[k] >= 0, k, "an integer >= 0")
+    micro_batch_fits(cfg['batch_size'], cfg['block_size'])
     for k in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip', 'peak_flops', 'muon_lr'):
         need(0 <= cfg[k] < math.inf, k, "a number >= 0")
     need(not cfg['decay_lr'] or cfg['min_lr'] <= cfg['learning_rate'], 'min_lr',
@@ -97,6 +161,22 @@ def check_config(cfg, given=()):
     return order
 
 
+def micro_batch_fits(batch_size, block_size):
+    """A micro-batch is gathered on the host as int64 ids before it goes anywhere: one whose ids alone pass this
+    machine's memory can never be read, so it is refused before anything is (the gather itself would fail in the
+    allocator, but only after the first eval)."""
+    try:
+        ram = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    except (ValueError, OSError, AttributeError):  # not a POSIX system that says: the gather's own line remains
+        return
+    need = batch_size * block_size * 8
+    if need > ram:
+        raise UserError(f"batch_size {batch_size:,} x block_size {block_size:,} tokens a micro-step: their ids alone "
+                        f"take {need / 2 ** 30:,.0f} GiB as int64, more than this machine's {ram / 2 ** 30:,.0f} GiB "
+                        f"of memory; lower batch_size and raise gradient_accumulation_steps as much (the same tokens "
+                        f"per step)")
+
+
 def check_data(cfg, say=print):
     """The dataset's token files (train.bin, val.bin: ids in the dtype meta.json records, aogpt/bins.py) and codec,
     checked before the model is built: returns (its directory, its codec, train tokens, val tokens)."""
@@ -131,13 +211,10 @@ def check_data(cfg, say=print):
 
 def check_model(model_args, cfg, order, data_vocab, data_dir, given=()):
     """The model against the data it will read, the orders it will train on (order: check_config's) and the
-    settings given for it (given: the keys the config files and command line set: an order setting this model and
-    order never read is refused, not trained around bit-identically, and so is muon_adaln for a model without
-    AdaLN)."""
+    settings given for it (given: the keys the config files and command line set: a key this model (check_read) or
+    order (check_orders) never reads is refused, not trained around bit-identically)."""
+    check_read(model_args, cfg, given)
     check_orders(model_args['causal'], cfg, order, given)
-    if 'muon_adaln' in given and model_args['cond'] != 'adaln':
-        raise UserError(f"muon_adaln places the AdaLN Linears, but this model has none (cond={model_args['cond']!r}): "
-                        f"leave muon_adaln out")
     if data_vocab > model_args['vocab_size']:
         raise UserError(f"{cfg['dataset']} has {data_vocab} token ids but the model only {model_args['vocab_size']}")
     if not model_args['causal'] and model_args['mask_token_id'] < data_vocab:
@@ -147,25 +224,17 @@ def check_model(model_args, cfg, order, data_vocab, data_dir, given=()):
                         "vocab_size)")
     if cfg['block_size'] > model_args['block_size']:
         raise UserError(f"block_size {cfg['block_size']} > the model's {model_args['block_size']}")
-    if model_args['cond'] == 'none' and cfg['target_lr_scale'] != 1:
-        raise UserError(f"target_lr_scale={cfg['target_lr_scale']} scales the target conditioning's learning rate, "
-                        f"but this model (cond='none') has none: leave it out, or set cond='adaln' or 'sigma'")
-    if model_args['causal'] and model_args['cond'] == 'none' and (cfg['order_warmup'] or not
-                                                                  (order.is_l2r or order.fixed)):
+    if model_args['causal'] and model_args['cond'] == 'none' and (cfg['order_warmup'] or not (
+            order.is_l2r or order.fixed) or cfg['l2r_frac_end'] is not None):  # a schedule mixes random orders in
         raise UserError("a GPT (cond='none') is never told which position to predict, so it cannot train on random "
                         "orders: use order='l2r' (or a fixed order, fixed:S), or cond='adaln' / 'sigma'")
 
 
 def check_orders(causal, cfg, order, given):
-    """An order setting given on purpose that the run would ignore: for the encoder MDM every one (it trains on
-    random masks, and `causal` is the model's, a resumed checkpoint's too), for a decoder the L2R-weight schedule
-    when its order has no such weight (only random, l2r and their mixes do), or its length without its end."""
+    """An order setting given on purpose that a decoder's run would ignore (the encoder MDM reads none of them:
+    check_read): the L2R-weight schedule when its order has no such weight (only random, l2r and their mixes do),
+    or its length without its end."""
     if not causal:
-        keys = [k for k in ORDER_KEYS if k in given]
-        if keys:
-            raise UserError(f"{', '.join(keys)}: the encoder MDM (causal=False) trains on random masks, not orders, "
-                            f"so {'it' if len(keys) == 1 else 'they'} would be ignored; leave "
-                            f"{'it' if len(keys) == 1 else 'them'} out")
         return
     if cfg['order_warmup'] and order.fixed:
         raise UserError(f"order_warmup={cfg['order_warmup']!r} would be ignored: a run on a fixed order "

@@ -87,6 +87,17 @@ def forget_run(out_dir):
             os.remove(path)
 
 
+def model_type(folder):
+    """The model_type a folder's config.json names where it is a Hugging Face model's (transformers writes one), else
+    None (no config.json, not JSON, an export of ours)."""
+    try:
+        with open(os.path.join(folder, 'config.json')) as f:
+            kind = json.load(f).get('model_type')
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) and not is_export(folder) else None
+
+
 def claim_out_dir(out_dir, init_from, eval_only):
     """Make out_dir, lock it, and prove it writable, all before the first step: a run must not learn at its
     first checkpoint that it cannot save one, nor share its directory with another live run, nor start over another
@@ -99,6 +110,12 @@ def claim_out_dir(out_dir, init_from, eval_only):
         raise UserError(f"out_dir {out_dir} is an export folder (export.py's config.json + model.safetensors), not a "
                         f"run directory, so there is no run to resume and no room for a new one: to train on from "
                         f"these weights, fine-tune into a new run with --init_from={out_dir} --out_dir=<a new folder>")
+    source = model_type(out_dir)
+    if source and not os.path.exists(os.path.join(out_dir, CKPT_NAME)):
+        # the run's ckpt.pt beside the source's files would make the folder a run directory: --init_from of it
+        # would then mean the trained run, no longer the source it names
+        raise UserError(f"out_dir {out_dir} is a Hugging Face model folder (its config.json: a {source}), not a run "
+                        f"directory: train into a new folder, e.g. --init_from={out_dir} --out_dir=<a new folder>")
     made = not os.path.exists(out_dir)
     try:
         os.makedirs(out_dir, exist_ok=True)

@@ -25,7 +25,7 @@ from aogpt.checkpoint import (CKPT_NAME, checkpoint_codec, is_export, load_check
 from aogpt.errors import UserError
 from aogpt.families import hf_source, open_weights, read_config, source_rows
 from aogpt.orders import new_spelling
-from aogpt.tokenizer import TOKENIZER_FILE, TOKENIZERS, folder_codec, gpt2_codec
+from aogpt.tokenizer import TOKENIZER_FILE, TOKENIZERS, folder_codec, gpt2_codec, is_gpt2_vocabulary
 from model import GPTConfig, adapt, adapted_config, config_fields, strip_prefixes
 
 
@@ -87,16 +87,17 @@ def _fine_tune(cfg, given, codec, data_dir, init_from, say, lazy):
     paper's released ones)."""
     hf_dir = hf_folder(init_from)
     gpt2 = hf_dir is not None and read_config(hf_dir)['model_type'] == 'gpt2'
+    bpe = gpt2 and is_gpt2_vocabulary(hf_dir)  # GPT-2's ids: tiktoken's codec; a tokenizer.json of its own is read
     src = weights = None
     if hf_dir is not None:  # the source itself (cond='none'), then the same path as any: by default into the run's cond
-        theirs = gpt2_codec() if gpt2 else source_tokenizer(hf_dir, codec, data_dir, init_from)
-        doc_end = None if theirs is None or gpt2 else theirs.eot
+        theirs = gpt2_codec() if bpe else source_tokenizer(hf_dir, codec, data_dir, init_from)
+        doc_end = None if theirs is None or bpe else theirs.eot
         if lazy:  # each parameter's rows, read where a rank asks for them
-            config, source, weights = source_rows(hf_dir, doc_end=doc_end)
+            config, source, weights = source_rows(hf_dir, doc_end=doc_end, say=say)
         else:
-            src, source = hf_source(hf_dir, doc_end=doc_end)
+            src, source = hf_source(hf_dir, doc_end=doc_end, say=say)
             config = src.config
-        if theirs is not None and not gpt2:  # GPT-2's [None] is its bos_token_id, as before (its codec is tiktoken's)
+        if theirs is not None and not bpe:  # GPT-2's [None] is its bos_token_id, as before (its codec is tiktoken's)
             check_none(source, theirs, init_from)
         used_ema, path = None, hf_dir
         given = set(given) | {'cond'}

@@ -95,6 +95,36 @@ def gpt2_encoding():
                              special_tokens={"<|endoftext|>": GPT2_EOT}, explicit_n_vocab=GPT2_VOCAB)
 
 
+def byte_chars():
+    """{byte: the character a byte-level BPE's tokenizer.json writes it as}: the printable Latin-1 bytes as
+    themselves, every other byte as chr(256 + n) in byte order (GPT-2's convention, which tokenizers keeps)."""
+    keep = [b for b in range(256) if 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255]
+    moved = [b for b in range(256) if b not in keep]
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + n) for n, b in enumerate(moved)}}
+
+
+def is_gpt2_vocabulary(folder):
+    """Whether a GPT-2 folder's ids are GPT-2's BPE, tiktoken's gpt2 codec: it holds no tokenizer.json (a GPT-2
+    config names GPT-2's vocabulary, as a bare GPT-2 folder always did), or one whose vocabulary is GPT-2's, id for
+    id (the hub's openai-community/gpt2). A GPT-2 folder with a tokenizer of its own uses it, as every family does."""
+    path = os.path.join(folder, TOKENIZER_FILE)
+    if not os.path.isfile(path):
+        return True
+    try:
+        with open(path, encoding="utf-8") as f:
+            vocab = json.load(f)["model"]["vocab"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"cannot read {path} ({first_line(e, 150)})")
+    if not isinstance(vocab, dict) or len(vocab) != GPT2_VOCAB or vocab.get("<|endoftext|>") != GPT2_EOT:
+        return False
+    unbyte, enc = {c: b for b, c in byte_chars().items()}, gpt2_encoding()
+    try:
+        ours = {i: bytes(unbyte[c] for c in t) for t, i in vocab.items() if t != "<|endoftext|>"}
+    except (KeyError, TypeError):  # a character no byte-level BPE writes: another tokenizer
+        return False
+    return sorted(ours) == list(range(GPT2_EOT)) and all(enc.decode_single_token_bytes(i) == t for i, t in ours.items())
+
+
 class Codec:
     """text <-> token ids. name: 'gpt2', 'char' or 'tokenizers' (a tokenizer.json); eot: end-of-document id or
     None; bos: the source's beginning-of-sequence id or None (tokenizers codecs only); vocab_size: real

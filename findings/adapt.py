@@ -353,15 +353,11 @@ def steps_text(steps, ratio, sunk):
     return f"{steps:.0f} ({ratio:.2f}x)" if steps is not None else f"not within {sunk}"
 
 
-def report(c, d, cmd):
-    res, seeds, budget, cfg = c.results_dir, d['seeds'], d['config']['budget'], d['config']
-    j = judge(d, seeds, budget, cfg['ratio'])
-    v = 'not judged (--quick)' if c.quick else j['verdict']
-    best, sunk, pre = j['splits'][j['best']], cfg['sunk'], lfl(d)
+def claim_row(d, j, verdict):
+    """Finding 11's row of the findings table: the claim, the verdict and the evidence."""
+    cfg, budget, best = d['config'], d['config']['budget'], j['splits'][j['best']]
     pair = lambda rows, key, part: ', '.join(f"{r[key][part]:.3f}" for r in rows)  # noqa: E731
     ratios = lambda opt, key='ratio': [r[opt][key] for r in j['sunk']]  # noqa: E731
-    at0 = O.mean_spread([r['adamw']['at0_ao'] for r in j['sunk']])[0]
-    vocab = d.get('vocab')
     claim = (f"(ours) From the trained L2R GPT, an AO-GPT reaches the from-scratch AO-GPT's end any-order loss in "
              f"<= {cfg['ratio']}x its steps; at equal total steps the two-stage model is at least as good on "
              f"any-order loss and better on L2R loss")
@@ -372,26 +368,33 @@ def report(c, d, cmd):
                 f"{j['best']} L2R + {budget - j['best']} adaptation: any-order "
                 f"{pair(best['rows'], 'val_ao', 'two_stage')} vs scratch {pair(best['rows'], 'val_ao', 'scratch')}, "
                 f"L2R {pair(best['rows'], 'val_l2r', 'two_stage')} vs {pair(best['rows'], 'val_l2r', 'scratch')} "
-                f"(seeds {', '.join(map(str, seeds))}; scratch seed spread {j['noise']['val_ao']:.3f} any-order, "
+                f"(seeds {', '.join(map(str, d['seeds']))}; scratch seed spread {j['noise']['val_ao']:.3f} any-order, "
                 f"{j['noise']['val_l2r']:.3f} L2R)")
-    row = f"| 11 | {claim} ([plot]({FIG}), [levers]({LEVER_FIG})) | **{v}** | {evidence} |"
-    changes, d['verdicts_before'] = verdicts_against(os.path.join(res, RECORD),
-                                                     lambda r: {'11': r['judged']['verdict']}, {'11': v})
-    md = [f"## Finding 11: adapting a trained GPT into an AO-GPT{' (QUICK: nothing judged)' if c.quick else ''}", '',
-          f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, "
-          + trained_cost(d['cpu_min'])
-          + f". Setting: reproduce.py's (character-level PTB, context 32, 2 layers x 64, 32 x 32 characters a step, "
-          f"EMA weights), eval every {cfg['eval_interval']} steps, AdamW at {cfg['learning_rate']:g} and Muon at "
-          f"{cfg['muon_lr']:g} (finding 9's best) unless a lever sets them. The GPT (cond='none') trains left to "
-          f"right for {budget} steps; train.py --init_from=<its checkpoint> --cond=adaln adapts it (exactly the GPT "
-          f"at step 0) and trains on `ao`'s orders (uniform, 10% L2R), a fresh warmup and optimizer. Scratch: "
-          f"finding 9's AO-GPT runs ({budget} steps" + (", reused from its record" if d['reused'] else "") + "), and "
-          f"like for like: the same with the recipe's keys. The equal-total runs adapt the GPT's checkpoint at S "
-          f"steps for {budget} - S steps (finding 9's near-constant schedule, so the GPT at S steps is a GPT trained "
-          f"for S). End: mean of the last 3 evals; steps to a loss interpolated on the eval curve; ± half the range "
-          f"over {len(seeds)} seeds.", '',
-          changes, '', '| # | claim | verdict | evidence |', '|---|---|---|---|', row, '',
-          f"**The start.** At step 0 the adapted model is the GPT, for every order: each slot predicts the character "
+    return f"| 11 | {claim} ([plot]({FIG}), [levers]({LEVER_FIG})) | **{verdict}** | {evidence} |"
+
+
+def setting_text(c, d, cmd):
+    """The section's paragraph on how the runs were made."""
+    cfg, budget = d['config'], d['config']['budget']
+    return (f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, "
+            + trained_cost(d['cpu_min'])
+            + f". Setting: reproduce.py's (character-level PTB, context 32, 2 layers x 64, 32 x 32 characters a step, "
+            f"EMA weights), eval every {cfg['eval_interval']} steps, AdamW at {cfg['learning_rate']:g} and Muon at "
+            f"{cfg['muon_lr']:g} (finding 9's best) unless a lever sets them. The GPT (cond='none') trains left to "
+            f"right for {budget} steps; train.py --init_from=<its checkpoint> --cond=adaln adapts it (exactly the GPT "
+            f"at step 0) and trains on `ao`'s orders (uniform, 10% L2R), a fresh warmup and optimizer. Scratch: "
+            f"finding 9's AO-GPT runs ({budget} steps" + (", reused from its record" if d['reused'] else "") + "), and "
+            f"like for like: the same with the recipe's keys. The equal-total runs adapt the GPT's checkpoint at S "
+            f"steps for {budget} - S steps (finding 9's near-constant schedule, so the GPT at S steps is a GPT trained "
+            f"for S). End: mean of the last 3 evals; steps to a loss interpolated on the eval curve; ± half the range "
+            f"over {len(d['seeds'])} seeds.")
+
+
+def start_and_levers(d, j):
+    """The step-0 paragraph, and every lever's table with the line that ranks them."""
+    budget, sunk, vocab = d['config']['budget'], d['config']['sunk'], d.get('vocab')
+    at0 = O.mean_spread([r['adamw']['at0_ao'] for r in j['sunk']])[0]
+    md = [f"**The start.** At step 0 the adapted model is the GPT, for every order: each slot predicts the character "
           f"after the last one revealed, whatever its target. On a uniform order that is the right position in few "
           f"slots, so the step-0 model scores {at0:.2f} nats/char any-order (seed mean)"
           + (f", worse than a uniform guess over the {vocab} characters ({math.log(vocab):.2f})" if vocab and
@@ -407,17 +410,23 @@ def report(c, d, cmd):
                       f"{steps_text(x['steps'], x['ratio'], sunk)} | {x['at0_l2r']:.3f} / {x['max_l2r']:.3f} / "
                       f"{x['end_l2r']:.3f} | {kept_text(x)} |")
     won = {n: [x['ratio'] for x in rows] for n, rows in j['levers'].items() if all(x['ratio'] for x in rows)}
-    md += ['', "Reached the scratch run's end on every seed, by the mean ratio: " + (', '.join(
+    return md + ['', "Reached the scratch run's end on every seed, by the mean ratio: " + (', '.join(
         f"{n} {sum(r) / len(r):.2f}x" for n, r in sorted(won.items(), key=lambda t: sum(t[1]))) or 'none')
         + f". Did not, within {sunk} steps: " + (', '.join(n for n in j['levers'] if n not in won) or 'none') + '.']
-    md += ['', f"**The recipe** ({d['recipe']}: {LEVER_WHAT[d['recipe']]}) from the GPT trained {budget} steps (a "
-           f"sunk cost), every seed: adaptation steps to the end any-order loss of the scratch run with the same "
-           f"keys (and of the paper-default one), against the scratch run's {budget}. L2R above scratch's end: the "
-           f"first eval at which the adapted model's L2R loss is above the like-for-like scratch run's end L2R loss, "
-           f"and the first after it back at or below (never: the GPT's L2R edge is not regained within the run).", '',
-           '| seed | optimizer | scratch end any-order: like for like / paper | adapted: step 0 / end any-order | '
-           'steps to like for like (x budget) | steps to paper (x budget) | L2R: step 0 / worst / end (scratch end) '
-           '| L2R above scratch\'s end: from / back by step |', '|---|---|---|---|---|---|---|---|']
+
+
+def recipe_tables(d, j):
+    """The recipe's table per seed and optimizer, what its keys do from scratch (like for like), and the
+    equal-total table."""
+    budget, sunk, seeds = d['config']['budget'], d['config']['sunk'], d['seeds']
+    md = [f"**The recipe** ({d['recipe']}: {LEVER_WHAT[d['recipe']]}) from the GPT trained {budget} steps (a "
+          f"sunk cost), every seed: adaptation steps to the end any-order loss of the scratch run with the same "
+          f"keys (and of the paper-default one), against the scratch run's {budget}. L2R above scratch's end: the "
+          f"first eval at which the adapted model's L2R loss is above the like-for-like scratch run's end L2R loss, "
+          f"and the first after it back at or below (never: the GPT's L2R edge is not regained within the run).", '',
+          '| seed | optimizer | scratch end any-order: like for like / paper | adapted: step 0 / end any-order | '
+          'steps to like for like (x budget) | steps to paper (x budget) | L2R: step 0 / worst / end (scratch end) '
+          '| L2R above scratch\'s end: from / back by step |', '|---|---|---|---|---|---|---|---|']
     for r in j['sunk']:
         for opt in ('adamw', 'muon'):
             x = r[opt]
@@ -426,7 +435,7 @@ def report(c, d, cmd):
                       f"{steps_text(x['paper_steps'], x['paper_ratio'], sunk)} | {x['at0_l2r']:.3f} / "
                       f"{x['max_l2r']:.3f} / {x['end_l2r']:.3f} ({x['scratch_l2r']:.3f}) | "
                       f"{kept_text(x)} |")
-    if pre == 'lfl':  # what the recipe's keys do without the GPT: the yardstick moves too
+    if lfl(d) == 'lfl':  # what the recipe's keys do without the GPT: the yardstick moves too
         mean = lambda opt, key: O.mean_spread([r[opt][key] for r in j['sunk']])  # noqa: E731
         md += ['', "From scratch, the recipe's keys alone move the end any-order loss " + '; '.join(
             f"from {mean(opt, 'paper_target')[0]:.3f} ± {mean(opt, 'paper_target')[1]:.3f} to "
@@ -445,6 +454,21 @@ def report(c, d, cmd):
         for s, r in zip(seeds, sp['rows']):
             md.append(f"| {S} + {budget - S} | {s} | {r['val_ao']['two_stage']:.3f} / {r['val_ao']['scratch']:.3f} | "
                       f"{r['val_l2r']['two_stage']:.3f} / {r['val_l2r']['scratch']:.3f} |")
+    return md
+
+
+def report(c, d, cmd):
+    """Judge the record, write finding 11's section (and merge it into results/README.md), the record and the
+    figures."""
+    res, cfg = c.results_dir, d['config']
+    j = judge(d, d['seeds'], cfg['budget'], cfg['ratio'])
+    v = 'not judged (--quick)' if c.quick else j['verdict']
+    row = claim_row(d, j, v)
+    changes, d['verdicts_before'] = verdicts_against(os.path.join(res, RECORD),
+                                                     lambda r: {'11': r['judged']['verdict']}, {'11': v})
+    md = [f"## Finding 11: adapting a trained GPT into an AO-GPT{' (QUICK: nothing judged)' if c.quick else ''}", '',
+          setting_text(c, d, cmd), '', changes, '', '| # | claim | verdict | evidence |', '|---|---|---|---|', row, '']
+    md += start_and_levers(d, j) + [''] + recipe_tables(d, j)
     md += ['', 'The runs:', '', '| run | what | command |', '|---|---|---|']
     md += [f"| {k} | {d['what'][k]} | `{d['commands'][k]}` |" for k in d['logs']]
     md += ['', f"![f11]({FIG}) ![f11 levers]({LEVER_FIG})", '']

@@ -1,6 +1,6 @@
 """
 make demo's last step: the demo model's perplexities beside a unigram baseline on the same test
-characters, the wall time of each stage, and the spread to expect on another machine.
+characters, the check that it learned, and the wall time of each stage.
 
     python findings/demo_summary.py --out_dir=out-demo
 
@@ -25,13 +25,14 @@ from aogpt.orders import spec_of_config  # noqa: E402
 
 out_dir = 'out-demo'                 # the demo's run directory (ckpt.pt, eval_ppl.json, stages.tsv)
 dataset = 'ptb'                      # the eval set make demo scores
-spread = 'results/demo_spread.json'  # bench/demo_spread.py's record of the run-to-run spread
 check = True                         # exit 1 unless the model is clearly below the unigram (False: custom configs)
 
 # What every working install reaches, in nats per character below the unigram baseline: a model that learned
 # nothing sits at the unigram, and every run measured so far is far below these margins on every CPU (L2R 0.96
 # to 1.08 below it, any-order 0.44 to 0.58; results/notes.md), while the exact numbers move by a few hundredths
-# with the CPU's vector kernels, so a fixed range cannot be the test.
+# with the CPU's vector kernels, so a fixed range cannot be the test. Nor is one printed: the same kernel set rounds
+# differently on another host, so a range measured on ours reads as a broken install wherever a working one lands
+# outside it (results/notes.md, 2026-11-24 and 2026-11-28).
 MARGINS = {'l2r': 0.7, 'any_order': 0.3}
 
 ALPHAS = (1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001)  # additive-smoothing candidates, chosen on val
@@ -61,20 +62,6 @@ def promise(uni, nll):
                 f"{uni - nll['any_order']:.2f} nats/char below the unigram (every working install: >= "
                 f"{MARGINS['l2r']} and >= {MARGINS['any_order']})" +
                 ("" if ok else "; the model learned (almost) nothing, so something in this install is broken"))
-
-
-def spread_lines(path, names):
-    """What other machines print, from bench/demo_spread.py's record (if it has been run)."""
-    if not os.path.isfile(path):
-        return []
-    rec = json.load(open(path))
-    runs = rec['runs']
-    out = [f"for information, the range over {len(runs)} runs of this demo (bench/demo_spread.py, {rec['date']}: "
-           f"{', '.join(r['name'] for r in runs)}); another CPU's kernels can land a few hundredths outside it:"]
-    for key, label in names:
-        v = [r[key] for r in runs]
-        out.append(f"  {label:<46} {min(v):.3f} to {max(v):.3f}")
-    return out
 
 
 @command
@@ -111,8 +98,6 @@ def main(argv=None):
     print(f"  {'':<46} {'nats/' + unit[:-1]:>14} {'PPL':>8}  vs unigram PPL")
     for name, nll in rows:
         print(f"  {name:<46} {nll:14.3f} {math.exp(nll):8.2f}  {math.exp(nll - uni):.2f}x")
-    for line in spread_lines(c.spread, [('l2r', rows[1][0]), ('any_order', rows[2][0]), ('ensemble', rows[3][0])]):
-        print(line)
     ok, verdict = promise(uni, {'l2r': r['l2r']['nll'], 'any_order': r['any_order']['nll']})
     print(verdict if c.check else "check: skipped (not the demo's own config, so it promises nothing)")
 

@@ -250,10 +250,28 @@ def report(c, d, cmd):
           f"the compared runs {d['config']['max_iters']} steps on seeds {', '.join(map(str, seeds))}. Ratio: the "
           f"steps Muon needs to reach the final (end: mean of the last 3 evals) loss of AdamW's run of the same "
           f"seed, over AdamW's own steps to it (both interpolated on the eval curve); ± half the seed range.", '',
-          changes, '', '| # | claim | verdict | evidence |', '|---|---|---|---|', row, '',
-          '| model | loss | seed | AdamW end | Muon end | Muon steps / AdamW steps to AdamW\'s end | Muon time / '
+          changes, '', '| # | claim | verdict | evidence |', '|---|---|---|---|', row, '']
+    md += tables(d, judged, cost, f32)
+    md += ['', 'The compared runs:', '', '| run | what | command |', '|---|---|---|']
+    md += [f"| {k} | {d['what'][k]} | `{d['commands'][k]}` |" for k in d['logs']]
+    md += ['', f"![f9]({FIG_CURVES}) ![f9 sweep]({FIG_SWEEP})", '']
+    d['verdicts'] = dict(ao_any_order=[v, text], judged=judged, gap=gap, gap_narrower=narrow, row=row)
+    atomic_write(os.path.join(res, SECTION), lambda f: f.write('\n'.join(md)), 'w')
+    atomic_json(os.path.join(res, RECORD), d)
+    draw(c, d)
+    merged = merge_section(os.path.join(res, 'README.md'), 9, '\n'.join(md))
+    print(row)
+    print(f"\nwrote {res}/{SECTION}, {res}/{RECORD}, {res}/{FIG_CURVES}, {res}/{FIG_SWEEP}"
+          + (" and its section in README.md" if merged else ""))
+
+
+def tables(d, judged, cost, f32):
+    """The section's tables: each model and loss per seed, a training step's wall-clock, Muon's float32
+    Newton-Schulz, and the learning-rate sweep. cost: each optimizer's step time over AdamW's; f32: float32_rows."""
+    seeds, max_iters = d['seeds'], d['config']['max_iters']
+    md = ['| model | loss | seed | AdamW end | Muon end | Muon steps / AdamW steps to AdamW\'s end | Muon time / '
           'AdamW time to it | at '
-          + ', '.join(f"step {t}" for t in (d['config']['max_iters'] // 4, d['config']['max_iters'] // 2))
+          + ', '.join(f"step {t}" for t in (max_iters // 4, max_iters // 2))
           + ' (AdamW / Muon) |', '|---|---|---|---|---|---|---|---|']
     for k, rows in judged.items():
         model, key = k.split()
@@ -261,7 +279,7 @@ def report(c, d, cmd):
             ratio = (f"{r['muon_steps']:.0f} / {r['adamw_steps']:.0f} = {r['ratio']:.2f}" if r['ratio'] is not None
                      else f"not reached / {r['adamw_steps']:.0f}")
             time_ratio = f"{r['ratio'] * cost['muon']:.2f}" if r['ratio'] is not None else ''
-            at = ', '.join(f"{a:.3f} / {m:.3f}" for t, (a, m) in r['at'].items() if t < d['config']['max_iters'])
+            at = ', '.join(f"{a:.3f} / {m:.3f}" for t, (a, m) in r['at'].items() if t < max_iters)
             md.append(f"| {NAMES[model]} | {NAMES[key]} | {r['seed']} | {r['adamw_end']:.3f} | {r['muon_end']:.3f} | "
                       f"{ratio} | {time_ratio} | {at} |")
         ms = lambda xs, f='.3f': '{:{f}} ± {:{f}}'.format(*mean_spread(xs), f=f)  # noqa: E731
@@ -294,17 +312,7 @@ def report(c, d, cmd):
         f = lambda key: f"{r['end'][key]:.3f}" if r['end'].get(key) is not None else ''  # noqa: E731
         md.append(f"| {NAMES[r['model']]} | {r['opt']} | {r['lr']:g} | {'Muon' if r['adaln'] else 'AdamW'} | "
                   f"{f('val_ao')} | {f('val_l2r')} | `{d['commands'][r['name']]}` |")
-    md += ['', 'The compared runs:', '', '| run | what | command |', '|---|---|---|']
-    md += [f"| {k} | {d['what'][k]} | `{d['commands'][k]}` |" for k in d['logs']]
-    md += ['', f"![f9]({FIG_CURVES}) ![f9 sweep]({FIG_SWEEP})", '']
-    d['verdicts'] = dict(ao_any_order=[v, text], judged=judged, gap=gap, gap_narrower=narrow, row=row)
-    atomic_write(os.path.join(res, SECTION), lambda f: f.write('\n'.join(md)), 'w')
-    atomic_json(os.path.join(res, RECORD), d)
-    draw(c, d)
-    merged = merge_section(os.path.join(res, 'README.md'), 9, '\n'.join(md))
-    print(row)
-    print(f"\nwrote {res}/{SECTION}, {res}/{RECORD}, {res}/{FIG_CURVES}, {res}/{FIG_SWEEP}"
-          + (" and its section in README.md" if merged else ""))
+    return md
 
 
 def gap_verdict(gap):

@@ -94,6 +94,7 @@ from aogpt.checkpoint import run_checkpoints  # noqa: E402
 from aogpt.configurator import namespace, print_config, seed_list, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import UserError, command, die, first_line  # noqa: E402
 from aogpt.paths import atomic_folder, atomic_json, atomic_write, make_folder  # noqa: E402
+from aogpt.preflight import model_reads  # noqa: E402
 from aogpt.rundir import forget_run  # noqa: E402
 from findings import report  # noqa: E402
 from findings.judging import (  # noqa: E402  (judging's pure functions, R.end and the others as before)
@@ -180,7 +181,24 @@ def train_args(c, name, runs=RUNS):
              eval_interval=c.eval_interval, eval_iters=c.eval_iters, eval_orders=c.eval_orders,
              log_interval=max(1, c.eval_interval // 5), seed=c.seed)
     a.update(over)
-    return ['train.py'] + [f'--{k}={v}' for k, v in a.items()]
+    model = run_model(a)  # the shared keys its model never reads are not given: train.py refuses them
+    return ['train.py'] + [f'--{k}={v}' for k, v in a.items() if model_reads(k, model)]
+
+
+def run_model(keys):
+    """The model a run's train.py keys ask for, as preflight.READ_BY's readers look at it (train.py's defaults
+    elsewhere: an AO-GPT with learned positions and a GELU MLP; a fine-tune here names its cond)."""
+    return dict(cond=keys.get('cond', 'adaln'), causal=keys.get('causal', True) not in (False, 'False'),
+                pos=keys.get('pos', 'learned'), mlp=keys.get('mlp', 'gelu'))
+
+
+def same_run(held, args):
+    """Whether a run directory's command.json (held) is the run `args` asks for: the same command, or one that also
+    gave keys its model never reads, as commands did before train.py refused them (the same run, bit for bit)."""
+    keys = dict(a[2:].split('=', 1) for a in held[1:] if a.startswith('--') and '=' in a)
+    model = run_model(keys)
+    return held == args or [a for a in held if not a.startswith('--') or '=' not in a or
+                            model_reads(a[2:].split('=', 1)[0], model)] == args
 
 
 def read_log(out_dir):
@@ -201,7 +219,7 @@ def train_runs(c, names, runs=RUNS):
         args = train_args(c, name, runs)
         out_dir = os.path.join(c.runs_dir, name)
         cmd_file = os.path.join(out_dir, 'command.json')
-        if os.path.exists(cmd_file) and json.load(open(cmd_file)) != args:
+        if os.path.exists(cmd_file) and not same_run(json.load(open(cmd_file)), args):
             die(f"{out_dir} holds a run with other settings than these (see {cmd_file}): delete it, or pass "
                 f"another --runs_dir")
         log = read_log(out_dir)

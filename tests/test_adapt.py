@@ -90,11 +90,12 @@ def test_train_adapts_our_gpt_and_its_export_exactly(env, gpt_run, monkeypatch, 
     adapted run, not its source."""
     src = gpt_run if source == 'ckpt' else env / 'adapt_src_export'
     out = tmp_path / 'ao'
-    argv = args(env, '', f'--out_dir={out}', f'--cond={cond}', '--target_dim=8', *FROZEN)
+    width = ['--target_dim=8'] if cond == 'adaln' else []  # AdaLN's table; sigma's is the stream's width
+    argv = args(env, '', f'--out_dir={out}', f'--cond={cond}', *width, *FROZEN)
     run_inprocess(monkeypatch, argv + [f'--init_from={src}'])
     assert f"adapting the GPT {src} (EMA weights) into cond='{cond}'" in capsys.readouterr().out
     ck = load_checkpoint(str(out))
-    assert ck['model_args']['cond'] == cond and ck['model_args']['target_dim'] == 8
+    assert ck['model_args']['cond'] == cond and ck['model_args']['target_dim'] == (8 if width else 128)
     source_model = load_model(str(src))[0]
     x = torch.randint(0, 12, (4, N), generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(logits(load_model(str(out))[0], x), logits(source_model, x), atol=0, rtol=0)
@@ -157,9 +158,9 @@ def test_adapting_under_ddp_is_one_process_adapting(env, gpt_run):
 def test_adapting_with_muon_learns_to_read_the_target(env, gpt_run, monkeypatch, tmp_path, cond):
     """Muon (for adaln the AdaLN Linears in it: zero matrices whose first update is all Muon's) on the orders of a
     mix: the any-order loss falls from the GPT's (order-blind) one within a few steps, and the run resumes."""
-    argv = args(env, '', f'--out_dir={tmp_path}', f'--cond={cond}', '--target_dim=8', '--optimizer=muon',
+    argv = args(env, '', f'--out_dir={tmp_path}', f'--cond={cond}', '--optimizer=muon',
                 '--order=mix:0.5*nearl2r:4+0.5*random', '--eval_interval=4', '--warmup_iters=0')
-    argv += ['--muon_adaln=True'] if cond == 'adaln' else []  # sigma has no AdaLN Linears to place
+    argv += ['--target_dim=8', '--muon_adaln=True'] if cond == 'adaln' else []  # sigma has no AdaLN to size or place
     run_inprocess(monkeypatch, argv + [f'--init_from={gpt_run}', '--max_iters=8'])
     a = log(tmp_path.parent, tmp_path.name)
     assert a[-1]['val_ao'] < a[0]['val_ao'] - 0.1, a
@@ -197,6 +198,11 @@ def other_sources(env):
     ('adapt_src', ['--cond=adaln', '--adaln_std=0.2', '--target_std=1.0'],
      "with adaln_std=0.2 draws the AdaLN Linears and starts the target table at zero (so that the model is its "
      "source at step 0), so target_std=1.0 would be ignored"),
+    # the table's keys, which an adaptation into sigma-GPT never reads (its table starts at zero, full width)
+    ('adapt_src', ['--cond=sigma', '--target_std=1.0'], "target_std=1.0: read only by AO-GPT's AdaLN (cond='adaln'), "
+                                                        "and this run trains a sigma-GPT (causal=True, cond='sigma')"),
+    ('adapt_src', ['--cond=sigma', '--adaln_std=0.2'], "holds a model with adaln_std=None, but this config asks for "
+                                                       "adaln_std=0.2"),  # the adaptation never drew with it
     ('gpt2', ['--cond=adaln'], "runs is tokenized with a char codec (12 symbols), but gpt2:"),
     ('gpt2', ['--cond=adaln', '--dataset=runs_gpt2', '--block_size=32'],
      "holds a model of block_size 16 (GPT-2's positions less the one the [None] start slot takes)"),

@@ -7,6 +7,7 @@ class-3 bound of tests/README.md (16-48 wide, 2 layers, logits ≤ 10). A negati
 position off by one) moves the logits by far more, so the comparison has power."""
 import hashlib
 import json
+import os
 
 import numpy as np
 import pytest
@@ -134,6 +135,22 @@ def _edit_config(folder, **kw):
     ('llama_gqa_tied', dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
     ('mistral', dict(sliding_window=4), "sliding_window=4"),
     ('gpt2', dict(activation_function='relu'), "activation_function='relu'"),
+    # values the block cannot take, named as config.json spells them (once a TypeError or a ValueError naming ours)
+    ('llama_gqa_tied', dict(num_key_value_heads=3), "num_key_value_heads=3 cannot make this block (n_kv_head must be "
+                                                    "a divisor of n_head (4), got 3)"),
+    ('llama_gqa_tied', dict(hidden_size=32.0), "hidden_size=32.0 must be an integer >= 1"),
+    ('llama_gqa_tied', dict(hidden_size='32'), "hidden_size='32' must be an integer >= 1"),
+    ('mistral', dict(num_hidden_layers=-2), "num_hidden_layers=-2 must be an integer >= 1"),
+    ('qwen2_bias', dict(vocab_size=True), "vocab_size=True must be an integer >= 1"),
+    ('qwen3_headdim', dict(rms_norm_eps='1e-6'), "rms_norm_eps='1e-6' must be a number > 0"),
+    ('qwen2_bias', dict(rope_parameters=dict(rope_type='default', rope_theta=True)),
+     "rope_theta=True must be a number"),
+    ('llama3_scaled', dict(rope_parameters=dict(rope_type='llama3', rope_theta=5e5, factor=8.0, low_freq_factor=0.0,
+                                                high_freq_factor=4.0, original_max_position_embeddings=8)),
+     "rope_parameters={'rope_type': 'llama3', 'rope_theta': 500000.0, 'factor': 8.0, 'low_freq_factor': 0.0"),
+    ('gpt2', dict(n_layer=-1), "n_layer=-1 must be an integer >= 1"),
+    ('gpt2', dict(n_embd=32.0), "n_embd=32.0 must be an integer >= 1"),
+    ('gpt2', dict(n_positions=1), "n_positions=1 cannot make this block (block_size must be an integer >= 1, got 0)"),
 ])
 def test_what_the_block_cannot_represent_is_refused_by_name(tmp_path, name, edit, needle):
     _, folder = build(tmp_path, name)
@@ -141,6 +158,41 @@ def test_what_the_block_cannot_represent_is_refused_by_name(tmp_path, name, edit
     with pytest.raises(UserError, match='config.json') as e:
         load_hf(str(folder))
     assert needle in str(e.value) and '\n' not in str(e.value)
+
+
+def test_a_config_the_block_cannot_take_is_one_line_in_train_and_as_a_judge(env, monkeypatch, capsys, tmp_path):
+    """train.py --init_from=<folder> and sample.py --gen_ppl <folder> both read config.json through hf_source: a
+    value the block cannot take was a ValueError or TypeError traceback in each."""
+    from aogpt.genppl import load_judge
+    _, folder = build(tmp_path, 'llama_gqa_tied')
+    _edit_config(folder, num_key_value_heads=3)
+    capsys.readouterr()  # save_pretrained's bar
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "run"}', f'--init_from={folder}'))
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: {folder}/config.json: num_key_value_heads=3 cannot make this block (n_kv_head must be a "
+                   f"divisor of n_head (4), got 3)"), err
+    _, judge = build(tmp_path, 'gpt2')
+    _edit_config(judge, n_embd=32.0)
+    with pytest.raises(UserError, match=r"config.json: n_embd=32.0 must be an integer >= 1"):
+        load_judge(str(judge), 'cpu')
+
+
+@pytest.mark.parametrize('init_from', ['source', 'scratch', 'auto'])
+def test_a_source_folder_is_not_a_run_directory(env, monkeypatch, capsys, tmp_path, init_from):
+    """--init_from=F --out_dir=F wrote the run's ckpt.pt into the Hugging Face folder it started from, and from then
+    on --init_from=F meant the trained run, not the source (as an export folder, which was refused already). Now
+    any start into a model folder is one line, the folder untouched."""
+    _, folder = build(tmp_path, 'qwen2_bias')
+    before = sorted(os.listdir(folder))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={folder}', '--max_iters=1',
+                                        f'--init_from={folder if init_from == "source" else init_from}'))
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: out_dir {folder} is a Hugging Face model folder (its config.json: a qwen2), not a run "
+                   f"directory: train into a new folder, e.g. --init_from={folder} --out_dir=<a new folder>"), err
+    assert sorted(os.listdir(folder)) == before
 
 
 def test_the_4x_config_layout_reads_the_same(tmp_path):
@@ -179,6 +231,30 @@ def test_every_weight_is_checked(tmp_path, name):
     (folder / 'config.json').write_text('{not json')
     with pytest.raises(UserError, match='it is not JSON'):
         load_hf(str(folder))
+
+
+@pytest.mark.parametrize('name', ['llama_gqa_tied', 'gpt2'])
+def test_a_tied_config_whose_file_holds_another_head_loads_as_transformers_loads_it(tmp_path, name, capsys):
+    """config.json says tied embeddings, the file holds a head that differs: transformers keeps that head untied (it
+    warns), so the source is that model. Ours dropped the head and tied it to the embedding: another model (the
+    issue's eval_only val_l2r 6.330 where transformers' was 6.388). Now it is loaded untied, with a note; a file
+    whose stored head is the embedding's copy stays tied. Compared with transformers' own from_pretrained."""
+    from safetensors.torch import load_file, save_file
+    _, folder = build(tmp_path, name)
+    st = folder / 'model.safetensors'
+    sd = load_file(st)
+    emb = next(k for k in sd if k.endswith(('wte.weight', 'embed_tokens.weight')))
+    x = torch.randint(0, V, (2, N), generator=torch.Generator().manual_seed(1))
+    for head, tied in ((sd[emb].clone(), True), (torch.randn_like(sd[emb]) * 0.5, False)):
+        save_file(dict(sd, **{'lm_head.weight': head}), st, metadata={'format': 'pt'})
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+        capsys.readouterr()
+        ours, source = hf_source(str(folder))
+        note = capsys.readouterr().out
+        assert ours.config.tie_head is tied and ('loaded untied, as transformers loads it' in note) is not tied, note
+        with torch.no_grad():
+            ref, got = hf_logits(theirs, x, source['none_id']), ours.eval()(x)[0]
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)  # the float32 bound of the module docstring
 
 
 def test_sharded_safetensors_are_read_and_recorded(tmp_path):

@@ -184,6 +184,20 @@ def test_help_reads_comments_beside_annotated_keys(tmp_path, capsys):
     assert 'the padded vocabulary' in out and 'diffusion steps' in out
 
 
+def test_help_reads_a_comment_carried_on_below_its_key(tmp_path, capsys):
+    """A comment too long for its key's line goes on, indented, on the next: --help says all of it (sample.py's
+    --until_eot stopped mid-parenthesis), and a comment of the script's own after a blank line is not the key's."""
+    f = tmp_path / 'script.py'
+    f.write_text("steps = 8                  # diffusion steps (the reverse\n"
+                 "                           # process's T)\n\n# -- a section\nfixed_counts = False  # counts\n")
+    g = typed_defaults()
+    g['__file__'] = str(f)
+    with pytest.raises(SystemExit):
+        configure(g, ['--help'])
+    out = capsys.readouterr().out
+    assert "diffusion steps (the reverse process's T)" in out and 'section' not in out
+
+
 def train_defaults():
     """train.py's config keys and their defaults, read from its source (running it would start a run)."""
     out = {}
@@ -227,7 +241,8 @@ def test_split_list_parses_and_checks_each_value():
 
 @pytest.mark.parametrize('err', [torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 8.00 GiB\nmore'),
                                  RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't "
-                                              "allocate memory: you tried to allocate 85899345920 bytes.")])
+                                              "allocate memory: you tried to allocate 85899345920 bytes."),
+                                 MemoryError('Unable to allocate 11.9 GiB for an array with shape (100000000, 16)')])
 def test_a_command_out_of_memory_is_one_line(err, capsys):
     """sample.py, eval_ppl.py, eval_harness.py and export.py (errors.command) end in one line when torch runs out of
     memory on a GPU or on the CPU, not a traceback; any other RuntimeError is still raised."""

@@ -454,6 +454,7 @@ def test_cli_errors_are_one_line(tmp_path, text_file, capsys):
     (['--order', 'mix:0.5*l2r'], "the weights of a mix sum to 1, these sum to 0.5"),
     (['--ensemble_draws', '3'], "--ensemble_draws is an option of the ensemble column"),  # once silently unused
     (['--ensemble_mode', 'exact'], "--ensemble_mode is an option of the ensemble column"),
+    (['--ensemble', '100000000'], "--ensemble must be from 0 to 4096 orderings"),  # once M x n ids held at once
 ])
 def test_bad_values_are_one_line_before_anything_loads(tmp_path, capsys, argv, needle):
     with pytest.raises(SystemExit) as e:

@@ -459,6 +459,11 @@ def test_registered_for_the_lm_eval_cli(tmp_path):
     (['--tasks', 'no_such_task'], 'unknown task'),
     (['--tasks', 'aogpt_test_mc', '--ckpt', 'missing/ckpt.pt'], 'checkpoint not found'),
     (['--tasks', 'aogpt_test_mc', '--likelihood', 'orders:x'], '--likelihood must be'),
+    # a count of forward passes per request, bounded: past int64 was a traceback, ensemble:1e20 grew for minutes
+    (['--tasks', 'aogpt_test_mc', '--likelihood', 'orders:99999999999999999999'], 'K, M from 1 to 4096'),
+    (['--tasks', 'aogpt_test_mc', '--likelihood', 'ensemble:100000000000000000000'], 'K, M from 1 to 4096'),
+    (['--tasks', 'aogpt_test_mc', '--likelihood', 'ensemble:4097'], 'K, M from 1 to 4096 (each is a forward pass'),
+    (['--tasks', 'aogpt_test_mc', '--mc', '100000000'], '--mc must be from 1 to 4096 masks'),
     (['--tasks', ''], '--tasks is empty'),
     (['--tasks', 'aogpt_test_mc', '--num_fewshot', '-2'], 'invalid --num_fewshot=-2'),  # once ran, as "n-shot -2"
 ])

@@ -238,6 +238,9 @@ def test_adaln_std_sets_only_the_adaln_linear_weights():
     assert torch.equal(b.transformer.h[0].adaLN[1].bias.view(6, 64)[2], torch.ones(64))  # gate1 kept
 
 
+LLAMA3 = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8)
+
+
 @pytest.mark.parametrize('kw,key', [
     (dict(n_layer=-2), 'n_layer'), (dict(n_layer=0), 'n_layer'), (dict(n_head=0), 'n_head'),
     (dict(n_head=-2), 'n_head'), (dict(n_embd=0), 'n_embd'), (dict(n_embd=30, n_head=4), 'n_embd'),
@@ -252,7 +255,14 @@ def test_adaln_std_sets_only_the_adaln_linear_weights():
     (dict(n_kv_head=3, n_head=4, n_embd=16), 'n_kv_head'), (dict(head_dim=2.5), 'head_dim'),
     (dict(rope_theta=0), 'rope_theta'), (dict(norm_eps=-1e-6), 'norm_eps'), (dict(qkv_bias='yes'), 'qkv_bias'),
     (dict(rope_scaling=dict(rope_type='yarn', factor=2.0)), 'rope_scaling'),
-])
+] + [(dict(pos='rope', rope_scaling=dict(LLAMA3, **bad)), 'rope_scaling') for bad in (
+    # Llama 3's law, which rotary divides by: low 0 was a ZeroDivisionError, factor 0 a non-finite loss, and the
+    # others trained a model no source has
+    dict(low_freq_factor=0), dict(factor=0), dict(factor=-8.0), dict(factor=0.5), dict(low_freq_factor=4.0),
+    dict(low_freq_factor=5.0), dict(low_freq_factor=-1.0), dict(original_max_position_embeddings=0),
+    dict(original_max_position_embeddings=float('inf')), dict(original_max_position_embeddings=8.5),
+    dict(original_max_position_embeddings=8.0), dict(factor=True), dict(high_freq_factor=True),
+    dict(original_max_position_embeddings=True), dict(factor=float('nan')))])
 def test_config_validation_names_the_field(kw, key):
     """GPTConfig refuses a config no model can be made from, with a ValueError that names the field;
     GPT() checks again, so a config edited after it was made is refused too."""

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from aogpt.preflight import model_reads
 from findings import adapt as AD
 from findings import optimizers as OPT
 from findings import orders as O
@@ -112,15 +113,35 @@ def test_runs_differ_only_in_what_they_test():
     parse = lambda name: dict(a[2:].split('=', 1) for a in R.train_args(c, name)[1:])
     base = parse('ao')
     assert base['max_iters'] == '100' and base['dataset'] == R.DATASET and base['init_from'] == 'auto'
+    # and the shared keys a run's model never reads, which are not given (train.py refuses them): the sigma-GPT's
+    # and the encoder's target_dim, the judge GPT's target_dim and eval_orders
+    unread = lambda over: {k for k in base if not model_reads(k, R.run_model(over))}  # noqa: E731
+    assert unread(R.RUNS['judge'][0]) == {'target_dim', 'eval_orders'} and unread(R.RUNS['sigma'][0]) == {'target_dim'}
     for name, (over, _) in R.RUNS.items():
         args = parse(name)
         diff = {k for k in set(args) | set(base) if args.get(k) != base.get(k)}
-        assert diff <= {'out_dir'} | set(over), (name, diff)
+        assert diff <= {'out_dir'} | set(over) | unread(over) and not unread(over) & set(args), (name, diff)
     for name, (over, _) in O.RUNS.items():  # finding 10's runs, and the ones it shares with reproduce.py
         args = dict(a[2:].split('=', 1) for a in R.train_args(c, name, O.RUNS)[1:])
         diff = {k for k in set(args) | set(base) if args.get(k) != base.get(k)}
-        assert diff <= {'out_dir'} | set(over), (name, diff)
+        assert diff <= {'out_dir'} | set(over) | unread(over), (name, diff)
         assert name not in R.RUNS or args == parse(name)
+
+
+def test_a_run_held_with_keys_its_model_never_reads_is_the_same_run(monkeypatch):
+    """A runs_dir trained before train.py refused keys a model never reads holds commands with them (the sigma-GPT's
+    --target_dim): the same run, bit for bit, so it is reused, not refused as another run's folder."""
+    c = SimpleNamespace(runs_dir='r', device='cpu', n_layer=2, n_head=2, n_embd=32, target_dim=16, block_size=64,
+                        batch_size=4, max_iters=100, learning_rate=1e-3, ema_decay=0.99, eval_interval=10,
+                        eval_iters=2, eval_orders=2, seed=1)
+    now = {name: R.train_args(c, name) for name in ('sigma', 'judge', 'mdm', 'ao')}
+    monkeypatch.setattr(R, 'model_reads', lambda key, model: True)  # the commands as they were: every key given
+    held = {name: R.train_args(c, name) for name in now}
+    monkeypatch.undo()
+    assert '--target_dim=16' in held['sigma'] and '--target_dim=16' not in now['sigma']
+    for name, args in now.items():
+        assert R.same_run(held[name], args) and R.same_run(args, args)
+        assert not R.same_run([a.replace('--max_iters=100', '--max_iters=101') for a in held[name]], args)
 
 
 def test_finding10_verdict_follows_the_numbers():

@@ -1062,6 +1062,12 @@ def test_cli_generates_infills_and_scores(tmp_path, cli):
     (['--template', 'a [BLANK:x] b'], '[BLANK:x]'),
     (['--template', 'a [BLANK b [BLANK]'], 'unclosed or malformed [BLANK'),
     (['--template', 'a [BLANK:0] b'], '[BLANK:0]'),
+    # checked against the window before the blank's positions are made: an OverflowError and MemoryErrors once
+    (['--template', 'a [BLANK:99999999999999999999] b'], "too long: [BLANK:99999999999999999999] takes it past the "
+                                                         "model's block_size, 16 tokens"),
+    (['--template', 'a [BLANK:9999999999] b'], "too long: [BLANK:9999999999] takes it past"),
+    (['--template', 'a [BLANK] b', '--blank_len', '9999999999'], "too long: [BLANK] (--blank_len 9999999999)"),
+    (['--template', 'a [BLANK:' + '9' * 5000 + ']'], "too long: [BLANK:999"),  # past int()'s 4300 digits too
     (['--device', 'cuda'], 'CUDA is not available'),
     (['--judge_batch_size', '0'], 'invalid --judge_batch_size=0'),
     (['--length', '-5'], 'invalid --length=-5'),
@@ -1435,3 +1441,15 @@ def test_an_order_is_parsed_once_and_carried_to_the_sampler(tmp_path, cli, monke
     code, out, err = cli('--out_dir', str(tmp_path), '--order', order, '--steps', '4', '--batch_size', '2')
     assert code == 0, err
     assert made == [{'auto': 'semiar:4'}.get(order, order)]
+
+
+def test_help_says_which_judges_work_and_ends_its_sentences(capsys):
+    """--help: --gen_ppl takes any Hugging Face family with its tokenizer.json, not only GPT-2 (it said 'or HF GPT-2'
+    after the other families worked), and --until_eot's text runs to its end (it stopped mid-parenthesis)."""
+    with pytest.raises(SystemExit) as e:
+        sample.read_config(['--help'])
+    assert e.value.code == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith('  --')}
+    assert 'Qwen3 with its tokenizer.json' in lines['--gen_ppl']
+    assert 'auto: hf for an HF GPT-2' in lines['--gen_ppl_mode']
+    assert lines['--until_eot'].endswith("samplers stop once it is settled (docs/sampling.md)")

@@ -71,10 +71,16 @@ FAMILIES = {
 }
 
 
-def build_source(root, family, prepare=True):
+# a GPT-2 of its own 300-id BPE (not in FAMILIES: the module's fixture runs those through everything); GPT2Config reads
+# hidden_size and the like as n_embd, n_layer, n_head, n_positions
+GPT2_OWN = ('GPT2Config', 'GPT2LMHeadModel', dict(bos_token_id=0, eos_token_id=0),
+            {'eos_token': '<|endoftext|>', 'bos_token': '<|endoftext|>'}, [], 0)
+
+
+def build_source(root, family, prepare=True, spec=None):
     """The model folder, its transformers model (float32, eval) and the data prepared with its tokenizer (None
-    with prepare=False)."""
-    cfg_cls, model_cls, kw, tok_config, flags, _ = FAMILIES[family]
+    with prepare=False). spec: FAMILIES[family]'s form, for a family not there."""
+    cfg_cls, model_cls, kw, tok_config, flags, _ = spec or FAMILIES[family]
     folder = root / family
     folder.mkdir()
     vocab = tokenizer_files(folder, tok_config)
@@ -203,6 +209,30 @@ def test_a_source_folder_judges_samples_in_its_own_codec(source):
         logits = hf(torch.cat([torch.full((2, 1), FAMILIES[family][5]), x], 1)).logits[:, :8]
         want = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x, reduction='none').mean(1)
     assert judge_nll(judge, x).tolist() == pytest.approx(want.tolist(), rel=1e-5)
+
+
+def test_a_gpt2_folder_with_its_own_tokenizer_uses_it(tmp_path, monkeypatch):
+    """A GPT-2-family folder was always taken as tiktoken's GPT-2 codec, so data prepared as the README says
+    (prepare.py --tokenizer=<the folder>) was refused ("trained with a gpt2 one (50257)" for a 300-id model), and
+    the folder as a judge read the samples in GPT-2's ids. Its tokenizer.json is its codec, as every family's: it
+    starts at transformers' own loss on the data it prepared, and judges in that codec; a tokenizer.json that holds
+    GPT-2's own vocabulary (the hub's gpt2) is still tiktoken's codec, the one the README's GPT-2 data is in."""
+    from aogpt.genppl import load_judge
+    from aogpt.tokenizer import byte_chars, gpt2_encoding, is_gpt2_vocabulary
+    folder, hf, data = build_source(tmp_path, 'gpt2', spec=GPT2_OWN)
+    assert not is_gpt2_vocabulary(str(folder))
+    run_inprocess(monkeypatch, train_args(tmp_path, 'eval', f'--init_from={folder}', '--cond=adaln',
+                                          '--eval_only=True'))
+    val = torch.from_numpy(bins.load_bin(str(data), 'val').astype(np.int64))
+    assert log(tmp_path, 'eval')[-1]['val_l2r'] == pytest.approx(source_loss(hf, val, 0), rel=1e-5)  # as above
+    judge, codec, is_hf = load_judge(str(folder), 'cpu')
+    assert (codec.name, codec.vocab_size, is_hf) == ('tokenizers', 300, False)
+    chars, enc = byte_chars(), gpt2_encoding()  # GPT-2's vocabulary written as a tokenizer.json writes it
+    vocab = {''.join(chars[b] for b in enc.decode_single_token_bytes(i)): i for i in range(50256)}
+    (tmp_path / 'hub_gpt2').mkdir()
+    (tmp_path / 'hub_gpt2' / 'tokenizer.json').write_text(json.dumps(dict(model=dict(
+        type='BPE', vocab=dict(vocab, **{'<|endoftext|>': 50256}), merges=[]))))
+    assert vocab['Ġthe'] == 262 and is_gpt2_vocabulary(str(tmp_path / 'hub_gpt2'))
 
 
 def test_data_in_another_codec_or_a_disagreeing_bos_is_refused(tmp_path, monkeypatch, capsys):

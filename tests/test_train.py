@@ -27,6 +27,7 @@ from aogpt.checkpoint import load_checkpoint, load_model, save_checkpoint
 from aogpt.configurator import configure
 from aogpt.errors import UserError
 from aogpt.optim import Muon, configure_optimizers, newton_schulz
+from aogpt.orders import parse_order
 from model import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,12 +40,10 @@ dataset = 'runs'
 n_layer = 2
 n_head = 2
 n_embd = 32
-target_dim = 16
 block_size = {N}
 batch_size = 8
 gradient_accumulation_steps = 2
 eval_iters = 4
-eval_orders = 2
 warmup_iters = 2
 learning_rate = 1e-2
 min_lr = 1e-3
@@ -76,8 +75,24 @@ def env(tmp_path_factory):
     return d
 
 
-def args(env, out, *extra):
-    return [str(env / 'tiny.py'), f'--data_root={env / "data"}', f'--out_dir={env / out}', *extra]
+# TINY's keys that only some models read (preflight.READ_BY refuses them for the others), by the model a run trains:
+# AdaLN's table width, and the orders (or masks) per val batch of a model scored on drawn ones
+READ_BY_SOME = {'ao': ['--target_dim=16', '--eval_orders=2'], 'sigma': ['--eval_orders=2'],
+                'mdm': ['--eval_orders=2'], 'gpt': []}
+
+
+def model_of(extra):
+    """The model extra keys ask for: their last --cond, and --causal=False (the encoder MDM)."""
+    cond = [a.split('=', 1)[1] for a in extra if a.startswith('--cond=')]
+    return 'mdm' if '--causal=False' in extra else {'adaln': 'ao', 'sigma': 'sigma', 'none': 'gpt'}.get(
+        cond[-1] if cond else 'adaln', 'ao')
+
+
+def args(env, out, *extra, model=None):
+    """train.py's command line on TINY for a run of `model` (READ_BY_SOME; None: what extra asks for, model_of: a
+    fine-tune of another model than an AO-GPT names its source's), with extra keys after."""
+    return [str(env / 'tiny.py'), f'--data_root={env / "data"}', f'--out_dir={env / out}',
+            *READ_BY_SOME[model or model_of(extra)], *extra]
 
 
 def block_args(request):
@@ -441,6 +456,28 @@ def test_out_of_memory_is_one_line_and_keeps_the_last_checkpoint(env, where, at)
     assert load_checkpoint(str(env / out))['iter_num'] == 2
     p = run(env, args(env, out, *common, "--init_from=auto"))  # the lock was let go: this run may take the out_dir
     assert 'resumed' in p.stdout and load_checkpoint(str(env / out))['iter_num'] == 8
+
+
+def test_a_micro_batch_past_the_memory_is_one_line(env, monkeypatch, capsys, tmp_path):
+    """A micro-batch gathered as a list of B slices filled the memory before anything failed (at batch_size 10^8,
+    24 GB; the process then ignored SIGTERM until the kernel killed it), and under a memory limit it was a
+    MemoryError traceback. Now: ids that alone pass the machine's memory are refused before anything is read, and a
+    batch past a limit fails at its one gather, in the out-of-memory line, within seconds."""
+    with pytest.raises(SystemExit) as e:
+        run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "huge"}', f'--batch_size={2 ** 58}'))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: batch_size {2 ** 58:,} x block_size 16 tokens a micro-step: their ids alone take")
+    assert not (tmp_path / 'huge').exists()
+    # 10^8 x 16 ids fit this machine, not a 4 GB address space: the gather's MemoryError is the out-of-memory line
+    limit = "import resource\nresource.setrlimit(resource.RLIMIT_AS, (4 * 2 ** 30, 4 * 2 ** 30))\n"
+    t0 = time.time()
+    p = run(env, args(env, 'gather', '--batch_size=100000000', '--eval_iters=1'), pre=limit, check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and 'Traceback' not in p.stderr and len(lines) == 1, p.stderr[-3000:]
+    assert lines[0].startswith('error: out of memory at iteration 0 (Unable to allocate ') and \
+        lines[0].endswith('no checkpoint was written'), lines[0]
+    print(f"the gather failed after {time.time() - t0:.1f} s")
 
 
 def on_second_save(action):
@@ -1217,8 +1254,10 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
                          "--optimizer=muon, or leave it out"),
     (['--muon_adaln=True', '--muon_lr=0.05'], "muon_lr, muon_adaln are settings of optimizer='muon'"),
     (['--optimizer=muon', '--cond=none', '--order=l2r', '--muon_adaln=False'],  # a GPT: no AdaLN to place
-     "muon_adaln places the AdaLN Linears, but this model has none (cond='none'): leave muon_adaln out"),
-    (['--optimizer=muon', '--cond=sigma', '--muon_adaln=True'], "this model has none (cond='sigma')"),
+     "muon_adaln=False: read only by AO-GPT's AdaLN (cond='adaln'), and this run trains a GPT (causal=True, "
+     "cond='none') with learned positions and a gelu MLP, so it would be recorded and change nothing; leave it out"),
+    (['--optimizer=muon', '--cond=sigma', '--muon_adaln=True'],
+     "this run trains a sigma-GPT (causal=True, cond='sigma')"),
     (['--causal=False', '--cond=none', '--mask_token_id=500'],  # beyond the vocab derived from the data
      "mask_token_id must be a token id in [0, vocab_size=64) for the encoder MDM's [MASK], got 500 (vocab_size 64"),
     # order settings given on purpose that the run would ignore (each once trained bit-identically to leaving it out)
@@ -1234,11 +1273,29 @@ def test_warm_start_from_gpt2_and_fine_tune_from_a_checkpoint(env, monkeypatch, 
     (['--cond=none', '--order=l2r', '--order_warmup=semiar:1:4', '--order_warmup_iters=2'],
      "a GPT (cond='none') is never told which position to predict"),
     (['--cond=none', '--order=l2r', '--target_lr_scale=3'],
-     "target_lr_scale=3.0 scales the target conditioning's learning rate, but this model (cond='none') has none"),
+     "target_lr_scale=3.0: read only by a target conditioning (cond='adaln' or 'sigma'), and this run trains a GPT"),
     (['--causal=False', '--cond=none', '--order_warmup=semiar:1:4', '--order_warmup_iters=2'],
-     "order_warmup, order_warmup_iters: the encoder MDM (causal=False) trains on random masks, not orders"),
-    (['--causal=False', '--cond=none', '--order=nearl2r:2'],
-     "order: the encoder MDM (causal=False) trains on random masks, not orders, so it would be ignored"),
+     "order_warmup='semiar:1:4', order_warmup_iters=2: read only by a decoder (causal=True): the encoder MDM trains "
+     "on random masks, not orders, and this run trains the encoder MDM (causal=False, cond='none')"),
+    (['--causal=False', '--cond=none', '--order=nearl2r:2'], "order='nearl2r:2': read only by a decoder"),
+    (['--cond=none', '--order=l2r', '--l2r_frac_end=0.5'],  # its schedule mixes in random orders: once trained on them
+     "a GPT (cond='none') is never told which position to predict"),
+    # keys the chosen model never reads (preflight.READ_BY): recorded in the checkpoint and the card, changing nothing
+    (['--cond=sigma', '--target_std=1'], "target_std=1.0: read only by AO-GPT's AdaLN (cond='adaln'), and this run "
+                                         "trains a sigma-GPT (causal=True, cond='sigma') with learned positions"),
+    (['--cond=sigma', '--adaln_std=0.2', '--target_dim=8'], "target_dim=8, adaln_std=0.2: read only by AO-GPT's AdaLN"),
+    (['--cond=none', '--order=l2r', '--target_std=1'], "target_std=1.0: read only by AO-GPT's AdaLN"),
+    (['--causal=False', '--cond=none', '--adaln_std=0.2'], "adaln_std=0.2: read only by AO-GPT's AdaLN (cond='adaln'), "
+                                                           "and this run trains the encoder MDM"),
+    (['--rope_theta=500000'], "rope_theta=500000.0: read only by rotary positions (pos='rope'), and this run trains an "
+                              "AO-GPT (causal=True, cond='adaln') with learned positions"),
+    (['--rope_scaling={"factor": 8, "low_freq_factor": 1, "high_freq_factor": 4, '
+      '"original_max_position_embeddings": 8}'], "rope_scaling={'factor': 8, "),
+    (['--pos=rope', '--mlp=swiglu', '--gelu=tanh'], "gelu='tanh': read only by the GELU MLP (mlp='gelu'; SwiGLU's is "
+                                                    "silu), and this run trains an AO-GPT (causal=True, cond='adaln') "
+                                                    "with rope positions and a swiglu MLP"),
+    (['--cond=none', '--order=l2r', '--eval_orders=4'], "eval_orders=4: read only by a model scored on drawn orders"),
+    (['--mask_token_id=60'], "mask_token_id=60: read only by the encoder MDM (causal=False)"),
     # the old spellings of the orders: one line with the new form
     (['--order_mode=block_random', '--block_size_order=2', '--order_seed=3'],
      "order_mode='block_random', block_size_order=2, order_seed=3: train.py's orders are one key now, order "
@@ -1262,6 +1319,84 @@ def test_config_errors_are_one_clear_line(env, monkeypatch, capsys, tmp_path, ar
     assert e.value.code != 0
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+# ---------------------------------------------------------------------------------------------------
+# who reads each key: preflight.READ_BY, against the model itself
+
+# the formulations and blocks every key is checked against
+FORMULATIONS = {'ao': dict(), 'sigma': dict(cond='sigma'), 'gpt': dict(cond='none'),
+                'mdm': dict(causal=False, cond='none', mask_token_id=10)}
+BLOCKS = {'paper': dict(), 'rope': dict(BACKBONES['rope'])}
+# values of each GPTConfig key, the first that differs from the base's taken, valid on every formulation and block
+OTHER = dict(block_size=[N + 1], vocab_size=[13], n_layer=[3], n_head=[4, 2], n_embd=[24], dropout=[0.5],
+             bias=[False, True], norm=['layer'], qk_norm=[False], tie_head=[True], head_bias=[False], gelu=['tanh'],
+             mask_token_id=[11], rope_theta=[7.0],
+             rope_scaling=[dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                original_max_position_embeddings=8)],
+             mlp_hidden=[40], n_kv_head=[1], head_dim=[4], norm_eps=[0.1], qkv_bias=[False, True], target_dim=[4],
+             adaln_init=['paper'], target_std=[1.0], adaln_std=[0.3])
+SAME_FUNCTION = {'adaln_table', 'loss_chunk'}  # read, and by design the same function computed another way
+
+
+def test_every_key_of_the_model_and_of_train_py_has_one_row():
+    """preflight.READ_BY is the one table of who reads what: every GPTConfig field and every train.py key in exactly
+    one row (a key added to either, fsdp say, fails here until it is given its readers)."""
+    from dataclasses import fields
+
+    from test_configurator import train_defaults
+
+    from aogpt.preflight import READ_BY, READERS
+    rows = [k for keys in READ_BY.values() for k in keys]
+    assert len(rows) == len(set(rows)) and set(READ_BY) == set(READERS)
+    assert set(rows) == {f.name for f in fields(GPTConfig)} | {k for k in train_defaults() if not k.startswith('_')}
+
+
+@pytest.mark.parametrize('block', list(BLOCKS))
+@pytest.mark.parametrize('form', list(FORMULATIONS))
+def test_the_table_says_which_keys_each_model_reads(form, block):
+    """The table against model.py: each GPTConfig key set to another value changes the model (its initial weights or
+    its logits, dropout's in training) exactly where READ_BY says the model reads it; where it does not, the model is
+    the same, bit for bit. train.py's keys against what reads them: eval_orders the val passes, target_lr_scale and
+    muon_adaln the optimizer's groups."""
+    from aogpt.preflight import model_reads
+    from aogpt.valloss import val_passes
+    base = dict(dict(n_layer=2, n_head=2, n_embd=16, target_dim=8, block_size=N, vocab_size=12), **BLOCKS[block],
+                **FORMULATIONS[form])
+    x = torch.randint(0, 10, (2, N), generator=torch.Generator().manual_seed(0))
+
+    def model(**kw):
+        torch.manual_seed(0)
+        m = GPT(GPTConfig(**dict(base, **kw)))
+        torch.manual_seed(1)  # dropout's draws
+        try:  # the longest input it takes
+            m(torch.zeros(1, N + 1, dtype=torch.long))
+            longer = True
+        except ValueError:
+            longer = False
+        return m, m.train()(x, targets=x)[0], longer
+
+    ref_model, ref, ref_longer = model()
+    seen = {}
+    for key, values in OTHER.items():
+        other = next(v for v in values if v != base.get(key, getattr(GPTConfig, key)))
+        m, logits, longer = model(**{key: other})
+        same = m.state_dict().keys() == ref_model.state_dict().keys() and \
+            all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), ref_model.state_dict().values())) and \
+            logits.shape == ref.shape and torch.equal(logits, ref) and longer == ref_longer
+        seen[key] = not same
+    want = {k: model_reads(k, GPTConfig(**base).__dict__) for k in seen}
+    assert seen == want, {k: (seen[k], want[k]) for k in seen if seen[k] != want[k]}
+    assert not SAME_FUNCTION & set(OTHER)  # the keys neither way can show: the table's word for them
+    cfg = GPTConfig(**base).__dict__
+    m = ref_model.eval()
+    fixed = parse_order('l2r')
+    assert (val_passes(m, 2, None, fixed) != val_passes(m, 5, None, fixed)) == model_reads('eval_orders', cfg)
+    groups = lambda **kw: [(len(g['params']), g['initial_lr']) for opt in configure_optimizers(  # noqa: E731
+        m, 0.1, 1e-3, (0.9, 0.95), 'cpu', **kw) for g in opt.param_groups]
+    assert (groups(target_lr_scale=3.0) != groups()) == model_reads('target_lr_scale', cfg)
+    muon = dict(optimizer='muon', muon_lr=0.02, min_lr=1e-4)
+    assert (groups(**muon, muon_adaln=True) != groups(**muon, muon_adaln=False)) == model_reads('muon_adaln', cfg)
 
 
 @pytest.mark.parametrize('bad', [
@@ -1417,9 +1552,11 @@ def test_shipped_configs_resolve_and_run(env, monkeypatch, tmp_path, path):
     data.mkdir(parents=True)
     for split in ('train', 'val'):
         runs_corpus(2000, 0).tofile(data / f'{split}.bin')
+    from aogpt.preflight import model_reads
     shrink = ['--n_layer=1', '--n_head=4', '--n_embd=32', '--block_size=16', '--batch_size=2',  # 4: rope's n_kv_head
-              '--gradient_accumulation_steps=1', '--eval_iters=1', '--eval_orders=1', '--max_iters=1',
-              '--device=cpu', f'--data_root={tmp_path / "data"}', f'--out_dir={tmp_path / "out"}']
+              '--gradient_accumulation_steps=1', '--eval_iters=1', '--max_iters=1', '--device=cpu',
+              f'--data_root={tmp_path / "data"}', f'--out_dir={tmp_path / "out"}']
+    shrink += ['--eval_orders=1'] if model_reads('eval_orders', cfg) else []  # a GPT's evals draw no orders
     run_inprocess(monkeypatch, [path, *shrink])
     ckpt = load_checkpoint(str(tmp_path / 'out'))
     assert ckpt['config']['order'] == cfg['order'] and ckpt['model_args']['cond'] == cfg['cond']
@@ -1773,7 +1910,7 @@ def test_fine_tuning_an_encoder_says_it_trains_the_encoder(env, monkeypatch, cap
                                     '--causal=False', '--cond=none'))
     capsys.readouterr()
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "ft"}', f'--init_from={tmp_path / "src"}',
-                                    '--max_iters=1', '--eval_interval=1'))
+                                    '--max_iters=1', '--eval_interval=1', model='mdm'))
     out = capsys.readouterr().out
     assert "model shape from it (causal=False, cond='none', n_layer=2, n_head=2, n_embd=32)" in out, out
     ck = load_checkpoint(str(tmp_path / 'ft'))
@@ -1786,7 +1923,7 @@ def test_fine_tuning_an_encoder_says_it_trains_the_encoder(env, monkeypatch, cap
     assert (train_config['causal'], train_config['cond']) == (False, 'none')
     # and the same command resumes it (a default is not asked for), keeping the encoder
     run_inprocess(monkeypatch, args(env, '', f'--out_dir={tmp_path / "ft"}', '--init_from=auto', '--max_iters=2',
-                                    '--eval_interval=1'))
+                                    '--eval_interval=1', model='mdm'))
     changed = [l for l in capsys.readouterr().out.splitlines() if 'changed keys' in l]
     assert changed == ['resuming with changed keys (checkpoint -> now): max_iters 1 -> 2'], changed
     ck = load_checkpoint(str(tmp_path / 'ft'))
