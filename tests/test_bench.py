@@ -138,7 +138,7 @@ def test_an_encoder_timed_per_pass_counts_the_passes_a_full_run_makes():
     (['bench/sample_roofline.py', '--device=cuda:99'], "error: --device cuda:99, but "),
     (['bench/loss_memory.py', '--chunks=0,-4'], "error: --chunks must be a comma-separated list of loss_chunk settings "
                                                 ">= 0 (0: off), got '0,-4'"),
-    (['bench/memory_budget.py', '--source=gpt5'], "error: --source must be one of qwen3_0p6b, smollm2_135m, got 'gpt5'"),
+    (['bench/memory_budget.py', '--source=gpt5'], "error: --source must be one of qwen3_0p6b, smollm2_135m, qwen3_8b, llama3_8b, got 'gpt5'"),
 ])
 def test_bad_settings_are_one_line_before_anything_is_built(argv, says):
     """These were tracebacks (int('x'), a KeyError, GPTConfig's ValueError, a division by zero iters), or, for

@@ -379,3 +379,52 @@ def test_a_fine_tune_command_run_again_resumes_its_own_run(sources, monkeypatch,
     run_inprocess(monkeypatch, source_args(root, 'ft_early', folder, *common, '--max_iters=4'))
     assert 'resum' not in capsys.readouterr().out
     same_logs(root / 'ft_whole', root / 'ft_early')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('config, family, repo', [('adapt_qwen3_8b.py', 'qwen3', 'Qwen/Qwen3-8B'),
+                                                  ('adapt_llama3_8b.py', 'llama', 'meta-llama/Llama-3.1-8B')])
+def test_the_8b_configs_run_as_shipped(tmp_path, config, family, repo):
+    """config/adapt_*_8b.py under torchrun on 2 gloo ranks, offline, against a tiny model of its family served under
+    the config's own hub id from a Hugging Face cache (the Llama with Llama 3's rope scaling, as 3.1's config.json
+    has it), its data prepared with that model's tokenizer under the config's dataset name. As shipped (fsdp,
+    activation checkpointing, bfloat16, the recipe, the accumulation), but for what a tiny model on a CPU needs: the
+    window and its order warmup, the micro-batch, two steps, no compile."""
+    from helpers import hub_cache
+    from test_sources import build_source
+    folder, _, data = build_source(tmp_path, family)
+    if family == 'llama':
+        hf = json.loads((folder / 'config.json').read_text())
+        hf['rope_scaling'] = dict(rope_type='llama3', factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                  original_max_position_embeddings=8)
+        (folder / 'config.json').write_text(json.dumps(hf))
+    hub_cache(tmp_path / 'hub', repo, {name: folder / name for name in os.listdir(folder)})
+    shipped = {}
+    exec(open(os.path.join(ROOT, 'config', config)).read(), shipped)
+    os.symlink(data, tmp_path / 'data' / shipped['dataset'])
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
+           f'config/{config}', f"--data_root={tmp_path / 'data'}", f"--out_dir={tmp_path / 'out'}", '--compile=False',
+           '--block_size=16', '--order_warmup=semiar:1:16', '--batch_size=2', '--max_iters=2', '--eval_interval=2',
+           '--eval_iters=2', '--warmup_iters=1', '--order_warmup_iters=1']
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600,
+                       env=dict(ENVIRON, HF_HUB_CACHE=str(tmp_path / 'hub'), HF_HUB_OFFLINE='1'))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    assert '2 rank(s) (FSDP) on cpu, bfloat16' in p.stdout and 'adapting the GPT' in p.stdout
+    ckpt = load_checkpoint(str(tmp_path / 'out'))
+    assert ckpt['sharded'].endswith('ckpt_0000002.dcp') and ckpt['started_from']['init_from'] == f'hf:{repo}'
+    assert ckpt['config']['activation_checkpointing'] and ckpt['config']['gradient_accumulation_steps'] == 32
+    recs = [json.loads(line) for line in open(tmp_path / 'out' / 'log.jsonl')]
+    assert [r['iter'] for r in recs] == [0, 2] and all(np.isfinite(r['val_ao']) for r in recs)
+
+
+@pytest.mark.slow
+def test_compiled_blocks_shard_and_recompute(env):
+    """compile=True with fsdp=True compiles each block before it is sharded (torchtitan's order), with activation
+    checkpointing inside: 2 ranks train as one eager unsharded process, to the module's float32 bound (the compiled
+    kernels fuse elementwise ops, which rounds a few ulps otherwise)."""
+    common = ['--max_iters=4', '--eval_interval=2', '--batch_size=4', '--gradient_accumulation_steps=4']
+    run(env, args(env, 'c_eager', *common))
+    run(env, args(env, 'c_compiled', *common, '--fsdp=True', '--compile=True', '--activation_checkpointing=True'),
+        torchrun=True)
+    same_logs(env / 'c_eager', env / 'c_compiled', tol=1e-5)
+    same_weights(env / 'c_eager', env / 'c_compiled', atol=1e-5)
