@@ -4,6 +4,7 @@ Train AO-GPT, or one of its baselines (GPT, sigma-GPT, encoder MDM), on a tokeni
     python train.py config/train_ptb_tiny.py                             # CPU, about 4 minutes
     python train.py config/train_ao_gpt_small.py                         # one GPU
     torchrun --standalone --nproc_per_node=8 train.py config/train_ao_gpt_small.py
+    torchrun --standalone --nproc_per_node=8 train.py config/adapt_qwen3_8b.py   # fsdp=True: past one GPU's memory
 
 The defaults below are the paper's AO-GPT-Small run on OpenWebText. Config files are small diffs from
 them, and --key=value overrides come last; `python train.py --help` lists every key.
@@ -17,7 +18,7 @@ weight the NLL of the masked tokens by 1/t.
 
 Randomness. Every training draw (batch offsets, orders, MDM masks, dropout) comes from a generator
 seeded by (seed, iteration, global micro-step). The run is therefore a pure function of iter_num: a
-resumed run continues bit-identically on CPU, and DDP on W ranks draws the same global batch as one
+resumed run continues bit-identically on CPU, and DDP or FSDP on W ranks draws the same global batch as one
 process (rank r takes a contiguous 1/W of the micro-steps); only float summation order differs.
 
 Validation (every eval_interval, on all ranks, NLL sums and token counts all-reduced) runs on a fixed

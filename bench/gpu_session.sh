@@ -17,8 +17,9 @@
 #     are read against (a target missed is explained by its distance to the floor)
 #   3 training, AO-GPT-small, bf16, compiled: tokens/s of ao_table and gpt in one run, and of ao_table on the
 #     rotary/SwiGLU/GQA block at equal parameters (#49, #51: one more compile, about a minute)
-#   then, while BUDGET seconds last: the optimizer step of optimizer=muon against AdamW (#32), and the
-#   profile of the graphed sampler
+#   then, while BUDGET seconds last: the optimizer step of optimizer=muon against AdamW (#32); ao_table under
+#   train.py's fsdp=True with activation_checkpointing (a world of one, #57) beside it unsharded, its tokens/s and
+#   peak memory (one more compile); and the profile of the graphed sampler
 # Every command here runs on the CPU at toy sizes in tests/test_bench.py (the rehearsal). The machine runs its own
 # image's torch (2.11.0+cu130 as last seen; the device tool's KINDS.md), not our pin, so rehearse under that
 # version too before spending the call (PyPI's wheel is the CUDA build, about 5 GB with its libraries):
@@ -65,6 +66,7 @@ step 210 $PY bench/train_speed.py --device=cuda $SMALL --compile=True --iters=15
 
 # then, as long as the budget lasts
 left 90 && step 90 $PY bench/train_speed.py --device=cuda $SMALL --compile=True --iters=15 --warmup=3 --models=ao_table --optimizer=True --write=True
+left 150 && step 150 $PY bench/train_speed.py --device=cuda $SMALL --compile=True --iters=15 --warmup=3 --models=ao_table --fsdp_ac=True --write=True
 left 60 && step 60 $PY bench/profile_sampler.py --device=cuda $MED --steps=128 --stepper=cuda_graph
 [ -n "${OUT:-}" ] && cp BENCHMARKS.md "$OUT/"
 echo "=== done in ${SECONDS}s" | tee -a "$LOG/gpu_session.log"

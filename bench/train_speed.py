@@ -7,6 +7,7 @@ are interleaved, and each row is a median step).
     python bench/train_speed.py --device=cuda --n_layer=12 --n_embd=768 --n_head=12 \
         --block_size=1024 --batch_size=16 --compile=True         # AO-GPT-small on a GPU
     ... --write=True                                              # append the table to BENCHMARKS.md
+    python bench/train_speed.py --fsdp_ac=True                    # and each model sharded, recomputed (a world of 1)
     python bench/train_speed.py --optimizer                       # the optimizer step: AdamW against Muon
     ... --optimizer --json_out=f.json                             # the same rows as JSON (findings/optimizers.py)
 
@@ -22,7 +23,11 @@ Models (same backbone: RMSNorm, QK-norm, untied head):
             d x 3d hold 9 d^2 against GELU's 8 d^2, so each block holds 12 d^2 either way (the totals differ by the
             learned wpe the rotary model lacks and a few biases; the table prints both)
 Activation memory = peak memory during forward+backward minus the memory held before the forward
-(weights, grads, optimizer state), on CUDA only.
+(weights, grads, optimizer state), on CUDA only; peak memory is the whole of it.
+
+--fsdp_ac: each model also as train.py trains it with fsdp=True and activation_checkpointing=True, in a world of one
+(aogpt/parallel.build: sharded over one rank, bfloat16 compute from float32 shards, each block recomputed in
+backward), beside it: what sharding and recomputation cost one GPU, in tokens/s and in memory.
 
 --optimizer: each model trained with each of `optimizers`: train.py's optimizer=adamw, optimizer=muon (Muon
 for the blocks' hidden matrices and AdaLN Linears, AdamW for the rest; muon: torch's bfloat16 Newton-Schulz,
@@ -33,6 +38,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
@@ -43,6 +49,7 @@ from aogpt.errors import UserError, exit_in_one_line  # noqa: E402
 from aogpt.likelihood import mdm_corrupt  # noqa: E402
 from aogpt.optim import configure_optimizers  # noqa: E402
 from aogpt.orders import random_orders  # noqa: E402
+from aogpt.parallel import build  # noqa: E402
 from aogpt.paths import check_writable  # noqa: E402
 from aogpt.runtime import fast_math  # noqa: E402
 from bench.common import append_benchmark, check_settings, measure_matmul_peak  # noqa: E402
@@ -65,6 +72,7 @@ peak_flops: float = None     # FLOP/s for MFU; None: measure a bf16 matmul on CU
 sdpa = 'default'             # attention kernel on CUDA: default | flash | cudnn | efficient
 write = False                # append the table to BENCHMARKS.md
 profile = False              # after timing, profile 3 steps of each model and print where the time goes
+fsdp_ac = False              # also each model under fsdp=True (a world of one) with activation_checkpointing
 optimizer = False            # time the optimizer step of AdamW and of Muon (+ AdamW for the rest) instead
 optimizers = 'adamw,muon,muon_fp32'  # --optimizer: which (muon: bf16 Newton-Schulz; muon_fp32: muon_dtype=float32)
 json_out = ''                # --optimizer: also write the rows to this JSON file
@@ -87,6 +95,9 @@ if optimizer and OPTIMIZERS[0] != 'adamw':
     raise UserError("--optimizers must start with adamw, the baseline the others are compared with")
 if json_out:
     check_writable(json_out, 'json_out', 'optimizers.json', create=True)
+if fsdp_ac and optimizer:
+    raise UserError("--fsdp_ac times training steps; --optimizer times optimizer steps: pass one of them")
+SHARDED = '+fsdp_ac'  # a model name's suffix: that model under fsdp=True and activation_checkpointing=True
 
 torch.manual_seed(seed)
 fast_math(device)  # as train.py: TF32 on CUDA, denormals flushed on the CPU
@@ -149,15 +160,20 @@ ROPE = dict(pos='rope', mlp='swiglu', n_kv_head=n_head // 2, mlp_hidden=3 * n_em
 
 def make_step(name, opt_name='adamw'):
     """(model, its training step, the list each step appends its optimizer seconds to when --optimizer)."""
+    sharded, name = name.endswith(SHARDED), name.removesuffix(SHARDED)
     cfg = GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, target_dim=target_dim, block_size=block_size,
                     vocab_size=vocab_size, **VARIANTS[name.removesuffix(':rope')],
                     **(ROPE if name.endswith(':rope') else {}))
-    model = GPT(cfg).to(device)
+    if sharded:  # train.py's model: built on meta, sharded (a world of one), its blocks compiled and recomputed
+        model, fwd = build(asdict(cfg), None, device, fsdp=True, activation_checkpointing=True,
+                           dtype=dtype if cuda else 'float32', compile=compile)
+    else:
+        model = GPT(cfg).to(device)
+        fwd = torch.compile(model) if compile else model
     muon_dtype = MUON_DTYPE[opt_name]
     opts = configure_optimizers(model, 0.05, 3e-4, (0.9, 0.95), 'cuda' if cuda else 'cpu',  # train.py's defaults
                                 optimizer='muon' if muon_dtype else 'adamw', muon_lr=0.02,
                                 muon_dtype=muon_dtype or 'bfloat16')
-    fwd = torch.compile(model) if compile else model
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randint(0, min(vocab_size, 50257), (batch_size, block_size), device=device, generator=g)
     opt_s = []
@@ -190,7 +206,7 @@ def bench(name):
     for _ in range(warmup):
         step()
     sync()
-    act_mem = None
+    act_mem = peak = None
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         held = torch.cuda.memory_allocated()
@@ -200,10 +216,11 @@ def bench(name):
     sync()
     dt = (time.perf_counter() - t0) / iters
     if cuda:
-        act_mem = torch.cuda.max_memory_allocated() - held
+        peak = torch.cuda.max_memory_allocated()
+        act_mem = peak - held
     if profile:
         where_time_goes(name, step)
-    row = result(name, model, dt, act_mem)
+    row = dict(result(name, model, dt, act_mem), peak=peak)
     del model, step
     if cuda:
         torch.cuda.empty_cache()
@@ -226,7 +243,7 @@ def bench_interleaved(names):
     if profile:
         for m, (_, step) in runs.items():
             where_time_goes(m, step)
-    return [result(m, runs[m][0], sorted(times[m])[len(times[m]) // 2], None) for m in names]
+    return [dict(result(m, runs[m][0], sorted(times[m])[len(times[m]) // 2], None), peak=None) for m in names]
 
 
 def result(name, model, dt, act_mem):
@@ -291,21 +308,30 @@ if optimizer:
                          f"optimizer=muon.", table)
     sys.exit(0)
 
-rows = [bench(m) for m in MODELS] if cuda else bench_interleaved(MODELS)
+if fsdp_ac:
+    from aogpt.runtime import start_ranks
+    start_ranks(device, group=True)  # a world of one: FSDP shards over a process group
+NAMES = MODELS + [m + SHARDED for m in MODELS] * fsdp_ac
+rows = [bench(m) for m in NAMES] if cuda else bench_interleaved(NAMES)
 base = next((r for r in rows if r['model'] == 'gpt'), None)
-lines = ['| model | block | params | params a block | ms/step | tokens/s | MFU | act. mem (GiB) | tok/s vs gpt '
-         '| act. mem vs gpt | tok/s vs paper block |', '|---|---|---|---|---|---|---|---|---|---|---|']
+lines = ['| model | block | how | params | params a block | ms/step | tokens/s | MFU | act. mem (GiB) | peak mem (GiB) '
+         '| tok/s vs gpt | act. mem vs gpt | tok/s vs paper block | tok/s vs one GPU |',
+         '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+gib = lambda b: f"{b / 2**30:.2f}" if b is not None else 'n/a'  # noqa: E731
 for r in rows:
     mfu = f"{100 * r['mfu']:.1f}%" if r['mfu'] is not None else 'n/a'
-    mem = f"{r['act_mem'] / 2**30:.2f}" if r['act_mem'] is not None else 'n/a'
     rt = f"{r['tok_s'] / base['tok_s']:.3f}" if base else 'n/a'
     rm = f"{r['act_mem'] / base['act_mem']:.3f}" if base and r['act_mem'] is not None else 'n/a'
-    name, rope = r['model'].removesuffix(':rope'), r['model'].endswith(':rope')
+    plain, sharded = r['model'].removesuffix(SHARDED), r['model'].endswith(SHARDED)
+    name, rope = plain.removesuffix(':rope'), plain.endswith(':rope')
     paper = next((x for x in rows if x['model'] == name), None)  # the same model on the paper's block
-    rb = f"{r['tok_s'] / paper['tok_s']:.3f}" if rope and paper else 'n/a'
-    lines.append(f"| {name} | {'rope+swiglu+gqa' if rope else 'paper'} | {r['params'] / 1e6:.1f}M | "
-                 f"{r['block_params']:,} | {r['ms']:.1f} | "
-                 f"{r['tok_s']:,.0f} | {mfu} | {mem} | {rt} | {rm} | {rb} |")
+    rb = f"{r['tok_s'] / paper['tok_s']:.3f}" if rope and paper and not sharded else 'n/a'
+    one = next(x for x in rows if x['model'] == plain)  # the same model unsharded, recomputing nothing
+    rs = f"{r['tok_s'] / one['tok_s']:.3f}" if sharded else 'n/a'
+    lines.append(f"| {name} | {'rope+swiglu+gqa' if rope else 'paper'} | "
+                 f"{'fsdp + recompute (world 1)' if sharded else 'one GPU'} | {r['params'] / 1e6:.1f}M | "
+                 f"{r['block_params']:,} | {r['ms']:.1f} | {r['tok_s']:,.0f} | {mfu} | {gib(r['act_mem'])} | "
+                 f"{gib(r['peak'])} | {rt} | {rm} | {rb} | {rs} |")
 table = '\n'.join(lines)
 print(table)
 
