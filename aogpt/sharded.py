@@ -21,7 +21,10 @@ if __name__ == '__main__':  # run as a script (python aogpt/sharded.py): one lin
     raise SystemExit("error: aogpt/sharded.py is a library module, with nothing to run: the commands are train.py, "
                      "sample.py, eval_ppl.py, eval_harness.py and export.py at the repository's root")
 
+import contextlib
 import json
+import logging
+import math
 import os
 import re
 import shutil
@@ -87,8 +90,9 @@ def save(out_dir, iter_num, raw, optimizers, ema, meta, keep_every=0):
     _on_rank0(lambda: (shutil.rmtree(tmp, ignore_errors=True), os.makedirs(tmp)))
     state, _ = _tensors(raw, optimizers, ema)
     try:
-        dcp_save(state, storage_writer=HuggingFaceStorageWriter(tmp, save_distributed=True))
-    except Exception as e:  # DCP gathers the ranks' failures into one CheckpointException, raised on every rank
+        with _quiet():
+            dcp_save(state, storage_writer=HuggingFaceStorageWriter(tmp, save_distributed=True))
+    except _failed() as e:  # DCP gathers the ranks' failures into one CheckpointException, raised on every rank
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise OSError(f"the sharded save failed ({first_line(e, 200)})") from e
@@ -114,10 +118,13 @@ def _on_rank0(work):
 
 
 def _publish(tmp, final, meta, keep_every):
-    """Rank 0: meta.json into the temp folder, the folder renamed whole to its name, then the older saves dropped
+    """Rank 0: meta.json into the temp folder, with every tensor's whole shape as the shards just written hold it
+    (what a load checks the shards still cover), the folder renamed whole to its name, then the older saves dropped
     but those kept. A save of the same iteration (an eval_only rerun) is moved aside first and put back on failure."""
     out_dir = os.path.dirname(final)
-    atomic_json(os.path.join(tmp, META), meta)
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    index = HuggingFaceStorageReader(tmp).read_metadata().state_dict_metadata
+    atomic_json(os.path.join(tmp, META), dict(meta, tensors={k: list(v.size) for k, v in index.items()}))
     _fsync_folder(tmp)
     old = os.path.join(out_dir, f'.{os.path.basename(final)}.old.{os.getpid()}') if os.path.exists(final) else None
     if old:
@@ -160,18 +167,57 @@ def read_meta(folder):
     return meta
 
 
+def _index(folder, meta):
+    """The save's index of tensors (DCP's metadata, read from the shards' JSON headers), checked against meta.json:
+    every tensor it recorded is there at its whole shape, and its shards cover all of it. A shard file lost, cut or
+    from another save is one line, never a tensor assembled with rows missing."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    try:
+        with _quiet():
+            index = HuggingFaceStorageReader(folder).read_metadata().state_dict_metadata
+    except _failed() as e:
+        raise UserError(f"cannot read the sharded checkpoint {folder} ({first_line(e, 300)}): a shard file is "
+                        f"truncated or not safetensors; use another save")
+    for key, shape in meta.get('tensors', {}).items():
+        got = index.get(key)
+        held = sum(math.prod(c.sizes) for c in got.chunks) if got is not None else 0
+        if got is None or list(got.size) != shape or held != math.prod(shape):
+            raise UserError(f"the sharded checkpoint {folder} lacks rows of {key} (its shards hold {held:,} of "
+                            f"{math.prod(shape):,} values): a shard file is missing or from another save; use "
+                            f"another save")
+    return index
+
+
 def _load(state, folder):
-    """DCP's load of state (tensors allocated, filled in place) from folder's safetensors: a missing or misshapen
-    tensor is one line."""
+    """DCP's load of state (tensors allocated, filled in place) from folder's safetensors: what fails is one line."""
     from torch.distributed.checkpoint import HuggingFaceStorageReader
     from torch.distributed.checkpoint import load as dcp_load
     try:
-        with warnings.catch_warnings():  # one process: DCP says that it assumes so
-            warnings.filterwarnings('ignore', message='torch.distributed is disabled')
+        with _quiet():
             dcp_load(state, storage_reader=HuggingFaceStorageReader(folder))
-    except Exception as e:
+    except _failed() as e:
         raise UserError(f"cannot read the sharded checkpoint {folder} ({first_line(e, 300)}): a shard is missing, "
                         f"truncated or of another model; use another save, or resume from an earlier one")
+
+
+def _failed():
+    """What a DCP call raises when it fails: its own CheckpointException is a BaseException, so it is named (imported
+    only when an exception is matched: DCP takes most of a second to import, which no command should pay)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    return Exception, CheckpointException
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DCP logs its failures with their tracebacks on the root logger, and warns that one process means no process
+    group: what fails is said once, in our line."""
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings('ignore', message='torch.distributed is disabled')
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def load(folder, raw, optimizers, ema):
@@ -181,6 +227,7 @@ def load(folder, raw, optimizers, ema):
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                          set_optimizer_state_dict)
     meta = read_meta(folder)
+    _index(folder, meta)
     state, osd = _tensors(raw, optimizers, ema)
     if ema is None or meta.get('ema') is None:  # an EMA the save lacks starts from the resumed weights
         state.pop('ema', None)
@@ -195,12 +242,8 @@ def load(folder, raw, optimizers, ema):
 def read(folder):
     """A save as ckpt.pt's dict, in one process (no process group): its meta.json's keys, and 'model' and 'ema' as
     whole tensors assembled from every rank's rows. The optimizer states are not read."""
-    from torch.distributed.checkpoint import HuggingFaceStorageReader
     meta = read_meta(folder)
-    try:
-        index = HuggingFaceStorageReader(folder).read_metadata().state_dict_metadata
-    except Exception as e:
-        raise UserError(f"cannot read the sharded checkpoint {folder} ({first_line(e, 300)})")
+    index = _index(folder, meta)
     state = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in index.items()
              if k.startswith(('model.', 'ema.'))}
     _load(state, folder)
