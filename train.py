@@ -47,7 +47,7 @@ from aogpt.errors import first_line, out_of_memory
 from aogpt.likelihood import mdm_corrupt
 from aogpt.optim import configure_optimizers
 from aogpt.orders import OLD_KEYS, l2r_mix, old_keys_line, one_block, parse_warmup, warmup_order
-from aogpt.parallel import build
+from aogpt.parallel import build, check_sharding
 from aogpt.paths import append_jsonl
 from aogpt.plot import plot_log
 from aogpt.preflight import check_config, check_data, check_model, check_step_sizes, cost_warnings, lr_warnings
@@ -211,9 +211,8 @@ my_micro_steps = range(rank * local_steps, (rank + 1) * local_steps)  # global m
 tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 
 ctx, dtype = autocast(device, dtype)
-if fsdp and dtype == 'float16':
-    fail("fsdp=True trains in bfloat16 or float32: float16 needs a gradient scaler, which the sharded path does not "
-         "take; use dtype=bfloat16 (or float32)")
+with run.failing():
+    check_sharding(fsdp, device_type, dtype)  # what the sharded path cannot run: one line, never a fallback
 fast_math(device)  # TF32 on CUDA; on the CPU, denormals flushed to zero
 
 restart = torch.tensor(0)  # a fine-tune's command run again (torchrun --max-restarts) into its own run: resume it

@@ -14,6 +14,7 @@ activations: the same math, a third more compute.
         raw: the GPT the optimizers, the EMA and the checkpoints take (sharded in place under FSDP); model: what the
         loop calls (raw, compiled, or wrapped in DDP). weights: a state dict, a list of (name, value) for FSDP (a
         value: a tensor, or rows(a, b) -> its rows [a, b), read only when asked), or None: GPT's own init
+    check_sharding(fsdp, device_type, dtype)   what fsdp=True cannot run (float16, a device without NCCL or gloo)
     shard_rows(n, rank, world)      the rows [a, b) of a first dimension of n that fully_shard gives a rank
     local_bytes(raw, optimizers, ema)   this rank's bytes of weights, gradients, optimizer states and EMA
 
@@ -34,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.utils.checkpoint
 
+from aogpt.errors import UserError
 from model import GPT, GPTConfig, adapted_start
 
 # GPT's entry points besides forward: FSDP2 all-gathers the root's weights (embeddings, final norm, head) only around
@@ -98,6 +100,18 @@ def constructor_draws(model):
         elif isinstance(m, torch.nn.Embedding):
             torch.nn.Embedding(m.num_embeddings, m.embedding_dim, device='cpu')
     yield from ()
+
+
+def check_sharding(fsdp, device_type, dtype):
+    """What fsdp=True cannot run, refused in one line (a UserError) rather than run some other way."""
+    if not fsdp:
+        return
+    if device_type not in ('cuda', 'cpu'):
+        raise UserError(f"fsdp=True shards over NCCL (CUDA) or gloo (the CPU), not over {device_type}: use "
+                        f"device=cuda or cpu, or fsdp=False")
+    if dtype == 'float16':
+        raise UserError("fsdp=True trains in bfloat16 or float32: float16 needs a gradient scaler, which the sharded "
+                        "path does not take; use dtype=bfloat16 (or float32)")
 
 
 def _freeze(model, names):

@@ -152,6 +152,10 @@ def test_a_sharded_run_refuses_what_it_cannot_do(env, monkeypatch, capsys):
         assert e.value.code == 1 and len(err) == 1, err
         return err[0]
     assert 'trains in bfloat16 or float32' in line('f16', '--fsdp=True', '--dtype=float16', '--max_iters=1')
+    from aogpt.errors import UserError
+    from aogpt.parallel import check_sharding
+    with pytest.raises(UserError, match='not over mps'):  # no machine here has one: the check itself
+        check_sharding(True, 'mps', 'float32')
     run_inprocess(monkeypatch, args(env, 'plain_run', '--max_iters=2', '--eval_interval=2'))
     assert 'resumes with fsdp=False' in line('plain_run', '--fsdp=True', '--init_from=auto', '--max_iters=4')
     run_inprocess(monkeypatch, args(env, 'sharded_run', '--max_iters=2', '--eval_interval=2', '--fsdp=True'))
