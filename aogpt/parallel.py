@@ -12,8 +12,8 @@ activations: the same math, a third more compute.
 
     model, raw = build(model_args, weights, device, fsdp=..., ddp=..., activation_checkpointing=..., ...)
         raw: the GPT the optimizers, the EMA and the checkpoints take (sharded in place under FSDP); model: what the
-        loop calls (raw, compiled, or wrapped in DDP). weights: a state dict, a list of (name, value) for FSDP (a
-        value: a tensor, or rows(a, b) -> its rows [a, b), read only when asked), or None: GPT's own init
+        loop calls (raw, compiled, or wrapped in DDP). weights: None (GPT's own init), a state dict, or for FSDP
+        {name: a tensor, or rows(a, b) -> its rows [a, b), read only when asked} (the rest drawn: start_values)
     check_sharding(fsdp, device_type, dtype)   what fsdp=True cannot run (float16, a device without NCCL or gloo)
     shard_rows(n, rank, world)      the rows [a, b) of a first dimension of n that fully_shard gives a rank
     local_bytes(raw, optimizers, ema)   this rank's bytes of weights, gradients, optimizer states and EMA

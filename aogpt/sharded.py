@@ -111,6 +111,8 @@ def _on_rank0(work):
             work()
         except OSError as e:
             error = e
+        except _failed() as e:  # the written shards' index unreadable: a failed write all the same
+            error = OSError(f"the sharded save could not be read back ({first_line(e, 200)})")
     ok = torch.tensor(int(error is None))
     dist.broadcast(ok, 0)
     if not ok:
