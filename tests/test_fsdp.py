@@ -422,10 +422,13 @@ def test_the_8b_configs_run_as_shipped(tmp_path, config, family, repo):
 
 
 @pytest.mark.slow
-def test_compiled_blocks_shard_and_recompute(env):
+def test_compiled_blocks_shard_and_recompute(env, monkeypatch):
     """compile=True with fsdp=True compiles each block before it is sharded (torchtitan's order), with activation
     checkpointing inside: 2 ranks train as one eager unsharded process, to the module's float32 bound (the compiled
-    kernels fuse elementwise ops, which rounds a few ulps otherwise)."""
+    kernels fuse elementwise ops, which rounds a few ulps otherwise). The kernels go to a cache of this test's own:
+    inductor's shared one does not key them on ATEN_CPU_CAPABILITY (test_train's compile test says what follows)."""
+    import test_train
+    monkeypatch.setitem(test_train.ENVIRON, 'TORCHINDUCTOR_CACHE_DIR', str(env / 'inductor-cache-fsdp'))
     common = ['--max_iters=4', '--eval_interval=2', '--batch_size=4', '--gradient_accumulation_steps=4']
     run(env, args(env, 'c_eager', *common))
     run(env, args(env, 'c_compiled', *common, '--fsdp=True', '--compile=True', '--activation_checkpointing=True'),
