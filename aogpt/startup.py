@@ -19,6 +19,8 @@ import hashlib
 import os
 from dataclasses import asdict
 
+import torch.distributed as dist
+
 from aogpt import sharded
 from aogpt.checkpoint import (CKPT_NAME, checkpoint_codec, is_export, load_checkpoint, load_model, resolve_path,
                               run_checkpoints, weights_sha256)
@@ -92,8 +94,10 @@ def _fine_tune(cfg, given, codec, data_dir, init_from, say, lazy):
     if hf_dir is not None:  # the source itself (cond='none'), then the same path as any: by default into the run's cond
         theirs = gpt2_codec() if bpe else source_tokenizer(hf_dir, codec, data_dir, init_from)
         doc_end = None if theirs is None or bpe else theirs.eot
-        if lazy:  # each parameter's rows, read where a rank asks for them
-            config, source, weights = source_rows(hf_dir, doc_end=doc_end, say=say)
+        if lazy:  # each parameter's rows, read where a rank asks for them; the files' sha256 (a whole read) on rank 0,
+            # the one that writes the record
+            first = not dist.is_initialized() or dist.get_rank() == 0
+            config, source, weights = source_rows(hf_dir, doc_end=doc_end, hash_files=first, say=say)
         else:
             src, source = hf_source(hf_dir, doc_end=doc_end, say=say)
             config = src.config
