@@ -1566,7 +1566,13 @@ def test_shipped_configs_resolve_and_run(env, monkeypatch, tmp_path, path):
 SOURCES = {'Qwen/Qwen3-0.6B': ('Qwen3Config', 'Qwen3ForCausalLM', dict(num_key_value_heads=2, head_dim=16,
                                                                         bos_token_id=None, eos_token_id=0)),
            'HuggingFaceTB/SmolLM2-135M': ('LlamaConfig', 'LlamaForCausalLM', dict(num_key_value_heads=2,
-                                                                                   bos_token_id=0, eos_token_id=0))}
+                                                                                   bos_token_id=0, eos_token_id=0)),
+           'Qwen/Qwen3-8B': ('Qwen3Config', 'Qwen3ForCausalLM', dict(num_key_value_heads=2, head_dim=16,
+                                                                      bos_token_id=None, eos_token_id=0)),
+           'meta-llama/Llama-3.1-8B': ('LlamaConfig', 'LlamaForCausalLM', dict(
+               num_key_value_heads=2, bos_token_id=0, eos_token_id=0, rope_scaling=dict(
+                   rope_type='llama3', factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=8)))}
 
 
 @pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(ROOT, 'config', 'adapt_*.py'))), ids=os.path.basename)
