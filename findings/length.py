@@ -1,8 +1,8 @@
 """
-Finding 12 (ours): does any-order lose ground as the window grows? AO-GPT against the encoder MDM (and sigma-GPT, and
-AO-GPT on rotary positions) at contexts of 32 to 512 characters, on one backbone with everything else held equal.
+Finding 12 (ours): does any-order lose ground as the window grows? AO-GPT against the encoder MDM at contexts of 32 to
+512 characters, on one backbone with everything else held equal; the same on rotary positions, and sigma-GPT.
 
-    python findings/length.py             # about 170 CPU-core-minutes on 2 cores (4 seeds) -> results/f12_*
+    python findings/length.py             # about 150 CPU-core-minutes on 2 cores (4 seeds) -> results/f12_*
     python findings/length.py --quick     # the pipeline end to end on tiny runs in about a minute; judges nothing
     python findings/length.py --replot    # only redraw results/f12_length.png from results/f12_length.json
 
@@ -17,28 +17,34 @@ Setting. reproduce.py's (character-level PTB, 2 layers x 64, learning rate 3e-3 
 0.995, max_iters steps) at each block_size of `lengths`, with the same characters per step (`tokens`, batch_size =
 tokens / block_size: reproduce.py's 32 x 32 at 32), so every run sees the same characters in the same number of
 steps. Runs (each on every seed of --seeds, `_seedS` after the first):
-  ao      AO-GPT, the paper's defaults: reproduce.py's `ao`
-  mdm     the encoder MDM (causal=False): reproduce.py's `mdm`
-  sigma   sigma-GPT (cond='sigma'): reproduce.py's `sigma` (--sigma=False leaves it out)
-  rope    AO-GPT with pos='rope' (rotary positions, as the paper's single-stream variant), at the shortest and the
-          longest length only (--rope=False leaves it out)
-They live in reproduce.py's runs_dir: at its own setting (32 x 32) they are its runs, named as it names them (`ao`,
-`ao_seed2`, `mdm`, `sigma`, ...), so each one it trained is reused and each one trained here serves it; at another
-length `<name>_n<length>`, and the rope runs `ao_rope...`. A finished run is reused, an interrupted one resumes.
+  ao, mdm             AO-GPT (the paper's defaults) and the encoder MDM (causal=False): reproduce.py's `ao` and `mdm`,
+                      at every length
+  ao_rope, mdm_rope   the rope block: the same two with pos='rope' (rotary positions, no position table to learn; the
+                      paper's single-stream variant is rotary too), at the lengths of --rope
+  sigma               sigma-GPT (cond='sigma'): reproduce.py's `sigma`, at the lengths of --sigma
+The rope block and sigma-GPT run at 32 and 128 by default, not 512: there neither AO-GPT nor the MDM leaves the
+unigram plateau within these steps (the section's tables), so no gap can be judged, and the budget (about 180
+CPU-core-minutes) goes where one can. The runs live in reproduce.py's runs_dir: at its own setting (32 x 32) they
+are its runs, named as it names them (`ao`, `ao_seed2`, `mdm`, `sigma`, ...), so each one it trained is reused and
+each one trained here serves it; at another length `<name>_n<length>`. A finished run is reused, an interrupted one
+resumes, and each run's scores are kept in its folder (f12_scores.json), so a rerun scores only what changed.
 
 Evaluation (EMA weights), on the first val_tokens characters of val.bin cut into windows of the run's length (the
 same text at every length): the any-order bound per window, split by how many of the window's n tokens each
 prediction saw (likelihood.nll_by_revealed: eval_orders uniform orders per window for a decoder, elbo_draws mask
-draws for the MDM's ELBO), grouped into deciles of the fraction revealed r/n, which add up to the loss; AO-GPT's exact
-L2R loss; and AO-GPT's context-order ensemble (ens_members orderings, the fast estimator, ens_draws draws per
-window) with its gain over its mean member on the same draws.
+draws for an MDM's ELBO), grouped into deciles of the fraction revealed r/n, which add up to the loss; a decoder's
+exact L2R loss; and AO-GPT's context-order ensemble (ens_members orderings, the fast estimator, ens_draws draws per
+window) with its gain over its mean member on the same draws. The unigram loss of the same characters (the train
+split's frequencies) is the loss of a model that reads no context.
 
-Verdict. The gap is AO-GPT's any-order loss minus the MDM's ELBO at the same length and seed (positive: AO-GPT
-behind). It grows when its mean over the seeds at the longest length exceeds the mean at the shortest by more than
-the larger of the two lengths' seed ranges, shrinks when it falls by more, and otherwise stays within noise; a
-least-squares line per seed against log2(block_size) gives its change per doubling of the window. sigma-GPT's gap
-and the rope block's are judged the same way. The eval noise of each gap (the standard error of its per-window
-differences) is reported beside the seed spread.
+Verdict. The gap is a decoder's any-order loss minus its MDM's ELBO (AO-GPT's and sigma-GPT's: the MDM's; the rope
+block's: its own) at the same length and seed (positive: the decoder behind). It is judged at the lengths where one
+of the two reads its context on some seed (more than 0.1 below the unigram loss); where a model does not, the
+evidence says so, since there the gap measures how much later it learns where to look, not what it can hold. It
+grows when its mean over the seeds at the longest such length exceeds the mean at the shortest by more than the
+larger of the two lengths' seed ranges, shrinks when it falls by more, and otherwise stays within noise; a
+least-squares line per seed against log2(block_size) gives its change per doubling of the window. The eval noise of
+each gap (the standard error of its per-window differences) is reported beside the seed spread.
 """
 
 import json
@@ -70,8 +76,8 @@ tokens = 1024                  # characters per step at every length (batch_size
 max_iters = 6000               # reproduce.py's: its runs at 32 are reused only with its own command
 eval_interval = 250            # reproduce.py's
 seeds = '1337,2,3,4'           # the first is every run's without a suffix (reproduce.py's --seeds)
-sigma = True                   # sigma-GPT at every length
-rope = True                    # AO-GPT with pos='rope' at the shortest and the longest length
+rope = '32,128'                # lengths of the rope block, AO-GPT and the MDM with pos='rope' ('' = none)
+sigma = '32,128'               # lengths of sigma-GPT's runs ('' = none); both among `lengths` (why not 512: above)
 val_tokens = 131072            # val characters scored at each length (val.bin holds 377k)
 eval_orders = 2                # uniform orders per window for a decoder's any-order bound
 elbo_draws = 8                 # mask draws per window for the MDM's ELBO
@@ -79,13 +85,15 @@ ens_members = 4                # orderings of the context in AO-GPT's ensemble
 ens_draws = 1                  # the ensemble's draws per window
 # -----------------------------------------------------------------------------
 RECORD, FIG, SECTION = 'f12_length.json', 'f12_length.png', 'f12_length.md'
-MODELS = {  # model: (reproduce.py's run that it is at reproduce.py's own setting, what it is)
-    'ao': ('ao', "AO-GPT, the paper's defaults (AdaLN, uniform orders + 10% L2R)"),
-    'mdm': ('mdm', 'the encoder MDM (causal=False), trained on its ELBO'),
-    'sigma': ('sigma', "sigma-GPT (the target position added at the input), uniform orders + 10% L2R"),
-    'rope': (None, "AO-GPT on rotary positions (pos='rope'), everything else the paper's"),
+MODELS = {  # model: (reproduce.py's run it is, with these train.py keys more; the MDM it is compared with; what it is)
+    'ao': ('ao', {}, 'mdm', "AO-GPT, the paper's defaults (AdaLN, uniform orders + 10% L2R)"),
+    'mdm': ('mdm', {}, None, 'the encoder MDM (causal=False), trained on its ELBO'),
+    'sigma': ('sigma', {}, 'mdm', "sigma-GPT (the target position added at the input), uniform orders + 10% L2R"),
+    'ao_rope': ('ao', {'pos': 'rope'}, 'mdm_rope', "AO-GPT on rotary positions (pos='rope'), else the paper's"),
+    'mdm_rope': ('mdm', {'pos': 'rope'}, None, "the encoder MDM on rotary positions (pos='rope')"),
 }
-NAMES = {'ao': 'AO-GPT', 'mdm': 'MDM', 'sigma': 'sigma-GPT', 'rope': 'AO-GPT (rope)'}
+DECODERS = [m for m, (_, _, ref, _) in MODELS.items() if ref]  # the models with a gap: ao first, the verdict's
+NAMES = {'ao': 'AO-GPT', 'mdm': 'MDM', 'sigma': 'sigma-GPT', 'ao_rope': 'AO-GPT (rope)', 'mdm_rope': 'MDM (rope)'}
 DECILES = 10
 CLAIM = ("(ours) Single-stream any-order models lose ground as the window grows (Pynadath & Zhang 2026): AO-GPT's "
          "any-order loss falls further behind the encoder MDM's ELBO from the shortest window to the longest")
@@ -99,15 +107,15 @@ def own_setting(c, n):
 
 
 def run_name(c, model, n, seed):
-    base = ('ao_rope' if model == 'rope' else model) + ('' if own_setting(c, n) else f'_n{n}')
+    base = model + ('' if own_setting(c, n) else f'_n{n}')
     return base if seed == c.seed_list[0] else f'{base}_seed{seed}'
 
 
 def run_spec(c, model, n, seed):
     """(train.py overrides beyond reproduce.py's shared ones, what it is): at reproduce.py's own setting exactly its
     run's overrides (and its seed's), so the command is its command."""
-    ref, what = MODELS[model]
-    over = dict(R.RUNS[ref][0]) if ref else {'pos': 'rope'}
+    ref, keys, _, what = MODELS[model]
+    over = dict(R.RUNS[ref][0], **keys)
     if not own_setting(c, n):  # keys train_args already holds: they keep their place in the command
         over.update(block_size=n, batch_size=c.tokens // n)
     if seed != c.seed_list[0]:
@@ -116,15 +124,12 @@ def run_spec(c, model, n, seed):
 
 
 def plan(c):
-    """[(stage, [(model, n, seed, name)])]: the MDM and AO-GPT first (the finding), then sigma-GPT, then the rope
-    block, each stage longest first (so that no core idles at its end while one long run finishes alone)."""
-    models = [('the AO-GPT and MDM runs', ['ao', 'mdm'], c.length_list)]
-    if c.sigma:
-        models.append(('the sigma-GPT runs', ['sigma'], c.length_list))
-    if c.rope:
-        models.append(('the rope runs', ['rope'], sorted({c.length_list[0], c.length_list[-1]})))
+    """[(stage, [(model, n, seed, name)])]: the MDM and AO-GPT first (the finding), then the rope block, then
+    sigma-GPT, each at its lengths and longest first (so that no core idles at its end while one long run finishes)."""
+    blocks = [('the AO-GPT and MDM runs', ['ao', 'mdm'], c.length_list),
+              ('the rope block', ['ao_rope', 'mdm_rope'], c.rope_list), ('the sigma-GPT runs', ['sigma'], c.sigma_list)]
     return [(stage, [(m, n, s, run_name(c, m, n, s)) for n in reversed(ns) for m in ms for s in c.seed_list])
-            for stage, ms, ns in models]
+            for stage, ms, ns in blocks if ns]
 
 
 def train(c):
@@ -163,12 +168,12 @@ def evaluate(c, name, model_kind, n):
     chunks = R.val_chunks(c.val_tokens // n, n)
     N, bs = len(chunks), max(1, 8192 // n)                              # about 8k characters a forward pass
     g = torch.Generator().manual_seed(c.seed_list[0])                    # every model of a length: the same draws
-    by = nll_by_revealed(model, chunks, c.elbo_draws if model_kind == 'mdm' else c.eval_orders, g, bs)
+    by = nll_by_revealed(model, chunks, c.eval_orders if model.config.causal else c.elbo_draws, g, bs)
     window = by.sum(1) / n                                               # (N,) per character
     shares, per_slot, slots = deciles(by)
     row = dict(run=name, model=model_kind, n=n, windows=N, loss=by.sum().item() / (N * n),
                loss_se=window.std().item() / math.sqrt(N), shares=shares, per_slot=per_slot, slots=slots)
-    if model_kind != 'mdm':
+    if model.config.causal:
         s, cnt = nll_l2r(model, chunks, bs)
         row['l2r'] = s / cnt
     if model_kind == 'ao':
@@ -220,21 +225,49 @@ def study(c, specs):
                   + (f", ensemble {row['ensemble']:.4f} (gain {row['ens_gain']:.4f})" if 'ensemble' in row else '')
                   + f" ({time.time() - t0:.0f} s)")
     for row in rows:
-        if row['model'] != 'mdm':
-            ref = run_name(c, 'mdm', row['n'], row['seed'])
+        if MODELS[row['model']][2]:
+            ref = run_name(c, MODELS[row['model']][2], row['n'], row['seed'])
             d = windows[row['run']] - windows[ref]
             row['gap'] = row['loss'] - next(r['loss'] for r in rows if r['run'] == ref)
             row['gap_se'] = d.std().item() / math.sqrt(len(d))
     return rows
 
 
+def unigram(c):
+    """The loss of a model that reads no context: the cross-entropy of the scored val characters (the first
+    val_tokens) under the train split's character frequencies. An any-order loss at it means the model has not yet
+    learned to use its target position (finding 5's plateau)."""
+    import numpy as np
+
+    from aogpt.bins import load_bin
+    data = os.path.join(ROOT, 'data', R.DATASET)
+    train, val = load_bin(data, 'train'), load_bin(data, 'val')[:c.val_tokens]
+    V = int(max(train.max(), val.max())) + 1
+    p = np.bincount(train, minlength=V) / len(train)
+    q = np.bincount(val, minlength=V)
+    return float(-(q[q > 0] * np.log(p[q > 0])).sum() / q.sum())
+
+
 # ----------------------------------------------------------------------------- judging (pure functions)
 
-def gaps(rows, model):
-    """{n: [gap per seed, in seed order]} of a decoder model's runs."""
-    out = {}
+PLATEAU = 0.1  # a loss within this of the unigram loss: the model reads next to no context yet (finding 5's plateau)
+
+
+def stalled(rows, model, n, uni):
+    """(seeds of a model at length n that read next to no context, its seeds): a loss no more than PLATEAU below the
+    unigram loss uni, the plateau an any-order model or an MDM sits on until it learns where to look."""
+    mine = [r['loss'] for r in rows if r['model'] == model and r['n'] == n]
+    return sum(v > uni - PLATEAU for v in mine), len(mine)
+
+
+def gaps(rows, model, uni=None):
+    """{n: [gap per seed, in seed order]} of a decoder model's runs: at every length, or with uni at those where it
+    or its MDM reads its context on some seed (where neither does, neither has learned anything to compare)."""
+    out, ref = {}, MODELS[model][2]
+    dead = lambda m, n: stalled(rows, m, n, uni)[0] == stalled(rows, m, n, uni)[1]  # noqa: E731
     for r in sorted((r for r in rows if r['model'] == model), key=lambda r: r['n']):
-        out.setdefault(r['n'], []).append(r['gap'])
+        if uni is None or not (dead(model, r['n']) and dead(ref, r['n'])):
+            out.setdefault(r['n'], []).append(r['gap'])
     return out
 
 
@@ -265,49 +298,85 @@ def gap_text(model, word, f):
     """One model's gap in words: its value at each length, the change against the yardstick, the slope."""
     at = ' / '.join(f"{f['mean'][n][0]:+.3f} ± {f['mean'][n][1]:.3f}" for n in f['lengths'])
     yard = f"the larger seed range {f['noise']:.3f}" if f['noise'] is not None else 'one seed: its sign'
-    return (f"{NAMES[model]} − MDM at {' / '.join(map(str, f['lengths']))}: {at}; {f['lengths'][0]} -> "
+    return (f"{NAMES[model]} − {NAMES[MODELS[model][2]]} at {' / '.join(map(str, f['lengths']))}: {at}; "
+            f"{f['lengths'][0]} -> "
             f"{f['lengths'][-1]} {f['change']:+.3f} against {yard}: {word}; {f['slope'][0]:+.4f} ± "
             f"{f['slope'][1]:.4f} nats per doubling (seeds: {', '.join(f'{s:+.4f}' for s in f['slopes'])})")
 
 
-def judge(rows):
-    """Finding 12's verdict (AO-GPT's gap) and evidence, and every decoder model's (word, facts)."""
-    judged = {m: judge_gap(gaps(rows, m)) for m in ('ao', 'sigma', 'rope') if any(r['model'] == m for r in rows)}
-    word, f = judged['ao']
-    ev = [gap_text('ao', word, f)]
-    if word == 'grows':
-        ev[0] += f" (so {f['slope'][0]:+.3f} nats per character per doubling of the window)"
-    if 'sigma' in judged:
-        same = judged['sigma'][0] == word
-        ev.append(gap_text('sigma', *judged['sigma']) + f" ({'like' if same else 'unlike'} AO-GPT)")
-    if 'rope' in judged:
-        ev.append(gap_text('rope', *judged['rope']))
+def plateau_text(rows, model, judged, out, uni):
+    """Where a decoder or its MDM reads next to no context: the lengths left out (both, every seed) and, at the lengths
+    judged, which model on how many seeds; '' where every model reads its context."""
+    ref, parts = MODELS[model][2], []
+    for n in judged:
+        for m in (model, ref):
+            k, K = stalled(rows, m, n, uni)
+            if k:
+                parts.append(f"at {n} {NAMES[m]} on {k} of {K} seeds")
+    text = ''
+    if parts:
+        text = (f"; reading next to no context ({PLATEAU} or less below the unigram loss, {uni:.3f}): "
+                + ', '.join(parts) + " (there the gap is how much later one model learns where to look, at equal "
+                "steps, not what it can hold)")
+    if out:
+        text += f"; left out: {', '.join(map(str, out))}, where neither model reads its context on any seed (" + \
+            '; '.join(f"{NAMES[m]} {mean_of(rows, m, n, 'loss')[0]:.3f}" for n in out for m in (model, ref)) + ")"
+    return text
+
+
+def judge(rows, uni):
+    """Finding 12's verdict (AO-GPT's gap) and evidence, and every decoder model's (word, facts). The gap is judged
+    at the lengths where the model and the MDM both read their context (more than PLATEAU below the unigram loss uni
+    on every seed); with fewer than two such lengths, not at all."""
+    judged, ev = {}, []
+    for m in DECODERS:
+        if not any(r['model'] == m for r in rows):
+            continue
+        g = gaps(rows, m, uni)
+        out = sorted(set(gaps(rows, m)) - set(g))
+        if len(g) >= 2:
+            judged[m] = judge_gap(g)
+            text = gap_text(m, *judged[m])
+            if judged[m][0] == 'grows':
+                text += f" (so {judged[m][1]['slope'][0]:+.3f} nats per character per doubling of the window)"
+        else:
+            judged[m] = ('not judged', dict(lengths=sorted(g)))
+            text = (f"{NAMES[m]} − {NAMES[MODELS[m][2]]}: not judged (fewer than two lengths where either reads "
+                    f"its context)")
+        if m != 'ao' and 'not judged' not in (judged['ao'][0], judged[m][0]):
+            text += f" ({'like' if judged[m][0] == judged['ao'][0] else 'unlike'} AO-GPT's)"
+        text += plateau_text(rows, m, sorted(g), out, uni)
+        ev.append(text)
     worst = max(r['gap_se'] for r in rows if 'gap_se' in r)
     ev.append(f"eval noise of a gap (standard error over the val windows) at most {worst:.4f}")
-    return f"the gap {word}", '; '.join(ev), judged
+    word, f = judged['ao']
+    span = '' if word == 'not judged' or f['lengths'] == sorted(gaps(rows, 'ao')) else \
+        f" ({f['lengths'][0]} to {f['lengths'][-1]})"
+    return (word if word == 'not judged' else f"the gap {word}") + span, '; '.join(ev), judged
 
 
 def decile_gaps(rows, model):
-    """{n: [(mean over the seeds, half range) of a decoder model's per-prediction loss minus the MDM's of the same
+    """{n: [(mean over the seeds, half range) of a decoder model's per-prediction loss minus its MDM's of the same
     seed, in each decile of the fraction revealed; None where no prediction falls]}."""
     out = {}
     for n in sorted({r['n'] for r in rows if r['model'] == model}):
         mine = {r['seed']: r['per_slot'] for r in rows if r['model'] == model and r['n'] == n}
-        ref = {r['seed']: r['per_slot'] for r in rows if r['model'] == 'mdm' and r['n'] == n}
+        ref = {r['seed']: r['per_slot'] for r in rows if r['model'] == MODELS[model][2] and r['n'] == n}
         out[n] = [mean_spread([mine[s][d] - ref[s][d] for s in mine]) if mine[next(iter(mine))][d] is not None
                   else None for d in range(DECILES)]
     return out
 
 
-def where(rows):
-    """The sentence on where AO-GPT's gap moved from the shortest window to the longest, by decile."""
-    dg = decile_gaps(rows, 'ao')
-    a, b = min(dg), max(dg)
+def where(rows, model, lengths):
+    """The sentence on where a decoder's gap moved from the shortest judged window to the longest, by decile."""
+    if len(lengths) < 2:
+        return ''
+    dg, a, b = decile_gaps(rows, model), lengths[0], lengths[-1]
     moved = [(d, dg[b][d][0] - dg[a][d][0]) for d in range(DECILES) if dg[a][d] and dg[b][d]]
     if not moved:
         return ''
     big = max(moved, key=lambda t: abs(t[1]))
-    return (f"From {a} to {b} characters, AO-GPT's gap per prediction moved by " + ', '.join(
+    return (f"From {a} to {b} characters, {NAMES[model]}'s gap per prediction moved by " + ', '.join(
         f"{d * 10}-{d * 10 + 10}% {x:+.3f}" for d, x in moved) + f" (deciles of the fraction revealed; most at "
         f"{big[0] * 10}-{big[0] * 10 + 10}%).")
 
@@ -324,43 +393,66 @@ DASH = ('-', '--', ':', '-.')  # the seeds, in order (a fifth starts over)
 MID = [d / DECILES + 1 / (2 * DECILES) for d in range(DECILES)]  # a decile's middle, on the plot's x axis
 
 
+PAIRS = (('ao', 'mdm'), ('ao_rope', 'mdm_rope'))  # the plot's and the tables' like-for-like pairs
+
+
+def per_decile(rows, model, n):
+    """A model's loss of one prediction in each decile at length n: [(mean over the seeds, half range) or None]."""
+    return [mean_of([dict(r, v=r['per_slot'][k]) for r in rows], model, n, 'v') for k in range(DECILES)]
+
+
+def curve_of(rows, model, n, seed):
+    """(steps, val loss) of one run's train.py evals: the any-order loss, or the MDM's ELBO."""
+    r = next(r for r in rows if r['model'] == model and r['n'] == n and r['seed'] == seed)
+    pts = [(e['iter'], e.get('val_ao') or e.get('val_elbo')) for e in r['log'] if e['iter'] > 0]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
 def draw(c, d):
-    rows, seeds = d['rows'], d['seeds']
-    lengths = sorted({r['n'] for r in rows})
-    color = {'ao': 'k', 'sigma': 'C3', 'rope': 'C4'}  # the lengths are C0, C1, C2 in the other panels
+    """results/f12_length.png: the gaps against the window, each seed; per pair (learned positions, rope), the gap
+    and the loss by decile of the fraction revealed and the training curves at each length."""
+    rows, seeds, uni = d['rows'], d['seeds'], d['unigram']
+    color = {'ao': 'k', 'sigma': 'C3', 'ao_rope': 'C4'}  # the lengths are C0, C1, C2 in the other panels
     series = []
-    for m in ('ao', 'sigma', 'rope'):
+    for m in DECODERS:
         for i, s in enumerate(seeds):
             pts = sorted((r['n'], r['gap']) for r in rows if r['model'] == m and r['seed'] == s)
             if pts:
-                series.append((f"{NAMES[m]} − MDM, seed {s}", [p[0] for p in pts], [p[1] for p in pts],
-                               color[m] + DASH[i % len(DASH)] + 'o'))
-    panels = [('the gap: any-order loss minus the MDM\'s ELBO (each seed)', series, 'block_size (characters)', True)]
-    series, gap_series = [], []
-    for j, n in enumerate(lengths):
-        for m in ('ao', 'mdm'):
-            ys = [mean_of([dict(r, v=r['per_slot'][k]) for r in rows], m, n, 'v') for k in range(DECILES)]
-            pts = [(x, y[0]) for x, y in zip(MID, ys) if y is not None]
-            series.append((f"{NAMES[m]}, n = {n}", [p[0] for p in pts], [p[1] for p in pts],
-                           f"C{j}" + ('-o' if m == 'ao' else '--s')))
-        pts = [(x, y[0]) for x, y in zip(MID, decile_gaps(rows, 'ao')[n]) if y is not None]
-        gap_series.append((f"AO-GPT − MDM, n = {n}", [p[0] for p in pts], [p[1] for p in pts], f"C{j}-^"))
-    panels.append(("loss of one prediction by the fraction revealed (seed means)", series,
-                   'fraction of the window revealed (decile)', False))
-    panels.append(("AO-GPT's gap to the MDM by the fraction revealed (seed means)", gap_series,
-                   'fraction of the window revealed (decile)', False))
-    series = []
-    for j, n in enumerate(lengths):
-        for m, key in (('ao', 'val_ao'), ('mdm', 'val_elbo')):
-            r = next(r for r in rows if r['model'] == m and r['n'] == n and r['seed'] == seeds[0])
-            pts = [(e['iter'], e[key]) for e in r['log'] if e.get(key) is not None and e['iter'] > 0]
-            series.append((f"{NAMES[m]}, n = {n}", [p[0] for p in pts], [p[1] for p in pts],
-                           f"C{j}" + ('-' if m == 'ao' else '--')))
-    panels.append((f"training: val any-order loss / ELBO (seed {seeds[0]}, train.py's evals)", series,
-                   'optimizer steps', False))
+                series.append((f"{NAMES[m]} − {NAMES[MODELS[m][2]]}, seed {s}", [p[0] for p in pts],
+                               [p[1] for p in pts], color[m] + DASH[i % len(DASH)] + 'o'))
+    gap_series = []
+    for m, style in (('ao', '-^'), ('ao_rope', ':v')):
+        for n, g in decile_gaps(rows, m).items():
+            pts = [(x, y[0]) for x, y in zip(MID, g) if y is not None]
+            gap_series.append((f"{NAMES[m]} − {NAMES[MODELS[m][2]]}, n = {n}", [p[0] for p in pts],
+                               [p[1] for p in pts], hue(d, n) + style))
+    panels = [('the gap: any-order loss minus its MDM\'s ELBO', series, 'block_size (characters; each seed)', True),
+              ('the gap by the fraction revealed', gap_series, 'fraction of the window revealed (seed means)', False)]
+    for dec, mdm in PAIRS:
+        lengths = sorted({r['n'] for r in rows if r['model'] == dec})
+        if not lengths:
+            continue
+        loss, train = [], []
+        for n in lengths:
+            for m, style in ((dec, '-o'), (mdm, '--s')):
+                pts = [(x, y[0]) for x, y in zip(MID, per_decile(rows, m, n)) if y is not None]
+                loss.append((f"{NAMES[m]}, n = {n}", [p[0] for p in pts], [p[1] for p in pts],
+                             hue(d, n) + style))
+                train.append((f"{NAMES[m]}, n = {n}", *curve_of(rows, m, n, seeds[0]), hue(d, n)
+                              + style[:-1]))
+        unigram = (f"unigram loss (no context), {uni:.3f}", [MID[0], MID[-1]], [uni] * 2, 'k:')
+        block = 'rope block' if 'rope' in dec else 'learned positions'
+        panels.append((f"{block}: loss of a prediction by the fraction revealed", loss + [unigram],
+                       'fraction of the window revealed (seed means)', False))
+        panels.append((f"{block}: val loss in training (seed {seeds[0]})", train, 'optimizer steps', False))
     plot.lines(os.path.join(c.results_dir, FIG), f"Finding 12: AO-GPT against the encoder MDM as the window grows "
                f"({d['config']['tokens']} characters a step, {d['config']['max_iters']} steps, every length)",
                panels, 'nats per character', sharey=False, cols=2)
+
+
+def hue(d, n):
+    """A length's colour, the same in every panel: C0, C1, C2 from the shortest."""
+    return f"C{sorted({r['n'] for r in d['rows']}).index(n)}"
 
 
 def still_falling(d):
@@ -368,21 +460,21 @@ def still_falling(d):
     fell over the last quarter of its steps, seed means, at each length."""
     rows, quarter = d['rows'], d['config']['max_iters'] // 4
     drops = []
-    for n in sorted({r['n'] for r in rows}):
-        for m, key in (('ao', 'val_ao'), ('mdm', 'val_elbo')):
+    for m in MODELS:
+        for n in sorted({r['n'] for r in rows if r['model'] == m}):
             fell = []
             for r in (r for r in rows if r['model'] == m and r['n'] == n):
-                pts = [(e['iter'], e[key]) for e in r['log'] if e.get(key) is not None]
+                pts = [(e['iter'], e.get('val_ao') or e.get('val_elbo')) for e in r['log']]
                 late = [v for it, v in pts if it >= pts[-1][0] - quarter]
                 fell.append(late[0] - late[-1])
             drops.append(f"{NAMES[m]} {sum(fell) / len(fell):.3f} at {n}")
     return (f"Every length trains the same {d['config']['max_iters']} steps of the same characters, so a longer "
-            f"window sees fewer windows a step ({d['config']['tokens']} / n) and an any-order run fewer orders. Over "
-            f"the last quarter of the steps the val losses still fell by " + ', '.join(drops) + " nats (seed means, "
-            "train.py's evals): none of these models is at its end, and a gap at equal steps is not the gap at "
-            "convergence. PTB is a corpus of short sentences (about 120 characters each), so little beyond a few "
-            "hundred characters can help any of them; whether the gap holds at 1k-4k tokens, with larger models or "
-            "with more steps is open.")
+            f"window sees fewer windows a step ({d['config']['tokens']} / n) and each position's learned rows (the "
+            f"position table, AO-GPT's target table) fewer updates. Over the last quarter of the steps the val losses "
+            f"still fell by " + ', '.join(drops) + " nats (seed means, train.py's evals): none of these models is at "
+            "its end, and a gap at equal steps is not the gap at convergence. PTB is a corpus of short sentences "
+            "(about 120 characters each), so little beyond a few hundred characters can help any of them; whether "
+            "the gap holds at 1k-4k tokens, with larger models or with more steps is open.")
 
 
 def pm(v, fmt='.3f'):
@@ -390,31 +482,38 @@ def pm(v, fmt='.3f'):
 
 
 def tables(d):
-    """The section's tables: per length, per decile, per seed, and the runs' commands."""
+    """The section's tables: AO-GPT and the MDM per length, the other models per length, the loss per decile, the
+    gaps per seed, and the runs' commands."""
     rows, lengths = d['rows'], sorted({r['n'] for r in d['rows']})
-    has = lambda m: any(r['model'] == m for r in rows)  # noqa: E731
-    others = [m for m in ('sigma', 'rope') if has(m)]
-    md = ['| length | windows | AO-GPT any-order | AO-GPT ensemble (M = %d) | its gain | MDM ELBO | gap AO-GPT − MDM '
-          '| its eval noise | AO-GPT L2R | ' % d['config']['ens_members']
-          + ''.join(f"{NAMES[m]} any-order | {NAMES[m]} − MDM | " for m in others),
-          '|---|---|---|---|---|---|---|---|---|' + '---|---|' * len(others)]
+    at = lambda m, n, key, fmt='.3f': pm(mean_of(rows, m, n, key), fmt)  # noqa: E731
+    md = [f"| length | windows | AO-GPT any-order | AO-GPT ensemble (M = {d['config']['ens_members']}) | its gain | "
+          f"MDM ELBO | gap AO-GPT − MDM | its eval noise | AO-GPT L2R |", '|---|---|---|---|---|---|---|---|---|']
     for n in lengths:
         w = next(r['windows'] for r in rows if r['n'] == n)
-        md.append(f"| {n} | {w} | {pm(mean_of(rows, 'ao', n, 'loss'))} | {pm(mean_of(rows, 'ao', n, 'ensemble'))} | "
-                  f"{pm(mean_of(rows, 'ao', n, 'ens_gain'), '.4f')} | {pm(mean_of(rows, 'mdm', n, 'loss'))} | "
-                  f"{pm(mean_of(rows, 'ao', n, 'gap'))} | {pm(mean_of(rows, 'ao', n, 'gap_se'), '.4f')} | "
-                  f"{pm(mean_of(rows, 'ao', n, 'l2r'))} | "
-                  + ''.join(f"{pm(mean_of(rows, m, n, 'loss'))} | {pm(mean_of(rows, m, n, 'gap'))} | " for m in others))
+        md.append(f"| {n} | {w} | {at('ao', n, 'loss')} | {at('ao', n, 'ensemble')} | {at('ao', n, 'ens_gain', '.4f')} "
+                  f"| {at('mdm', n, 'loss')} | {at('ao', n, 'gap')} | {at('ao', n, 'gap_se', '.4f')} | "
+                  f"{at('ao', n, 'l2r')} |")
+    others = [m for m in DECODERS[1:] if any(r['model'] == m for r in rows)]
+    if others:
+        md += ['', 'The other models (the same estimators and windows):', '',
+               '| model | length | any-order | its MDM | its MDM\'s ELBO | gap | its eval noise | L2R |',
+               '|---|---|---|---|---|---|---|---|']
+        for m in others:
+            ref = MODELS[m][2]
+            md += [f"| {NAMES[m]} | {n} | {at(m, n, 'loss')} | {NAMES[ref]} | {at(ref, n, 'loss')} | "
+                   f"{at(m, n, 'gap')} | {at(m, n, 'gap_se', '.4f')} | {at(m, n, 'l2r')} |"
+                   for n in sorted({r['n'] for r in rows if r['model'] == m})]
     md += ['', "Where the loss goes: the loss of one prediction in each decile of the fraction of the window already "
            "revealed (r/n, r the tokens it saw), seed means ± half the range; the shares of the loss, which add up to "
            "it exactly, are in the record.", '',
-           '| length | model | ' + ' | '.join(f"{d * 10}-{d * 10 + 10}%" for d in range(DECILES)) + ' |',
+           '| length | model | ' + ' | '.join(f"{k * 10}-{k * 10 + 10}%" for k in range(DECILES)) + ' |',
            '|---|---|' + '---|' * DECILES]
-    for n in lengths:
-        for m in ('ao', 'mdm'):
-            cells = [mean_of([dict(r, v=r['per_slot'][k]) for r in rows], m, n, 'v') for k in range(DECILES)]
-            md.append(f"| {n} | {NAMES[m]} | " + ' | '.join(pm(v) for v in cells) + ' |')
-        md.append(f"| {n} | gap | " + ' | '.join(pm(v) for v in decile_gaps(rows, 'ao')[n]) + ' |')
+    for m in [m for m in DECODERS if any(r['model'] == m for r in rows)]:
+        for n in sorted({r['n'] for r in rows if r['model'] == m}):
+            for x in ((m, MODELS[m][2]) if m != 'sigma' else (m,)):  # sigma-GPT's MDM is AO-GPT's, listed there
+                md.append(f"| {n} | {NAMES[x]} | " + ' | '.join(pm(v) for v in per_decile(rows, x, n)) + ' |')
+            md.append(f"| {n} | {NAMES[m]} − {NAMES[MODELS[m][2]]} | " + ' | '.join(
+                pm(v) for v in decile_gaps(rows, m)[n]) + ' |')
     md += ['', 'Per seed (the gap, and its eval noise):', '', '| model | length | ' + ' | '.join(
         f"seed {s}" for s in d['seeds']) + ' |', '|---|---|' + '---|' * len(d['seeds'])]
     for m in ['ao'] + others:
@@ -430,7 +529,7 @@ def tables(d):
 def report(c, d, cmd):
     """The record (json), the plot and a section for results/README.md with its findings-table row."""
     res, cfg = c.results_dir, d['config']
-    verdict, evidence, judged = judge(d['rows'])
+    verdict, evidence, judged = judge(d['rows'], d['unigram'])
     v = 'not judged (--quick)' if c.quick else verdict
     row = f"| 12 | {CLAIM} ([plot]({FIG})) | **{v}** | {evidence} |"
     changes, d['verdicts_before'] = verdicts_against(os.path.join(res, RECORD),
@@ -442,9 +541,10 @@ def report(c, d, cmd):
     md = [f"## Finding 12: does any-order lose ground as the window grows?"
           + (' (QUICK: nothing judged)' if c.quick else ''), '',
           f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, in {d['minutes']:.1f} min; "
-          f"{trained_cost(d['cpu_min'], reused='reproduce.py or an earlier invocation')}. The runs cost "
-          f"{d['trained_cpu_min']:.1f} CPU-core-minutes to train in all (this command's invocations, the record's "
-          f"trained_cpu_min), their scoring {d['eval_cpu_min']:.1f} (each run's when it was scored). Setting: "
+          f"{trained_cost(d['cpu_min'], reused='reproduce.py or an earlier invocation')}. Training measured by the "
+          f"invocations that wrote this record, this one included: {d['trained_cpu_min']:.1f} CPU-core-minutes (the "
+          f"record's trained_cpu_min; one stopped before writing its record is not in it); scoring "
+          f"{d['eval_cpu_min']:.1f} (each run's when it was scored). Setting: "
           f"reproduce.py's (character-level PTB, "
           f"{cfg['n_layer']} layers x {cfg['n_embd']}, learning rate {cfg['learning_rate']:g} nearly constant after "
           f"warmup, EMA {cfg['ema_decay']}) at block_size {', '.join(map(str, ns))} with the same {cfg['tokens']} "
@@ -456,10 +556,12 @@ def report(c, d, cmd):
           f"context-order ensemble of {cfg['ens_members']} orderings (fast estimator, {cfg['ens_draws']} draw a "
           f"window; gain: over its mean member on the same draws). Each cell: the mean over the seeds ± half their "
           f"range. The gap is the any-order loss minus the MDM's ELBO of the same length and seed (positive: behind "
-          f"the MDM); its eval noise is the standard error of its per-window differences.", '',
+          f"the MDM); its eval noise is the standard error of its per-window differences. A model that reads no "
+          f"context scores the unigram loss of these characters, {d['unigram']:.3f}.", '',
           changes, '', '| # | claim | verdict | evidence |', '|---|---|---|---|', row, '']
     md += tables(d)
-    md += ['', where(d['rows']), '', f"**What {cfg['max_iters']} steps leave open.** {still_falling(d)}", '',
+    md += [''] + [where(d['rows'], m, f['lengths']) for m, (_, f) in judged.items()]
+    md += ['', f"**What {cfg['max_iters']} steps leave open.** {still_falling(d)}", '',
            f"![f12]({FIG})", '']
     where_bad = nonfinite(d)
     if where_bad:
@@ -528,6 +630,12 @@ def check(c):
             die(f"--{key} must be at least 1, got {getattr(c, key)}")
     if c.jobs < 0:
         die(f"--jobs must be 0 (one per core) or more, not {c.jobs}")
+    for key in ('rope', 'sigma'):  # '' = none; --quick: the shortest and the longest length, unless given
+        given = str(getattr(c, key)).strip() if key in c.given or not c.quick else \
+            f"{c.length_list[0]},{c.length_list[-1]}"
+        ns = split_list(key, given, int, lambda n: n in c.length_list, f"lengths among --lengths={c.lengths}") \
+            if given else []
+        setattr(c, f'{key}_list', sorted(set(ns)))
     c.seed_list = seed_list('seeds', c.seeds)
 
 
@@ -557,7 +665,7 @@ def main(argv=None):
     d = dict(config=dict(c.config, **{k: getattr(c.rc, k) for k in ('n_layer', 'n_embd', 'learning_rate',
                                                                          'ema_decay')}),
              command=cmd, seeds=c.seed_list, rows=rows, what={k: w for k, (_, w) in specs.items()},
-             commands=commands, cpu_min=cpu, trained_cpu_min=earlier_training(c, commands) + cpu,
+             commands=commands, cpu_min=cpu, trained_cpu_min=earlier_training(c, commands) + cpu, unigram=unigram(c),
              eval_cpu_min=sum(r['eval_cpu_s'] for r in rows) / 60, minutes=(time.time() - t0) / 60)
     report(c, d, cmd)
 

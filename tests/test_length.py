@@ -37,14 +37,14 @@ def test_the_runs_at_reproduces_setting_are_its_own_commands():
     """At 32 x 32 characters a step the runs are reproduce.py's, named and written as it writes them, so each run it
     trained is reused here and each one trained here serves it; every other run differs from reproduce.py's `ao` only
     in what the finding varies (the length and the batch that keeps the characters a step, the model, the seed)."""
-    c = config()
+    c = config('--sigma=32,128,512')
     rc = namespace(vars(R), [])
     rc.runs_dir = c.runs_dir
     theirs = R.seeded(R.RUNS, ['ao', 'mdm', 'sigma'], c.seed_list[1:])
     args = lambda m, n, s, name: R.train_args(c.rc, name, {name: L.run_spec(c, m, n, s)})  # noqa: E731
     runs = [r for _, rs in L.plan(c) for r in rs]
-    assert len(runs) == len({name for *_, name in runs}) == 3 * 3 * 4 + 2 * 4
-    at32 = [r for r in runs if r[1] == 32 and r[0] != 'rope']
+    assert len(runs) == len({name for *_, name in runs}) == 3 * 3 * 4 + 2 * 2 * 4
+    at32 = [r for r in runs if r[1] == 32 and 'rope' not in r[0]]
     assert {'ao', 'ao_seed2', 'ao_seed4', 'mdm', 'mdm_seed3', 'sigma'} <= {name for *_, name in at32}
     for r in at32:
         assert args(*r) == R.train_args(rc, r[3], theirs), r
@@ -55,8 +55,9 @@ def test_the_runs_at_reproduces_setting_are_its_own_commands():
         diff = {k for k in set(a) | set(base) if a.get(k) != base.get(k)}
         assert diff <= {'out_dir', 'block_size', 'batch_size', 'seed', 'causal', 'cond', 'pos'}, (r, diff)
         assert int(a['block_size']) * int(a['batch_size']) == 1024 and int(a['block_size']) == r[1]
-    assert {r[1] for r in runs if r[0] == 'rope'} == {32, 512}
+    assert {r[1] for r in runs if 'rope' in r[0]} == {32, 128} and 'mdm_rope_n128_seed3' in {r[3] for r in runs}
     assert [r[1] for r in L.plan(c)[0][1]][0] == 512  # longest first: no core idles at the end of a stage
+    assert not [r for _, rs in L.plan(config('--rope=')) for r in rs if 'rope' in r[0]]  # '' leaves a block out
 
 
 @pytest.mark.parametrize('causal', [True, False])
@@ -103,40 +104,44 @@ def _row(model, n, seed, loss, gap=None):
     return row
 
 
-def _record(grow):
+def _record(grow, unigram=3.0):
+    """Two seeds at 32, 128 and 512: the MDM 0.1 lower a length, AO-GPT's gap `grow` higher a length, sigma-GPT's
+    flat; the seeds 0.01 (the MDM) and 0.005 (the gaps) apart."""
     rows = []
-    for n in (32, 512):
+    for k, n in enumerate((32, 128, 512)):
         for i, s in enumerate((1337, 2)):
-            mdm = 2.3 + 0.01 * i - 0.2 * (n == 512)
+            mdm = 2.3 + 0.01 * i - 0.1 * k
             rows.append(_row('mdm', n, s, mdm))
             for m, slope in (('ao', grow), ('sigma', 0.0)):
-                gap = -0.2 + 0.005 * i + slope * (n == 512)
+                gap = -0.2 + 0.005 * i + slope * k
                 rows.append(_row(m, n, s, mdm + gap, gap))
     cfg = dict(tokens=1024, max_iters=6000, n_layer=2, n_embd=64, learning_rate=3e-3, ema_decay=0.995,
                val_tokens=131072, eval_orders=2, elbo_draws=8, ens_members=4, ens_draws=1)
     return dict(config=cfg, seeds=[1337, 2], rows=rows, what={r['run']: r['model'] for r in rows},
                 commands={r['run']: f"python train.py --out_dir=runs/{r['run']}" for r in rows}, cpu_min=40.0,
-                trained_cpu_min=40.0, eval_cpu_min=1.6, minutes=30.0)
+                trained_cpu_min=40.0, eval_cpu_min=1.6, minutes=30.0, unigram=unigram)
 
 
 def test_the_report_its_record_plot_and_replot(tmp_path, capsys):
-    """From synthetic rows: the row's verdict and evidence (AO-GPT's gap +0.12 from 32 to 512, seed range 0.005),
-    sigma-GPT judged alike, the section joins results/README.md as finding 12, the record keeps the row, the plot is
-    drawn and redrawn from the record alone; a spoilt record is one line."""
+    """From synthetic rows: the row's verdict and evidence (AO-GPT's gap +0.12 from 32 to 512 over 4 doublings,
+    against a seed range of 0.005), sigma-GPT judged alike, the section joins results/README.md as finding 12, the
+    record keeps the row, the plot is drawn and redrawn from the record alone; a spoilt record is one line."""
     res = tmp_path / 'res'
     res.mkdir()
     (res / 'README.md').write_text(f"{report.TITLE}\n\n| # | claim | verdict | evidence |\n|---|---|---|---|\n"
                                    f"| 11 | x | y | z |\n")
     c = SimpleNamespace(results_dir=str(res), quick=False, device='cpu', runs_dir='runs')
-    L.report(c, _record(0.12), 'python findings/length.py')
+    L.report(c, _record(0.06), 'python findings/length.py')
     md = (res / L.SECTION).read_text()
     row = next(line for line in md.splitlines() if line.startswith('| 12 | '))
-    assert '**the gap grows**' in row and 'AO-GPT − MDM at 32 / 512: -0.198 ± 0.003 / -0.078 ± 0.003' in row
+    assert '**the gap grows**' in row and 'AO-GPT − MDM at 32 / 128 / 512: -0.198 ± 0.003 / ' in row
     assert '32 -> 512 +0.120 against the larger seed range 0.005: grows' in row
     assert '+0.0300 ± 0.0000 nats per doubling' in row and '(so +0.030 nats per character per doubling' in row
-    assert 'sigma-GPT − MDM at 32 / 512' in row and 'stays within noise' in row and '(unlike AO-GPT)' in row
-    assert 'The runs cost 40.0 CPU-core-minutes to train in all' in md and 'their scoring 1.6' in md
-    assert md.count('`python train.py ') == 12 and '| 512 | AO-GPT | ' in md and '| 512 | gap | ' in md
+    assert 'sigma-GPT − MDM at 32 / 128 / 512' in row and 'stays within noise' in row and '(unlike AO-GPT\'s)' in row
+    assert 'left out' not in row and 'scores the unigram loss of these characters, 3.000' in md
+    assert 'this one included: 40.0 CPU-core-minutes' in md and 'scoring 1.6 (' in md
+    assert md.count('`python train.py ') == 18 and '| 512 | AO-GPT | ' in md and '| 512 | AO-GPT − MDM | ' in md
+    assert '| sigma-GPT | 128 | ' in md and '| 128 | sigma-GPT − MDM | ' in md  # the other models' tables
     readme = (res / 'README.md').read_text()
     assert readme.index('| 11 | x') < readme.index('| 12 | ') and '## Finding 12' in readme
     assert json.loads((res / L.RECORD).read_text())['judged']['row'] == row
@@ -154,6 +159,27 @@ def test_the_report_its_record_plot_and_replot(tmp_path, capsys):
     assert len(err) == 1 and 'is not a readable finding-12 record' in err[0], err
 
 
+def test_where_a_model_reads_no_context_the_evidence_says_so_and_where_neither_does_no_gap_is_judged():
+    """A model whose loss is no more than 0.1 below the unigram loss has not learned where to look yet (finding 5's
+    plateau). Where one model of a pair is there, the gap is judged (the other has learned, at the same steps) and the
+    evidence says which model, on how many seeds; where both are, on every seed, neither has learned anything to
+    compare and the length is left out; with fewer than two lengths left there is no verdict."""
+    d = _record(0.06)
+    for r in d['rows']:
+        if r['n'] == 512 and r['model'] in ('ao', 'mdm'):
+            r['loss'] = 2.95 + 0.01 * (r['seed'] == 2)
+    verdict, ev, judged = L.judge(d['rows'], 3.0)
+    assert verdict == 'the gap grows (32 to 128)' and judged['ao'][1]['lengths'] == [32, 128]
+    assert 'left out: 512, where neither model reads its context on any seed (AO-GPT 2.955; MDM 2.955)' in ev
+    assert 'sigma-GPT − MDM at 32 / 128 / 512: ' in ev  # sigma-GPT reads its context at 512: its gap there counts
+    assert 'reading next to no context (0.1 or less below the unigram loss, 3.000): at 512 MDM on 2 of 2 seeds' in ev
+    verdict, ev, judged = L.judge(d['rows'], 2.35)  # the MDM at 32 (2.30, 2.31) reads no context, AO-GPT does
+    assert verdict == 'the gap grows (32 to 128)' and 'at 32 MDM on 2 of 2 seeds' in ev
+    verdict, ev, judged = L.judge(d['rows'], 1.9)  # no loss is more than 0.1 below it: no model reads its context
+    assert verdict == 'not judged' and 'AO-GPT − MDM: not judged (fewer than two lengths where either' in ev
+    assert 'like AO-GPT' not in ev
+
+
 @pytest.mark.parametrize('argv,says', [
     (['--lengths=32'], "--lengths must be at least two different block sizes, shortest first, got '32'"),
     (['--lengths=16,8'], "--lengths must be at least two different block sizes, shortest first, got '16,8'"),
@@ -161,7 +187,8 @@ def test_the_report_its_record_plot_and_replot(tmp_path, capsys):
     (['--tokens=48'], "--tokens=48 must be a multiple of every length (the batch is tokens / block_size): not of 32"),
     (['--val_tokens=16'], "--val_tokens=16 holds no window of 32"),
     (['--elbo_draws=0'], "--elbo_draws must be at least 1, got 0"),
-    (['--seeds=3,3'], "--seeds must be different seeds, got '3,3'")])
+    (['--seeds=3,3'], "--seeds must be different seeds, got '3,3'"),
+    (['--rope=8,64'], "--rope must be a comma-separated list of lengths among --lengths=8,16,32, got '8,64'")])
 def test_bad_settings_are_one_line_before_any_run(tmp_path, capsys, argv, says):
     dirs = ['--runs_dir', str(tmp_path / 'runs'), '--results_dir', str(tmp_path / 'res')]
     with pytest.raises(SystemExit) as e:
@@ -183,10 +210,10 @@ def test_quick_pipeline_runs_end_to_end_and_a_rerun_reuses_everything(tmp_path):
     p = subprocess.run(argv, cwd=R.ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     d = json.loads((res / L.RECORD).read_text())
-    assert len(d['rows']) == 3 * 2 * 2 + 2 * 2 and (res / L.FIG).exists()
+    assert len(d['rows']) == 5 * 2 * 2 and (res / L.FIG).exists()  # ao, mdm, the rope block and sigma-GPT
     for r in d['rows']:
         assert sum(r['shares']) == pytest.approx(r['loss'], rel=1e-12, abs=0), r['run']
-        assert (r['model'] == 'mdm') == ('gap' not in r)
+        assert (L.MODELS[r['model']][2] is None) == ('gap' not in r)  # a gap for each decoder, none for an MDM
     md = (res / L.SECTION).read_text()
     assert '| 12 | ' in md and 'not judged (--quick)' in md and 'the runs it trained' in md
     p = subprocess.run(argv, cwd=R.ROOT, capture_output=True, text=True, timeout=600, env=env)
