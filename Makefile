@@ -44,5 +44,9 @@ findings-optimizers: $(STAMP)  # finding 9, Muon against AdamW: about 45 CPU-cor
 findings-adapt: $(STAMP)  # finding 11, a trained GPT adapted into an AO-GPT, 15 levers, the recipe on 4 seeds and its parts from scratch: about 127 CPU-core-minutes of its own runs (the parts' 8 runs: 26.9 on 2026-11-28) (finding 9's scratch runs reused from results/); its section joins results/README.md
 	$(BIN)/python findings/adapt.py
 
+.PHONY: findings-length
+findings-length: $(STAMP)  # finding 12, AO-GPT against the encoder MDM at 32, 128 and 512 characters, the rope block and sigma-GPT at 32 and 128, 4 seeds: about 150 CPU-core-minutes of its own runs (147 on 2026-11-28, across three invocations) (reproduce.py's runs at 32 reused when it trained them); its section joins results/README.md
+	$(BIN)/python findings/length.py
+
 clean:
 	rm -rf out-demo __pycache__ tests/__pycache__
