@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 
-.PHONY: help install test test-all demo findings findings-quick findings-optimizers findings-adapt clean
+.PHONY: help install test test-all demo findings findings-quick findings-optimizers findings-adapt findings-length clean
 
 help:  ## this list: each target, what it does
 	@awk '/^[a-z][a-z-]*:.*## / { t = $$0; sub(/:.*/, "", t); d = $$0; sub(/.*## /, "", d); printf "  make %-20s %s\n", t, d }' $(MAKEFILE_LIST)
@@ -50,6 +50,12 @@ findings-optimizers: $(STAMP)  ## finding 9, Muon against AdamW; its section joi
 # 8 runs: 26.9 on 2026-11-28) (finding 9's scratch runs reused from results/)
 findings-adapt: $(STAMP)  ## finding 11, a trained GPT adapted into an AO-GPT; its section joins results/README.md
 	$(BIN)/python findings/adapt.py
+
+# 4 seeds of AO-GPT and the encoder MDM at 32, 128 and 512 characters, the rope block and sigma-GPT at 32 and 128:
+# about 150 CPU-core-minutes of its own runs (147 on 2026-11-28, across three invocations; reproduce.py's runs at 32
+# reused when it trained them)
+findings-length: $(STAMP)  ## finding 12, any-order against the encoder MDM as the window grows; its section joins results/README.md
+	$(BIN)/python findings/length.py
 
 clean:  ## removes out-demo and the caches
 	rm -rf out-demo __pycache__ tests/__pycache__

@@ -2,9 +2,10 @@
 The likelihood estimators every command scores with, each a token-weighted sum (sum_nll, n_tokens) so that
 DDP ranks all-reduce sums and PPL = exp(sum_nll / n_tokens): the exact L2R chain (the encoder MDM's masked
 suffix chain), the any-order bound over uniform orders or an order distribution, the context-order ensemble
-(paper eq. 7; fast and exact forms) and the encoder MDM's ELBO. eval_ppl.py is the command around them
-(its docstring says what each column means); findings/ and bench/ call them directly. eval_harness.py scores
-a continuation after a context with the same estimators, its orders and masks drawn here (conditionals).
+(paper eq. 7; fast and exact forms) and the encoder MDM's ELBO; nll_by_revealed splits the any-order bound (or
+the ELBO) by how many tokens each prediction saw. eval_ppl.py is the command around them (its docstring says what
+each column means); findings/ and bench/ call them directly. eval_harness.py scores a continuation after a
+context with the same estimators, its orders and masks drawn here (conditionals).
 """
 
 if __name__ == '__main__':  # run as a script (python aogpt/likelihood.py): one line, not an ImportError
@@ -171,21 +172,39 @@ def nll_order(model, chunks, spec, n_orders=1, generator=None, batch_size=8, bar
     return _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar, spec).sum().item(), chunks.numel()
 
 
-@torch.no_grad()
 def _any_order_per_chunk(model, chunks, n_orders, generator, batch_size, bar=None, spec=UNIFORM):
+    return _any_order_by_revealed(model, chunks, n_orders, generator, batch_size, bar, spec).sum(1)
+
+
+@torch.no_grad()
+def _any_order_by_revealed(model, chunks, n_orders, generator, batch_size, bar=None, spec=UNIFORM):
     _require_any_order(model)
     _check_tokens(chunks)
     dev = _device(model)
     N, n = chunks.shape
-    out = torch.zeros(N, dtype=torch.float64)
+    out = torch.zeros(N, n, dtype=torch.float64)
     for s in range(0, N, batch_size):
         x = chunks[s:s + batch_size].to(dev)
         for _ in range(n_orders):
             order = draw_orders(spec, len(x), n, generator=generator).to(dev)
-            _, nll = model(x, order=order, targets=x, reduction='none')  # (B, n)
-            out[s:s + len(x)] += nll.double().sum(1).cpu() / n_orders
+            _, nll = model(x, order=order, targets=x, reduction='none')  # (B, n): slot r saw r tokens
+            out[s:s + len(x)] += nll.double().cpu() / n_orders
         _tick(bar, len(x))
     return out
+
+
+@torch.no_grad()
+def nll_by_revealed(model, chunks, n_orders=1, generator=None, batch_size=8, bar=None):
+    """nll_any_order's bound split by how much each prediction saw: (N, n) float64, [c, r] the part of chunk c's
+    sum that comes from predictions made with r of its n tokens revealed. Its row sums are the per-chunk sums
+    nll_any_order adds up (the same draws: the same generator gives the same orders and masks), so any grouping
+    of its columns (deciles of r/n, say) adds up to that total. A decoder: slot r of each order (the mean over
+    n_orders uniform orders). The encoder MDM: its ELBO's draws with k = n - r tokens masked, each weighted n/k as
+    there, so column r estimates the same quantity as a decoder's slot r: the mean over the masked tokens of
+    -log p(x_i | the r revealed ones), for a uniform r-subset (nll_mdm_elbo's docstring)."""
+    if not model.config.causal:
+        return _mdm_elbo_by_revealed(model, chunks, n_orders, generator, 'count', batch_size, bar)
+    return _any_order_by_revealed(model, chunks, n_orders, generator, batch_size, bar)
 
 
 # ----------------------------------------------------------------------------------------------- ensemble
@@ -379,13 +398,17 @@ def nll_mdm_elbo(model, chunks, n_draws=1, generator=None, estimator='count', ba
     return per_chunk.sum().item(), chunks.numel()
 
 
-@torch.no_grad()
 def _mdm_elbo_per_chunk(model, chunks, n_draws=1, generator=None, estimator='count', batch_size=8, bar=None):
+    return _mdm_elbo_by_revealed(model, chunks, n_draws, generator, estimator, batch_size, bar).sum(1)
+
+
+@torch.no_grad()
+def _mdm_elbo_by_revealed(model, chunks, n_draws=1, generator=None, estimator='count', batch_size=8, bar=None):
     _check_tokens(chunks)
     dev = _device(model)
     N, n = chunks.shape
     D = n_draws
-    out = torch.zeros(N, dtype=torch.float64)
+    out = torch.zeros(N, n, dtype=torch.float64)                        # [chunk, tokens revealed]
     if estimator == 'count':
         ks = stratified_counts(N * D, n, generator).double()             # masked count per (chunk, draw)
     elif estimator == 'time':
@@ -405,7 +428,9 @@ def _mdm_elbo_per_chunk(model, chunks, n_draws=1, generator=None, estimator='cou
             w = 1 / v
         xt = torch.where(masked, model.config.mask_token_id, x)
         _, nll = model(xt.to(dev), targets=x.to(dev), reduction='none')  # (b, n), 0 where unmasked
-        out.index_add_(0, rows, nll.double().sum(1).cpu() * w / D)
+        # a 'time' draw may mask nothing (n revealed): it adds 0, so it may sit in column n - 1
+        revealed = (n - masked.sum(1)).clamp(max=n - 1)
+        out.view(-1).index_add_(0, rows * n + revealed, nll.double().sum(1).cpu() * w / D)
         _tick(bar, len(x) / D)
     return out
 

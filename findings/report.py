@@ -1,6 +1,6 @@
 """
-The findings' record: the sections that findings with commands of their own (optimizers.py, orders.py)
-write into results/README.md, and the check a record passes before any plot is redrawn from it.
+The findings' record: the sections that findings with commands of their own (optimizers.py, orders.py, adapt.py,
+length.py) write into results/README.md, and the check a record passes before any plot is redrawn from it.
 """
 
 if __name__ == '__main__':  # run as a script (python findings/report.py): one line, not an ImportError
@@ -15,7 +15,7 @@ import resource
 from aogpt.paths import atomic_write
 
 # findings whose own commands write these sections
-SECTIONS = {9: 'f9_optimizers.md', 10: 'f10_orders.md', 11: 'f11_adapt.md'}
+SECTIONS = {9: 'f9_optimizers.md', 10: 'f10_orders.md', 11: 'f11_adapt.md', 12: 'f12_length.md'}
 PLACE = '<!-- the section goes here -->'  # merge_section's placeholder while it edits the findings table
 TITLE = '# Paper findings at small scale'  # the report's first line: a README.md without it is not ours to rewrite
 

@@ -248,6 +248,77 @@ def test_mdm_elbo_matches_enumeration_over_orders(estimator, backbone):
     assert cnt == 200 and s == pytest.approx(ref.sum().item())
 
 
+def _per_column(by):
+    """(N, n) per-chunk NLLs by tokens revealed -> each column's mean over the chunks and its standard error."""
+    return by.mean(0), by.std(0) / math.sqrt(len(by))
+
+
+@pytest.mark.parametrize('causal', [True, False])
+def test_by_revealed_splits_the_bound_by_what_each_prediction_saw(causal, backbone):
+    """nll_by_revealed's column r against its exact value by enumeration: the mean over every order of the NLL of
+    the prediction made after r tokens (a decoder: slot r of the order; the encoder: the position order[r] with
+    the tokens at order[:r] revealed and the rest [MASK], one forward each, no estimator code). A decoder's slots
+    and the ELBO's mask counts thus land in the same column r, so a loss can be split by what each prediction saw;
+    the columns add up to nll_any_order's sum on the same draws (the same per-chunk sums, bit for bit)."""
+    V, n = 11, 4
+    if causal:
+        model, x = sharp(seed=4, scale=5.0, **backbone), X4
+    else:
+        model = tiny(**backbone, causal=False, cond='none', vocab_size=V + 1, mask_token_id=V, seed=6)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.mul_(3.0)
+        x = torch.tensor([1, 4, 0, 2])
+    perms = torch.tensor(list(itertools.permutations(range(n))))
+    with torch.no_grad():
+        if causal:
+            exact = model(x.expand(len(perms), n), order=perms, targets=x.expand(len(perms), n),
+                          reduction='none')[1].double().mean(0)                     # (n,): slot r
+        else:
+            exact = torch.zeros(n, dtype=torch.float64)
+            for r in range(n):
+                xt = torch.full((len(perms), n), V)
+                xt[torch.arange(len(perms))[:, None], perms[:, :r]] = x[perms[:, :r]]
+                logp = model(xt)[0].log_softmax(-1).double()                          # (n!, n, V)
+                exact[r] = -logp[torch.arange(len(perms)), perms[:, r], x[perms[:, r]]].mean()
+    est, se = _per_column(L.nll_by_revealed(model, x.expand(20000, n), 1, torch.Generator().manual_seed(3), 4096))
+    assert ((est - exact).abs() < 4 * se).all(), (est, exact, se)
+    if causal:  # power: the columns lie far apart, so a mix-up would show (a random encoder's barely differ: the
+        assert (exact[0] - exact[-1]).abs() > 10 * se.max()  # next test checks its columns exactly)
+    chunks = torch.randint(0, V, (6, 8), generator=torch.Generator().manual_seed(4))
+    by = L.nll_by_revealed(model, chunks, 2, torch.Generator().manual_seed(5))
+    s, cnt = L.nll_any_order(model, chunks, 2, torch.Generator().manual_seed(5))
+    assert by.shape == (6, 8) and cnt == 48 and s == by.sum(1).sum().item()
+
+
+class RevealCounter(torch.nn.Module):
+    """An encoder whose NLL at every masked position is 1 + the number of tokens revealed in its row: the exact
+    value of nll_by_revealed's column r is then 1 + r."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.config = GPTConfig(block_size=n, vocab_size=12, n_layer=1, n_head=1, n_embd=4, causal=False, cond='none',
+                                mask_token_id=11)
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, xt, targets=None, reduction='none'):
+        masked = xt == self.config.mask_token_id
+        return None, torch.where(masked, 1.0 + (~masked).sum(1, keepdim=True), 0.0)
+
+
+def test_elbo_draws_land_in_the_column_of_the_tokens_they_reveal():
+    """Each of the ELBO's draws (k masked, weight n/k) goes to column n - k: with counts stratified over a multiple
+    of n draws every k comes up equally often, so each column's mean is exactly 1 + r here (small integers in
+    float64: no rounding), and the row sums are the ELBO's per-chunk sums."""
+    n = 8
+    by = L.nll_by_revealed(RevealCounter(n), torch.zeros(40 * n, n, dtype=torch.long), 1,
+                           torch.Generator().manual_seed(0), 64)
+    assert torch.equal(by.mean(0), torch.arange(1, n + 1, dtype=torch.float64))
+    assert torch.equal(by.sum(1), L._mdm_elbo_per_chunk(RevealCounter(n), torch.zeros(40 * n, n, dtype=torch.long),
+                                                        1, torch.Generator().manual_seed(0), 'count', 64))
+
+
 # --------------------------------------------------------------------------------------- DDP split
 
 def test_rank_slices_cover_every_chunk_exactly_once():
