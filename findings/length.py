@@ -607,7 +607,8 @@ def earlier_training(c, commands):
     try:
         with open(os.path.join(c.results_dir, RECORD), encoding='utf-8') as f:
             old = json.load(f)
-        same = all(commands.get(k) == v for k, v in old['commands'].items())
+        same = all(k in commands and R.same_run(v.split()[1:], commands[k].split()[1:])  # 'python' dropped
+                   for k, v in old['commands'].items())
         return float(old['trained_cpu_min']) if same else 0.0
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return 0.0
@@ -643,10 +644,9 @@ def check(c):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     c = namespace(globals(), argv)
-    if not c.quick and not c.runs_dir:
-        c.runs_dir = 'out-reproduce'  # reproduce.py's: its runs at its own setting are these
     R.settle(c, 'length', dict(lengths='8,16,32', tokens=64, max_iters=30, eval_interval=10, val_tokens=2048,
-                               elbo_draws=2, eval_orders=1, ens_members=2))
+                               elbo_draws=2, eval_orders=1, ens_members=2),
+             runs_dir='out-reproduce')  # reproduce.py's: its runs at its own setting are these
     cmd = 'python findings/length.py' + ''.join(f' {a}' for a in argv)
     if c.replot:
         return redraw(c)

@@ -194,11 +194,19 @@ def run_model(keys):
 
 def same_run(held, args):
     """Whether a run directory's command.json (held) is the run `args` asks for: the same command, or one that also
-    gave keys its model never reads, as commands did before train.py refused them (the same run, bit for bit)."""
+    gave keys its model never reads, as commands did before train.py refused them (the same run, bit for bit); its
+    out_dir by the run's folder name alone, so that a runs_dir moved or named another way holds the same runs."""
+    held, args = _portable(held), _portable(args)
     keys = dict(a[2:].split('=', 1) for a in held[1:] if a.startswith('--') and '=' in a)
     model = run_model(keys)
     return held == args or [a for a in held if not a.startswith('--') or '=' not in a or
                             model_reads(a[2:].split('=', 1)[0], model)] == args
+
+
+def _portable(args):
+    """A command with its --out_dir as the run's folder name (where the runs_dir lies is not the run)."""
+    return [f"--out_dir={os.path.basename(os.path.normpath(a[len('--out_dir='):]))}" if a.startswith('--out_dir=')
+            else a for a in args]
 
 
 def read_log(out_dir):
@@ -408,11 +416,12 @@ def seeds_setting(c):
     return seeds
 
 
-def settle(c, name, quick):
+def settle(c, name, quick, runs_dir=None):
     """What a findings script does with its resolved config c before it starts: with --quick, small everything
     (quick: {key: value}, the same code path), but a setting given on purpose is kept, and said; runs_dir and
-    results_dir default to out-NAME (out-NAME-quick and its results/ with --quick) and results/, and a path
-    given means what it says where the user stands; print the config; work from the repository root."""
+    results_dir default to out-NAME (or runs_dir: another script's; out-NAME-quick and its results/ with --quick)
+    and results/, relative to the repository (no machine's path in a record), and a path given means what it says
+    where the user stands; print the config; work from the repository root."""
     if c.quick:
         for k, v in quick.items():
             if k not in c.given:
@@ -425,7 +434,7 @@ def settle(c, name, quick):
     for k in ('runs_dir', 'results_dir'):
         if getattr(c, k):
             setattr(c, k, os.path.abspath(getattr(c, k)))
-    c.runs_dir = c.config['runs_dir'] = c.runs_dir or (f'out-{name}-quick' if c.quick else f'out-{name}')
+    c.runs_dir = c.config['runs_dir'] = c.runs_dir or (f'out-{name}-quick' if c.quick else runs_dir or f'out-{name}')
     c.results_dir = c.config['results_dir'] = c.results_dir or (
         os.path.join(f'out-{name}-quick', 'results') if c.quick else 'results')
     print_config(c.config)

@@ -36,7 +36,8 @@ def config(*argv):
 def test_the_runs_at_reproduces_setting_are_its_own_commands():
     """At 32 x 32 characters a step the runs are reproduce.py's, named and written as it writes them, so each run it
     trained is reused here and each one trained here serves it; every other run differs from reproduce.py's `ao` only
-    in what the finding varies (the length and the batch that keeps the characters a step, the model, the seed)."""
+    in what the finding varies (the length and the batch that keeps the characters a step, the model, the seed), and
+    in the AdaLN width a model without AdaLN is not given (train.py refuses a key its model never reads)."""
     c = config('--sigma=32,128,512')
     rc = namespace(vars(R), [])
     rc.runs_dir = c.runs_dir
@@ -53,7 +54,8 @@ def test_the_runs_at_reproduces_setting_are_its_own_commands():
     for r in runs:
         a = parse(args(*r))
         diff = {k for k in set(a) | set(base) if a.get(k) != base.get(k)}
-        assert diff <= {'out_dir', 'block_size', 'batch_size', 'seed', 'causal', 'cond', 'pos'}, (r, diff)
+        assert diff <= {'out_dir', 'block_size', 'batch_size', 'seed', 'causal', 'cond', 'pos'} | \
+            ({'target_dim'} if 'target_dim' not in a else set()), (r, diff)
         assert int(a['block_size']) * int(a['batch_size']) == 1024 and int(a['block_size']) == r[1]
     assert {r[1] for r in runs if 'rope' in r[0]} == {32, 128} and 'mdm_rope_n128_seed3' in {r[3] for r in runs}
     assert [r[1] for r in L.plan(c)[0][1]][0] == 512  # longest first: no core idles at the end of a stage
@@ -222,3 +224,20 @@ def test_quick_pipeline_runs_end_to_end_and_a_rerun_reuses_everything(tmp_path):
     assert [r['loss'] for r in again['rows']] == [r['loss'] for r in d['rows']]
     assert again['cpu_min'] < 0.05 and again['trained_cpu_min'] == pytest.approx(d['trained_cpu_min'])
     assert 'every run reused' in (res / L.SECTION).read_text()
+
+
+def test_a_run_is_the_same_wherever_its_runs_dir_lies():
+    """reproduce.same_run takes a run folder's command by its folder name, not the runs_dir's path: a runs_dir moved,
+    or named relative where it was absolute, holds the same runs (reused, not refused or retrained), and the record
+    names it as the script does, relative to the repository; another setting is still another run."""
+    held = ['train.py', '--out_dir=/somewhere/else/out-reproduce/ao_n128', '--seed=2', '--target_dim=32',
+            '--causal=False', '--cond=none']
+    assert R.same_run(held, ['train.py', '--out_dir=out-reproduce/ao_n128', '--seed=2', '--causal=False',
+                             '--cond=none'])
+    assert not R.same_run(held, ['train.py', '--out_dir=out-reproduce/ao_n128', '--seed=3', '--causal=False',
+                                 '--cond=none'])
+    assert not R.same_run(held, ['train.py', '--out_dir=out-reproduce/ao_n512', '--seed=2', '--causal=False',
+                                 '--cond=none'])
+    c = namespace(vars(L), ['--replot=True'])  # settle as main calls it (replot: it makes no folder)
+    R.settle(c, 'length', {}, runs_dir='out-reproduce')
+    assert c.runs_dir == c.config['runs_dir'] == 'out-reproduce'  # where the record's commands put the runs
