@@ -261,12 +261,14 @@ def stalled(rows, model, n, uni):
 
 
 def gaps(rows, model, uni=None):
-    """{n: [gap per seed, in seed order]} of a decoder model's runs: at every length, or with uni at those where it
-    or its MDM reads its context on some seed (where neither does, neither has learned anything to compare)."""
+    """{n: [gap per seed, in seed order]} of a decoder model's runs: at every length, or with uni only at those where
+    it and its MDM both read their context on every seed. Where either is still on the plateau, the gap says which
+    model learns where to look sooner at equal steps, not what a model of that window can hold, which the claim is
+    about: the length is left out (plateau_text says where and whose seeds)."""
     out, ref = {}, MODELS[model][2]
-    dead = lambda m, n: stalled(rows, m, n, uni)[0] == stalled(rows, m, n, uni)[1]  # noqa: E731
+    live = lambda m, n: stalled(rows, m, n, uni)[0] == 0  # noqa: E731
     for r in sorted((r for r in rows if r['model'] == model), key=lambda r: r['n']):
-        if uni is None or not (dead(model, r['n']) and dead(ref, r['n'])):
+        if uni is None or (live(model, r['n']) and live(ref, r['n'])):
             out.setdefault(r['n'], []).append(r['gap'])
     return out
 
@@ -304,24 +306,22 @@ def gap_text(model, word, f):
             f"{f['slope'][1]:.4f} nats per doubling (seeds: {', '.join(f'{s:+.4f}' for s in f['slopes'])})")
 
 
-def plateau_text(rows, model, judged, out, uni):
-    """Where a decoder or its MDM reads next to no context: the lengths left out (both, every seed) and, at the lengths
-    judged, which model on how many seeds; '' where every model reads its context."""
+def plateau_text(rows, model, out, uni):
+    """The lengths left out of a decoder's gap, each with the seeds on which it or its MDM reads next to no context
+    (at most PLATEAU below the unigram loss uni) and their mean losses; '' where none is left out."""
     ref, parts = MODELS[model][2], []
-    for n in judged:
+    for n in out:
+        who = []
         for m in (model, ref):
             k, K = stalled(rows, m, n, uni)
-            if k:
-                parts.append(f"at {n} {NAMES[m]} on {k} of {K} seeds")
-    text = ''
-    if parts:
-        text = (f"; reading next to no context ({PLATEAU} or less below the unigram loss, {uni:.3f}): "
-                + ', '.join(parts) + " (there the gap is how much later one model learns where to look, at equal "
-                "steps, not what it can hold)")
-    if out:
-        text += f"; left out: {', '.join(map(str, out))}, where neither model reads its context on any seed (" + \
-            '; '.join(f"{NAMES[m]} {mean_of(rows, m, n, 'loss')[0]:.3f}" for n in out for m in (model, ref)) + ")"
-    return text
+            who.append(f"{NAMES[m]} {mean_of(rows, m, n, 'loss')[0]:.3f}" + (f", on the plateau on {k} of {K} seeds"
+                                                                             if k else ""))
+        parts.append(f"{n} ({'; '.join(who)})")
+    if not parts:
+        return ''
+    return (f"; left out, where a model still reads next to no context ({PLATEAU} or less below the unigram loss, "
+            f"{uni:.3f}) on some seed, so that the gap there says which learns where to look sooner at equal steps, "
+            f"not what it can hold: " + ', '.join(parts))
 
 
 def judge(rows, uni):
@@ -341,11 +341,11 @@ def judge(rows, uni):
                 text += f" (so {judged[m][1]['slope'][0]:+.3f} nats per character per doubling of the window)"
         else:
             judged[m] = ('not judged', dict(lengths=sorted(g)))
-            text = (f"{NAMES[m]} − {NAMES[MODELS[m][2]]}: not judged (fewer than two lengths where either reads "
-                    f"its context)")
+            text = (f"{NAMES[m]} − {NAMES[MODELS[m][2]]}: not judged (fewer than two lengths where both read their "
+                    f"context on every seed" + (f": only {sorted(g)[0]}" if g else "") + ")")
         if m != 'ao' and 'not judged' not in (judged['ao'][0], judged[m][0]):
             text += f" ({'like' if judged[m][0] == judged['ao'][0] else 'unlike'} AO-GPT's)"
-        text += plateau_text(rows, m, sorted(g), out, uni)
+        text += plateau_text(rows, m, out, uni)
         ev.append(text)
     worst = max(r['gap_se'] for r in rows if 'gap_se' in r)
     ev.append(f"eval noise of a gap (standard error over the val windows) at most {worst:.4f}")
