@@ -44,11 +44,10 @@ sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
 from aogpt.configurator import namespace, seed_list, split_list, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import command, die, first_line  # noqa: E402
-from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from aogpt.tokenizer import get_codec  # noqa: E402
 from findings import optimizers as O  # noqa: E402
 from findings import reproduce as R  # noqa: E402
-from findings.report import children_cpu_minutes, merge_section, nonfinite, trained_cost, verdicts_against  # noqa: E402
+from findings.report import children_cpu_minutes, publish, redraw, trained_cost, verdicts_against  # noqa: E402
 
 # -----------------------------------------------------------------------------
 quick = False                  # tiny runs: the pipeline end to end; nothing is judged
@@ -473,16 +472,8 @@ def report(c, d, cmd):
     md += [f"| {k} | {d['what'][k]} | `{d['commands'][k]}` |" for k in d['logs']]
     md += ['', f"![f11]({FIG}) ![f11 levers]({LEVER_FIG})", '']
     d['judged'] = dict(j, row=row, splits={str(k): v for k, v in j['splits'].items()})
-    where = nonfinite(d)
-    if where:
-        die(f"a loss in the record is not finite ({where}): a run diverged; see its train.log in {c.runs_dir}")
-    atomic_write(os.path.join(res, SECTION), lambda f: f.write('\n'.join(md)), 'w')
-    atomic_json(os.path.join(res, RECORD), d)
-    draw(c, d)
-    merged = merge_section(os.path.join(res, 'README.md'), 11, '\n'.join(md))
     print(row)
-    print(f"\nwrote {res}/{SECTION}, {res}/{RECORD}, {res}/{FIG}, {res}/{LEVER_FIG}"
-          + (" and its section in README.md" if merged else ""))
+    publish(c, 11, md, d, RECORD, SECTION, (FIG, LEVER_FIG), draw)
 
 
 def study(c):
@@ -536,16 +527,8 @@ def main(argv=None):
     R.settle(c, 'adapt', dict(budget=40, splits='10,20', sunk=20, eval_interval=10))
     cmd = 'python findings/adapt.py' + ''.join(f' {a}' for a in argv)
     if c.replot:
-        path = os.path.join(c.results_dir, RECORD)
-        if not os.path.exists(path):
-            die(f"no {path}: run `python findings/adapt.py` (or --quick) first")
-        try:
-            with open(path, encoding='utf-8') as f:
-                draw(c, json.load(f))
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:  # not JSON, or not this record
-            die(f"{path} is not a readable finding-11 record ({type(e).__name__}: {first_line(e, 120)}): run "
-                f"`python findings/adapt.py` again to rewrite it")
-        return print(f"redrew {FIG} and {LEVER_FIG} in {c.results_dir} from {path}")
+        redraw(c, 11, RECORD, draw, 'adapt.py')
+        return print(f"redrew {FIG} and {LEVER_FIG} in {c.results_dir} from {RECORD}")
     for key in ('budget', 'sunk', 'eval_interval'):  # else the runs start, and fail one by one
         if getattr(c, key) < 1:
             die(f"--{key} must be at least 1, got {getattr(c, key)}")

@@ -58,11 +58,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
 from aogpt.configurator import namespace, seed_list, split_list, stop_on_ctrl_c  # noqa: E402
-from aogpt.errors import command, die, first_line  # noqa: E402
-from aogpt.paths import atomic_json, atomic_write  # noqa: E402
+from aogpt.errors import command, die  # noqa: E402
+from aogpt.paths import atomic_json  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 from findings.judging import mean_spread  # noqa: E402
-from findings.report import children_cpu_minutes, merge_section, nonfinite, trained_cost, verdicts_against  # noqa: E402
+from findings.report import children_cpu_minutes, publish, redraw, trained_cost, verdicts_against  # noqa: E402
 
 # -----------------------------------------------------------------------------
 quick = False                  # tiny runs: the pipeline end to end; nothing is judged
@@ -538,7 +538,7 @@ def report(c, d, cmd):
                                                                      judged.items()})
     ns = sorted({r['n'] for r in d['rows']})
     shapes = ', '.join(f"{cfg['tokens'] // n} x {n}" for n in ns)
-    md = [f"## Finding 12: does any-order lose ground as the window grows?"
+    md = ["## Finding 12: does any-order lose ground as the window grows?"
           + (' (QUICK: nothing judged)' if c.quick else ''), '',
           f"Written by `{cmd}` on {time.strftime('%Y-%m-%d')}, device {c.device}, in {d['minutes']:.1f} min; "
           f"{trained_cost(d['cpu_min'], reused='reproduce.py or an earlier invocation')}. Training measured by the "
@@ -563,33 +563,13 @@ def report(c, d, cmd):
     md += [''] + [where(d['rows'], m, f['lengths']) for m, (_, f) in judged.items()]
     md += ['', f"**What {cfg['max_iters']} steps leave open.** {still_falling(d)}", '',
            f"![f12]({FIG})", '']
-    where_bad = nonfinite(d)
-    if where_bad:
-        die(f"a loss in the record is not finite ({where_bad}): a run diverged; see its train.log in {c.runs_dir}")
-    atomic_json(os.path.join(res, RECORD), d)  # first: the plot can be redrawn from it
-    draw(c, d)
-    atomic_write(os.path.join(res, SECTION), lambda f: f.write('\n'.join(md)), 'w')
-    merged = merge_section(os.path.join(res, 'README.md'), 12, '\n'.join(md))
     print(f"\n[12] {CLAIM}\n     {v}: {evidence}")
-    print(f"\nwrote {res}/{RECORD}, {FIG}, {SECTION}" + (" and its section in README.md" if merged else ""))
+    publish(c, 12, md, d, RECORD, SECTION, (FIG,), draw)
 
 
 
 
 # ----------------------------------------------------------------------------- the command
-
-def redraw(c):
-    path = os.path.join(c.results_dir, RECORD)
-    if not os.path.exists(path):
-        die(f"no {path}: run `python findings/length.py` (or --quick) first")
-    try:
-        with open(path, encoding='utf-8') as f:
-            draw(c, json.load(f))
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError, StopIteration) as e:
-        die(f"{path} is not a readable finding-12 record ({type(e).__name__}: {first_line(e, 120)}): run "
-            f"`python findings/length.py` (or --quick) again to rewrite it")
-    print(f"redrew {os.path.join(c.results_dir, FIG)} from {path}")
-
 
 def reproduce_settings(c):
     """c.rc: reproduce.py's settings (train_args' config) for everything this study does not change."""
@@ -649,7 +629,8 @@ def main(argv=None):
              runs_dir='out-reproduce')  # reproduce.py's: its runs at its own setting are these
     cmd = 'python findings/length.py' + ''.join(f' {a}' for a in argv)
     if c.replot:
-        return redraw(c)
+        redraw(c, 12, RECORD, draw, 'length.py')
+        return print(f"redrew {os.path.join(c.results_dir, FIG)} from {RECORD}")
     check(c)
     if c.quick and 'seeds' not in c.given:  # quick: one seed, unless asked for more
         c.seed_list = c.seed_list[:1]

@@ -44,10 +44,9 @@ sys.path.insert(0, ROOT)
 from aogpt import plot  # noqa: E402
 from aogpt.configurator import namespace, seed_list, split_list, stop_on_ctrl_c  # noqa: E402
 from aogpt.errors import UserError, command, die, first_line  # noqa: E402
-from aogpt.paths import atomic_json, atomic_write  # noqa: E402
 from findings import reproduce as R  # noqa: E402
 from findings.judging import mean_spread  # noqa: E402  (O.mean_spread too: adapt.py's)
-from findings.report import children_cpu_minutes, merge_section, trained_cost, verdicts_against  # noqa: E402
+from findings.report import children_cpu_minutes, publish, redraw, trained_cost, verdicts_against  # noqa: E402
 
 # -----------------------------------------------------------------------------
 quick = False                  # tiny runs: the pipeline end to end; nothing is judged
@@ -256,13 +255,8 @@ def report(c, d, cmd):
     md += [f"| {k} | {d['what'][k]} | `{d['commands'][k]}` |" for k in d['logs']]
     md += ['', f"![f9]({FIG_CURVES}) ![f9 sweep]({FIG_SWEEP})", '']
     d['verdicts'] = dict(ao_any_order=[v, text], judged=judged, gap=gap, gap_narrower=narrow, row=row)
-    atomic_write(os.path.join(res, SECTION), lambda f: f.write('\n'.join(md)), 'w')
-    atomic_json(os.path.join(res, RECORD), d)
-    draw(c, d)
-    merged = merge_section(os.path.join(res, 'README.md'), 9, '\n'.join(md))
     print(row)
-    print(f"\nwrote {res}/{SECTION}, {res}/{RECORD}, {res}/{FIG_CURVES}, {res}/{FIG_SWEEP}"
-          + (" and its section in README.md" if merged else ""))
+    publish(c, 9, md, d, RECORD, SECTION, (FIG_CURVES, FIG_SWEEP), draw)
 
 
 def tables(d, judged, cost, f32):
@@ -442,16 +436,8 @@ def main(argv=None):
                                    lrs_muon='0.02', time_iters=5))
     cmd = 'python findings/optimizers.py' + ''.join(f' {a}' for a in argv)
     if c.replot:
-        path = os.path.join(c.results_dir, RECORD)
-        if not os.path.exists(path):
-            die(f"no {path}: run `python findings/optimizers.py` (or --quick) first")
-        try:
-            with open(path, encoding='utf-8') as f:
-                draw(c, json.load(f))
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:  # not JSON, or not this record
-            die(f"{path} is not a readable finding-9 record ({type(e).__name__}: {first_line(e, 120)}): run "
-                f"`python findings/optimizers.py` again to rewrite it")
-        return print(f"redrew {FIG_CURVES} and {FIG_SWEEP} in {c.results_dir} from {path}")
+        redraw(c, 9, RECORD, draw, 'optimizers.py')
+        return print(f"redrew {FIG_CURVES} and {FIG_SWEEP} in {c.results_dir} from {RECORD}")
     for key in ('max_iters', 'sweep_iters', 'eval_interval', 'time_iters'):  # else the runs start, and fail one by one
         if getattr(c, key) < 1:
             die(f"--{key} must be at least 1, got {getattr(c, key)}")

@@ -12,7 +12,8 @@ import os
 import re
 import resource
 
-from aogpt.paths import atomic_write
+from aogpt.errors import die, first_line
+from aogpt.paths import atomic_json, atomic_write
 
 # findings whose own commands write these sections
 SECTIONS = {9: 'f9_optimizers.md', 10: 'f10_orders.md', 11: 'f11_adapt.md', 12: 'f12_length.md'}
@@ -128,3 +129,34 @@ def children_cpu_minutes():
     so far: the difference across a stage is what that stage cost."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (r.ru_utime + r.ru_stime) / 60
+
+
+def publish(c, n, md, d, record, section, figs, draw):
+    """Write finding n, in the one order its scripts use: the record (a loss in it that is not finite is one line
+    naming the runs_dir, where the diverged run's train.log is, and nothing is written), the figures drawn from the
+    record (draw(c, d): they can be redrawn from it alone), the section (md, its lines), and the section merged into
+    results_dir's README.md when there is one. Says what it wrote."""
+    res = c.results_dir
+    where = nonfinite(d)
+    if where:
+        die(f"a loss in the record is not finite ({where}): a run diverged; see its train.log in {c.runs_dir}")
+    atomic_json(os.path.join(res, record), d)
+    draw(c, d)
+    atomic_write(os.path.join(res, section), lambda f: f.write('\n'.join(md)), 'w')
+    merged = merge_section(os.path.join(res, 'README.md'), n, '\n'.join(md))
+    print(f"\nwrote {res}/{record}, {', '.join(figs)}, {section}" + (" and its section in README.md" if merged else
+                                                                     ""))
+
+
+def redraw(c, n, record, draw, script):
+    """--replot: finding n's figures drawn again from its record alone (one line if there is none, or it is not one
+    of finding n's)."""
+    path = os.path.join(c.results_dir, record)
+    if not os.path.exists(path):
+        die(f"no {path}: run `python findings/{script}` (or --quick) first")
+    try:
+        with open(path, encoding='utf-8') as f:
+            draw(c, json.load(f))
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, StopIteration) as e:  # not JSON, or not it
+        die(f"{path} is not a readable finding-{n} record ({type(e).__name__}: {first_line(e, 120)}): run "
+            f"`python findings/{script}` (or --quick) again to rewrite it")
