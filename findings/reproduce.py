@@ -195,18 +195,15 @@ def run_model(keys):
 def same_run(held, args):
     """Whether a run directory's command.json (held) is the run `args` asks for: the same command, or one that also
     gave keys its model never reads, as commands did before train.py refused them (the same run, bit for bit); its
-    out_dir by the run's folder name alone, so that a runs_dir moved or named another way holds the same runs."""
-    held, args = _portable(held), _portable(args)
+    out_dir by the run's folder name alone (where the runs_dir lies is not the run), so that a runs_dir moved or named
+    another way holds the same runs."""
+    folder = lambda a: f"--out_dir={os.path.basename(os.path.normpath(a[10:]))}" if a.startswith('--out_dir=') \
+        else a  # noqa: E731
+    held, args = [folder(a) for a in held], [folder(a) for a in args]
     keys = dict(a[2:].split('=', 1) for a in held[1:] if a.startswith('--') and '=' in a)
     model = run_model(keys)
     return held == args or [a for a in held if not a.startswith('--') or '=' not in a or
                             model_reads(a[2:].split('=', 1)[0], model)] == args
-
-
-def _portable(args):
-    """A command with its --out_dir as the run's folder name (where the runs_dir lies is not the run)."""
-    return [f"--out_dir={os.path.basename(os.path.normpath(a[len('--out_dir='):]))}" if a.startswith('--out_dir=')
-            else a for a in args]
 
 
 def read_log(out_dir):
