@@ -112,8 +112,9 @@ def resolve_path(path):
         run, export = os.path.join(path, CKPT_NAME), os.path.join(path, EXPORT_CONFIG)
         if sharded.is_save(path) or (os.path.exists(export) and not os.path.exists(run)):  # a run's ckpt.pt wins
             return path
-        if not os.path.exists(run) and sharded.saves(path):  # a sharded run: its newest save
-            return sharded.saves(path)[0]
+        held = [] if os.path.exists(run) else sharded.saves(path)
+        if held:  # a sharded run: its newest save
+            return held[0]
         path = run
     elif os.path.basename(path) in (EXPORT_CONFIG, EXPORT_WEIGHTS) and os.path.exists(path):
         return os.path.dirname(path) or '.'  # a file of an export names its folder

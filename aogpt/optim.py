@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from aogpt.parallel import local_rows
+
 
 # configure_optimizers' setups, each with the train.py keys only it reads (a key of another setup would be ignored)
 OPTIMIZER_KEYS = {'adamw': (), 'muon': ('muon_lr', 'muon_adaln', 'muon_dtype')}
@@ -66,7 +68,7 @@ class Muon(torch.optim.Muon):
                 # every rank orthogonalises the whole matrix and keeps its own rows of the result (Moonlight's
                 # distributed Muon: exact, at the price of W copies of the iteration)
                 whole = update.full_tensor() if _is_sharded(update) else update
-                a, b, rows = _rows(p)  # the rows [a, b) of p held here, and the tensor holding them
+                a, b, rows = local_rows(p)  # the rows [a, b) of p held here, and the tensor holding them
                 m = self.pieces.get(p, 1)
                 for i, u in enumerate(whole.chunk(m)):  # (m = 1: p itself, torch's step)
                     u = newton_schulz(u, group['ns_coefficients'], group['ns_steps'], group['eps'], self.ns_dtype)
@@ -82,15 +84,6 @@ class Muon(torch.optim.Muon):
 def _is_sharded(t):
     from torch.distributed.tensor import DTensor
     return isinstance(t, DTensor)
-
-
-def _rows(p):
-    """(a, b, rows): the rows [a, b) of p this rank holds, and the tensor holding them (all of p unless sharded)."""
-    if not _is_sharded(p):
-        return 0, p.shape[0], p
-    from aogpt.parallel import shard_rows
-    a, b = shard_rows(p.shape[0], p.device_mesh.get_local_rank(), p.device_mesh.size())
-    return a, b, p.to_local()
 
 
 def newton_schulz(g, coefficients, steps, eps, dtype):

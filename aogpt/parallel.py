@@ -16,6 +16,7 @@ activations: the same math, a third more compute.
         {name: a tensor, or rows(a, b) -> its rows [a, b), read only when asked} (the rest drawn: start_values)
     check_sharding(fsdp, device_type, dtype)   what fsdp=True cannot run (float16, a device without NCCL or gloo)
     shard_rows(n, rank, world)      the rows [a, b) of a first dimension of n that fully_shard gives a rank
+    local_rows(p)                   (a, b, the tensor holding them): the rows of a parameter on this rank
     local_bytes(raw, optimizers, ema)   this rank's bytes of weights, gradients, optimizer states and EMA
 
 FSDP's meta-device start: the model is built on the meta device (no memory), sharded, then each rank fills only its
@@ -191,8 +192,9 @@ def shard_rows(n, rank, world):
     return min(n, rank * size), min(n, (rank + 1) * size)
 
 
-def _local(p):
-    """A parameter's rows on this rank: (a, b, the tensor that holds them)."""
+def local_rows(p):
+    """A parameter's rows on this rank: (a, b, the tensor that holds them): rows [a, b) of p, all of p unless it is
+    sharded."""
     from torch.distributed.tensor import DTensor
     if not isinstance(p, DTensor):
         return 0, p.shape[0], p
@@ -215,7 +217,7 @@ def materialise(model, device, values):
         torch.__future__.set_swap_module_params_on_conversion(swap)
     params, filled = dict(model.named_parameters(remove_duplicate=False)), set()  # a tied weight: by both names
     for name, value in values:
-        a, b, local = _local(params[name])
+        a, b, local = local_rows(params[name])
         local.copy_(value(a, b) if callable(value) else value[a:b])
         filled.add(id(params[name]))
     missing = [n for n, p in model.named_parameters() if id(p) not in filled]

@@ -58,7 +58,12 @@ def saves(out_dir):
     except OSError:
         return []
     found = [os.path.join(out_dir, f) for f in names if os.path.isfile(os.path.join(out_dir, f, META))]
-    return sorted(found, key=lambda p: int(SAVE.fullmatch(os.path.basename(p)).group(1)), reverse=True)
+    return sorted(found, key=_iteration, reverse=True)
+
+
+def _iteration(path):
+    """The iteration a save's folder name gives (ckpt_<iter>.dcp)."""
+    return int(SAVE.fullmatch(os.path.basename(path)).group(1))
 
 
 def _tensors(raw, optimizers, ema):
@@ -139,7 +144,7 @@ def _publish(tmp, final, meta, keep_every):
         raise
     _fsync_folder(out_dir)
     for p in saves(out_dir)[1:]:
-        if not (keep_every and int(SAVE.fullmatch(os.path.basename(p)).group(1)) % keep_every == 0):
+        if not (keep_every and _iteration(p) % keep_every == 0):
             shutil.rmtree(p, ignore_errors=True)
     if old:
         shutil.rmtree(old, ignore_errors=True)

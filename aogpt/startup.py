@@ -247,14 +247,22 @@ def resume_state(ckpt, optimizers, scaler, ema, raw=None, path=None):
     the new value, as the 'resuming with changed keys' line says. lr itself is set by the schedule every step.
     A sharded save (ckpt: its meta.json) puts its tensors into raw (the sharded model), the optimizers and the EMA
     from the folder at path (sharded.load: each rank its rows, at any world size)."""
-    if ckpt.get('format') == sharded.FORMAT:
+    if ckpt.get('format') == sharded.FORMAT:  # the tensors from the folder; the EMA's count from meta.json
         sharded.load(path, raw, optimizers, ema)
-        ema_state = ckpt.get('ema')
-        if ema is not None and ema_state:
-            ema.num_updates = ema_state['num_updates']
-        if ckpt.get('scaler'):
-            scaler.load_state_dict(ckpt['scaler'])
-        return ckpt['iter_num'], ckpt['best_val_loss'], ckpt['elapsed'], list(ckpt['train_losses'])
+        if ema is not None and ckpt.get('ema'):
+            ema.num_updates = ckpt['ema']['num_updates']
+    else:
+        _load_optimizers(ckpt, optimizers)
+        if ema is not None and ckpt.get('ema'):
+            ema.load_state_dict(ckpt['ema'])
+    if ckpt.get('scaler'):
+        scaler.load_state_dict(ckpt['scaler'])
+    return (ckpt['iter_num'], ckpt.get('best_val_loss', float('inf')), ckpt.get('elapsed', 0.0),
+            list(ckpt.get('train_losses') or []))
+
+
+def _load_optimizers(ckpt, optimizers):
+    """A ckpt.pt's optimizer states into the run's optimizers, each group keeping its configured settings."""
     states = optimizer_states(ckpt)
     if len(states) != len(optimizers):  # train.py refuses another setup before this, by its config keys
         raise UserError(f"the checkpoint holds {len(states)} optimizer states, but this run steps {len(optimizers)} "
@@ -264,12 +272,6 @@ def resume_state(ckpt, optimizers, scaler, ema, raw=None, path=None):
         opt.load_state_dict(state)
         for g, mine in zip(opt.param_groups, configured):
             g.update(mine)
-    if ckpt.get('scaler'):
-        scaler.load_state_dict(ckpt['scaler'])
-    if ema is not None and ckpt.get('ema'):
-        ema.load_state_dict(ckpt['ema'])
-    return (ckpt['iter_num'], ckpt.get('best_val_loss', float('inf')), ckpt.get('elapsed', 0.0),
-            list(ckpt.get('train_losses') or []))
 
 
 def optimizer_states(ckpt):
